@@ -1,0 +1,1 @@
+"""Command-line front end (Typer) and presentation (Rich)."""

@@ -1,0 +1,1 @@
+"""Engine: GGUF loading, tokenizer, KV cache, batching, decoding. Returns data; never prints."""

@@ -1,0 +1,1 @@
+"""Compute ops behind one interface (torch reference; Triton later)."""
