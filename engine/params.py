@@ -1,0 +1,87 @@
+"""Context parameters (-c -b -ub -np ...) and llama.cpp's derivation of the effective values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ContextError
+from .hparams import HParams
+from .kv_cache import KV_TYPES, round_up
+
+LLAMA_MAX_SEQ = 256
+N_CTX_PAD = 256
+
+
+@dataclass(slots=True)
+class ContextParams:
+    """What the user asked for; 0 means 'derive it' where llama.cpp says so."""
+
+    n_ctx: int = 0  # 0 = the model's training context
+    n_batch: int = 2048
+    n_ubatch: int = 512  # 0 = n_batch
+    n_seq_max: int = 1
+    n_threads: int = 0  # 0 = all cores torch sees
+    n_outputs_max: int = 0  # 0 = n_batch
+    type_k: str = "f16"
+    type_v: str = "f16"
+    kv_unified: bool = False
+    swa_full: bool = False
+    causal_attn: bool = True
+
+
+@dataclass(slots=True)
+class CParams:
+    """The effective values a context runs with, after llama.cpp's clamps and rounding."""
+
+    n_ctx: int
+    n_ctx_seq: int
+    n_batch: int
+    n_ubatch: int
+    n_seq_max: int
+    n_outputs_max: int
+    n_threads: int
+    type_k: str
+    type_v: str
+    kv_unified: bool
+    swa_full: bool
+    causal_attn: bool
+    warnings: list[str] = field(default_factory=list)
+
+
+def derive(p: ContextParams, hp: HParams) -> CParams:
+    """llama_context's constructor, in order (reference/llamacpp-runtime.md §1.3)."""
+    if p.n_batch <= 0 and p.n_ubatch <= 0:
+        raise ContextError("n_batch and n_ubatch cannot both be zero")
+    if p.n_batch < 0 or p.n_ubatch < 0 or p.n_ctx < 0:
+        raise ContextError("-c, -b and -ub must not be negative")
+    n_seq_max = max(1, p.n_seq_max)
+    if n_seq_max > LLAMA_MAX_SEQ:
+        raise ContextError(f"n_seq_max must be <= {LLAMA_MAX_SEQ}")
+    for t in (p.type_k, p.type_v):
+        if t not in KV_TYPES:
+            raise ContextError(f"unsupported KV cache type {t!r}; use one of {', '.join(KV_TYPES)}")
+    n_ctx = p.n_ctx or hp.n_ctx_train
+    # n_batch is clamped with the requested n_ctx, before it is padded
+    n_batch = min(n_ctx, p.n_batch) if p.causal_attn else p.n_batch
+    n_ubatch = min(n_batch, p.n_ubatch or p.n_batch)
+    n_outputs_max = n_batch if p.n_outputs_max == 0 else min(p.n_outputs_max, n_batch)
+    n_ctx = round_up(n_ctx, N_CTX_PAD)
+    warnings: list[str] = []
+    if p.kv_unified:
+        n_ctx_seq = n_ctx
+    else:
+        n_ctx_seq = round_up(n_ctx // n_seq_max, N_CTX_PAD)
+        if n_ctx_seq == 0:
+            raise ContextError("n_ctx_seq == 0: the context is too small for that many sequences")
+        if n_ctx != n_ctx_seq * n_seq_max:
+            n_ctx = n_ctx_seq * n_seq_max
+            warnings.append(f"n_ctx is not divisible by n_seq_max - rounding down to {n_ctx}")
+    if n_ctx_seq > hp.n_ctx_train:
+        warnings.append(f"n_ctx_seq ({n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- possible training context overflow")
+    n_threads = p.n_threads
+    if n_threads <= 0:
+        import os
+
+        n_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return CParams(n_ctx, n_ctx_seq, n_batch, n_ubatch, n_seq_max, n_outputs_max, n_threads,
+                   p.type_k, p.type_v, p.kv_unified, p.swa_full, p.causal_attn, warnings)

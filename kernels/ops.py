@@ -1,0 +1,110 @@
+"""The op interface the forward pass calls, and its torch implementation.
+
+Every op the model graph needs lives here behind `Ops`, so a Triton backend can replace any of
+them without touching `engine/`. Ops accept an optional `out` buffer to write into (the workspace
+planner hands out views of one buffer); without it they allocate.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from .weight import QWeight
+
+
+class Ops(Protocol):
+    name: str
+
+    def get_rows(self, w: QWeight, ids: torch.Tensor) -> torch.Tensor: ...
+    def linear(self, x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torch.Tensor: ...
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float,
+                 out: torch.Tensor | None = None) -> torch.Tensor: ...
+    def rope_cache(self, pos: torch.Tensor, n_rot: int, base: float, scale: float,
+                   freq_factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor: ...
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  scale: float, out: torch.Tensor | None = None) -> torch.Tensor: ...
+    def glu(self, gate: torch.Tensor, up: torch.Tensor, act: str,
+            out: torch.Tensor | None = None) -> torch.Tensor: ...
+    def store_kv(self, cache: torch.Tensor, cells: torch.Tensor, x: torch.Tensor) -> None: ...
+
+
+class TorchOps:
+    """Reference implementation: plain torch, any device; f32 activations throughout.
+
+    Gemma's residual stream reaches ~1e5, beyond fp16, so activations stay in f32.
+    """
+
+    name = "torch"
+
+    def __init__(self, compute_dtype: torch.dtype = torch.float32) -> None:
+        self.compute_dtype = compute_dtype
+
+    def get_rows(self, w: QWeight, ids: torch.Tensor) -> torch.Tensor:
+        return w.rows(ids, self.compute_dtype).float()
+
+    def linear(self, x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+        wd = w.dense(self.compute_dtype)
+        if wd.dtype != x.dtype:
+            return torch.matmul(x.to(wd.dtype), wd.t()).float()
+        return torch.matmul(x, wd.t(), out=out)
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return torch.mul(x * r, w, out=out)
+
+    def rope_cache(self, pos: torch.Tensor, n_rot: int, base: float, scale: float,
+                   freq_factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of θ = p·scale·base^(-2i/n_rot) / f_i, computed in float64 then rounded."""
+        i = torch.arange(0, n_rot // 2, dtype=torch.float64, device=pos.device)
+        inv = scale * base ** (-2.0 * i / n_rot)
+        if freq_factors is not None:  # llama 3.1+ rope_freqs.weight divides θ
+            inv = inv / freq_factors.to(torch.float64)
+        theta = pos.to(torch.float64)[:, None] * inv[None, :]
+        return theta.cos().float(), theta.sin().float()
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
+        """x: (n_tokens, n_head, head_dim); rotates the first n_rot = 2*cos.shape[1] dims."""
+        half = cos.shape[1]
+        c, s = cos[:, None, :], sin[:, None, :]
+        out = x.clone()
+        if neox:
+            a, b = x[..., :half], x[..., half : 2 * half]
+            out[..., :half] = a * c - b * s
+            out[..., half : 2 * half] = a * s + b * c
+        else:
+            a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+            out[..., 0 : 2 * half : 2] = a * c - b * s
+            out[..., 1 : 2 * half : 2] = a * s + b * c
+        return out
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        """q (T, H, D) against cache cells k/v (n_kv, H_kv, D); mask (T, n_kv) additive.
+
+        GQA: query head h reads KV head h // (H / H_kv).
+        """
+        n_tokens, n_head, _ = q.shape
+        kf, vf = k.to(q.dtype), v.to(q.dtype)
+        a = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), kf.transpose(0, 1).unsqueeze(0),
+            vf.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale,
+            enable_gqa=k.shape[1] != n_head,
+        )
+        res = a.squeeze(0).transpose(0, 1).reshape(n_tokens, -1)
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+
+    def glu(self, gate: torch.Tensor, up: torch.Tensor, act: str,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+        g = F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)
+        return torch.mul(g, up, out=out)
+
+    def store_kv(self, cache: torch.Tensor, cells: torch.Tensor, x: torch.Tensor) -> None:
+        cache.index_copy_(0, cells, x.to(cache.dtype))
