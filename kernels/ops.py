@@ -42,6 +42,7 @@ class TorchOps:
 
     def __init__(self, compute_dtype: torch.dtype = torch.float32) -> None:
         self.compute_dtype = compute_dtype
+        self._rope_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def get_rows(self, w: QWeight, ids: torch.Tensor) -> torch.Tensor:
         return w.rows(ids, self.compute_dtype).float()
@@ -59,13 +60,25 @@ class TorchOps:
 
     def rope_cache(self, pos: torch.Tensor, n_rot: int, base: float, scale: float,
                    freq_factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of θ = p·scale·base^(-2i/n_rot) / f_i, computed in float64 then rounded."""
-        i = torch.arange(0, n_rot // 2, dtype=torch.float64, device=pos.device)
-        inv = scale * base ** (-2.0 * i / n_rot)
-        if freq_factors is not None:  # llama 3.1+ rope_freqs.weight divides θ
-            inv = inv / freq_factors.to(torch.float64)
-        theta = pos.to(torch.float64)[:, None] * inv[None, :]
-        return theta.cos().float(), theta.sin().float()
+        """cos/sin of θ = p·scale·base^(-2i/n_rot) / f_i for each position in `pos`.
+
+        Rows come from a per-(base, scale) table computed in float64 and grown by doubling, so a
+        decode step is a gather instead of fresh transcendental calls.
+        """
+        key = (n_rot, base, scale, None if freq_factors is None else freq_factors.data_ptr())
+        need = int(pos.max()) + 1 if pos.numel() else 1
+        cos, sin = self._rope_tables.get(key, (None, None))
+        if cos is None or cos.shape[0] < need or cos.device != pos.device:
+            size = max(1024, 1 << (need - 1).bit_length())
+            i = torch.arange(0, n_rot // 2, dtype=torch.float64, device=pos.device)
+            inv = scale * base ** (-2.0 * i / n_rot)
+            if freq_factors is not None:  # llama 3.1+ rope_freqs.weight divides θ
+                inv = inv / freq_factors.to(torch.float64)
+            theta = torch.arange(size, dtype=torch.float64, device=pos.device)[:, None] * inv[None, :]
+            cos, sin = theta.cos().float(), theta.sin().float()
+            self._rope_tables[key] = (cos, sin)
+        idx = pos.long()
+        return cos[idx], sin[idx]
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
         """x: (n_tokens, n_head, head_dim); rotates the first n_rot = 2*cos.shape[1] dims."""

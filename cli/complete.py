@@ -1,0 +1,98 @@
+"""`ubatch cli -p TEXT`: one-shot completion, streamed, with llama-completion's summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..engine.context import Context
+from ..engine.errors import UbatchError
+from ..engine.generate import CompletionStats, complete
+from ..engine.model import Model
+from ..engine.params import ContextParams
+from ..engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
+from .common import err_console, resolve_model, user_errors
+from .present import perf_lines, startup_lines
+
+MODEL, CTX, BATCH, SAMPLING, OUTPUT = "Model", "Context", "Batching", "Sampling", "Output"
+
+
+@user_errors
+def cli(
+    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: Gemma 3 270M Q4_K_M, bundled)", rich_help_panel=MODEL),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text", rich_help_panel=MODEL),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file", rich_help_panel=MODEL),
+    n_predict: int = typer.Option(-1, "-n", "--n-predict", help="tokens to generate (-1 = until end of generation)", rich_help_panel=MODEL),
+    ctx_size: int = typer.Option(0, "-c", "--ctx-size", help="context size (0 = from the model)", rich_help_panel=CTX),
+    ctk: str = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K (f32, f16, bf16)", rich_help_panel=CTX),
+    ctv: str = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V (f32, f16, bf16)", rich_help_panel=CTX),
+    swa_full: bool = typer.Option(False, "--swa-full", help="full-size SWA cache", rich_help_panel=CTX),
+    batch_size: int = typer.Option(2048, "-b", "--batch-size", help="logical batch size (max tokens per decode)", rich_help_panel=BATCH),
+    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", help="physical batch size (max tokens per forward pass)", rich_help_panel=BATCH),
+    threads: int = typer.Option(-1, "-t", "--threads", help="CPU threads (-1 = all)", rich_help_panel=BATCH),
+    temp: float = typer.Option(0.8, "--temp", help="temperature (0 = greedy)", rich_help_panel=SAMPLING),
+    top_k: int = typer.Option(40, "--top-k", rich_help_panel=SAMPLING),
+    top_p: float = typer.Option(0.95, "--top-p", rich_help_panel=SAMPLING),
+    min_p: float = typer.Option(0.05, "--min-p", rich_help_panel=SAMPLING),
+    seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1 = random)", rich_help_panel=SAMPLING),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", rich_help_panel=SAMPLING),
+    repeat_last_n: int = typer.Option(64, "--repeat-last-n", rich_help_panel=SAMPLING),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="keep generating past end-of-generation tokens", rich_help_panel=SAMPLING),
+    no_escape: bool = typer.Option(False, "--no-escape", help="do not process \\n, \\t escapes in the prompt", rich_help_panel=OUTPUT),
+    no_display_prompt: bool = typer.Option(False, "--no-display-prompt", help="do not echo the prompt", rich_help_panel=OUTPUT),
+    log_disable: bool = typer.Option(False, "--log-disable", help="no startup log or summary", rich_help_panel=OUTPUT),
+    no_warmup: bool = typer.Option(False, "--no-warmup", rich_help_panel=OUTPUT),
+) -> None:
+    t_start = time.perf_counter()
+    if prompt is None and file is not None:
+        try:
+            prompt = file.read_text()
+        except OSError as e:
+            raise UbatchError(f"{file}: cannot read prompt file ({e.strerror})") from None
+    if prompt is None:
+        prompt = ""
+    elif not no_escape:
+        prompt = prompt.encode("latin-1", "backslashreplace").decode("unicode_escape") if "\\" in prompt else prompt
+    path = resolve_model(model)
+    m = Model.load(path)
+    params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size,
+                           n_threads=threads if threads > 0 else 0, type_k=ctk, type_v=ctv,
+                           swa_full=swa_full, n_outputs_max=1)
+    ctx = Context(m, params)
+    if not no_warmup:
+        ctx.warmup()
+    load_ms = (time.perf_counter() - t_start) * 1e3
+    if not log_disable:
+        for line in startup_lines(ctx):
+            err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+    ids = m.vocab.tokenize(prompt, add_special=True, parse_special=True)
+    sp = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                       seed=LLAMA_DEFAULT_SEED if seed < 0 else seed,
+                       repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
+    sampler = Sampler(sp)
+    if not log_disable:
+        err_console.print(f"sampler seed: {sampler.seed}", markup=False, highlight=False)
+    st = CompletionStats()
+    out = sys.stdout
+    t0 = time.perf_counter()
+    if not no_display_prompt:
+        out.write(prompt)
+        out.flush()
+    for ev in complete(ctx, ids, n_predict, sampler, st, ignore_eos=ignore_eos):
+        if ev.text:
+            out.write(ev.text)
+            out.flush()
+    out.write("\n")
+    out.flush()
+    total_ms = (time.perf_counter() - t0) * 1e3 + load_ms
+    if st.stop_reason == "context":
+        err_console.print(f"context full ({ctx.cparams.n_ctx_seq} tokens): stopping; raise -c for longer output",
+                          markup=False)
+    if not log_disable:
+        err_console.print("")
+        for line in perf_lines(ctx, st, load_ms, total_ms):
+            err_console.print(line, markup=False, highlight=False, soft_wrap=True)

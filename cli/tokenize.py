@@ -1,0 +1,60 @@
+"""`ubatch tokenize`: llama-tokenize's output formats, plus --jsonl for many strings per load."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..engine.errors import UbatchError
+from ..engine.gguf_file import open_gguf
+from ..engine.vocab import Vocab
+from .common import resolve_model, user_errors
+
+
+@user_errors
+def tokenize(
+    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: bundled Gemma 3 270M)"),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="text to tokenize"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the text from a file"),
+    ids: bool = typer.Option(False, "--ids", help="print only the ids, as a Python list"),
+    no_bos: bool = typer.Option(False, "--no-bos", help="do not add BOS"),
+    no_parse_special: bool = typer.Option(False, "--no-parse-special", help="treat control-token text as plain text"),
+    show_count: bool = typer.Option(False, "--show-count", help="print the number of tokens"),
+    jsonl: bool = typer.Option(False, "--jsonl", help="read one JSON string per stdin line, write one JSON id list per line"),
+) -> None:
+    g = open_gguf(resolve_model(model))
+    vocab = Vocab.from_metadata(g.metadata, str(g.path))
+    add_special, parse_special = not no_bos, not no_parse_special
+    if jsonl:
+        for n, line in enumerate(sys.stdin, 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UbatchError(f"stdin line {n}: not valid JSON ({e.msg}); give one JSON string per line") from None
+            if not isinstance(text, str):
+                raise UbatchError(f"stdin line {n}: expected a JSON string, got {type(text).__name__}")
+            sys.stdout.write(json.dumps(vocab.tokenize(text, add_special, parse_special)) + "\n")
+        sys.stdout.flush()
+        return
+    if prompt is None and file is not None:
+        try:
+            prompt = file.read_text()
+        except OSError as e:
+            raise UbatchError(f"{file}: cannot read ({e.strerror})") from None
+    if prompt is None:
+        raise UbatchError("nothing to tokenize: give -p TEXT, -f FILE or --jsonl")
+    toks = vocab.tokenize(prompt, add_special, parse_special)
+    if ids:
+        print("[" + ", ".join(map(str, toks)) + "]")
+    else:
+        for t in toks:
+            piece = vocab.token_to_piece(t, special=True).decode("utf-8", errors="replace")
+            print(f"{t:6d} -> '{piece}'")
+    if show_count:
+        print(f"Total number of tokens: {len(toks)}")

@@ -1,0 +1,200 @@
+"""`Llama`: llama-cpp-python's high-level class (the commonly used subset) on ubatch's engine.
+
+Code written for llama-cpp-python's `Llama(...).tokenize/.detokenize/.eval/.scores/
+.create_completion` runs unchanged. Like llama-cpp-python, `create_completion` reuses the
+longest common prefix of the previous evaluation instead of re-evaluating it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .engine.batch import Batch
+from .engine.context import Context
+from .engine.default_model import default_model_path
+from .engine.errors import ContextError
+from .engine.generate import check_prompt_fits
+from .engine.model import Model
+from .engine.params import ContextParams
+from .engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
+from .engine.vocab import TokenStreamer
+
+
+class Llama:
+    def __init__(self, model_path: str | Path | None = None, *, n_ctx: int = 512, n_batch: int = 512,
+                 n_ubatch: int = 512, n_seq_max: int = 1, n_threads: int | None = None,
+                 seed: int = LLAMA_DEFAULT_SEED, logits_all: bool = False, type_k: str = "f16",
+                 type_v: str = "f16", verbose: bool = False, **_ignored: Any) -> None:
+        self.model_path = str(model_path or default_model_path())
+        self.model = Model.load(self.model_path)
+        self.vocab = self.model.vocab
+        # n_outputs_max as llama-server sets it: every row only when all logits are wanted
+        params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
+                               n_threads=n_threads or 0, type_k=type_k, type_v=type_v,
+                               n_outputs_max=0 if logits_all else n_seq_max)
+        self.ctx = Context(self.model, params)
+        self.ctx.warmup()
+        self.seed = seed
+        self.logits_all = logits_all
+        self.verbose = verbose
+        self.n_tokens = 0
+        self.input_ids = np.zeros(self.ctx.n_ctx, dtype=np.intc)
+        rows = self.ctx.n_ctx if logits_all else self.ctx.cparams.n_batch
+        self.scores = np.ndarray((rows, self.vocab.n_tokens), dtype=np.single)
+        self._last_logits = torch.empty(0)
+
+    # -- llama-cpp-python's small accessors ---------------------------------------------------
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    def n_vocab(self) -> int:
+        return self.vocab.n_tokens
+
+    def token_bos(self) -> int:
+        return self.vocab.bos
+
+    def token_eos(self) -> int:
+        return self.vocab.eos
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self.vocab.tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
+
+    def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None,
+                   special: bool = False) -> bytes:
+        return b"".join(self.vocab.token_to_piece(t, special) for t in tokens)
+
+    def reset(self) -> None:
+        self.n_tokens = 0
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def eval(self, tokens: list[int]) -> None:
+        """Append `tokens` after the first n_tokens; logits land in `scores` by position."""
+        if self.n_tokens + len(tokens) > self.ctx.n_ctx:
+            raise ContextError(f"eval of {len(tokens)} tokens after {self.n_tokens} exceeds n_ctx = {self.ctx.n_ctx}")
+        self.ctx.memory.seq_rm(0, self.n_tokens, -1)
+        n_batch = self.ctx.cparams.n_batch
+        for i in range(0, len(tokens), n_batch):
+            chunk = list(tokens[i : i + n_batch])
+            n_past = self.n_tokens
+            self.ctx.decode(Batch.from_tokens(chunk, n_past, 0, all_logits=self.logits_all))
+            logits = self.ctx.logits
+            self._last_logits = logits[-1]
+            if self.logits_all:
+                self.scores[n_past : n_past + len(chunk)] = logits.numpy()
+            else:
+                self.scores[len(chunk) - 1] = logits[-1].numpy()
+            self.input_ids[n_past : n_past + len(chunk)] = chunk
+            self.n_tokens += len(chunk)
+
+    # -- completion -----------------------------------------------------------------------------
+    def _prefix_eval(self, prompt: list[int]) -> None:
+        """Reuse the longest common prefix with what is already evaluated (at least one token new)."""
+        n = min(self.n_tokens, len(prompt) - 1)
+        common = 0
+        while common < n and self.input_ids[common] == prompt[common]:
+            common += 1
+        self.n_tokens = common
+        self.eval(prompt[common:])
+
+    def create_completion(self, prompt: str | list[int], suffix: str | None = None,
+                          max_tokens: int | None = 16, temperature: float = 0.8, top_p: float = 0.95,
+                          min_p: float = 0.05, typical_p: float = 1.0, logprobs: int | None = None,
+                          echo: bool = False, stop: str | list[str] | None = None,
+                          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                          repeat_penalty: float = 1.0, top_k: int = 40, stream: bool = False,
+                          seed: int | None = None, **_ignored: Any) -> Any:
+        chunks = self._completion(prompt, max_tokens, temperature, top_p, min_p, logprobs, echo, stop,
+                                  frequency_penalty, presence_penalty, repeat_penalty, top_k, seed)
+        if stream:
+            return chunks
+        text, lps, final = "", [], None
+        for c in chunks:
+            text += c["choices"][0]["text"]
+            if c["choices"][0]["logprobs"]:
+                lps.append(c["choices"][0]["logprobs"])
+            final = c
+        assert final is not None
+        lp = None
+        if logprobs is not None:
+            lp = {k: sum((x[k] for x in lps), []) for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+        final["choices"][0].update(text=text, logprobs=lp)
+        return final
+
+    __call__ = create_completion
+
+    def _completion(self, prompt: str | list[int], max_tokens: int | None, temperature: float,
+                    top_p: float, min_p: float, logprobs: int | None, echo: bool,
+                    stop: str | list[str] | None, frequency_penalty: float, presence_penalty: float,
+                    repeat_penalty: float, top_k: int, seed: int | None) -> Iterator[dict[str, Any]]:
+        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
+        ids = prompt if isinstance(prompt, list) else self.vocab.tokenize(prompt, True, True)
+        check_prompt_fits(self.ctx, len(ids))
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        limit = self.ctx.n_ctx - len(ids) if max_tokens is None or max_tokens <= 0 else max_tokens
+        sampler = Sampler(SamplerParams(temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                        seed=self.seed if seed is None else seed,
+                                        repeat_penalty=repeat_penalty,
+                                        frequency_penalty=frequency_penalty,
+                                        presence_penalty=presence_penalty))
+        self._prefix_eval(ids)
+        for t in ids:
+            sampler.accept(t)
+
+        def chunk(text: str, finish: str | None, lp: dict[str, Any] | None = None) -> dict[str, Any]:
+            return {"id": cid, "object": "text_completion", "created": created,
+                    "model": self.model_path,
+                    "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}],
+                    "usage": {"prompt_tokens": len(ids), "completion_tokens": n_gen,
+                              "total_tokens": len(ids) + n_gen}}
+
+        n_gen, pending, emitted, finish = 0, "", 0, "length"
+        if echo:
+            yield chunk(self.vocab.detokenize(ids), None)
+        streamer = TokenStreamer(self.vocab)
+        while n_gen < limit:
+            logits = self._last_logits
+            tok = sampler.sample(logits)
+            sampler.accept(tok)
+            if self.vocab.is_eog(tok):
+                finish = "stop"
+                break
+            n_gen += 1
+            pending += streamer.push(tok)
+            lp = None
+            if logprobs is not None:
+                ls = torch.log_softmax(logits.float(), -1)
+                top = torch.topk(ls, max(logprobs, 1))
+                piece = self.vocab.token_to_piece(tok).decode("utf-8", errors="replace")
+                lp = {"tokens": [piece], "token_logprobs": [float(ls[tok])],
+                      "top_logprobs": [{self.vocab.token_to_piece(int(i)).decode("utf-8", "replace"): float(v)
+                                        for v, i in zip(top.values, top.indices)}],
+                      "text_offset": [emitted]}
+            hit = min((pending.find(s) for s in stops if s in pending), default=-1)
+            if hit >= 0:
+                if pending[:hit]:
+                    yield chunk(pending[:hit], None, lp)
+                finish = "stop"
+                break
+            # hold back a tail that could still become a stop string
+            hold = max((len(s) - 1 for s in stops), default=0)
+            out, pending = (pending[: len(pending) - hold], pending[len(pending) - hold :]) if hold else (pending, "")
+            if out or lp:
+                emitted += len(out)
+                yield chunk(out, None, lp)
+            if n_gen >= limit or self.n_tokens >= self.ctx.n_ctx:
+                break
+            self.eval([tok])
+        else:
+            pass
+        if finish == "length":
+            pending += streamer.flush()
+            if pending:
+                yield chunk(pending, None)
+        yield chunk("", finish)
