@@ -38,7 +38,7 @@ def _random_k_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: int)
     """K-quant blocks of random bytes with small finite f16 scales (gguf-py cannot quantise K)."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    d = rng.uniform(0.0005, 0.002, size=(rows, cols // block, 2)).astype(np.float16).view(np.uint8)
+    d = rng.uniform(0.00005, 0.0002, size=(rows, cols // block, 2)).astype(np.float16).view(np.uint8)
     if qtype == T.Q6_K:
         raw[..., 208:210] = d[..., 0:2]
     elif qtype == T.Q3_K:

@@ -1,0 +1,79 @@
+"""The default model (Gemma 3 270M Q4_K_M) against llama.cpp's measured behaviour.
+
+- logits: teacher-forced KLD from the fp32 reference below llama.cpp's own, top-1 >= 99%;
+- greedy continuations equal llama.cpp's first 8 tokens;
+- forward-pass checkpoints from reference/gguf-models.md §7.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ubatch.engine.batch import Batch
+from ubatch.engine.context import Context
+from ubatch.engine.model import Model
+from ubatch.engine.params import ContextParams
+from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.generate import complete
+from ubatch.engine.scoring import kld_vs_top, teacher_forced_logprobs
+
+REF = Path(__file__).parent / "refdata"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model(default_model_path: Path) -> Model:
+    return Model.load(default_model_path)
+
+
+@pytest.fixture(scope="module")
+def ctx(model: Model) -> Context:
+    c = Context(model, ContextParams(n_ctx=1024))  # llama.cpp defaults: f16 K/V, n_ubatch 512
+    c.warmup()
+    return c
+
+
+def test_hparams_of_the_270m_file(model: Model) -> None:
+    hp = model.hparams
+    assert (hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv, hp.n_embd_head_k, hp.n_swa) == (640, 18, 4, 1, 256, 512)
+    assert [il for il in range(18) if not hp.is_swa(il)] == [5, 11, 17]
+    assert (hp.rope_freq_base, hp.rope_freq_base_swa, hp.attn_scale) == (1e6, 1e4, 1 / 16)
+    assert model.output is model.tok_embd  # tied output
+
+
+def test_last_row_logits_of_the_capital_prompt(ctx: Context) -> None:
+    ctx.memory.clear()
+    ctx.decode(Batch.from_tokens([2, 818, 5279, 529, 7001, 563], 0))
+    vals, ids = torch.topk(ctx.logits[-1], 5)
+    assert ids.tolist() == [506, 496, 9079, 886, 3224]  # the fp32 reference's top-5
+    torch.testing.assert_close(vals, torch.tensor([19.091, 18.548, 18.269, 18.113, 17.784]), atol=0.02, rtol=0)
+
+
+def test_kld_below_llama_cpp_and_top1_agreement(ctx: Context) -> None:
+    texts = json.loads((REF / "logits_ids.json").read_text())
+    rows: dict[int, list[dict]] = {}
+    for line in (REF / "logits_ref.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        rows.setdefault(r["text"], []).append(r)
+    lcpp = {r["text"]: r for r in json.loads((REF / "logits_lcpp_vs_ref.json").read_text())}
+    for t, ids in enumerate(texts):
+        rs = sorted(rows[t], key=lambda r: r["pos"])
+        s = kld_vs_top(teacher_forced_logprobs(ctx, ids), [r["top_ids"] for r in rs], [r["top_logprobs"] for r in rs])
+        assert s.n == len(ids)
+        assert s.kld_top_mean < lcpp[t]["lcpp_kld_top32_mean"], (t, s)
+        assert s.top1_agree >= 0.99, (t, s)
+
+
+def test_greedy_continuations_match_llama_cpp(ctx: Context) -> None:
+    cases = [json.loads(x) for x in (REF / "greedy.jsonl").read_text().splitlines()]
+    matched = 0
+    for c in cases:
+        assert ctx.model.vocab.tokenize(c["prompt"], True, True) == c["prompt_ids"]
+        ctx.memory.clear()
+        out = [e.token for e in complete(ctx, c["prompt_ids"], 8, Sampler(SamplerParams(temp=0)))]
+        matched += out[:8] == c["greedy_ids"][:8]
+    assert matched >= 5, f"{matched}/6 prompts match llama.cpp's first 8 greedy tokens"
