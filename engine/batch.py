@@ -2,7 +2,9 @@
 
 A batch is what a caller submits to `Context.decode`: per slot a token, its position, the set
 of sequences it belongs to and whether its logits are wanted. The context cuts it into ubatches
-of at most n_ubatch slots (llama.cpp's split_simple for a single-stream cache).
+of at most n_ubatch slots: `split_simple` (slots in order) for a single-stream cache,
+`split_equal` (the same number of slots from each of several sequences, grouped by sequence)
+when every sequence has its own stream of cells.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class UBatch:
     seq_id0: np.ndarray  # int64 [n_tokens]: the first sequence id (the one the mask uses)
     output: np.ndarray  # bool [n_tokens]
     batch_idx: np.ndarray  # int64 [n_tokens]: index of each slot in the source batch
+    n_seqs: int = 1  # split_equal: number of sequence groups, each n_tokens // n_seqs slots
+    equal_seqs: bool = False
 
     @property
     def n_tokens(self) -> int:
@@ -58,7 +62,7 @@ class UBatch:
         return int(self.output.sum())
 
 
-def make_ubatch(batch: Batch, idx: np.ndarray) -> UBatch:
+def make_ubatch(batch: Batch, idx: np.ndarray, n_seqs: int = 1, equal_seqs: bool = False) -> UBatch:
     return UBatch(
         token=np.asarray(batch.token, dtype=np.int64)[idx],
         pos=np.asarray(batch.pos, dtype=np.int64)[idx],
@@ -66,6 +70,8 @@ def make_ubatch(batch: Batch, idx: np.ndarray) -> UBatch:
         seq_id0=np.asarray([batch.seq_id[i][0] for i in idx], dtype=np.int64),
         output=np.asarray(batch.logits, dtype=bool)[idx],
         batch_idx=idx,
+        n_seqs=n_seqs,
+        equal_seqs=equal_seqs,
     )
 
 
@@ -73,3 +79,42 @@ def split_simple(batch: Batch, n_ubatch: int) -> list[UBatch]:
     """Slots in batch order, n_ubatch at a time; sequence ids play no part."""
     idx = np.arange(batch.n_tokens, dtype=np.int64)
     return [make_ubatch(batch, idx[i : i + n_ubatch]) for i in range(0, batch.n_tokens, n_ubatch)]
+
+
+class SplitError(Exception):
+    """The batch cannot be split as the memory requires (llama.cpp: decode returns 1)."""
+
+
+def split_equal(batch: Batch, n_ubatch: int, sequential: bool) -> list[UBatch]:
+    """llama.cpp's split_equal: per ubatch, a set of distinct sequences (consecutive ids when
+    `sequential`, i.e. adjacent KV streams) contributing the same number of slots each."""
+    used = np.zeros(batch.n_tokens, dtype=bool)
+    per_seq: dict[tuple[int, ...], list[int]] = {}
+    for i, sids in enumerate(batch.seq_id):
+        per_seq.setdefault(tuple(sorted(sids)), []).append(i)
+    if sequential and any(len(k) > 1 for k in per_seq):
+        raise SplitError("sequential split is not supported when there are coupled sequences in "
+                         "the input batch (you may need to use the -kvu flag)")
+    cursor = {k: 0 for k in per_seq}
+    out: list[UBatch] = []
+    while not used.all():
+        first = int(np.flatnonzero(~used)[0])
+        sets = [tuple(sorted(batch.seq_id[first]))]
+        seen = set(sets[0])
+        for i in np.flatnonzero(~used):
+            key = tuple(sorted(batch.seq_id[i]))
+            if key in sets or seen & set(key) or len(sets) >= n_ubatch:
+                continue
+            if sequential and key[0] != sets[-1][0] + 1:
+                continue
+            sets.append(key)
+            seen |= set(key)
+        rounds = 0
+        while all(cursor[k] + rounds < len(per_seq[k]) for k in sets) and (rounds + 1) * len(sets) <= n_ubatch:
+            rounds += 1
+        idx = np.concatenate([per_seq[k][cursor[k] : cursor[k] + rounds] for k in sets]).astype(np.int64)
+        for k in sets:
+            cursor[k] += rounds
+        used[idx] = True
+        out.append(make_ubatch(batch, idx, n_seqs=len(sets), equal_seqs=True))
+    return out

@@ -1,25 +1,25 @@
 """A context: the model plus its KV memory, decoding batches ubatch by ubatch.
 
-`decode` follows llama.cpp's flow: validate the batch, split it into ubatches of at most
-n_ubatch slots, place each ubatch in the KV cache, run the forward pass, and keep the logits of
-the slots flagged as outputs (in batch order).
+`decode` follows llama_context::decode: validate the batch (llama.cpp's rules and messages),
+apply pending memory work, split into ubatches and check they all fit, then for each ubatch
+place it in the cache, run the forward pass and keep the logits of the slots flagged as
+outputs, returned in batch order.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
 from ..kernels.ops import Ops, TorchOps
-from .batch import Batch, split_simple
-from .errors import ContextError
+from .batch import Batch
 from .forward import forward
-from .kv_cache import KVCache, KVMemory, round_up
+from .memory import DecodeError, KVMemory
 from .model import Model
-from .params import CParams, ContextParams, derive
+from .params import ContextParams, derive
 
 
 @dataclass(slots=True)
@@ -35,28 +35,21 @@ class PerfCounters:
     graphs_reused: int = 0
 
     def reset(self) -> None:
-        for f in self.__slots__:
-            setattr(self, f, 0 if isinstance(getattr(self, f), int) else 0.0)
+        for f in fields(self):
+            setattr(self, f.name, type(getattr(self, f.name))())
 
 
-def build_memory(model: Model, cp: CParams) -> KVMemory:
-    """One cache for all layers, or llama.cpp's iSWA pair when the model has a sliding window."""
-    hp = model.hparams
-    args = dict(n_seq_max=cp.n_seq_max, n_head_kv=hp.n_head_kv, head_k=hp.n_embd_head_k,
-                head_v=hp.n_embd_head_v, type_k=cp.type_k, type_v=cp.type_v, device=model.device)
-    # TODO(issue 3): per-sequence streams when not unified; one stream of n_ctx cells holds the
-    # same total bytes meanwhile.
-    size = cp.n_ctx
-    if hp.n_swa <= 0:
-        return KVMemory([KVCache(list(range(hp.n_layer)), size, **args)], [0] * hp.n_layer)
-    base_layers = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
-    swa_layers = [il for il in range(hp.n_layer) if hp.is_swa(il)]
-    size_base = cp.n_ctx_seq if cp.kv_unified or cp.n_seq_max == 1 else size
-    n_seq_win = cp.n_seq_max if cp.kv_unified else 1
-    size_swa = size_base if cp.swa_full else round_up(min(size_base, hp.n_swa * n_seq_win + cp.n_ubatch), 256)
-    caches = [KVCache(base_layers, size_base, name="non-SWA", **args),
-              KVCache(swa_layers, size_swa, n_swa=hp.n_swa, name="SWA", **args)]
-    return KVMemory(caches, [1 if hp.is_swa(il) else 0 for il in range(hp.n_layer)])
+@dataclass(slots=True)
+class UBatchRecord:
+    """What one ubatch did: the seam for `explain` and the server's per-iteration statistics."""
+
+    n_tokens: int
+    n_outputs: int
+    n_seqs: int
+    seq_ids: list[int]
+    n_kv: tuple[int, ...]
+    reused: bool
+    ms: float
 
 
 class Context:
@@ -66,11 +59,12 @@ class Context:
         self.cparams = derive(self.params, model.hparams)
         torch.set_num_threads(self.cparams.n_threads)
         self.ops = ops or TorchOps()
-        self.memory = build_memory(model, self.cparams)
+        self.memory = KVMemory.build(model.hparams, self.cparams, model.device)
         self.perf = PerfCounters()
         self.logits = torch.empty(0, model.hparams.n_vocab)
         self.output_ids: list[int] = []  # batch index of each logits row
-        self._last_shape: tuple[int, int, tuple[int, ...]] | None = None
+        self.records: list[UBatchRecord] = []  # ubatches of the last decode
+        self._prev_shape: dict[bool, tuple] = {}  # llama.cpp keeps one graph with outputs, one without
 
     @property
     def n_ctx(self) -> int:
@@ -84,63 +78,86 @@ class Context:
         self.decode(Batch.from_tokens([v.bos, v.eos], 0))
         self.memory.clear()
         self.perf.reset()
+        self._prev_shape.clear()
 
     def validate(self, batch: Batch) -> None:
+        """llama_batch_allocr::init's checks; a failure leaves the memory untouched (code -1)."""
         cp, n_vocab = self.cparams, self.model.hparams.n_vocab
         if batch.n_tokens == 0:
-            raise ContextError("decode: n_tokens == 0")
+            raise DecodeError(-1, "n_tokens == 0")
         if batch.n_tokens > cp.n_batch:
-            raise ContextError(
-                f"decode: batch of {batch.n_tokens} tokens exceeds n_batch = {cp.n_batch}; "
-                f"split it or raise -b")
+            raise DecodeError(-1, f"n_tokens = {batch.n_tokens} > n_batch = {cp.n_batch}: a decode "
+                                  f"takes at most n_batch tokens; split the batch or raise -b")
+        n = batch.n_tokens
+        if not (len(batch.pos) == len(batch.seq_id) == len(batch.logits) == n):
+            raise DecodeError(-1, "batch arrays (token, pos, seq_id, logits) differ in length")
         tok = np.asarray(batch.token)
         bad = np.flatnonzero((tok < 0) | (tok >= n_vocab))
         if bad.size:
-            raise ContextError(f"invalid token[{bad[0]}] = {tok[bad[0]]} (vocabulary has {n_vocab})")
-        first: dict[int, int] = {}
-        last: dict[int, int] = {}
-        for i, (sids, p) in enumerate(zip(batch.seq_id, batch.pos)):
-            for s in sids:
+            raise DecodeError(-1, f"invalid token[{bad[0]}] = {tok[bad[0]]}")
+        seen: dict[int, list[int]] = {}
+        sets: dict[int, frozenset[int]] = {}
+        for i, sids in enumerate(batch.seq_id):
+            if not sids:
+                raise DecodeError(-1, f"entry {i} has no sequence id")
+            for j, s in enumerate(sids):
                 if not 0 <= s < cp.n_seq_max:
-                    raise ContextError(f"invalid seq_id[{i}] = {s} >= {cp.n_seq_max}")
-                if s in last and p != last[s] + 1:
-                    raise ContextError(f"sequence {s} positions are not continuous")
-                first.setdefault(s, p)
-                last[s] = p
-        for s, p in first.items():
+                    raise DecodeError(-1, f"invalid seq_id[{i}][{j}] = {s} >= {cp.n_seq_max}")
+            fs = frozenset(sids)
+            for s in sids:
+                if s in sets and sets[s] != fs and (sets[s] & fs) != min((sets[s], fs), key=len):
+                    raise DecodeError(-1, f"sequence {s} belongs to incompatible sequence sets (not allowed)")
+                sets.setdefault(s, fs)
+                seen.setdefault(s, []).append(batch.pos[i])
+        for s, ps in seen.items():
+            if any(b < a for a, b in zip(ps, ps[1:])):
+                raise DecodeError(-1, f"sequence {s} positions are decreasing (not allowed)")
+            if max(ps) - min(ps) + 1 > len(set(ps)):
+                raise DecodeError(-1, f"sequence {s} positions are not continuous")
             x = self.memory.seq_pos_max(s)
-            if x >= 0 and p != x + 1:
-                raise ContextError(
-                    f"the tokens of sequence {s} in the input batch have inconsistent sequence "
-                    f"positions: the last position stored in the memory module is X = {x}, the "
-                    f"first position in the batch is Y = {p}; it is required that Y = X + 1")
+            if x >= 0 and min(ps) != x + 1:
+                raise DecodeError(
+                    -1, f"the tokens of sequence {s} in the input batch have inconsistent sequence "
+                        f"positions:\n - the last position stored in the memory module of the "
+                        f"context (i.e. the KV cache) for sequence {s} is X = {x}\n - the tokens "
+                        f"for sequence {s} in the input batch have a starting position of Y = "
+                        f"{min(ps)}\n it is required that the sequence positions remain "
+                        f"consecutive: Y = X + 1")
 
     def decode(self, batch: Batch) -> None:
         """Run a batch; afterwards `self.logits[i]` holds the i-th output slot's logits."""
         self.validate(batch)
         t0 = time.perf_counter()
-        outs = []
-        for ub in split_simple(batch, self.cparams.n_ubatch):
-            cells = []
-            for cache in self.memory.caches:
-                slot = cache.find_slot(ub)
-                if slot is None:
-                    raise ContextError(
-                        f"failed to find a KV slot for a ubatch of {ub.n_tokens} tokens "
-                        f"({cache.used}/{cache.size} cells used); raise -c or clear the cache")
-                cache.apply_ubatch(ub, slot)
-                cells.append(slot)
+        hp = self.model.hparams
+        if self.memory.update(hp, self.ops, self.model.rope_freqs):
+            self._prev_shape.clear()  # llama.cpp rebuilds graphs after a memory update
+        ubatches = self.memory.init_batch(batch, self.cparams.n_ubatch)
+        rows: list[torch.Tensor] = []
+        order: list[np.ndarray] = []
+        self.records = []
+        for ub in ubatches:
+            tu = time.perf_counter()
+            slots = self.memory.place(ub)
             out_rows = np.flatnonzero(ub.output)
-            shape = (ub.n_tokens, len(out_rows), tuple(c.n_kv for c in self.memory.caches))
-            if shape == self._last_shape:
-                self.perf.graphs_reused += 1
-            self._last_shape = shape
+            n_kv = tuple(c.n_kv_of(c.ubatch_streams(ub)) for c in self.memory.caches)
+            shape = (ub.n_tokens, len(out_rows), ub.n_seqs, n_kv)
+            reused = self._prev_shape.get(len(out_rows) > 0) == shape
+            self._prev_shape[len(out_rows) > 0] = shape
+            self.perf.graphs_reused += reused
             with torch.inference_mode():
-                logits = forward(self.model, self.ops, ub, self.memory, cells, out_rows)
-            outs.append(logits.float())
+                logits = forward(self.model, self.ops, ub, self.memory, slots, out_rows)
+            rows.append(logits.float())
+            order.append(ub.batch_idx[out_rows])
             self.perf.n_ubatch += 1
-        self.logits = torch.cat(outs) if len(outs) > 1 else outs[0]
-        self.output_ids = [i for i, f in enumerate(batch.logits) if f]
+            self.records.append(UBatchRecord(ub.n_tokens, len(out_rows), ub.n_seqs,
+                                             sorted({int(s) for s in ub.seq_id0}), n_kv, reused,
+                                             (time.perf_counter() - tu) * 1e3))
+        idx = np.concatenate(order)
+        logits = torch.cat(rows) if len(rows) > 1 else rows[0]
+        if not np.all(idx[:-1] < idx[1:]):  # split_equal reorders slots: restore batch order
+            logits = logits[torch.from_numpy(np.argsort(idx, kind="stable"))]
+            idx = np.sort(idx)
+        self.logits, self.output_ids = logits, idx.tolist()
         dt = (time.perf_counter() - t0) * 1e3
         self.perf.n_decode += 1
         if batch.n_tokens == 1:
@@ -149,3 +166,12 @@ class Context:
         else:
             self.perf.t_p_eval_ms += dt
             self.perf.n_p_eval += batch.n_tokens
+
+    def logits_ith(self, i: int) -> torch.Tensor:
+        """Logits of batch slot i (negative: from the end of the outputs), as llama_get_logits_ith."""
+        if i < 0:
+            return self.logits[len(self.output_ids) + i]
+        try:
+            return self.logits[self.output_ids.index(i)]
+        except ValueError:
+            raise DecodeError(-1, f"invalid logits id {i}, reason: batch.logits[{i}] != true") from None

@@ -12,15 +12,15 @@ import torch
 
 from ..kernels.ops import Ops
 from .batch import UBatch
-from .kv_cache import KVMemory
+from .memory import KVMemory
 from .model import Model
 
 
-def forward(model: Model, ops: Ops, ub: UBatch, mem: KVMemory, cells: list[np.ndarray],
+def forward(model: Model, ops: Ops, ub: UBatch, mem: KVMemory, slots: list[np.ndarray],
             out_rows: np.ndarray) -> torch.Tensor:
     """Logits [len(out_rows), n_vocab] for the ubatch rows `out_rows`.
 
-    `cells[c]` are the slots the ubatch occupies in cache c (already applied to its cells).
+    `slots[c]` are the cells the ubatch occupies in cache c (already applied to its cells).
     """
     hp, dev = model.hparams, model.device
     n = ub.n_tokens
@@ -35,9 +35,10 @@ def forward(model: Model, ops: Ops, ub: UBatch, mem: KVMemory, cells: list[np.nd
         key = hp.rope_params(il)
         if key not in ropes:
             ropes[key] = ops.rope_cache(pos, hp.n_rot, key[0], key[1], model.rope_freqs)
-    n_kvs = [c.n_kv for c in mem.caches]
-    masks = [c.mask(ub, n_kv, dev) for c, n_kv in zip(mem.caches, n_kvs)]
-    cell_idx = [torch.from_numpy(c).to(dev) for c in cells]
+    streams = [c.ubatch_streams(ub) for c in mem.caches]
+    n_kvs = [c.n_kv_of(st) for c, st in zip(mem.caches, streams)]
+    masks = [c.mask(ub, st, n_kv, dev) for c, st, n_kv in zip(mem.caches, streams, n_kvs)]
+    slot_idx = [torch.from_numpy(s).to(dev) for s in slots]
 
     for il, L in enumerate(model.layers):
         ci = mem.layer_cache[il]
@@ -52,10 +53,10 @@ def forward(model: Model, ops: Ops, ub: UBatch, mem: KVMemory, cells: list[np.nd
         cos, sin = ropes[hp.rope_params(il)]
         q = ops.rope(q, cos, sin, hp.rope_neox) * hp.attn_scale
         k = ops.rope(k, cos, sin, hp.rope_neox)
-        ops.store_kv(cache.k[il], cell_idx[ci], k)
-        ops.store_kv(cache.v[il], cell_idx[ci], v)
-        n_kv = n_kvs[ci]
-        a = ops.attention(q, cache.k[il][:n_kv], cache.v[il][:n_kv], masks[ci], 1.0)
+        cache.write(il, slot_idx[ci], k, v)
+        kc, vc = cache.kv_rows(il, streams[ci], n_kvs[ci])
+        g = len(streams[ci])
+        a = ops.attention(q.view(g, n // g, hp.n_head, -1), kc, vc, masks[ci], 1.0)
         a = ops.linear(a, L.wo)
         if hp.sandwich_norm:
             a = ops.rms_norm(a, L.post_attn_norm, hp.rms_eps)

@@ -1,10 +1,9 @@
-"""The KV cache as llama.cpp models it: cells holding a position and a set of sequence ids.
+"""The KV cache as llama.cpp models it: streams of cells plus per-layer K and V storage.
 
-Each cell stores one token's K and V for every layer the cache serves. A ubatch is placed into
-cells (`find_slot`, `apply_ubatch`); attention then reads cells [0, n_kv) through a mask that
-hides empty cells, other sequences, future positions and (SWA caches) positions outside the
-window. Gemma 3 uses a pair of such caches (iSWA): one for its global layers sized n_ctx, one for
-its sliding-window layers sized for the window only.
+A unified cache has one stream shared by every sequence; otherwise sequence s owns stream s
+(n_ctx_seq cells each). A ubatch is placed cell by cell (`find_slot`, `apply_ubatch`);
+attention then reads cells [0, n_kv) of its streams through a mask that hides empty cells,
+other sequences, future positions and, in a sliding-window cache, positions outside the window.
 """
 
 from __future__ import annotations
@@ -13,18 +12,31 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
+from ..kernels.dequant import dequantize
+from ..kernels.quantize import QUANTIZERS
 from .batch import UBatch
 from .errors import ContextError
+from .kv_cells import KVCells
 
 N_KV_PAD = 256  # n_kv grows in steps of 256 cells so graph shapes repeat
 
-KV_TYPES: dict[str, torch.dtype] = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0}
+# cache type name -> (ggml type, torch dtype for float types or None for quantised)
+KV_TYPES: dict[str, tuple[int, torch.dtype | None]] = {
+    "f32": (T.F32, torch.float32), "f16": (T.F16, torch.float16), "bf16": (T.BF16, torch.bfloat16),
+    "q8_0": (T.Q8_0, None), "q4_0": (T.Q4_0, None),
+}
 
 
 def round_up(x: int, n: int) -> int:
     return -(-x // n) * n
+
+
+def row_bytes(type_name: str, n: int) -> int:
+    """Bytes of a row of n values in a cache type: ggml's (n / block) * type_size."""
+    block, size = GGML_QUANT_SIZES[T(KV_TYPES[type_name][0])]
+    return n // block * size
 
 
 @dataclass(slots=True)
@@ -32,7 +44,8 @@ class KVCacheInfo:
     """What a startup log says about one cache."""
 
     name: str  # "" for a plain cache, "non-SWA" / "SWA" for the iSWA pair
-    size: int  # cells
+    size: int  # cells per stream
+    n_stream: int
     n_layer: int
     n_seq_max: int
     type_k: str
@@ -41,143 +54,220 @@ class KVCacheInfo:
     v_bytes: int
 
 
+class KVStore:
+    """One layer's K or V rows for all cells of all streams, in the cache type."""
+
+    def __init__(self, n_cells: int, n_head: int, head_dim: int, type_name: str,
+                 device: torch.device | str) -> None:
+        self.ggml_type, dtype = KV_TYPES[type_name]
+        self.n_head, self.head_dim = n_head, head_dim
+        if dtype is not None:
+            self.data = torch.zeros(n_cells, n_head, head_dim, dtype=dtype, device=device)
+        else:
+            self.data = torch.zeros(n_cells, row_bytes(type_name, n_head * head_dim), dtype=torch.uint8,
+                                    device=device)
+
+    def write(self, cells: torch.Tensor, x: torch.Tensor) -> None:
+        if self.data.dtype == torch.uint8:
+            x = QUANTIZERS[self.ggml_type](x.reshape(x.shape[0], -1))
+        self.data.index_copy_(0, cells, x.to(self.data.dtype))
+
+    def read_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        rows = self.data.index_select(0, idx)
+        if self.data.dtype != torch.uint8:
+            return rows.float()
+        return dequantize(rows, self.ggml_type, (idx.numel(), self.n_head, self.head_dim))
+
+    def read(self, start: int, n: int) -> torch.Tensor:
+        """Rows [start, start + n) as float32 (n, n_head, head_dim)."""
+        rows = self.data[start : start + n]
+        if self.data.dtype != torch.uint8:
+            return rows.float()
+        return dequantize(rows.contiguous(), self.ggml_type, (n, self.n_head, self.head_dim))
+
+
 class KVCache:
-    def __init__(self, layers: list[int], size: int, n_seq_max: int, n_head_kv: int,
+    def __init__(self, layers: list[int], size: int, n_stream: int, n_seq_max: int, n_head_kv: int,
                  head_k: int, head_v: int, type_k: str = "f16", type_v: str = "f16",
                  n_swa: int = 0, device: torch.device | str = "cpu", name: str = "") -> None:
-        if type_k not in KV_TYPES or type_v not in KV_TYPES:
-            raise ContextError(f"KV cache type {type_k}/{type_v} not supported; use one of {list(KV_TYPES)}")
-        self.name, self.layers, self.size, self.n_seq_max = name, layers, size, n_seq_max
-        self.n_swa, self.type_k, self.type_v = n_swa, type_k, type_v
-        self.pos = np.full(size, -1, dtype=np.int64)
-        self.seq = np.zeros((size, n_seq_max), dtype=bool)
-        self.head = 0
-        self.k = {il: torch.zeros(size, n_head_kv, head_k, dtype=KV_TYPES[type_k], device=device)
-                  for il in layers}
-        self.v = {il: torch.zeros(size, n_head_kv, head_v, dtype=KV_TYPES[type_v], device=device)
-                  for il in layers}
-        self._row_k, self._row_v = n_head_kv * head_k, n_head_kv * head_v
+        for t in (type_k, type_v):
+            if t not in KV_TYPES:
+                raise ContextError(f"unsupported KV cache type {t!r}; use one of {', '.join(KV_TYPES)}")
+        self.name, self.layers, self.size, self.n_stream = name, layers, size, n_stream
+        self.n_seq_max, self.n_swa, self.type_k, self.type_v = n_seq_max, n_swa, type_k, type_v
+        self.head_k, self.head_v, self.n_head_kv = head_k, head_v, n_head_kv
+        self.streams = [KVCells(size, n_seq_max) for _ in range(n_stream)]
+        n = size * n_stream
+        self.k = {il: KVStore(n, n_head_kv, head_k, type_k, device) for il in layers}
+        self.v = {il: KVStore(n, n_head_kv, head_v, type_v, device) for il in layers}
+        self.pending_copies: list[tuple[int, int]] = []  # (src stream, dst stream) at next update
+
+    def stream_of(self, s: int) -> int:
+        return 0 if self.n_stream == 1 else s
 
     # -- accounting ---------------------------------------------------------------------------
     @property
     def used(self) -> int:
-        return int((self.pos >= 0).sum())
-
-    @property
-    def used_max_p1(self) -> int:
-        nz = np.flatnonzero(self.pos >= 0)
-        return int(nz[-1]) + 1 if nz.size else 0
-
-    @property
-    def n_kv(self) -> int:
-        return min(self.size, max(N_KV_PAD, round_up(self.used_max_p1, N_KV_PAD)))
+        return sum(c.used for c in self.streams)
 
     def info(self) -> KVCacheInfo:
-        n = len(self.layers) * self.size
-        return KVCacheInfo(self.name, self.size, len(self.layers), self.n_seq_max, self.type_k,
-                           self.type_v, int(n * self._row_k * KV_TYPE_BYTES[self.type_k]),
-                           int(n * self._row_v * KV_TYPE_BYTES[self.type_v]))
+        n = len(self.layers) * self.size * self.n_stream
+        return KVCacheInfo(self.name, self.size, self.n_stream, len(self.layers), self.n_seq_max,
+                           self.type_k, self.type_v,
+                           n * row_bytes(self.type_k, self.n_head_kv * self.head_k),
+                           n * row_bytes(self.type_v, self.n_head_kv * self.head_v))
+
+    def n_kv_of(self, streams: list[int]) -> int:
+        """Cells attention looks at: used_max_p1 rounded up to 256, at least 256, at most size."""
+        used = max(self.streams[s].used_max_p1 for s in streams)
+        return min(self.size, max(N_KV_PAD, round_up(used, N_KV_PAD)))
 
     def seq_pos_max(self, s: int) -> int:
-        p = self.pos[self.seq[:, s]]
-        return int(p.max()) if p.size else -1
+        return self.streams[self.stream_of(s)].seq_pos_max(s)
 
     def seq_pos_min(self, s: int) -> int:
-        p = self.pos[self.seq[:, s]]
-        return int(p.min()) if p.size else -1
+        return self.streams[self.stream_of(s)].seq_pos_min(s)
 
-    def is_masked_swa(self, p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
+    def masked_swa(self, p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
+        """STANDARD sliding window: key p0 is outside query p1's window when p1 - p0 >= n_swa."""
         if self.n_swa <= 0:
             return np.zeros(np.broadcast(p0, p1).shape, dtype=bool)
         return (p1 - p0) >= self.n_swa
 
     # -- placing a ubatch -----------------------------------------------------------------------
+    def ubatch_streams(self, ub: UBatch) -> list[int]:
+        """The stream of each sequence group of the ubatch (one group when unified)."""
+        if self.n_stream == 1:
+            return [0]
+        per = ub.n_tokens // ub.n_seqs
+        return [self.stream_of(int(ub.seq_id0[g * per])) for g in range(ub.n_seqs)]
+
     def find_slot(self, ub: UBatch) -> np.ndarray | None:
-        """Cells for the ubatch's tokens, scanning from `head` and wrapping, as llama.cpp does."""
-        n = ub.n_tokens
-        if n > self.size:
+        """Global cell index for each slot (stream * size + cell), or None if there is no room."""
+        streams = self.ubatch_streams(ub)
+        per = ub.n_tokens // len(streams)
+        out = []
+        for g, s in enumerate(streams):
+            cells = self._find_in_stream(self.streams[s], per)
+            if cells is None:
+                return None
+            out.append(cells + s * self.size)
+        return np.concatenate(out)
+
+    def _find_in_stream(self, c: KVCells, n: int) -> np.ndarray | None:
+        """Scan from head, wrapping, for empty cells or single-sequence cells the window left."""
+        if n > c.size:
             return None
-        head = self.head if self.head <= self.used + 2 * n else 0
-        usable = self.pos < 0
+        head = c.head if c.head <= c.used + 2 * n else 0
+        usable = c.pos < 0
         if self.n_swa > 0:
-            single = self.seq.sum(1) == 1
-            owner = self.seq.argmax(1)
-            seq_max = np.array([self.seq_pos_max(s) for s in range(self.n_seq_max)])
-            usable |= single & (self.pos >= 0) & self.is_masked_swa(self.pos, seq_max[owner] + 1)
-        order = np.roll(np.arange(self.size), -head)
+            owners = c.seq.sum(1) == 1
+            seq_max = np.array([c.seq_pos_max(s) for s in range(c.n_seq_max)])
+            owner = c.seq.argmax(1)
+            usable |= owners & (c.pos >= 0) & self.masked_swa(c.pos, seq_max[owner] + 1)
+        order = np.roll(np.arange(c.size), -head)
         cand = order[usable[order]]
         return cand[:n] if cand.size >= n else None
 
-    def apply_ubatch(self, ub: UBatch, cells: np.ndarray) -> None:
+    def apply_ubatch(self, ub: UBatch, slots: np.ndarray) -> None:
+        for s in sorted(set((slots // self.size).tolist())):
+            sel = slots // self.size == s
+            self._apply_stream(self.streams[s], slots[sel] % self.size, ub.pos[sel],
+                               [ub.seq_id[i] for i in np.flatnonzero(sel)])
+
+    @staticmethod
+    def _apply_stream(c: KVCells, cells: np.ndarray, pos: np.ndarray, seq_ids: list[list[int]]) -> None:
         lost: dict[int, int] = {}
-        for c in cells[self.pos[cells] >= 0]:
-            for s in np.flatnonzero(self.seq[c]):
-                lost[int(s)] = max(lost.get(int(s), -1), int(self.pos[c]))
-        self.pos[cells] = -1
-        self.seq[cells] = False
-        self.pos[cells] = ub.pos
-        for c, sids in zip(cells, ub.seq_id):
-            self.seq[c, sids] = True
+        for cell in cells[c.pos[cells] >= 0]:
+            for s in np.flatnonzero(c.seq[cell]):
+                lost[int(s)] = max(lost.get(int(s), -1), int(c.pos[cell]))
+        c.free(cells)
+        c.pos[cells] = pos
+        for cell, sids in zip(cells, seq_ids):
+            c.seq[cell, sids] = True
+        placed = np.zeros(c.size, dtype=bool)
+        placed[cells] = True
         for s, p in lost.items():  # keep each sequence's positions contiguous
-            self._remove(self.seq[:, s] & (self.pos <= p) & ~np.isin(np.arange(self.size), cells), s)
-        self.head = int(cells[-1]) + 1 if cells.size else self.head
+            sel = c.seq[:, s] & (c.pos <= p) & ~placed
+            c.seq[sel, s] = False
+            c.free(sel & ~c.seq.any(1))
+        c.head = int(cells[-1]) + 1
 
-    def _remove(self, sel: np.ndarray, s: int) -> None:
-        self.seq[sel, s] = False
-        self.pos[sel & ~self.seq.any(1)] = -1
+    # -- what a ubatch's attention sees -------------------------------------------------------
+    def mask(self, ub: UBatch, streams: list[int], n_kv: int, device: torch.device | str) -> torch.Tensor:
+        """Additive mask [n_groups, n_tokens / n_groups, n_kv]: 0 = visible, -inf = hidden.
 
-    # -- the mask -------------------------------------------------------------------------------
-    def mask(self, ub: UBatch, n_kv: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """Additive mask [n_tokens, n_kv]: 0 where the query may see the cell, -inf elsewhere."""
-        pos = self.pos[:n_kv][None, :]
-        p1 = ub.pos[:, None]
-        visible = (pos >= 0) & self.seq[:n_kv][:, ub.seq_id0].T & (pos <= p1)
-        visible &= ~self.is_masked_swa(pos, p1)
-        m = np.where(visible, 0.0, -np.inf).astype(np.float32)
-        return torch.from_numpy(m).to(device)
+        A query sees a cell that is not empty, holds the query's first sequence id, is not in
+        its future, and (SWA) is inside its window.
+        """
+        per = ub.n_tokens // len(streams)
+        out = np.empty((len(streams), per, n_kv), dtype=np.float32)
+        for g, s in enumerate(streams):
+            c, rows = self.streams[s], slice(g * per, (g + 1) * per)
+            pos, p1 = c.pos[:n_kv][None, :], ub.pos[rows, None]
+            vis = (pos >= 0) & c.seq[:n_kv][:, ub.seq_id0[rows]].T & (pos <= p1)
+            vis &= ~self.masked_swa(pos, p1)
+            out[g] = np.where(vis, 0.0, -np.inf)
+        return torch.from_numpy(out).to(device)
 
-    # -- sequence operations --------------------------------------------------------------------
+    def kv_rows(self, il: int, streams: list[int], n_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of cells [0, n_kv) of each stream: float32 [n_groups, n_kv, n_head_kv, d]."""
+        ks = [self.k[il].read(s * self.size, n_kv) for s in streams]
+        vs = [self.v[il].read(s * self.size, n_kv) for s in streams]
+        return torch.stack(ks), torch.stack(vs)
+
+    def write(self, il: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[il].write(slots, k)
+        self.v[il].write(slots, v)
+
+    # -- state for prepare() --------------------------------------------------------------------
+    def snapshot(self) -> list[KVCells]:
+        return [c.copy() for c in self.streams]
+
+    def restore(self, snap: list[KVCells]) -> None:
+        self.streams = snap
+
+    # -- sequence operations (p0 < 0 -> 0, p1 < 0 -> infinity, range [p0, p1)) -------------------
     def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> None:
-        p0 = max(p0, 0)
-        p1 = np.iinfo(np.int64).max if p1 < 0 else p1
-        in_range = (self.pos >= p0) & (self.pos < p1)
-        if s < 0:
-            sel = in_range & (self.pos >= 0)
-            self.seq[sel] = False
-            self.pos[sel] = -1
-        else:
-            self._remove(in_range & self.seq[:, s], s)
-        free = np.flatnonzero(self.pos < 0)
-        if free.size and free[0] < self.head:
-            self.head = int(free[0])
+        for i, c in enumerate(self.streams):
+            if s < 0 or self.stream_of(s) == i:
+                c.seq_rm(s, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        a, b = self.stream_of(src), self.stream_of(dst)
+        if a == b:
+            self.streams[a].seq_cp(src, dst, p0, p1)
+            return
+        if p0 > 0 or p1 >= 0:
+            raise ContextError("seq_cp between streams only copies whole sequences (p0 = p1 = -1); use -kvu")
+        dst_cells = self.streams[b]
+        dst_cells.clear()
+        src_cells = self.streams[a]
+        sel = src_cells.seq[:, src]
+        dst_cells.pos[sel] = src_cells.pos[sel]
+        dst_cells.seq[sel, dst] = True
+        dst_cells.shift[sel] = src_cells.shift[sel]
+        dst_cells.head = src_cells.head
+        self.pending_copies.append((a, b))  # the K/V bytes move at the next update()
+
+    def seq_keep(self, s: int) -> None:
+        for i, c in enumerate(self.streams):
+            if self.stream_of(s) == i:
+                c.seq_keep(s)
+            else:
+                c.clear()
+
+    def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
+        self.streams[self.stream_of(s)].seq_add(s, p0, p1, delta)
+
+    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        self.streams[self.stream_of(s)].seq_div(s, p0, p1, d)
 
     def clear(self) -> None:
-        self.pos[:] = -1
-        self.seq[:] = False
-        self.head = 0
-
-
-class KVMemory:
-    """The caches of a context and which layer reads which (one cache, or the iSWA pair)."""
-
-    def __init__(self, caches: list[KVCache], layer_cache: list[int]) -> None:
-        self.caches, self.layer_cache = caches, layer_cache
-
-    def cache_of(self, il: int) -> KVCache:
-        return self.caches[self.layer_cache[il]]
-
-    def seq_pos_max(self, s: int) -> int:
-        # llama.cpp's iSWA reports the SWA cache's positions; with no SWA it is the only cache
-        return self.caches[-1].seq_pos_max(s)
-
-    def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> None:
-        for c in self.caches:
-            c.seq_rm(s, p0, p1)
-
-    def clear(self) -> None:
-        for c in self.caches:
+        for c in self.streams:
             c.clear()
+        self.pending_copies.clear()
 
     @property
-    def used(self) -> int:
-        return self.caches[0].used
+    def has_shift(self) -> bool:
+        return any(c.has_shift for c in self.streams)

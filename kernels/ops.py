@@ -29,7 +29,6 @@ class Ops(Protocol):
                   scale: float, out: torch.Tensor | None = None) -> torch.Tensor: ...
     def glu(self, gate: torch.Tensor, up: torch.Tensor, act: str,
             out: torch.Tensor | None = None) -> torch.Tensor: ...
-    def store_kv(self, cache: torch.Tensor, cells: torch.Tensor, x: torch.Tensor) -> None: ...
 
 
 class TorchOps:
@@ -97,18 +96,17 @@ class TorchOps:
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                   scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-        """q (T, H, D) against cache cells k/v (n_kv, H_kv, D); mask (T, n_kv) additive.
+        """Queries against KV cells, per group (one group per KV stream in the ubatch).
 
+        q (G, T, H, D); k, v (G, n_kv, H_kv, D); mask (G, T, n_kv) additive -> (G*T, H*Dv).
         GQA: query head h reads KV head h // (H / H_kv).
         """
-        n_tokens, n_head, _ = q.shape
-        kf, vf = k.to(q.dtype), v.to(q.dtype)
+        g, t, n_head, _ = q.shape
         a = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0), kf.transpose(0, 1).unsqueeze(0),
-            vf.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale,
-            enable_gqa=k.shape[1] != n_head,
+            q.transpose(1, 2), k.to(q.dtype).transpose(1, 2), v.to(q.dtype).transpose(1, 2),
+            attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=k.shape[2] != n_head,
         )
-        res = a.squeeze(0).transpose(0, 1).reshape(n_tokens, -1)
+        res = a.transpose(1, 2).reshape(g * t, -1)
         if out is not None:
             out.copy_(res)
             return out
@@ -119,5 +117,3 @@ class TorchOps:
         g = F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)
         return torch.mul(g, up, out=out)
 
-    def store_kv(self, cache: torch.Tensor, cells: torch.Tensor, x: torch.Tensor) -> None:
-        cache.index_copy_(0, cells, x.to(cache.dtype))

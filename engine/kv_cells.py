@@ -1,0 +1,117 @@
+"""The cells of one KV stream: for each cell a position (-1 = empty) and a set of sequence ids.
+
+Plain numpy bookkeeping, no tensors: which cells a ubatch goes to, what the mask lets each query
+see, and the sequence operations (rm / cp / keep / add / div) all come from these arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class KVCells:
+    size: int
+    n_seq_max: int
+    pos: np.ndarray = field(init=False)  # int64 [size]
+    seq: np.ndarray = field(init=False)  # bool [size, n_seq_max]
+    shift: np.ndarray = field(init=False)  # int64 [size]: position delta not yet applied to K
+    head: int = 0
+
+    def __post_init__(self) -> None:
+        self.pos = np.full(self.size, -1, dtype=np.int64)
+        self.seq = np.zeros((self.size, self.n_seq_max), dtype=bool)
+        self.shift = np.zeros(self.size, dtype=np.int64)
+
+    def copy(self) -> KVCells:
+        c = KVCells.__new__(KVCells)
+        c.size, c.n_seq_max, c.head = self.size, self.n_seq_max, self.head
+        c.pos, c.seq, c.shift = self.pos.copy(), self.seq.copy(), self.shift.copy()
+        return c
+
+    @property
+    def used(self) -> int:
+        return int((self.pos >= 0).sum())
+
+    @property
+    def used_max_p1(self) -> int:
+        nz = np.flatnonzero(self.pos >= 0)
+        return int(nz[-1]) + 1 if nz.size else 0
+
+    @property
+    def has_shift(self) -> bool:
+        return bool(self.shift.any())
+
+    def seq_pos_max(self, s: int) -> int:
+        p = self.pos[self.seq[:, s]]
+        return int(p.max()) if p.size else -1
+
+    def seq_pos_min(self, s: int) -> int:
+        p = self.pos[self.seq[:, s]]
+        return int(p.min()) if p.size else -1
+
+    def clear(self) -> None:
+        self.pos[:] = -1
+        self.seq[:] = False
+        self.shift[:] = 0
+        self.head = 0
+
+    def free(self, sel: np.ndarray) -> None:
+        self.pos[sel] = -1
+        self.seq[sel] = False
+        self.shift[sel] = 0
+
+    def _move_head_back(self) -> None:
+        free = np.flatnonzero(self.pos < 0)
+        if free.size and free[0] < self.head:
+            self.head = int(free[0])
+
+    def _range(self, p0: int, p1: int) -> np.ndarray:
+        p0 = max(p0, 0)
+        p1 = np.iinfo(np.int64).max if p1 < 0 else p1
+        return (self.pos >= p0) & (self.pos < p1)
+
+    def seq_rm(self, s: int, p0: int, p1: int) -> None:
+        sel = self._range(p0, p1)
+        if s < 0:
+            self.free(sel)
+        else:
+            sel &= self.seq[:, s]
+            self.seq[sel, s] = False
+            self.free(sel & ~self.seq.any(1))
+        self._move_head_back()
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Share cells: the destination sequence sees the source's cells, no data is copied."""
+        self.seq[self._range(p0, p1) & self.seq[:, src], dst] = True
+
+    def seq_keep(self, s: int) -> None:
+        keep = self.seq[:, s].copy()
+        self.free(~keep)
+        self.seq[keep] = False
+        self.seq[keep, s] = True
+        self._move_head_back()
+
+    def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
+        if delta == 0:
+            return
+        sel = self._range(p0, p1) & self.seq[:, s]
+        self.pos[sel] += delta
+        self.shift[sel] += delta
+        gone = sel & (self.pos < 0)
+        self.free(gone)
+        if gone.any():
+            self.head = int(np.flatnonzero(gone)[0])
+        else:
+            self.head = 0
+
+    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        if d == 1:
+            return
+        sel = self._range(p0, p1) & self.seq[:, s]
+        old = self.pos[sel]
+        new = old // d
+        self.pos[sel] = new
+        self.shift[sel] += new - old  # K must be rotated from old to new position
