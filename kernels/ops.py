@@ -64,15 +64,18 @@ class TorchOps:
         Rows come from a per-(base, scale) table computed in float64 and grown by doubling, so a
         decode step is a gather instead of fresh transcendental calls.
         """
+        i = torch.arange(0, n_rot // 2, dtype=torch.float64, device=pos.device)
+        inv = scale * base ** (-2.0 * i / n_rot)
+        if freq_factors is not None:  # llama 3.1+ rope_freqs.weight divides θ
+            inv = inv / freq_factors.to(device=pos.device, dtype=torch.float64)
+        if pos.numel() and int(pos.min()) < 0:  # K-shift deltas can be negative: no table
+            theta = pos.to(torch.float64)[:, None] * inv[None, :]
+            return theta.cos().float(), theta.sin().float()
         key = (n_rot, base, scale, None if freq_factors is None else freq_factors.data_ptr())
         need = int(pos.max()) + 1 if pos.numel() else 1
         cos, sin = self._rope_tables.get(key, (None, None))
         if cos is None or cos.shape[0] < need or cos.device != pos.device:
             size = max(1024, 1 << (need - 1).bit_length())
-            i = torch.arange(0, n_rot // 2, dtype=torch.float64, device=pos.device)
-            inv = scale * base ** (-2.0 * i / n_rot)
-            if freq_factors is not None:  # llama 3.1+ rope_freqs.weight divides θ
-                inv = inv / freq_factors.to(torch.float64)
             theta = torch.arange(size, dtype=torch.float64, device=pos.device)[:, None] * inv[None, :]
             cos, sin = theta.cos().float(), theta.sin().float()
             self._rope_tables[key] = (cos, sin)
