@@ -15,9 +15,13 @@ import numpy as np
 import torch
 
 from ..kernels.ops import Ops, TorchOps
+from collections import OrderedDict
+
 from .batch import Batch
-from .forward import forward
+from .forward import GraphShape, build_forward, ubatch_inputs
+from .graph import Graph, run_graph
 from .memory import DecodeError, KVMemory
+from .kv_cache import round_up
 from .model import Model
 from .params import ContextParams, derive
 
@@ -52,6 +56,22 @@ class UBatchRecord:
     ms: float
 
 
+@dataclass(slots=True)
+class Reservation:
+    """The workspace sized up front for the largest graphs this context may run."""
+
+    pp: GraphShape
+    tg: GraphShape
+    pp_bytes: int
+    tg_bytes: int
+    n_nodes: tuple[int, int]
+    peak: list[tuple[str, tuple[int, ...], int]]  # largest live tensors of the larger graph
+
+    @property
+    def bytes(self) -> int:
+        return max(self.pp_bytes, self.tg_bytes)
+
+
 class Context:
     def __init__(self, model: Model, params: ContextParams | None = None, ops: Ops | None = None) -> None:
         self.model = model
@@ -64,7 +84,14 @@ class Context:
         self.logits = torch.empty(0, model.hparams.n_vocab)
         self.output_ids: list[int] = []  # batch index of each logits row
         self.records: list[UBatchRecord] = []  # ubatches of the last decode
-        self._prev_shape: dict[bool, tuple] = {}  # llama.cpp keeps one graph with outputs, one without
+        self._prev_shape: dict[bool, GraphShape] = {}  # llama.cpp keeps one graph with outputs, one without
+        self._graphs: OrderedDict[GraphShape, Graph] = OrderedDict()
+        self.reservation = self.reserve()
+        self.workspace = torch.empty(self.reservation.bytes, dtype=torch.uint8, device=model.device)
+        self.workspace_regrows = 0
+        # rows of the output buffer: n_seq_max at start, grown to the largest batch's outputs as
+        # llama.cpp's output_reserve does (each decode's logits stay valid after the next one)
+        self.output_rows = self.cparams.n_seq_max
 
     @property
     def n_ctx(self) -> int:
@@ -124,36 +151,74 @@ class Context:
                         f"{min(ps)}\n it is required that the sequence positions remain "
                         f"consecutive: Y = X + 1")
 
+    def graph_for(self, shape: GraphShape) -> Graph:
+        """The planned graph of a shape, built on first use (kept for the last few shapes)."""
+        g = self._graphs.get(shape)
+        if g is None:
+            g = self._graphs[shape] = build_forward(self.model, self.memory, shape)
+            while len(self._graphs) > 8:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(shape)
+        return g
+
+    def reserve(self) -> Reservation:
+        """Plan the worst-case graphs as llama.cpp's sched_reserve: a prompt ubatch of
+        min(n_ctx, n_ubatch) tokens over n_seq_max sequences, and a one-token-per-sequence
+        generation ubatch, both against full caches."""
+        cp = self.cparams
+        n_seqs = cp.n_seq_max
+        n_tokens = round_up(min(cp.n_ctx, cp.n_ubatch), n_seqs)
+        groups = tuple(1 if c.n_stream == 1 else n_seqs for c in self.memory.caches)
+        n_kv = tuple(c.size for c in self.memory.caches)
+        pp = GraphShape(n_tokens, min(n_tokens, cp.n_outputs_max), groups, n_kv)
+        tg = GraphShape(n_seqs, min(n_seqs, cp.n_outputs_max), groups, n_kv)
+        gp, gt = build_forward(self.model, self.memory, pp), build_forward(self.model, self.memory, tg)
+        big = gp if gp.size >= gt.size else gt
+        return Reservation(pp, tg, gp.size, gt.size, (len(gp.nodes), len(gt.nodes)), big.describe_peak())
+
     def decode(self, batch: Batch) -> None:
         """Run a batch; afterwards `self.logits[i]` holds the i-th output slot's logits."""
         self.validate(batch)
+        n_outputs = sum(batch.logits)
+        if n_outputs > self.cparams.n_outputs_max:
+            raise DecodeError(-1, f"batch requests {n_outputs} outputs but n_outputs_max = "
+                                  f"{self.cparams.n_outputs_max}; raise --n-outputs-max")
         t0 = time.perf_counter()
         hp = self.model.hparams
         if self.memory.update(hp, self.ops, self.model.rope_freqs):
             self._prev_shape.clear()  # llama.cpp rebuilds graphs after a memory update
         ubatches = self.memory.init_batch(batch, self.cparams.n_ubatch)
-        rows: list[torch.Tensor] = []
+        self.output_rows = max(self.output_rows, n_outputs)
+        output = torch.empty(n_outputs, hp.n_vocab)
         order: list[np.ndarray] = []
         self.records = []
+        row = 0
         for ub in ubatches:
             tu = time.perf_counter()
             slots = self.memory.place(ub)
             out_rows = np.flatnonzero(ub.output)
-            n_kv = tuple(c.n_kv_of(c.ubatch_streams(ub)) for c in self.memory.caches)
-            shape = (ub.n_tokens, len(out_rows), ub.n_seqs, n_kv)
+            groups = [c.ubatch_streams(ub) for c in self.memory.caches]
+            shape = GraphShape(ub.n_tokens, len(out_rows), tuple(len(g) for g in groups),
+                               tuple(c.n_kv_of(g) for c, g in zip(self.memory.caches, groups)))
             reused = self._prev_shape.get(len(out_rows) > 0) == shape
             self._prev_shape[len(out_rows) > 0] = shape
             self.perf.graphs_reused += reused
+            graph = self.graph_for(shape)
+            if graph.size > self.workspace.numel():  # cannot happen for shapes within the reservation
+                self.workspace = torch.empty(graph.size, dtype=torch.uint8, device=self.model.device)
+                self.workspace_regrows += 1
+            inputs, runtime = ubatch_inputs(self.model, self.ops, self.memory, ub, slots, shape)
             with torch.inference_mode():
-                logits = forward(self.model, self.ops, ub, self.memory, slots, out_rows)
-            rows.append(logits.float())
+                logits = run_graph(graph, self.ops, self.workspace, inputs, runtime)
+                output[row : row + len(out_rows)].copy_(logits)
+            row += len(out_rows)
             order.append(ub.batch_idx[out_rows])
             self.perf.n_ubatch += 1
             self.records.append(UBatchRecord(ub.n_tokens, len(out_rows), ub.n_seqs,
-                                             sorted({int(s) for s in ub.seq_id0}), n_kv, reused,
+                                             sorted({int(s) for s in ub.seq_id0}), shape.n_kv, reused,
                                              (time.perf_counter() - tu) * 1e3))
         idx = np.concatenate(order)
-        logits = torch.cat(rows) if len(rows) > 1 else rows[0]
+        logits = output[:row]
         if not np.all(idx[:-1] < idx[1:]):  # split_equal reorders slots: restore batch order
             logits = logits[torch.from_numpy(np.argsort(idx, kind="stable"))]
             idx = np.sort(idx)

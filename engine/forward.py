@@ -1,77 +1,114 @@
-"""The forward pass of llama and gemma3 over one ubatch, against the KV cache.
+"""The forward pass of llama and gemma3 over one ubatch shape, written once as a graph.
 
-Written once as plain calls to `kernels.Ops`, so the same code runs on any backend. Every row
-is independent except inside attention, which reads other tokens only through the cache and
-its mask.
+`build_forward` records the pass with a GraphBuilder (nothing is computed); the context plans
+it into its workspace and runs it with real inputs. Every row is independent except inside
+attention, which reads other tokens only through the KV cache and the mask. Names follow
+llama.cpp's graph (`attn_norm-0`, `Qcur-0`, `ffn_out-17`, ...).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..kernels.ops import Ops
 from .batch import UBatch
+from .graph import Graph, GraphBuilder
 from .memory import KVMemory
 from .model import Model
 
 
-def forward(model: Model, ops: Ops, ub: UBatch, mem: KVMemory, slots: list[np.ndarray],
-            out_rows: np.ndarray) -> torch.Tensor:
-    """Logits [len(out_rows), n_vocab] for the ubatch rows `out_rows`.
+@dataclass(frozen=True, slots=True)
+class GraphShape:
+    """What a graph's buffers depend on; equal shapes reuse the graph (llama.cpp's can_reuse)."""
 
-    `slots[c]` are the cells the ubatch occupies in cache c (already applied to its cells).
-    """
-    hp, dev = model.hparams, model.device
-    n = ub.n_tokens
-    tokens = torch.from_numpy(ub.token).to(dev)
-    pos = torch.from_numpy(ub.pos).to(dev)
-    x = ops.get_rows(model.tok_embd, tokens)
+    n_tokens: int
+    n_outputs: int
+    n_groups: tuple[int, ...]  # per cache: KV streams in the ubatch (1 when unified)
+    n_kv: tuple[int, ...]  # per cache: cells attention reads, a multiple of 256
+
+
+def rope_keys(model: Model) -> list[tuple[float, float]]:
+    keys: list[tuple[float, float]] = []
+    for il in range(model.hparams.n_layer):
+        if model.hparams.rope_params(il) not in keys:
+            keys.append(model.hparams.rope_params(il))
+    return keys
+
+
+def build_forward(model: Model, mem: KVMemory, shape: GraphShape) -> Graph:
+    hp, b = model.hparams, GraphBuilder()
+    n, n_out = shape.n_tokens, shape.n_outputs
+    tokens = b.input("inp_tokens", (n,), torch.int64)
+    ropes = {}
+    for i, key in enumerate(rope_keys(model)):
+        ropes[key] = (b.input(f"inp_cos_{i}", (n, hp.n_rot // 2)), b.input(f"inp_sin_{i}", (n, hp.n_rot // 2)))
+    masks = [b.input(f"kq_mask_{c}", (g, n // g, n_kv)) for c, (g, n_kv) in enumerate(zip(shape.n_groups, shape.n_kv))]
+    slots = [b.input(f"kv_idxs_{c}", (n,), torch.int64) for c in range(len(mem.caches))]
+    out_ids = b.input("inp_out_ids", (n_out,), torch.int64) if n_out < n else None
+
+    x = b.get_rows(model.tok_embd, tokens, "inp_embd")
     if hp.embd_scale != 1.0:
-        x = x * hp.embd_scale
-
-    ropes: dict[tuple[float, float], tuple[torch.Tensor, torch.Tensor]] = {}
-    for il in range(hp.n_layer):
-        key = hp.rope_params(il)
-        if key not in ropes:
-            ropes[key] = ops.rope_cache(pos, hp.n_rot, key[0], key[1], model.rope_freqs)
-    streams = [c.ubatch_streams(ub) for c in mem.caches]
-    n_kvs = [c.n_kv_of(st) for c, st in zip(mem.caches, streams)]
-    masks = [c.mask(ub, st, n_kv, dev) for c, st, n_kv in zip(mem.caches, streams, n_kvs)]
-    slot_idx = [torch.from_numpy(s).to(dev) for s in slots]
-
+        x = b.scale(x, hp.embd_scale, "inp_scaled")
     for il, L in enumerate(model.layers):
         ci = mem.layer_cache[il]
-        cache = mem.caches[ci]
-        h = ops.rms_norm(x, L.attn_norm, hp.rms_eps)
-        q = ops.linear(h, L.wq).view(n, hp.n_head, hp.n_embd_head_k)
-        k = ops.linear(h, L.wk).view(n, hp.n_head_kv, hp.n_embd_head_k)
-        v = ops.linear(h, L.wv).view(n, hp.n_head_kv, hp.n_embd_head_v)
+        cache, g, n_kv = mem.caches[ci], shape.n_groups[ci], shape.n_kv[ci]
+        h = b.rms_norm(x, L.attn_norm, hp.rms_eps, f"attn_norm-{il}")
+        q = b.view(b.linear(h, L.wq, f"Qcur-{il}"), (n, hp.n_head, hp.n_embd_head_k))
+        k = b.view(b.linear(h, L.wk, f"Kcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_k))
+        v = b.view(b.linear(h, L.wv, f"Vcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_v))
         if hp.qk_norm:
-            q = ops.rms_norm(q, L.q_norm, hp.rms_eps)
-            k = ops.rms_norm(k, L.k_norm, hp.rms_eps)
+            q = b.rms_norm(q, L.q_norm, hp.rms_eps, f"Qcur_normed-{il}")
+            k = b.rms_norm(k, L.k_norm, hp.rms_eps, f"Kcur_normed-{il}")
         cos, sin = ropes[hp.rope_params(il)]
-        q = ops.rope(q, cos, sin, hp.rope_neox) * hp.attn_scale
-        k = ops.rope(k, cos, sin, hp.rope_neox)
-        cache.write(il, slot_idx[ci], k, v)
-        kc, vc = cache.kv_rows(il, streams[ci], n_kvs[ci])
-        g = len(streams[ci])
-        a = ops.attention(q.view(g, n // g, hp.n_head, -1), kc, vc, masks[ci], 1.0)
-        a = ops.linear(a, L.wo)
+        q = b.scale(b.rope(q, cos, sin, hp.rope_neox, f"Qcur_rope-{il}"), hp.attn_scale, f"Qcur_scaled-{il}")
+        k = b.rope(k, cos, sin, hp.rope_neox, f"Kcur_rope-{il}")
+        ks = b.kv_store(cache.k[il], slots[ci], k, f"k_store-{il}")
+        vs = b.kv_store(cache.v[il], slots[ci], v, f"v_store-{il}")
+        kc = b.kv_load(cache.k[il], ci, g, n_kv, ks, f"k_cache-{il}")
+        vc = b.kv_load(cache.v[il], ci, g, n_kv, vs, f"v_cache-{il}")
+        qg = b.view(q, (g, n // g, hp.n_head, hp.n_embd_head_k))
+        a = b.attention(qg, kc, vc, masks[ci], 1.0, f"kqv_out-{il}")
+        a = b.linear(a, L.wo, f"attn_out-{il}")
         if hp.sandwich_norm:
-            a = ops.rms_norm(a, L.post_attn_norm, hp.rms_eps)
-        x = x + a
-        if il == hp.n_layer - 1 and len(out_rows) < n:
-            x = x[torch.from_numpy(out_rows).to(dev)]  # only output rows pay for the rest
-        h = ops.rms_norm(x, L.ffn_norm, hp.rms_eps)
-        f = ops.glu(ops.linear(h, L.ffn_gate), ops.linear(h, L.ffn_up), hp.ffn_act)
-        f = ops.linear(f, L.ffn_down)
+            a = b.rms_norm(a, L.post_attn_norm, hp.rms_eps, f"attn_post_norm-{il}")
+        if il == hp.n_layer - 1 and out_ids is not None:  # only output rows pay for the rest
+            x = b.rows(x, out_ids, f"inpSA_out-{il}")
+            a = b.rows(a, out_ids, f"attn_out_rows-{il}")
+        x = b.add(x, a, f"ffn_inp-{il}")
+        h = b.rms_norm(x, L.ffn_norm, hp.rms_eps, f"ffn_norm-{il}")
+        f = b.glu(b.linear(h, L.ffn_gate, f"ffn_gate-{il}"), b.linear(h, L.ffn_up, f"ffn_up-{il}"),
+                  hp.ffn_act, f"ffn_glu-{il}")
+        f = b.linear(f, L.ffn_down, f"ffn_out-{il}")
         if hp.sandwich_norm:
-            f = ops.rms_norm(f, L.post_ffn_norm, hp.rms_eps)
-        x = x + f
-    x = ops.rms_norm(x, model.output_norm, hp.rms_eps)
-    logits = ops.linear(x, model.output)
+            f = b.rms_norm(f, L.post_ffn_norm, hp.rms_eps, f"ffn_post_norm-{il}")
+        x = b.add(x, f, f"l_out-{il}")
+    if hp.n_layer == 0 and out_ids is not None:
+        x = b.rows(x, out_ids, "inp_out_rows")
+    x = b.rms_norm(x, model.output_norm, hp.rms_eps, "result_norm")
+    logits = b.linear(x, model.output, "result_output")
     if hp.final_logit_softcap:
-        c = hp.final_logit_softcap
-        logits = torch.tanh(logits / c) * c
-    return logits
+        logits = b.softcap(logits, hp.final_logit_softcap, "result_softcap")
+    return b.finish(logits)
+
+
+def ubatch_inputs(model: Model, ops: Ops, mem: KVMemory, ub: UBatch, slots: list[np.ndarray],
+                  shape: GraphShape) -> tuple[dict[str, torch.Tensor], dict]:
+    """The values of a graph's inputs for one ubatch (llama.cpp's set_input step)."""
+    dev = model.device
+    pos = torch.from_numpy(ub.pos).to(dev)
+    inputs = {"inp_tokens": torch.from_numpy(ub.token).to(dev)}
+    for i, (base, scale) in enumerate(rope_keys(model)):
+        cos, sin = ops.rope_cache(pos, model.hparams.n_rot, base, scale, model.rope_freqs)
+        inputs[f"inp_cos_{i}"], inputs[f"inp_sin_{i}"] = cos, sin
+    starts = []
+    for c, cache in enumerate(mem.caches):
+        streams = cache.ubatch_streams(ub)
+        inputs[f"kq_mask_{c}"] = cache.mask(ub, streams, shape.n_kv[c], dev)
+        inputs[f"kv_idxs_{c}"] = torch.from_numpy(slots[c]).to(dev)
+        starts.append([s * cache.size for s in streams])
+    if shape.n_outputs < shape.n_tokens:
+        inputs["inp_out_ids"] = torch.from_numpy(np.flatnonzero(ub.output)).to(dev)
+    return inputs, {"starts": starts}

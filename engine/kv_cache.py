@@ -9,6 +9,7 @@ other sequences, future positions and, in a sliding-window cache, positions outs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,10 +68,14 @@ class KVStore:
             self.data = torch.zeros(n_cells, row_bytes(type_name, n_head * head_dim), dtype=torch.uint8,
                                     device=device)
 
-    def write(self, cells: torch.Tensor, x: torch.Tensor) -> None:
+    def write(self, cells: torch.Tensor, x: torch.Tensor, ops: Any = None) -> None:
+        """Store rows x (n, heads, d) at cells; quantised types are quantised as ggml does."""
         if self.data.dtype == torch.uint8:
-            x = QUANTIZERS[self.ggml_type](x.reshape(x.shape[0], -1))
-        self.data.index_copy_(0, cells, x.to(self.data.dtype))
+            self.data.index_copy_(0, cells, QUANTIZERS[self.ggml_type](x.reshape(x.shape[0], -1)))
+        elif ops is not None:
+            ops.kv_store(self.data, cells, x)
+        else:
+            self.data.index_copy_(0, cells, x.to(self.data.dtype))
 
     def read_rows(self, idx: torch.Tensor) -> torch.Tensor:
         rows = self.data.index_select(0, idx)
@@ -78,12 +83,14 @@ class KVStore:
             return rows.float()
         return dequantize(rows, self.ggml_type, (idx.numel(), self.n_head, self.head_dim))
 
-    def read(self, start: int, n: int) -> torch.Tensor:
-        """Rows [start, start + n) as float32 (n, n_head, head_dim)."""
-        rows = self.data[start : start + n]
+    def load(self, starts: list[int], n_kv: int, out: torch.Tensor, ops: Any) -> torch.Tensor:
+        """Cells [start, start + n_kv) per stream into out (G, heads, n_kv, d) as f32."""
         if self.data.dtype != torch.uint8:
-            return rows.float()
-        return dequantize(rows.contiguous(), self.ggml_type, (n, self.n_head, self.head_dim))
+            return ops.kv_load(self.data, starts, n_kv, out)
+        for g, s in enumerate(starts):
+            rows = dequantize(self.data[s : s + n_kv], self.ggml_type, (n_kv, self.n_head, self.head_dim))
+            out[g].copy_(rows.permute(1, 0, 2))
+        return out
 
 
 class KVCache:
@@ -209,16 +216,6 @@ class KVCache:
             vis &= ~self.masked_swa(pos, p1)
             out[g] = np.where(vis, 0.0, -np.inf)
         return torch.from_numpy(out).to(device)
-
-    def kv_rows(self, il: int, streams: list[int], n_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of cells [0, n_kv) of each stream: float32 [n_groups, n_kv, n_head_kv, d]."""
-        ks = [self.k[il].read(s * self.size, n_kv) for s in streams]
-        vs = [self.v[il].read(s * self.size, n_kv) for s in streams]
-        return torch.stack(ks), torch.stack(vs)
-
-    def write(self, il: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[il].write(slots, k)
-        self.v[il].write(slots, v)
 
     # -- state for prepare() --------------------------------------------------------------------
     def snapshot(self) -> list[KVCells]:

@@ -136,7 +136,7 @@ class KVMemory:
                         cos, sin = ops.rope_cache(shift, hp.n_rot, base, scale, freq_factors)
                         store = c.k[il]
                         k = store.read_rows(slots)
-                        store.write(slots, ops.rope(k, cos, sin, hp.rope_neox))
+                        store.write(slots, ops.rope(k, cos, sin, hp.rope_neox, out=torch.empty_like(k)))
                     cells.shift[:] = 0
             did = True
         return did

@@ -1,8 +1,9 @@
-"""The op interface the forward pass calls, and its torch implementation.
+"""The ops a model graph is made of, and their torch implementation.
 
-Every op the model graph needs lives here behind `Ops`, so a Triton backend can replace any of
-them without touching `engine/`. Ops accept an optional `out` buffer to write into (the workspace
-planner hands out views of one buffer); without it they allocate.
+Every op writes into an `out` tensor it is given (a view of the workspace) and takes any
+scratch it needs as views too, so a planned forward pass allocates nothing on its own; a
+Triton backend replaces these methods one by one without touching `engine/`. Activations are
+f32 throughout: Gemma's residual stream reaches ~1e5, beyond fp16.
 """
 
 from __future__ import annotations
@@ -10,32 +11,55 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 from .weight import QWeight
 
+ATTN_TILE_BYTES = 4 << 20  # the KQ score tile: queries are processed in chunks that fit it
+
+
+def attn_chunk(n_tokens: int, n_head: int, n_kv: int) -> int:
+    """Query rows per attention step so the f32 scores (n_head x rows x n_kv) fit the tile."""
+    return max(1, min(n_tokens, ATTN_TILE_BYTES // (4 * n_head * max(n_kv, 1))))
+
+
+def attn_scratch(g: int, t: int, n_head: int, n_head_kv: int, n_kv: int, d: int,
+                 dv: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Scratch the attention op needs: score tile, row statistics, and for GQA (n_head_kv > 1)
+    head-major copies of q and of the output."""
+    r = n_head // n_head_kv
+    tq = attn_chunk(t, n_head, n_kv)
+    out = [((g * n_head_kv, tq * r, n_kv), torch.float32), ((g * n_head_kv, tq * r, 1), torch.float32)]
+    if n_head_kv > 1:
+        out += [((g, n_head_kv, t, r, d), torch.float32), ((g, n_head_kv, t, r, dv), torch.float32)]
+    return out
+
 
 class Ops(Protocol):
+    """The op set of llama / gemma3 graphs. `out` may alias the first input where noted."""
+
     name: str
 
-    def get_rows(self, w: QWeight, ids: torch.Tensor) -> torch.Tensor: ...
-    def linear(self, x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torch.Tensor: ...
-    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float,
-                 out: torch.Tensor | None = None) -> torch.Tensor: ...
+    def get_rows(self, w: QWeight, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
+    def linear(self, x: torch.Tensor, w: QWeight, out: torch.Tensor) -> torch.Tensor: ...
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor,
+                 scratch: list[torch.Tensor]) -> torch.Tensor: ...
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool,
+             out: torch.Tensor) -> torch.Tensor: ...
+    def scale(self, x: torch.Tensor, s: float, out: torch.Tensor) -> torch.Tensor: ...  # in place ok
+    def add(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...  # in place ok
+    def glu(self, gate: torch.Tensor, up: torch.Tensor, act: str, out: torch.Tensor) -> torch.Tensor: ...
+    def rows(self, x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
+    def softcap(self, x: torch.Tensor, c: float, out: torch.Tensor) -> torch.Tensor: ...
+    def kv_store(self, cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None: ...
+    def kv_load(self, cache: torch.Tensor, starts: list[int], n_kv: int, out: torch.Tensor) -> torch.Tensor: ...
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  scale: float, out: torch.Tensor, scratch: list[torch.Tensor]) -> torch.Tensor: ...
     def rope_cache(self, pos: torch.Tensor, n_rot: int, base: float, scale: float,
                    freq_factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor: ...
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                  scale: float, out: torch.Tensor | None = None) -> torch.Tensor: ...
-    def glu(self, gate: torch.Tensor, up: torch.Tensor, act: str,
-            out: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class TorchOps:
-    """Reference implementation: plain torch, any device; f32 activations throughout.
-
-    Gemma's residual stream reaches ~1e5, beyond fp16, so activations stay in f32.
-    """
+    """Reference implementation: plain torch on any device, weights dequantised once to f32."""
 
     name = "torch"
 
@@ -43,19 +67,102 @@ class TorchOps:
         self.compute_dtype = compute_dtype
         self._rope_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def get_rows(self, w: QWeight, ids: torch.Tensor) -> torch.Tensor:
-        return w.rows(ids, self.compute_dtype).float()
+    def get_rows(self, w: QWeight, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return torch.index_select(w.dense(self.compute_dtype), 0, ids, out=out)
 
-    def linear(self, x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torch.Tensor:
-        wd = w.dense(self.compute_dtype)
-        if wd.dtype != x.dtype:
-            return torch.matmul(x.to(wd.dtype), wd.t()).float()
-        return torch.matmul(x, wd.t(), out=out)
+    def linear(self, x: torch.Tensor, w: QWeight, out: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, w.dense(self.compute_dtype).t(), out=out)
 
-    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
-        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        return torch.mul(x * r, w, out=out)
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor,
+                 scratch: list[torch.Tensor]) -> torch.Tensor:
+        """x / sqrt(mean(x²) + eps) * w, over the last dim; scratch[0] holds one value per row."""
+        r = scratch[0]
+        torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True, out=r)
+        r.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        torch.mul(x, r, out=out)
+        return out.mul_(w)
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool,
+             out: torch.Tensor) -> torch.Tensor:
+        """x (n, heads, d): rotate the first 2·cos.shape[1] dims; NEOX pairs (i, i + half)."""
+        half = cos.shape[1]
+        c, s = cos[:, None, :], sin[:, None, :]
+        if neox:
+            a, b, oa, ob = x[..., :half], x[..., half : 2 * half], out[..., :half], out[..., half : 2 * half]
+        else:
+            a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+            oa, ob = out[..., 0 : 2 * half : 2], out[..., 1 : 2 * half : 2]
+        torch.mul(a, c, out=oa).addcmul_(b, s, value=-1.0)
+        torch.mul(a, s, out=ob).addcmul_(b, c)
+        if 2 * half < x.shape[-1]:
+            out[..., 2 * half :].copy_(x[..., 2 * half :])
+        return out
+
+    def scale(self, x: torch.Tensor, s: float, out: torch.Tensor) -> torch.Tensor:
+        return torch.mul(x, s, out=out)
+
+    def add(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return torch.add(a, b, out=out)
+
+    def glu(self, gate: torch.Tensor, up: torch.Tensor, act: str, out: torch.Tensor) -> torch.Tensor:
+        if act == "gelu_tanh":
+            torch.ops.aten.gelu.out(gate, approximate="tanh", out=out)
+        else:
+            torch.ops.aten.silu.out(gate, out=out)
+        return out.mul_(up)
+
+    def rows(self, x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return torch.index_select(x, 0, idx, out=out)
+
+    def softcap(self, x: torch.Tensor, c: float, out: torch.Tensor) -> torch.Tensor:
+        torch.div(x, c, out=out)
+        return out.tanh_().mul_(c)
+
+    def kv_store(self, cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+        """Write rows into the cache (float types; quantised caches go through KVStore)."""
+        cache.index_copy_(0, slots, x.to(cache.dtype) if x.dtype != cache.dtype else x)
+
+    def kv_load(self, cache: torch.Tensor, starts: list[int], n_kv: int, out: torch.Tensor) -> torch.Tensor:
+        """Cells [start, start + n_kv) of each stream as f32 (G, heads, n_kv, d), head-major."""
+        for g, s in enumerate(starts):
+            out[g].copy_(cache[s : s + n_kv].permute(1, 0, 2))
+        return out
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  scale: float, out: torch.Tensor, scratch: list[torch.Tensor]) -> torch.Tensor:
+        """softmax(scale·q·kᵀ + mask)·v per group (KV stream), query rows in tile-sized chunks.
+
+        q (G, T, H, D); k (G, Hkv, n_kv, D); v (G, Hkv, n_kv, Dv); mask (G, T, n_kv) additive;
+        out (G·T, H·Dv). Query head h reads KV head h // (H / Hkv) (GQA).
+        """
+        g, t, n_head, d = q.shape
+        n_head_kv, n_kv, dv = k.shape[1], k.shape[2], v.shape[3]
+        r = n_head // n_head_kv
+        tq = attn_chunk(t, n_head, n_kv)
+        scores, stat = scratch[0], scratch[1]
+        if n_head_kv == 1:  # MQA: every query head reads the one KV head; no permutes
+            qh, oh = q.view(g, 1, t, r, d), out.view(g, 1, t, r, dv)
+        else:
+            qh, oh = scratch[2], scratch[3]
+            qh.copy_(q.view(g, t, n_head_kv, r, d).permute(0, 2, 1, 3, 4))
+        kt = k.reshape(g * n_head_kv, n_kv, d).transpose(1, 2)
+        vv = v.reshape(g * n_head_kv, n_kv, dv)
+        for t0 in range(0, t, tq):
+            n = min(tq, t - t0)
+            s = scores[:, : n * r]
+            torch.bmm(qh[:, :, t0 : t0 + n].reshape(g * n_head_kv, n * r, d), kt, out=s)
+            s.mul_(scale)
+            s.view(g, n_head_kv, n, r, n_kv).add_(mask[:, None, t0 : t0 + n, None, :])
+            m = stat[:, : n * r]
+            torch.amax(s, -1, keepdim=True, out=m)
+            s.sub_(m).exp_()
+            torch.sum(s, -1, keepdim=True, out=m)
+            s.div_(m)
+            torch.bmm(s, vv, out=oh[:, :, t0 : t0 + n].view(g * n_head_kv, n * r, dv)
+                      if n_head_kv > 1 else oh[:, :, t0 : t0 + n].reshape(g, n * r, dv))
+        if n_head_kv > 1:
+            out.view(g, t, n_head_kv, r, dv).copy_(oh.permute(0, 2, 1, 3, 4))
+        return out
 
     def rope_cache(self, pos: torch.Tensor, n_rot: int, base: float, scale: float,
                    freq_factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,41 +189,4 @@ class TorchOps:
         idx = pos.long()
         return cos[idx], sin[idx]
 
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
-        """x: (n_tokens, n_head, head_dim); rotates the first n_rot = 2*cos.shape[1] dims."""
-        half = cos.shape[1]
-        c, s = cos[:, None, :], sin[:, None, :]
-        out = x.clone()
-        if neox:
-            a, b = x[..., :half], x[..., half : 2 * half]
-            out[..., :half] = a * c - b * s
-            out[..., half : 2 * half] = a * s + b * c
-        else:
-            a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
-            out[..., 0 : 2 * half : 2] = a * c - b * s
-            out[..., 1 : 2 * half : 2] = a * s + b * c
-        return out
-
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                  scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Queries against KV cells, per group (one group per KV stream in the ubatch).
-
-        q (G, T, H, D); k, v (G, n_kv, H_kv, D); mask (G, T, n_kv) additive -> (G*T, H*Dv).
-        GQA: query head h reads KV head h // (H / H_kv).
-        """
-        g, t, n_head, _ = q.shape
-        a = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.to(q.dtype).transpose(1, 2), v.to(q.dtype).transpose(1, 2),
-            attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=k.shape[2] != n_head,
-        )
-        res = a.transpose(1, 2).reshape(g * t, -1)
-        if out is not None:
-            out.copy_(res)
-            return out
-        return res
-
-    def glu(self, gate: torch.Tensor, up: torch.Tensor, act: str,
-            out: torch.Tensor | None = None) -> torch.Tensor:
-        g = F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)
-        return torch.mul(g, up, out=out)
 

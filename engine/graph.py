@@ -1,0 +1,230 @@
+"""A forward pass as a graph: recorded once per ubatch shape, planned into one workspace, run.
+
+The model code (engine/forward.py) calls the op methods of a `GraphBuilder`, which computes
+nothing: it records nodes (op, inputs, output shape and dtype, scratch). Weights and the KV
+cache are leaves the graph reads but does not own, as ggml-alloc skips tensors that are
+allocated elsewhere. `plan_graph` gives every input, intermediate and scratch tensor an offset
+in one buffer by liveness; `run_graph` executes the nodes with each op writing into its view.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..kernels.ops import Ops, attn_scratch
+from ..kernels.weight import QWeight
+from .workspace import Plan, Request, plan
+
+# ops whose output may take over the memory of their first input when that input dies there
+INPLACE_OPS = {"scale", "add", "glu", "softcap"}
+
+
+@dataclass(slots=True)
+class Sym:
+    """A tensor of a graph under construction: node id, shape, dtype."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.tensor([], dtype=self.dtype).element_size()
+
+
+@dataclass(slots=True)
+class Node:
+    id: int
+    op: str  # "input", "view" or an Ops method name
+    args: tuple[Any, ...]  # Sym ids are ints wrapped in Sym; weights/stores stay objects
+    kwargs: dict[str, Any]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    name: str
+    scratch: list[tuple[tuple[int, ...], torch.dtype]] = field(default_factory=list)
+    base: int = -1  # for views: the node whose memory this aliases
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.tensor([], dtype=self.dtype).element_size()
+
+
+@dataclass
+class Graph:
+    nodes: list[Node]
+    inputs: dict[str, int]
+    output: int
+    plan: Plan | None = None
+    scratch_keys: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return self.plan.size if self.plan else 0
+
+    def describe_peak(self) -> list[tuple[str, tuple[int, ...], int]]:
+        """(name, shape, bytes) of the tensors alive when the workspace peaked, largest first."""
+        assert self.plan is not None
+        rev = {v: k for k, v in self.scratch_keys.items()}
+        out = []
+        for key in self.plan.live_at_peak:
+            if key in rev:
+                nid, j = rev[key]
+                shape, dtype = self.nodes[nid].scratch[j]
+                out.append((f"{self.nodes[nid].name}.scratch{j}", shape,
+                            math.prod(shape) * torch.tensor([], dtype=dtype).element_size()))
+            else:
+                n = self.nodes[key]
+                out.append((n.name, n.shape, n.nbytes))
+        return sorted(out, key=lambda x: -x[2])
+
+
+class GraphBuilder:
+    """Records the forward pass; each method mirrors an `Ops` method but returns a Sym."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.inputs: dict[str, int] = {}
+
+    def _add(self, op: str, args: tuple, shape: tuple[int, ...], dtype: torch.dtype, name: str,
+             scratch: list | None = None, base: int = -1, **kwargs: Any) -> Sym:
+        n = Node(len(self.nodes), op, args, kwargs, tuple(shape), dtype, name, scratch or [], base)
+        self.nodes.append(n)
+        return Sym(n.id, n.shape, dtype)
+
+    def input(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Sym:
+        s = self._add("input", (), shape, dtype, name)
+        self.inputs[name] = s.id
+        return s
+
+    def view(self, x: Sym, shape: tuple[int, ...], name: str = "") -> Sym:
+        assert math.prod(shape) == math.prod(x.shape), (x.shape, shape)
+        base = self.nodes[x.id].base if self.nodes[x.id].base >= 0 else x.id
+        return self._add("view", (x,), shape, x.dtype, name or self.nodes[x.id].name, base=base)
+
+    def get_rows(self, w: QWeight, ids: Sym, name: str) -> Sym:
+        return self._add("get_rows", (w, ids), (ids.shape[0], w.shape[1]), torch.float32, name)
+
+    def linear(self, x: Sym, w: QWeight, name: str) -> Sym:
+        return self._add("linear", (x, w), (x.shape[0], w.shape[0]), torch.float32, name)
+
+    def rms_norm(self, x: Sym, w: torch.Tensor, eps: float, name: str) -> Sym:
+        return self._add("rms_norm", (x, w, eps), x.shape, torch.float32, name,
+                         scratch=[((*x.shape[:-1], 1), torch.float32)])
+
+    def rope(self, x: Sym, cos: Sym, sin: Sym, neox: bool, name: str) -> Sym:
+        return self._add("rope", (x, cos, sin, neox), x.shape, torch.float32, name)
+
+    def scale(self, x: Sym, s: float, name: str) -> Sym:
+        return self._add("scale", (x, s), x.shape, torch.float32, name)
+
+    def add(self, a: Sym, b: Sym, name: str) -> Sym:
+        return self._add("add", (a, b), a.shape, torch.float32, name)
+
+    def glu(self, gate: Sym, up: Sym, act: str, name: str) -> Sym:
+        return self._add("glu", (gate, up, act), gate.shape, torch.float32, name)
+
+    def rows(self, x: Sym, idx: Sym, name: str) -> Sym:
+        return self._add("rows", (x, idx), (idx.shape[0], *x.shape[1:]), torch.float32, name)
+
+    def softcap(self, x: Sym, c: float, name: str) -> Sym:
+        return self._add("softcap", (x, c), x.shape, torch.float32, name)
+
+    def kv_store(self, store: Any, slots: Sym, x: Sym, name: str) -> Sym:
+        """Write rows into the cache; a half-precision cache gets a scratch for the cast."""
+        dt = store.data.dtype
+        scratch = [(x.shape, dt)] if dt not in (torch.float32, torch.uint8) else []
+        return self._add("kv_store", (store, slots, x), (0,), torch.float32, name, scratch=scratch)
+
+    def kv_load(self, store: Any, cache_idx: int, n_groups: int, n_kv: int, after: Sym, name: str) -> Sym:
+        """Cells [0, n_kv) of the ubatch's streams; `after` orders it behind this layer's store."""
+        return self._add("kv_load", (store, cache_idx, n_kv, after),
+                         (n_groups, store.n_head, n_kv, store.head_dim), torch.float32, name)
+
+    def attention(self, q: Sym, k: Sym, v: Sym, mask: Sym, scale: float, name: str) -> Sym:
+        g, t, h, d = q.shape
+        hkv, n_kv, dv = k.shape[1], k.shape[2], v.shape[3]
+        return self._add("attention", (q, k, v, mask, scale), (g * t, h * dv), torch.float32, name,
+                         scratch=attn_scratch(g, t, h, hkv, n_kv, d, dv))
+
+    def finish(self, output: Sym) -> Graph:
+        g = Graph(self.nodes, dict(self.inputs), output.id)
+        g.plan, g.scratch_keys = plan_graph(g)
+        return g
+
+
+def _sym_args(n: Node) -> list[Sym]:
+    return [a for a in n.args if isinstance(a, Sym)]
+
+
+def plan_graph(g: Graph) -> tuple[Plan, dict[tuple[int, int], int]]:
+    """Liveness over the nodes (views extend their base's life) -> one workspace plan."""
+    last: dict[int, int] = {}
+    for n in g.nodes:
+        for a in _sym_args(n):
+            b = g.nodes[a.id].base if g.nodes[a.id].base >= 0 else a.id
+            last[b] = n.id
+    last[g.nodes[g.output].base if g.nodes[g.output].base >= 0 else g.output] = len(g.nodes)
+    reqs: list[Request] = []
+    scratch_keys: dict[tuple[int, int], int] = {}
+    next_key = len(g.nodes)
+    for n in g.nodes:
+        if n.op == "view":
+            continue
+        inplace = None
+        if n.op in INPLACE_OPS:
+            a = n.args[0]
+            if isinstance(a, Sym) and g.nodes[a.id].base < 0 and g.nodes[a.id].nbytes == n.nbytes:
+                inplace = a.id
+        if n.nbytes:
+            reqs.append(Request(n.id, n.nbytes, n.id, last.get(n.id, n.id), inplace))
+        for j, (shape, dtype) in enumerate(n.scratch):
+            size = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+            scratch_keys[(n.id, j)] = next_key
+            reqs.append(Request(next_key, size, n.id, n.id))
+            next_key += 1
+    reqs.sort(key=lambda r: (r.first, r.key))
+    return plan(reqs), scratch_keys
+
+
+def run_graph(g: Graph, ops: Ops, workspace: torch.Tensor, inputs: dict[str, torch.Tensor],
+              runtime: dict[str, Any]) -> torch.Tensor:
+    """Execute every node with its output (and scratch) as a view of `workspace` (uint8)."""
+    assert g.plan is not None and g.plan.size <= workspace.numel()
+    vals: dict[int, torch.Tensor] = {}
+
+    def place(off: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+        return workspace[off : off + n].view(dtype).view(shape)
+
+    def arg(a: Any) -> Any:
+        return vals[a.id] if isinstance(a, Sym) else a
+
+    for n in g.nodes:
+        if n.op == "view":
+            vals[n.id] = vals[n.args[0].id].view(n.shape)
+            continue
+        if n.nbytes:
+            out = place(g.plan.offsets[n.id], n.shape, n.dtype)
+        else:  # zero-size (a ubatch without outputs) or a store node: no memory
+            out = torch.empty(n.shape, dtype=n.dtype, device=workspace.device) if n.op != "kv_store" else None
+        scratch = [place(g.plan.offsets[g.scratch_keys[(n.id, j)]], s, d) for j, (s, d) in enumerate(n.scratch)]
+        a = [arg(x) for x in n.args]
+        if n.op == "input":
+            out.copy_(inputs[n.name])
+        elif n.op == "kv_store":
+            x = a[2]
+            if scratch:  # cast into the scratch first: index_copy_ would allocate the cast
+                x = scratch[0].copy_(x)
+            a[0].write(a[1], x, ops)
+        elif n.op == "kv_load":
+            a[0].load(runtime["starts"][a[1]], a[2], out, ops)
+        elif n.op in ("rms_norm", "attention"):
+            getattr(ops, n.op)(*a, out=out, scratch=scratch)
+        else:
+            getattr(ops, n.op)(*a, out=out)
+        vals[n.id] = out
+    return vals[g.output]

@@ -1,0 +1,104 @@
+"""The workspace is real: a forward pass allocates no intermediate tensor outside it.
+
+A TorchDispatchMode sees every aten op the graph executor runs; any op output whose storage is
+not the workspace, the KV cache or a weight is an allocation the plan did not account for.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ubatch.engine import graph as graph_mod
+from ubatch.engine.batch import Batch
+from ubatch.engine.context import Context
+from ubatch.engine.model import Model
+from ubatch.engine.params import ContextParams
+from ubatch.engine.workspace import Request, plan
+
+
+class AllocationWatch(TorchDispatchMode):
+    def __init__(self, allowed: set[int]) -> None:
+        super().__init__()
+        self.allowed, self.foreign = allowed, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(o, torch.Tensor) and o.numel() and o.untyped_storage().data_ptr() not in self.allowed:
+                self.foreign.append((str(func), tuple(o.shape)))
+        return out
+
+
+def watch_forward_passes(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> list:
+    """Wrap run_graph so only the forward pass itself is watched (inputs are prepared outside)."""
+    found: list = []
+    real = graph_mod.run_graph
+
+    def watched(g, ops, workspace, inputs, runtime):
+        allowed = {workspace.untyped_storage().data_ptr()}
+        allowed |= {t.untyped_storage().data_ptr() for t in inputs.values()}
+        for c in ctx.memory.caches:
+            allowed |= {s.data.untyped_storage().data_ptr() for s in (*c.k.values(), *c.v.values())}
+        for w in ctx.model.matrices():
+            allowed |= {t.untyped_storage().data_ptr() for t in w._dense.values()}
+        with AllocationWatch(allowed) as m:
+            out = real(g, ops, workspace, inputs, runtime)
+        found.extend(m.foreign)
+        return out
+
+    monkeypatch.setattr("ubatch.engine.context.run_graph", watched)
+    return found
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_forward_allocates_nothing_outside_the_workspace(tiny_gemma, monkeypatch, kv: str) -> None:
+    m = Model.load(tiny_gemma)
+    ctx = Context(m, ContextParams(n_ctx=256, n_ubatch=32, n_seq_max=2, type_k=kv, type_v=kv))
+    ctx.warmup()
+    found = watch_forward_passes(ctx, monkeypatch)
+    ctx.decode(Batch.from_tokens([2] + list(range(10, 70)), 0))  # two ubatches
+    for i in range(3):
+        ctx.decode(Batch.from_tokens([10 + i], 61 + i))
+    b = Batch()
+    for i in range(5):
+        b.add(20 + i, i, 1, i == 4)
+    ctx.decode(b)
+    assert ctx.perf.n_ubatch == 6
+    assert found == []
+
+
+@pytest.mark.slow
+def test_default_model_prompt_and_generation_stay_in_the_reservation(default_model_path, monkeypatch) -> None:
+    ctx = Context(Model.load(default_model_path), ContextParams(n_ctx=1024, n_outputs_max=1))
+    ctx.warmup()
+    found = watch_forward_passes(ctx, monkeypatch)
+    ctx.decode(Batch.from_tokens([2] + [1000 + i for i in range(511)], 0))
+    for i in range(64):
+        ctx.decode(Batch.from_tokens([int(ctx.logits[-1].argmax())], 512 + i))
+    assert found == []
+    assert ctx.workspace_regrows == 0
+    assert max(g.size for g in ctx._graphs.values()) <= ctx.reservation.bytes == ctx.workspace.numel()
+
+
+def test_planner_shares_memory_between_tensors_whose_lives_do_not_overlap() -> None:
+    p = plan([Request(0, 100, 0, 1), Request(1, 100, 1, 2), Request(2, 100, 2, 3)])
+    assert p.offsets[0] == p.offsets[2] != p.offsets[1]  # 0 dies at step 1, 2 is born at 2
+    assert p.size == 2 * 128
+
+
+def test_planner_reuses_an_input_in_place() -> None:
+    p = plan([Request(0, 256, 0, 1), Request(1, 256, 1, 2, inplace_of=0)])
+    assert p.offsets[1] == p.offsets[0] and p.size == 256
+
+
+def test_compute_buffer_shrinks_with_ubatch_not_with_batch(tiny_gemma) -> None:
+    m = Model.load(tiny_gemma)
+
+    def size(b: int, ub: int) -> int:
+        return Context(m, ContextParams(n_ctx=1024, n_batch=b, n_ubatch=ub, n_outputs_max=1)).reservation.bytes
+
+    assert size(2048, 512) > size(2048, 256) > size(2048, 128) > size(2048, 64)
+    assert size(2048, 256) == size(1024, 256) == size(256, 256)
+    assert size(64, 512) == size(2048, 64)  # -b below -ub: the ubatch is clamped to the batch
