@@ -42,6 +42,57 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def read_text_file(path: Path, what: str = "prompt file") -> str:
+    """A text file's contents, or a one-line UbatchError (missing, unreadable, not UTF-8)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UbatchError(f"{path}: cannot read {what} ({e.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UbatchError(f"{path}: {what} is not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+def check_text(text: str, what: str) -> str:
+    """`text` if it is valid Unicode; undecodable argv bytes (surrogate escapes) or JSON lone
+    surrogates would otherwise crash the tokenizer."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UbatchError(f"{what} is not valid UTF-8 text (bad character at offset {e.start})") from None
+    return text
+
+
+_ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"',
+            ord("\\"): b"\\"}
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ and \\xHH; any other
+    backslash sequence is kept as typed."""
+    if "\\" not in text:
+        return text
+    b, out, i = text.encode("utf-8"), bytearray(), 0
+    while i < len(b):
+        c = b[i]
+        if c == 0x5C and i + 1 < len(b):
+            i += 1
+            e = b[i]
+            if e in _ESCAPES:
+                out += _ESCAPES[e]
+            elif e == ord("x") and i + 2 < len(b) and b[i + 1] in _HEX and b[i + 2] in _HEX:
+                out.append(int(b[i + 1 : i + 3], 16))
+                i += 2
+            else:
+                out += bytes((0x5C, e))
+        else:
+            out.append(c)
+        i += 1
+    return out.decode("utf-8", errors="replace")
+
+
 def resolve_model(path: Path | None) -> Path:
     """-m PATH as given, or the default Gemma 3 270M assembled once into the cache directory."""
     if path is not None:

@@ -9,14 +9,7 @@ from typing import Optional
 
 import typer
 
-from ..engine.context import Context
-from ..engine.errors import UbatchError
-from ..engine.generate import CompletionStats, complete
-from ..engine.model import Model
-from ..engine.params import ContextParams
-from ..engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
-from .common import err_console, resolve_model, user_errors
-from .present import perf_lines, startup_lines
+from .common import check_text, err_console, process_escapes, read_text_file, resolve_model, user_errors
 
 MODEL, CTX, BATCH, SAMPLING, OUTPUT = "Model", "Context", "Batching", "Sampling", "Output"
 
@@ -47,29 +40,38 @@ def cli(
     log_disable: bool = typer.Option(False, "--log-disable", help="no startup log or summary", rich_help_panel=OUTPUT),
     no_warmup: bool = typer.Option(False, "--no-warmup", rich_help_panel=OUTPUT),
 ) -> None:
-    t_start = time.perf_counter()
     if prompt is None and file is not None:
-        try:
-            prompt = file.read_text()
-        except OSError as e:
-            raise UbatchError(f"{file}: cannot read prompt file ({e.strerror})") from None
+        prompt = read_text_file(file)
+        if prompt.endswith("\n"):  # llama.cpp's -f drops one trailing newline
+            prompt = prompt[:-1]
     if prompt is None:
         prompt = ""
-    elif not no_escape:
-        prompt = prompt.encode("latin-1", "backslashreplace").decode("unicode_escape") if "\\" in prompt else prompt
+    check_text(prompt, "the prompt")
+    if not no_escape:  # like llama.cpp, escapes apply to -p and -f prompts alike
+        prompt = process_escapes(prompt)
+    # the engine (and torch) load here, not at import: `ubatch tokenize` and --help start fast
+    from ..engine.context import Context
+    from ..engine.generate import CompletionStats, check_prompt_fits, complete
+    from ..engine.model import Model
+    from ..engine.params import ContextParams
+    from ..engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
+    from .present import perf_lines, startup_lines
+
+    t_start = time.perf_counter()
     path = resolve_model(model)
     m = Model.load(path)
     params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size,
                            n_threads=threads if threads > 0 else 0, type_k=ctk, type_v=ctv,
                            swa_full=swa_full, n_outputs_max=1)
     ctx = Context(m, params)
+    ids = m.vocab.tokenize(prompt, add_special=True, parse_special=True)
+    check_prompt_fits(ctx, len(ids))  # before any compute or output
     if not no_warmup:
         ctx.warmup()
     load_ms = (time.perf_counter() - t_start) * 1e3
     if not log_disable:
         for line in startup_lines(ctx):
             err_console.print(line, markup=False, highlight=False, soft_wrap=True)
-    ids = m.vocab.tokenize(prompt, add_special=True, parse_special=True)
     sp = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                        seed=LLAMA_DEFAULT_SEED if seed < 0 else seed,
                        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)

@@ -12,7 +12,7 @@ import typer
 from ..engine.errors import UbatchError
 from ..engine.gguf_file import open_gguf
 from ..engine.vocab import Vocab
-from .common import resolve_model, user_errors
+from .common import check_text, read_text_file, resolve_model, user_errors
 
 
 @user_errors
@@ -39,17 +39,15 @@ def tokenize(
                 raise UbatchError(f"stdin line {n}: not valid JSON ({e.msg}); give one JSON string per line") from None
             if not isinstance(text, str):
                 raise UbatchError(f"stdin line {n}: expected a JSON string, got {type(text).__name__}")
+            check_text(text, f"stdin line {n}")
             sys.stdout.write(json.dumps(vocab.tokenize(text, add_special, parse_special)) + "\n")
         sys.stdout.flush()
         return
     if prompt is None and file is not None:
-        try:
-            prompt = file.read_text()
-        except OSError as e:
-            raise UbatchError(f"{file}: cannot read ({e.strerror})") from None
+        prompt = read_text_file(file, "input file")
     if prompt is None:
         raise UbatchError("nothing to tokenize: give -p TEXT, -f FILE or --jsonl")
-    toks = vocab.tokenize(prompt, add_special, parse_special)
+    toks = vocab.tokenize(check_text(prompt, "the text"), add_special, parse_special)
     if ids:
         print("[" + ", ".join(map(str, toks)) + "]")
     else:

@@ -10,6 +10,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
+
 from .batch import Batch
 from .context import Context
 from .errors import ContextError
@@ -75,9 +77,14 @@ def complete(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
         sampler.accept(t)
     streamer = TokenStreamer(vocab)
     pos = len(prompt)
+    # --ignore-eos is llama.cpp's logit bias of -inf on every end-of-generation token
+    eog = torch.tensor(sorted(vocab.eog), dtype=torch.long) if ignore_eos and vocab.eog else None
     while n_predict < 0 or stats.n_gen < n_predict:
         ts = time.perf_counter()
-        tok = sampler.sample(ctx.logits[-1])
+        logits = ctx.logits[-1]
+        if eog is not None:
+            logits = logits.float().index_fill(0, eog, float("-inf"))
+        tok = sampler.sample(logits)
         sampler.accept(tok)
         stats.t_sample_ms += (time.perf_counter() - ts) * 1e3
         stats.n_gen += 1

@@ -68,7 +68,11 @@ class Llama:
 
     def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None,
                    special: bool = False) -> bytes:
-        return b"".join(self.vocab.token_to_piece(t, special) for t in tokens)
+        out = b"".join(self.vocab.token_to_piece(t, special) for t in tokens)
+        # as llama-cpp-python: a leading BOS drops the space an SPM tokenizer put before the text
+        if tokens and tokens[0] == self.vocab.bos and out[:1] == b" ":
+            out = out[1:]
+        return out
 
     def reset(self) -> None:
         self.n_tokens = 0
@@ -154,7 +158,7 @@ class Llama:
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": n_gen,
                               "total_tokens": len(ids) + n_gen}}
 
-        n_gen, pending, emitted, finish = 0, "", 0, "length"
+        n_gen, pending, emitted, finish, stop_hit = 0, "", 0, "length", False
         if echo:
             yield chunk(self.vocab.detokenize(ids), None)
         streamer = TokenStreamer(self.vocab)
@@ -180,7 +184,7 @@ class Llama:
             if hit >= 0:
                 if pending[:hit]:
                     yield chunk(pending[:hit], None, lp)
-                finish = "stop"
+                finish, stop_hit = "stop", True
                 break
             # hold back a tail that could still become a stop string
             hold = max((len(s) - 1 for s in stops), default=0)
@@ -191,9 +195,7 @@ class Llama:
             if n_gen >= limit or self.n_tokens >= self.ctx.n_ctx:
                 break
             self.eval([tok])
-        else:
-            pass
-        if finish == "length":
+        if not stop_hit:  # end of generation or length: what was held back is part of the text
             pending += streamer.flush()
             if pending:
                 yield chunk(pending, None)
