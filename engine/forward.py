@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..kernels.ops import Ops
+from ..kernels.ops import KV_CHUNK, Ops
 from .batch import UBatch
 from .graph import Graph, GraphBuilder
 from .memory import KVMemory
@@ -45,7 +45,8 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape) -> Graph:
     ropes = {}
     for i, key in enumerate(rope_keys(model)):
         ropes[key] = (b.input(f"inp_cos_{i}", (n, hp.n_rot // 2)), b.input(f"inp_sin_{i}", (n, hp.n_rot // 2)))
-    masks = [b.input(f"kq_mask_{c}", (g, n // g, n_kv)) for c, (g, n_kv) in enumerate(zip(shape.n_groups, shape.n_kv))]
+    masks = [b.input(f"kq_mask_{c}", (g, n // g, n_kv), torch.float16)
+             for c, (g, n_kv) in enumerate(zip(shape.n_groups, shape.n_kv))]
     slots = [b.input(f"kv_idxs_{c}", (n,), torch.int64) for c in range(len(mem.caches))]
     out_ids = b.input("inp_out_ids", (n_out,), torch.int64) if n_out < n else None
 
@@ -67,10 +68,8 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape) -> Graph:
         k = b.rope(k, cos, sin, hp.rope_neox, f"Kcur_rope-{il}")
         ks = b.kv_store(cache.k[il], slots[ci], k, f"k_store-{il}")
         vs = b.kv_store(cache.v[il], slots[ci], v, f"v_store-{il}")
-        kc = b.kv_load(cache.k[il], ci, g, n_kv, ks, f"k_cache-{il}")
-        vc = b.kv_load(cache.v[il], ci, g, n_kv, vs, f"v_cache-{il}")
         qg = b.view(q, (g, n // g, hp.n_head, hp.n_embd_head_k))
-        a = b.attention(qg, kc, vc, masks[ci], 1.0, f"kqv_out-{il}")
+        a = b.attention(qg, cache.k[il], cache.v[il], ci, n_kv, masks[ci], 1.0, (ks, vs), f"kqv_out-{il}")
         a = b.linear(a, L.wo, f"attn_out-{il}")
         if hp.sandwich_norm:
             a = b.rms_norm(a, L.post_attn_norm, hp.rms_eps, f"attn_post_norm-{il}")
@@ -103,12 +102,15 @@ def ubatch_inputs(model: Model, ops: Ops, mem: KVMemory, ub: UBatch, slots: list
     for i, (base, scale) in enumerate(rope_keys(model)):
         cos, sin = ops.rope_cache(pos, model.hparams.n_rot, base, scale, model.rope_freqs)
         inputs[f"inp_cos_{i}"], inputs[f"inp_sin_{i}"] = cos, sin
-    starts = []
+    starts, visible = [], []
     for c, cache in enumerate(mem.caches):
         streams = cache.ubatch_streams(ub)
-        inputs[f"kq_mask_{c}"] = cache.mask(ub, streams, shape.n_kv[c], dev)
+        mask = inputs[f"kq_mask_{c}"] = cache.mask(ub, streams, shape.n_kv[c], dev)
         inputs[f"kv_idxs_{c}"] = torch.from_numpy(slots[c]).to(dev)
         starts.append([s * cache.size for s in streams])
+        # 256-cell chunks no query can see (other sequences, outside the window) are skipped
+        chunks = (mask != float("-inf")).view(-1, shape.n_kv[c] // KV_CHUNK, KV_CHUNK).any(2).any(0)
+        visible.append(chunks.tolist())
     if shape.n_outputs < shape.n_tokens:
         inputs["inp_out_ids"] = torch.from_numpy(np.flatnonzero(ub.output)).to(dev)
-    return inputs, {"starts": starts}
+    return inputs, {"starts": starts, "visible": visible}

@@ -23,6 +23,10 @@ from .workspace import Plan, Request, plan
 INPLACE_OPS = {"scale", "add", "glu", "softcap"}
 
 
+def nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
 @dataclass(slots=True)
 class Sym:
     """A tensor of a graph under construction: node id, shape, dtype."""
@@ -33,7 +37,7 @@ class Sym:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * torch.tensor([], dtype=self.dtype).element_size()
+        return nbytes(self.shape, self.dtype)
 
 
 @dataclass(slots=True)
@@ -50,7 +54,7 @@ class Node:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * torch.tensor([], dtype=self.dtype).element_size()
+        return nbytes(self.shape, self.dtype)
 
 
 @dataclass
@@ -60,6 +64,7 @@ class Graph:
     output: int
     plan: Plan | None = None
     scratch_keys: dict[tuple[int, int], int] = field(default_factory=dict)
+    _bound: tuple[int, list] | None = None  # (workspace data_ptr, per-node (out, scratch) views)
 
     @property
     def size(self) -> int:
@@ -74,8 +79,7 @@ class Graph:
             if key in rev:
                 nid, j = rev[key]
                 shape, dtype = self.nodes[nid].scratch[j]
-                out.append((f"{self.nodes[nid].name}.scratch{j}", shape,
-                            math.prod(shape) * torch.tensor([], dtype=dtype).element_size()))
+                out.append((f"{self.nodes[nid].name}.scratch{j}", shape, nbytes(shape, dtype)))
             else:
                 n = self.nodes[key]
                 out.append((n.name, n.shape, n.nbytes))
@@ -139,16 +143,13 @@ class GraphBuilder:
         scratch = [(x.shape, dt)] if dt not in (torch.float32, torch.uint8) else []
         return self._add("kv_store", (store, slots, x), (0,), torch.float32, name, scratch=scratch)
 
-    def kv_load(self, store: Any, cache_idx: int, n_groups: int, n_kv: int, after: Sym, name: str) -> Sym:
-        """Cells [0, n_kv) of the ubatch's streams; `after` orders it behind this layer's store."""
-        return self._add("kv_load", (store, cache_idx, n_kv, after),
-                         (n_groups, store.n_head, n_kv, store.head_dim), torch.float32, name)
-
-    def attention(self, q: Sym, k: Sym, v: Sym, mask: Sym, scale: float, name: str) -> Sym:
+    def attention(self, q: Sym, k: Any, v: Any, cache_idx: int, n_kv: int, mask: Sym,
+                  scale: float, after: tuple[Sym, Sym], name: str) -> Sym:
+        """Attention of q over the layer's KV stores; `after` orders it behind this layer's stores."""
         g, t, h, d = q.shape
-        hkv, n_kv, dv = k.shape[1], k.shape[2], v.shape[3]
-        return self._add("attention", (q, k, v, mask, scale), (g * t, h * dv), torch.float32, name,
-                         scratch=attn_scratch(g, t, h, hkv, n_kv, d, dv))
+        return self._add("attention", (q, k, v, cache_idx, n_kv, mask, scale, *after),
+                         (g * t, h * v.head_dim), torch.float32, name,
+                         scratch=attn_scratch(g, t, h, k.n_head, n_kv, d, v.head_dim))
 
     def finish(self, output: Sym) -> Graph:
         g = Graph(self.nodes, dict(self.inputs), output.id)
@@ -182,7 +183,7 @@ def plan_graph(g: Graph) -> tuple[Plan, dict[tuple[int, int], int]]:
         if n.nbytes:
             reqs.append(Request(n.id, n.nbytes, n.id, last.get(n.id, n.id), inplace))
         for j, (shape, dtype) in enumerate(n.scratch):
-            size = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+            size = nbytes(shape, dtype)
             scratch_keys[(n.id, j)] = next_key
             reqs.append(Request(next_key, size, n.id, n.id))
             next_key += 1
@@ -190,29 +191,40 @@ def plan_graph(g: Graph) -> tuple[Plan, dict[tuple[int, int], int]]:
     return plan(reqs), scratch_keys
 
 
-def run_graph(g: Graph, ops: Ops, workspace: torch.Tensor, inputs: dict[str, torch.Tensor],
-              runtime: dict[str, Any]) -> torch.Tensor:
-    """Execute every node with its output (and scratch) as a view of `workspace` (uint8)."""
+def bind(g: Graph, workspace: torch.Tensor) -> list:
+    """Each node's output and scratch as views of the workspace, made once per buffer."""
     assert g.plan is not None and g.plan.size <= workspace.numel()
-    vals: dict[int, torch.Tensor] = {}
+    if g._bound is not None and g._bound[0] == workspace.data_ptr():
+        return g._bound[1]
 
     def place(off: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        n = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
-        return workspace[off : off + n].view(dtype).view(shape)
+        return workspace[off : off + nbytes(shape, dtype)].view(dtype).view(shape)
 
-    def arg(a: Any) -> Any:
-        return vals[a.id] if isinstance(a, Sym) else a
-
+    views = []
     for n in g.nodes:
         if n.op == "view":
-            vals[n.id] = vals[n.args[0].id].view(n.shape)
+            views.append((None, []))
             continue
         if n.nbytes:
             out = place(g.plan.offsets[n.id], n.shape, n.dtype)
         else:  # zero-size (a ubatch without outputs) or a store node: no memory
             out = torch.empty(n.shape, dtype=n.dtype, device=workspace.device) if n.op != "kv_store" else None
         scratch = [place(g.plan.offsets[g.scratch_keys[(n.id, j)]], s, d) for j, (s, d) in enumerate(n.scratch)]
-        a = [arg(x) for x in n.args]
+        views.append((out, scratch))
+    g._bound = (workspace.data_ptr(), views)
+    return views
+
+
+def run_graph(g: Graph, ops: Ops, workspace: torch.Tensor, inputs: dict[str, torch.Tensor],
+              runtime: dict[str, Any]) -> torch.Tensor:
+    """Execute every node with its output (and scratch) as a view of `workspace` (uint8)."""
+    views = bind(g, workspace)
+    vals: dict[int, torch.Tensor] = {}
+    for n, (out, scratch) in zip(g.nodes, views):
+        if n.op == "view":
+            vals[n.id] = vals[n.args[0].id].view(n.shape)
+            continue
+        a = [vals[x.id] if isinstance(x, Sym) else x for x in n.args]
         if n.op == "input":
             out.copy_(inputs[n.name])
         elif n.op == "kv_store":
@@ -220,10 +232,12 @@ def run_graph(g: Graph, ops: Ops, workspace: torch.Tensor, inputs: dict[str, tor
             if scratch:  # cast into the scratch first: index_copy_ would allocate the cast
                 x = scratch[0].copy_(x)
             a[0].write(a[1], x, ops)
-        elif n.op == "kv_load":
-            a[0].load(runtime["starts"][a[1]], a[2], out, ops)
-        elif n.op in ("rms_norm", "attention"):
-            getattr(ops, n.op)(*a, out=out, scratch=scratch)
+        elif n.op == "attention":
+            q, k, v, ci, n_kv, mask, scale = a[:7]
+            ops.attention(q, k, v, runtime["starts"][ci], n_kv, mask, scale, out=out, scratch=scratch,
+                          visible=runtime["visible"][ci])
+        elif n.op == "rms_norm":
+            ops.rms_norm(*a, out=out, scratch=scratch)
         else:
             getattr(ops, n.op)(*a, out=out)
         vals[n.id] = out

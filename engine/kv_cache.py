@@ -83,14 +83,12 @@ class KVStore:
             return rows.float()
         return dequantize(rows, self.ggml_type, (idx.numel(), self.n_head, self.head_dim))
 
-    def load(self, starts: list[int], n_kv: int, out: torch.Tensor, ops: Any) -> torch.Tensor:
-        """Cells [start, start + n_kv) per stream into out (G, heads, n_kv, d) as f32."""
+    def chunk(self, start: int, n: int, out: torch.Tensor, ops: Any) -> torch.Tensor:
+        """Cells [start, start + n) into out (heads, n, d) as f32 (attention reads in chunks)."""
         if self.data.dtype != torch.uint8:
-            return ops.kv_load(self.data, starts, n_kv, out)
-        for g, s in enumerate(starts):
-            rows = dequantize(self.data[s : s + n_kv], self.ggml_type, (n_kv, self.n_head, self.head_dim))
-            out[g].copy_(rows.permute(1, 0, 2))
-        return out
+            return ops.kv_chunk(self.data, start, n, out)
+        rows = dequantize(self.data[start : start + n], self.ggml_type, (n, self.n_head, self.head_dim))
+        return out.copy_(rows.permute(1, 0, 2))
 
 
 class KVCache:
@@ -208,7 +206,7 @@ class KVCache:
         its future, and (SWA) is inside its window.
         """
         per = ub.n_tokens // len(streams)
-        out = np.empty((len(streams), per, n_kv), dtype=np.float32)
+        out = np.empty((len(streams), per, n_kv), dtype=np.float16)  # 0 and -inf are exact
         for g, s in enumerate(streams):
             c, rows = self.streams[s], slice(g * per, (g + 1) * per)
             pos, p1 = c.pos[:n_kv][None, :], ub.pos[rows, None]

@@ -8,27 +8,24 @@ f32 throughout: Gemma's residual stream reaches ~1e5, beyond fp16.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from .weight import QWeight
 
-ATTN_TILE_BYTES = 4 << 20  # the KQ score tile: queries are processed in chunks that fit it
-
-
-def attn_chunk(n_tokens: int, n_head: int, n_kv: int) -> int:
-    """Query rows per attention step so the f32 scores (n_head x rows x n_kv) fit the tile."""
-    return max(1, min(n_tokens, ATTN_TILE_BYTES // (4 * n_head * max(n_kv, 1))))
+KV_CHUNK = 256  # cells per attention step (n_kv is always a multiple of 256)
+MASKED = -1e30  # running-max floor: rows that have seen only masked cells stay finite
 
 
 def attn_scratch(g: int, t: int, n_head: int, n_head_kv: int, n_kv: int, d: int,
                  dv: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Scratch the attention op needs: score tile, row statistics, and for GQA (n_head_kv > 1)
-    head-major copies of q and of the output."""
-    r = n_head // n_head_kv
-    tq = attn_chunk(t, n_head, n_kv)
-    out = [((g * n_head_kv, tq * r, n_kv), torch.float32), ((g * n_head_kv, tq * r, 1), torch.float32)]
+    """Scratch of the attention op: one chunk of K and V in f32, the score tile for a chunk,
+    three per-row statistics, and for GQA (n_head_kv > 1) head-major copies of q and of the
+    output. Only the score tile grows with the ubatch; nothing grows with the context."""
+    r, c, b = n_head // n_head_kv, min(KV_CHUNK, n_kv), g * n_head_kv
+    out = [((b, c, d), torch.float32), ((b, c, dv), torch.float32), ((b, t * r, c), torch.float32),
+           ((b, t * r, 1), torch.float32), ((b, t * r, 1), torch.float32), ((b, t * r, 1), torch.float32)]
     if n_head_kv > 1:
         out += [((g, n_head_kv, t, r, d), torch.float32), ((g, n_head_kv, t, r, dv), torch.float32)]
     return out
@@ -51,9 +48,10 @@ class Ops(Protocol):
     def rows(self, x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
     def softcap(self, x: torch.Tensor, c: float, out: torch.Tensor) -> torch.Tensor: ...
     def kv_store(self, cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None: ...
-    def kv_load(self, cache: torch.Tensor, starts: list[int], n_kv: int, out: torch.Tensor) -> torch.Tensor: ...
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                  scale: float, out: torch.Tensor, scratch: list[torch.Tensor]) -> torch.Tensor: ...
+    def kv_chunk(self, cache: torch.Tensor, start: int, n: int, out: torch.Tensor) -> torch.Tensor: ...
+    def attention(self, q: torch.Tensor, k: Any, v: Any, starts: list[int], n_kv: int,
+                  mask: torch.Tensor, scale: float, out: torch.Tensor, scratch: list[torch.Tensor],
+                  visible: list[bool] | None = None) -> torch.Tensor: ...
     def rope_cache(self, pos: torch.Tensor, n_rot: int, base: float, scale: float,
                    freq_factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -122,44 +120,57 @@ class TorchOps:
         """Write rows into the cache (float types; quantised caches go through KVStore)."""
         cache.index_copy_(0, slots, x.to(cache.dtype) if x.dtype != cache.dtype else x)
 
-    def kv_load(self, cache: torch.Tensor, starts: list[int], n_kv: int, out: torch.Tensor) -> torch.Tensor:
-        """Cells [start, start + n_kv) of each stream as f32 (G, heads, n_kv, d), head-major."""
-        for g, s in enumerate(starts):
-            out[g].copy_(cache[s : s + n_kv].permute(1, 0, 2))
-        return out
+    def kv_chunk(self, cache: torch.Tensor, start: int, n: int, out: torch.Tensor) -> torch.Tensor:
+        """Cells [start, start + n) of a float cache as f32, head-major: out (heads, n, d)."""
+        return out.copy_(cache[start : start + n].permute(1, 0, 2))
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                  scale: float, out: torch.Tensor, scratch: list[torch.Tensor]) -> torch.Tensor:
-        """softmax(scale·q·kᵀ + mask)·v per group (KV stream), query rows in tile-sized chunks.
+    def attention(self, q: torch.Tensor, k: Any, v: Any, starts: list[int], n_kv: int,
+                  mask: torch.Tensor, scale: float, out: torch.Tensor, scratch: list[torch.Tensor],
+                  visible: list[bool] | None = None) -> torch.Tensor:
+        """softmax(scale·q·kᵀ + mask)·v, reading the KV cache 256 cells at a time with an online
+        softmax (flash attention's recurrence), so no buffer grows with the context.
 
-        q (G, T, H, D); k (G, Hkv, n_kv, D); v (G, Hkv, n_kv, Dv); mask (G, T, n_kv) additive;
-        out (G·T, H·Dv). Query head h reads KV head h // (H / Hkv) (GQA).
+        q (G, T, H, D), one group per KV stream; k, v: the layer's KV stores, cells [s, s + n_kv)
+        of each stream s in `starts`; mask (G, T, n_kv) additive; out (G·T, H·Dv); `visible[i]`
+        False skips chunk i (no query sees any of its cells). Query head h reads KV head
+        h // (H / Hkv) (GQA).
         """
         g, t, n_head, d = q.shape
-        n_head_kv, n_kv, dv = k.shape[1], k.shape[2], v.shape[3]
-        r = n_head // n_head_kv
-        tq = attn_chunk(t, n_head, n_kv)
-        scores, stat = scratch[0], scratch[1]
+        n_head_kv, dv = k.n_head, v.head_dim
+        r, b = n_head // n_head_kv, g * n_head_kv
+        kc, vc, s, m, l, tmp = scratch[:6]
         if n_head_kv == 1:  # MQA: every query head reads the one KV head; no permutes
-            qh, oh = q.view(g, 1, t, r, d), out.view(g, 1, t, r, dv)
+            qh, acc = q.view(b, t * r, d), out.view(b, t * r, dv)
         else:
-            qh, oh = scratch[2], scratch[3]
-            qh.copy_(q.view(g, t, n_head_kv, r, d).permute(0, 2, 1, 3, 4))
-        kt = k.reshape(g * n_head_kv, n_kv, d).transpose(1, 2)
-        vv = v.reshape(g * n_head_kv, n_kv, dv)
-        for t0 in range(0, t, tq):
-            n = min(tq, t - t0)
-            s = scores[:, : n * r]
-            torch.bmm(qh[:, :, t0 : t0 + n].reshape(g * n_head_kv, n * r, d), kt, out=s)
-            s.mul_(scale)
-            s.view(g, n_head_kv, n, r, n_kv).add_(mask[:, None, t0 : t0 + n, None, :])
-            m = stat[:, : n * r]
-            torch.amax(s, -1, keepdim=True, out=m)
-            s.sub_(m).exp_()
-            torch.sum(s, -1, keepdim=True, out=m)
-            s.div_(m)
-            torch.bmm(s, vv, out=oh[:, :, t0 : t0 + n].view(g * n_head_kv, n * r, dv)
-                      if n_head_kv > 1 else oh[:, :, t0 : t0 + n].reshape(g, n * r, dv))
+            qh, oh = scratch[6].view(b, t * r, d), scratch[7]
+            scratch[6].copy_(q.view(g, t, n_head_kv, r, d).permute(0, 2, 1, 3, 4))
+            acc = oh.view(b, t * r, dv)
+        m.fill_(MASKED)
+        l.zero_()
+        acc.zero_()
+        for c0 in range(0, n_kv, KV_CHUNK):
+            c = min(KV_CHUNK, n_kv - c0)
+            if visible is not None and not visible[c0 // KV_CHUNK]:
+                continue
+            mc = mask[:, :, c0 : c0 + c]
+            kcv, vcv, sv = kc[:, :c], vc[:, :c], s[:, :, :c]
+            for gi, st in enumerate(starts):
+                k.chunk(st + c0, c, kcv[gi * n_head_kv : (gi + 1) * n_head_kv], self)
+                v.chunk(st + c0, c, vcv[gi * n_head_kv : (gi + 1) * n_head_kv], self)
+            torch.bmm(qh, kcv.transpose(1, 2), out=sv)
+            sv.mul_(scale)
+            sv.view(g, n_head_kv, t, r, c).add_(mc[:, None, :, None, :])
+            torch.amax(sv, -1, keepdim=True, out=tmp)
+            torch.maximum(tmp, m, out=tmp).clamp_(min=MASKED)  # new running max
+            m.sub_(tmp).exp_()  # m now holds the correction exp(m_old - m_new)
+            sv.sub_(tmp).exp_()
+            l.mul_(m)
+            acc.mul_(m)
+            torch.sum(sv, -1, keepdim=True, out=m)
+            l.add_(m)
+            acc.baddbmm_(sv, vcv)
+            m.copy_(tmp)
+        acc.div_(l)
         if n_head_kv > 1:
             out.view(g, t, n_head_kv, r, dv).copy_(oh.permute(0, 2, 1, 3, 4))
         return out
