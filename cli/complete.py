@@ -21,9 +21,14 @@ def cli(
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file", rich_help_panel=MODEL),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", help="tokens to generate (-1 = until end of generation)", rich_help_panel=MODEL),
     ctx_size: int = typer.Option(0, "-c", "--ctx-size", help="context size (0 = from the model)", rich_help_panel=CTX),
-    ctk: str = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K (f32, f16, bf16)", rich_help_panel=CTX),
-    ctv: str = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V (f32, f16, bf16)", rich_help_panel=CTX),
+    ctk: str = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K (f32, f16, bf16, q8_0, q4_0)", rich_help_panel=CTX),
+    ctv: str = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V (f32, f16, bf16, q8_0, q4_0)", rich_help_panel=CTX),
     swa_full: bool = typer.Option(False, "--swa-full", help="full-size SWA cache", rich_help_panel=CTX),
+    parallel: int = typer.Option(1, "-np", "--parallel", help="number of sequences (KV streams unless -kvu)", rich_help_panel=CTX),
+    kv_unified: bool = typer.Option(False, "-kvu", "--kv-unified", help="one KV buffer shared by all sequences", rich_help_panel=CTX),
+    context_shift: bool = typer.Option(False, "--context-shift/--no-context-shift", help="when the context is full, drop half of the non-kept tokens and go on", rich_help_panel=CTX),
+    keep: int = typer.Option(0, "--keep", help="tokens of the prompt kept by a context shift (-1 = all)", rich_help_panel=CTX),
+    n_outputs_max: int = typer.Option(1, "--n-outputs-max", help="output rows the compute buffer is reserved for (0 = n_batch, llama-completion's choice)", rich_help_panel=BATCH),
     batch_size: int = typer.Option(2048, "-b", "--batch-size", help="logical batch size (max tokens per decode)", rich_help_panel=BATCH),
     ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", help="physical batch size (max tokens per forward pass)", rich_help_panel=BATCH),
     threads: int = typer.Option(-1, "-t", "--threads", help="CPU threads (-1 = all)", rich_help_panel=BATCH),
@@ -55,14 +60,15 @@ def cli(
     from ..engine.model import Model
     from ..engine.params import ContextParams
     from ..engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
-    from .present import perf_lines, startup_lines
+    from ..engine.report import memory_plan
+    from .present import breakdown_table, perf_lines, startup_lines
 
     t_start = time.perf_counter()
     path = resolve_model(model)
     m = Model.load(path)
-    params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size,
+    params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
                            n_threads=threads if threads > 0 else 0, type_k=ctk, type_v=ctv,
-                           swa_full=swa_full, n_outputs_max=1)
+                           swa_full=swa_full, kv_unified=kv_unified, n_outputs_max=n_outputs_max)
     ctx = Context(m, params)
     ids = m.vocab.tokenize(prompt, add_special=True, parse_special=True)
     check_prompt_fits(ctx, len(ids))  # before any compute or output
@@ -84,7 +90,13 @@ def cli(
     if not no_display_prompt:
         out.write(prompt)
         out.flush()
-    for ev in complete(ctx, ids, n_predict, sampler, st, ignore_eos=ignore_eos):
+    n_keep = len(ids) if keep < 0 or keep > len(ids) else keep + int(m.vocab.add_bos)
+    if context_shift and not ctx.memory.can_shift:
+        err_console.print("warning: context shift is not supported with this KV cache (a sliding-window "
+                          "cache smaller than the context); add --swa-full. Disabling it.", markup=False)
+        context_shift = False
+    for ev in complete(ctx, ids, n_predict, sampler, st, ignore_eos=ignore_eos,
+                       ctx_shift=context_shift, n_keep=n_keep):
         if ev.text:
             out.write(ev.text)
             out.flush()
@@ -92,9 +104,10 @@ def cli(
     out.flush()
     total_ms = (time.perf_counter() - t0) * 1e3 + load_ms
     if st.stop_reason == "context":
-        err_console.print(f"context full ({ctx.cparams.n_ctx_seq} tokens): stopping; raise -c for longer output",
-                          markup=False)
+        err_console.print(f"context full ({ctx.cparams.n_ctx_seq} tokens) and context shift is disabled: "
+                          "stopping; raise -c or pass --context-shift", markup=False)
     if not log_disable:
         err_console.print("")
         for line in perf_lines(ctx, st, load_ms, total_ms):
             err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+        err_console.print(breakdown_table(memory_plan(ctx)))

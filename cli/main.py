@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import complete, tokenize
+from . import complete, info, tokenize
 
 app = typer.Typer(
     name="ubatch",
@@ -16,6 +16,7 @@ app = typer.Typer(
 )
 app.command("cli", help="One-shot completion (like llama-completion -no-cnv).")(complete.cli)
 app.command("tokenize", help="Tokenize text like llama-tokenize.")(tokenize.tokenize)
+app.command("info", help="The memory plan of a configuration (KV cache, compute buffer, why).")(info.info)
 
 if __name__ == "__main__":
     app()

@@ -34,6 +34,8 @@ class CompletionStats:
     t_eval_ms: float = 0.0
     t_sample_ms: float = 0.0
     stop_reason: str = ""  # "eog", "length", "context", "stop"
+    n_past: int = 0  # tokens the sequence holds in the cache afterwards
+    n_shifts: int = 0  # context shifts performed
 
     @property
     def prompt_tps(self) -> float:
@@ -64,19 +66,41 @@ def prefill(ctx: Context, tokens: list[int], pos0: int = 0, seq_id: int = 0,
         ctx.decode(b)
 
 
+def context_shift(ctx: Context, n_past: int, n_keep: int, seq_id: int = 0) -> int:
+    """llama-completion's context shift: keep the first n_keep tokens, drop half of the rest,
+    slide the remainder down (K is re-rotated at the next decode). Returns the new n_past."""
+    n_left = n_past - n_keep
+    n_discard = n_left // 2
+    ctx.memory.seq_rm(seq_id, n_keep, n_keep + n_discard)
+    ctx.memory.seq_add(seq_id, n_keep + n_discard, n_past, -n_discard)
+    return n_past - n_discard
+
+
 def complete(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
-             stats: CompletionStats | None = None, ignore_eos: bool = False) -> Iterator[TokenEvent]:
-    """Generate up to n_predict tokens (-1 = until end of generation or a full context)."""
+             stats: CompletionStats | None = None, ignore_eos: bool = False, n_past: int = 0,
+             ctx_shift: bool = False, n_keep: int = 0, seq_id: int = 0) -> Iterator[TokenEvent]:
+    """Generate up to n_predict tokens (-1 = until end of generation or a full context).
+
+    `prompt` is decoded after the n_past tokens sequence seq_id already holds (a chat turn
+    prefills only itself). When the context fills: with ctx_shift, the first n_keep tokens stay
+    and half of the rest is discarded; without it generation stops (stop_reason "context").
+    `stats.n_past` is the sequence length afterwards.
+    """
     stats = stats if stats is not None else CompletionStats()
     vocab = ctx.model.vocab
-    check_prompt_fits(ctx, len(prompt))
+    n_ctx = ctx.cparams.n_ctx_seq
+    check_prompt_fits(ctx, n_past + len(prompt))
+    if ctx_shift and not ctx.memory.can_shift:
+        raise ContextError("context shift needs every KV cache to hold the whole context; with a "
+                           "sliding-window model add --swa-full")
     t0 = time.perf_counter()
-    prefill(ctx, prompt)
+    prefill(ctx, prompt, n_past, seq_id)
     stats.n_prompt, stats.t_prompt_ms = len(prompt), (time.perf_counter() - t0) * 1e3
     for t in prompt:
         sampler.accept(t)
     streamer = TokenStreamer(vocab)
-    pos = len(prompt)
+    pos = n_past + len(prompt)
+    stats.n_past = pos
     # --ignore-eos is llama.cpp's logit bias of -inf on every end-of-generation token
     eog = torch.tensor(sorted(vocab.eog), dtype=torch.long) if ignore_eos and vocab.eog else None
     while n_predict < 0 or stats.n_gen < n_predict:
@@ -97,14 +121,18 @@ def complete(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
         yield TokenEvent(tok, streamer.push(tok))
         if n_predict >= 0 and stats.n_gen >= n_predict:
             break
-        if pos >= ctx.cparams.n_ctx_seq:
-            stats.stop_reason = "context"
-            break
+        if pos + 1 >= n_ctx:  # llama-completion: n_past + 1 >= n_ctx
+            if not ctx_shift:
+                stats.stop_reason = "context"
+                break
+            pos = context_shift(ctx, pos, min(n_keep, pos - 1), seq_id)
+            stats.n_shifts += 1
         te = time.perf_counter()
-        ctx.decode(Batch.from_tokens([tok], pos))
+        ctx.decode(Batch.from_tokens([tok], pos, seq_id))
         stats.t_eval_ms += (time.perf_counter() - te) * 1e3
         stats.n_eval += 1
         pos += 1
+        stats.n_past = pos
     stats.stop_reason = stats.stop_reason or "length"
     tail = streamer.flush()
     if tail:

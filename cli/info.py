@@ -1,0 +1,72 @@
+"""`ubatch info`: the whole memory plan of a configuration, without running a prompt."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from ..engine.errors import UbatchError
+from .common import resolve_model, user_errors
+
+
+def parse_bytes(text: str) -> int:
+    """'1073741824', '1.5G', '800M', '512MiB' -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise UbatchError(f"--fit {text!r}: not a size; use bytes or a number with K, M, G (e.g. 1.5G)")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    return int(float(m.group(1)) * mult)
+
+
+@user_errors
+def info(
+    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: bundled Gemma 3 270M)"),
+    ctx_size: int = typer.Option(0, "-c", "--ctx-size", help="context size (0 = from the model)"),
+    batch_size: int = typer.Option(2048, "-b", "--batch-size"),
+    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size"),
+    parallel: int = typer.Option(1, "-np", "--parallel"),
+    kv_unified: bool = typer.Option(False, "-kvu", "--kv-unified"),
+    swa_full: bool = typer.Option(False, "--swa-full"),
+    ctk: str = typer.Option("f16", "-ctk", "--cache-type-k"),
+    ctv: str = typer.Option("f16", "-ctv", "--cache-type-v"),
+    n_outputs_max: Optional[int] = typer.Option(None, "--n-outputs-max", help="output rows reserved (default: one per sequence, as ubatch's commands and llama-server; 0 = n_batch, llama-completion's choice)"),
+    fit_budget: Optional[str] = typer.Option(None, "--fit", help="memory budget (e.g. 1.5G): pick the largest -c, and -ub/-np if needed, that fit"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    verbose: bool = typer.Option(False, "--verbose", help="also print llama.cpp-format startup lines"),
+) -> None:
+    from ..engine.context import Context
+    from ..engine.model import Model
+    from ..engine.params import ContextParams
+    from ..engine.report import fit, memory_plan
+    from .present import breakdown_table, plan_table, startup_lines
+
+    m = Model.load(resolve_model(model))
+    params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
+                           kv_unified=kv_unified, swa_full=swa_full, type_k=ctk, type_v=ctv,
+                           n_outputs_max=parallel if n_outputs_max is None else n_outputs_max)
+    if fit_budget is not None:
+        params, plan = fit(m, params, parse_bytes(fit_budget))
+        ctx = None
+    else:
+        ctx = Context(m, params)
+        plan = memory_plan(ctx)
+    if as_json:
+        d = plan.to_json()
+        if fit_budget is not None:
+            d["fit"] = {"budget_bytes": parse_bytes(fit_budget), "n_ctx": params.n_ctx,
+                        "n_ubatch": params.n_ubatch, "n_seq_max": params.n_seq_max}
+        print(json.dumps(d, indent=1))
+        return
+    out = Console()
+    if verbose:
+        for line in startup_lines(ctx or Context(m, params), plan):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    if fit_budget is not None:
+        out.print(f"fit {fit_budget}: -c {params.n_ctx} -ub {params.n_ubatch} -np {params.n_seq_max}")
+    out.print(plan_table(plan))
+    out.print(breakdown_table(plan))

@@ -1,0 +1,120 @@
+"""What a context allocated and why, as data: the startup log, `ubatch info` and the benches
+render it (llama.cpp lines, a Rich table, JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .context import Context
+from .kv_cache import KVCacheInfo
+
+
+@dataclass(slots=True)
+class MemoryPlan:
+    model_file: str
+    arch: str
+    n_params: int
+    model_bytes: int  # the GGUF tensors as stored (memory-mapped)
+    dense_bytes: int  # f32 copies of the matrices the torch path multiplies with
+    n_ctx: int
+    n_ctx_seq: int
+    n_batch: int
+    n_ubatch: int
+    n_seq_max: int
+    n_outputs_max: int
+    kv_unified: bool
+    kv: list[KVCacheInfo]
+    compute_bytes: int  # the workspace: max of the pp and tg graphs' plans
+    pp_bytes: int
+    tg_bytes: int
+    output_bytes: int  # logits rows: n_vocab x max(n_outputs, n_seq_max) x 4
+    worst_case: tuple[int, int, int]  # (n_tokens, n_seqs, n_outputs) of the prompt reservation
+    graph_nodes: tuple[int, int]
+    peak: list[tuple[str, tuple[int, ...], int]]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(c.k_bytes + c.v_bytes for c in self.kv)
+
+    @property
+    def context_bytes(self) -> int:
+        return self.kv_bytes + self.output_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.model_bytes + self.dense_bytes + self.context_bytes + self.compute_bytes
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["peak"] = [{"name": n, "shape": list(s), "bytes": b} for n, s, b in self.peak]
+        d.update(kv_bytes=self.kv_bytes, context_bytes=self.context_bytes, total_bytes=self.total_bytes)
+        return d
+
+
+def memory_plan(ctx: Context) -> MemoryPlan:
+    m, cp, r = ctx.model, ctx.cparams, ctx.reservation
+    dense = sum(w.shape[0] * w.shape[1] * 4 for w in m.matrices())
+    return MemoryPlan(
+        model_file=str(m.path), arch=m.hparams.arch, n_params=m.n_params, model_bytes=m.size_bytes,
+        dense_bytes=dense, n_ctx=cp.n_ctx, n_ctx_seq=cp.n_ctx_seq, n_batch=cp.n_batch,
+        n_ubatch=cp.n_ubatch, n_seq_max=cp.n_seq_max, n_outputs_max=cp.n_outputs_max,
+        kv_unified=cp.kv_unified, kv=[c.info() for c in ctx.memory.caches],
+        compute_bytes=r.bytes, pp_bytes=r.pp_bytes, tg_bytes=r.tg_bytes,
+        output_bytes=m.hparams.n_vocab * ctx.output_rows * 4,
+        worst_case=(r.pp.n_tokens, cp.n_seq_max, r.tg.n_outputs), graph_nodes=r.n_nodes,
+        peak=r.peak, warnings=list(cp.warnings))
+
+
+def plan_for(model: "Model", params: "ContextParams") -> MemoryPlan:  # noqa: F821
+    """The memory plan of a configuration: builds the context's caches and reservation (both are
+    lazily committed by the OS, so planning a large context costs no real memory)."""
+    return memory_plan(Context(model, params))
+
+
+def fit(model: "Model", params: "ContextParams", budget: int) -> tuple["ContextParams", MemoryPlan]:  # noqa: F821
+    """The largest context (up to the training context) whose whole plan fits `budget` bytes.
+
+    -ub is part of the fit: a smaller ubatch shrinks the compute buffer, which can buy context;
+    among equal contexts the larger -ub wins. -np is lowered only when nothing fits otherwise.
+    """
+    from dataclasses import replace
+
+    from .errors import ContextError
+    from .params import derive
+
+    n_ctx_train = model.hparams.n_ctx_train
+    best: tuple[int, int, ContextParams, MemoryPlan] | None = None
+    smallest: MemoryPlan | None = None
+    for np_ in range(max(1, params.n_seq_max), 0, -1):
+        step = 256 * (1 if params.kv_unified else np_)
+        ub = params.n_ubatch or params.n_batch
+        ubs = [u for u in (ub, 256, 128, 64) if u <= ub]
+        for u in dict.fromkeys(ubs):
+            base = replace(params, n_seq_max=np_, n_ubatch=u)
+            lo_plan = plan_for(model, replace(base, n_ctx=step))
+            if smallest is None or lo_plan.total_bytes < smallest.total_bytes:
+                smallest = lo_plan
+            if lo_plan.total_bytes > budget:
+                continue
+            lo, hi = 1, max(1, n_ctx_train * (1 if params.kv_unified else np_) // step)
+            found = (1, lo_plan)
+            while lo <= hi:  # memory grows with n_ctx: binary search on multiples of `step`
+                mid = (lo + hi) // 2
+                p = plan_for(model, replace(base, n_ctx=mid * step))
+                if p.total_bytes <= budget:
+                    found, lo = (mid, p), mid + 1
+                else:
+                    hi = mid - 1
+            n_ctx = found[0] * step
+            if best is None or n_ctx > best[0] or (n_ctx == best[0] and u > best[1]):
+                best = (n_ctx, u, replace(base, n_ctx=n_ctx), found[1])
+        if best is not None:
+            derive(best[2], model.hparams)
+            return best[2], best[3]
+    assert smallest is not None
+    raise ContextError(
+        f"no plan fits {budget / 2**20:.1f} MiB: the smallest (-c {smallest.n_ctx} -ub {smallest.n_ubatch} "
+        f"-np {smallest.n_seq_max}) needs {smallest.total_bytes / 2**20:.1f} MiB "
+        f"(model {smallest.model_bytes / 2**20:.1f} + dense weights {smallest.dense_bytes / 2**20:.1f} + "
+        f"KV/output {smallest.context_bytes / 2**20:.1f} + compute {smallest.compute_bytes / 2**20:.1f})")

@@ -1,0 +1,78 @@
+"""Generation loop: context full -> stop, or context shift as llama-completion does it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ubatch.engine.batch import Batch
+from ubatch.engine.context import Context
+from ubatch.engine.errors import ContextError
+from ubatch.engine.generate import CompletionStats, complete
+from ubatch.engine.model import Model
+from ubatch.engine.params import ContextParams
+from ubatch.engine.sampling import Sampler, SamplerParams
+
+PROMPT = [2] + list(range(30, 60))
+
+
+def test_a_full_context_stops_generation(tiny_llama) -> None:
+    ctx = Context(Model.load(tiny_llama), ContextParams(n_ctx=256))
+    st = CompletionStats()
+    out = list(complete(ctx, PROMPT, 1000, Sampler(SamplerParams(temp=0)), st, ignore_eos=True))
+    assert st.stop_reason == "context"
+    assert st.n_past == 255 and st.n_gen == 256 - len(PROMPT) and out  # stops when n_past + 1 >= n_ctx
+
+
+def test_context_shift_keeps_the_prefix_and_drops_half(tiny_llama) -> None:
+    m = Model.load(tiny_llama)
+    ctx = Context(m, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
+    st = CompletionStats()
+    toks = [e.token for e in complete(ctx, PROMPT, 300, Sampler(SamplerParams(temp=0)), st,
+                                      ignore_eos=True, ctx_shift=True, n_keep=4)]
+    assert st.stop_reason == "length" and st.n_gen == 300 and st.n_shifts >= 1
+    # the cache now holds: 4 kept tokens, then the tail that survived, at consecutive positions
+    cells = ctx.memory.caches[0].streams[0]
+    pos = sorted(cells.pos[cells.pos >= 0].tolist())
+    assert pos == list(range(st.n_past)) and st.n_past < 256
+
+
+def test_shift_re_rotates_the_kept_keys_to_their_new_positions(tiny_llama) -> None:
+    """After discarding, layer 0's cached K of the surviving tokens equals a fresh run's K at the
+    new positions (deeper layers legitimately differ: they once saw the dropped tokens)."""
+    from ubatch.engine.generate import context_shift
+
+    m = Model.load(tiny_llama)
+    ctx = Context(m, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
+    ids = [2] + [7 + (i * 37) % 300 for i in range(254)]
+    ctx.decode(Batch.from_tokens(ids, 0))
+    assert context_shift(ctx, 255, 4) == 130
+    ctx.memory.update(m.hparams, ctx.ops, m.rope_freqs)
+    fresh = Context(m, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
+    fresh.decode(Batch.from_tokens(ids[:4] + ids[129:], 0))
+    got, ref = ctx.memory.caches[0], fresh.memory.caches[0]
+    cells = np.flatnonzero(got.streams[0].pos >= 0)
+    order = cells[np.argsort(got.streams[0].pos[cells])]
+    torch.testing.assert_close(got.k[0].data[order], ref.k[0].data[:130], atol=1e-5, rtol=1e-5)
+
+
+def test_context_shift_needs_a_full_swa_cache(tiny_gemma) -> None:
+    ctx = Context(Model.load(tiny_gemma), ContextParams(n_ctx=512, n_ubatch=64))
+    assert ctx.memory.caches[1].size == 256  # the SWA cache holds only window + ubatch
+    with pytest.raises(ContextError, match="--swa-full"):
+        list(complete(ctx, PROMPT, 10, Sampler(SamplerParams(temp=0)), ctx_shift=True))
+    full = Context(Model.load(tiny_gemma), ContextParams(n_ctx=256, swa_full=True))
+    st = CompletionStats()
+    list(complete(full, PROMPT, 300, Sampler(SamplerParams(temp=0)), st, ignore_eos=True, ctx_shift=True))
+    assert st.n_shifts >= 1 and st.n_gen == 300
+
+
+def test_a_turn_prefills_only_itself(tiny_llama) -> None:
+    ctx = Context(Model.load(tiny_llama), ContextParams(n_ctx=512))
+    st = CompletionStats()
+    list(complete(ctx, PROMPT, 5, Sampler(SamplerParams(temp=0)), st))
+    n_past = st.n_past
+    st2 = CompletionStats()
+    list(complete(ctx, [40, 41, 42], 5, Sampler(SamplerParams(temp=0)), st2, n_past=n_past))
+    assert st2.n_prompt == 3 and st2.n_past == n_past + 3 + 4
