@@ -20,6 +20,7 @@ from collections import OrderedDict
 from .batch import Batch
 from .forward import GraphShape, build_forward, ubatch_inputs
 from .graph import Graph, run_graph
+from .errors import allocate
 from .memory import DecodeError, KVMemory
 from .kv_cache import round_up
 from .model import Model
@@ -87,7 +88,8 @@ class Context:
         self._prev_shape: dict[bool, GraphShape] = {}  # llama.cpp keeps one graph with outputs, one without
         self._graphs: OrderedDict[GraphShape, Graph] = OrderedDict()
         self.reservation = self.reserve()
-        self.workspace = torch.empty(self.reservation.bytes, dtype=torch.uint8, device=model.device)
+        self.workspace = allocate("compute buffer", self.reservation.bytes, lambda: torch.empty(
+            self.reservation.bytes, dtype=torch.uint8, device=model.device))
         self.workspace_regrows = 0
         # rows of the output buffer: n_seq_max at start, grown to the largest batch's outputs as
         # llama.cpp's output_reserve does (each decode's logits stay valid after the next one)

@@ -18,7 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from ..kernels.dequant import dequantize
 from ..kernels.quantize import QUANTIZERS
 from .batch import UBatch
-from .errors import ContextError
+from .errors import ContextError, allocate
 from .kv_cells import KVCells
 
 N_KV_PAD = 256  # n_kv grows in steps of 256 cells so graph shapes repeat
@@ -62,11 +62,13 @@ class KVStore:
                  device: torch.device | str) -> None:
         self.ggml_type, dtype = KV_TYPES[type_name]
         self.n_head, self.head_dim = n_head, head_dim
+        nbytes = n_cells * row_bytes(type_name, n_head * head_dim)
         if dtype is not None:
-            self.data = torch.zeros(n_cells, n_head, head_dim, dtype=dtype, device=device)
+            make = lambda: torch.zeros(n_cells, n_head, head_dim, dtype=dtype, device=device)  # noqa: E731
         else:
-            self.data = torch.zeros(n_cells, row_bytes(type_name, n_head * head_dim), dtype=torch.uint8,
-                                    device=device)
+            make = lambda: torch.zeros(n_cells, row_bytes(type_name, n_head * head_dim),  # noqa: E731
+                                       dtype=torch.uint8, device=device)
+        self.data = allocate("KV cache", nbytes, make)
 
     def write(self, cells: torch.Tensor, x: torch.Tensor, ops: Any = None) -> None:
         """Store rows x (n, heads, d) at cells; quantised types are quantised as ggml does."""

@@ -102,3 +102,31 @@ def test_compute_buffer_shrinks_with_ubatch_not_with_batch(tiny_gemma) -> None:
     assert size(2048, 512) > size(2048, 256) > size(2048, 128) > size(2048, 64)
     assert size(2048, 256) == size(1024, 256) == size(256, 256)
     assert size(64, 512) == size(2048, 64)  # -b below -ub: the ubatch is clamped to the batch
+
+
+def test_an_allocation_failure_names_the_buffer_and_its_size(tiny_gemma, monkeypatch) -> None:
+    from ubatch.engine.errors import ContextError
+
+    m = Model.load(tiny_gemma)
+    real_empty = torch.empty
+
+    def failing_empty(*a, **kw):
+        if kw.get("dtype") is torch.uint8 and a and isinstance(a[0], int) and a[0] > 100_000:
+            raise RuntimeError("DefaultCPUAllocator: not enough memory")
+        return real_empty(*a, **kw)
+
+    monkeypatch.setattr(torch, "empty", failing_empty)
+    with pytest.raises(ContextError, match=r"compute buffer \([0-9.]+ MiB\).*not enough memory"):
+        Context(m, ContextParams(n_ctx=1024, n_ubatch=256))
+
+
+def test_decode_steps_inside_a_256_cell_bucket_reuse_the_graph(tiny_gemma) -> None:
+    m = Model.load(tiny_gemma)
+    ctx = Context(m, ContextParams(n_ctx=1024, n_ubatch=512))
+    ctx.decode(Batch.from_tokens([2] + [9] * 249, 0))  # 250 cells used
+    reused = []
+    for i in range(10):  # positions 250..259: the base cache crosses 256 at the 7th step
+        ctx.decode(Batch.from_tokens([9], 250 + i))
+        reused.append(ctx.records[0].reused)
+    assert reused == [False] + [True] * 5 + [False] + [True] * 3
+    assert ctx.records[0].n_kv[0] == 512
