@@ -36,3 +36,31 @@ def kld_vs_top(logprobs: torch.Tensor, ref_ids: list[list[int]], ref_lp: list[li
     kld = (lp_ref.exp() * (lp_ref - ours)).sum(1)
     top1 = (logprobs[: ids.shape[0]].argmax(1) == ids[:, 0]).double().mean()
     return KLDStats(int(ids.shape[0]), float(kld.mean()), float(kld.max()), float(top1))
+
+
+@dataclass(slots=True)
+class ReferenceText:
+    """One text of a logits reference: its token ids, the reference's top-k per position, and
+    llama.cpp's own distance from that reference."""
+
+    ids: list[int]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+    lcpp: dict
+
+
+def load_reference(refdir: "Path") -> list[ReferenceText]:  # noqa: F821
+    """tests/refdata's logits_ids.json, logits_ref.jsonl and logits_lcpp_vs_ref.json, joined."""
+    import json
+
+    texts = json.loads((refdir / "logits_ids.json").read_text())
+    rows: dict[int, list[dict]] = {}
+    for line in (refdir / "logits_ref.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        rows.setdefault(r["text"], []).append(r)
+    lcpp = {r["text"]: r for r in json.loads((refdir / "logits_lcpp_vs_ref.json").read_text())}
+    out = []
+    for t, ids in enumerate(texts):
+        rs = sorted(rows[t], key=lambda r: r["pos"])
+        out.append(ReferenceText(ids, [r["top_ids"] for r in rs], [r["top_logprobs"] for r in rs], lcpp[t]))
+    return out

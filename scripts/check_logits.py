@@ -9,7 +9,6 @@ agreement, for ubatch and for llama.cpp (tests/refdata/logits_lcpp_vs_ref.json).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ def main() -> int:
     from ubatch.engine.default_model import default_model_path
     from ubatch.engine.model import Model
     from ubatch.engine.params import ContextParams
-    from ubatch.engine.scoring import kld_vs_top, teacher_forced_logprobs
+    from ubatch.engine.scoring import kld_vs_top, load_reference, teacher_forced_logprobs
 
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", default=None)
@@ -32,23 +31,17 @@ def main() -> int:
     a = ap.parse_args()
     model = Model.load(a.model or default_model_path())
     ctx = Context(model, ContextParams(n_ctx=1024, n_ubatch=a.ub, type_k=a.ctk, type_v=a.ctv))
-    texts = json.loads((REFDATA / "logits_ids.json").read_text())
-    ref: dict[int, list[dict]] = {}
-    for line in (REFDATA / "logits_ref.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        ref.setdefault(r["text"], []).append(r)
-    lcpp = {r["text"]: r for r in json.loads((REFDATA / "logits_lcpp_vs_ref.json").read_text())}
     print(f"KV cache K/V = {a.ctk}/{a.ctv}, n_ubatch = {a.ub}")
     print(f"| text | tokens | ubatch KLD mean | ubatch KLD max | ubatch top-1 | llama.cpp KLD mean (top-32) | llama.cpp top-1 | time |")
     print("|---|---|---|---|---|---|---|---|")
     worse = 0
-    for t, ids in enumerate(texts):
-        rows = sorted(ref[t], key=lambda r: r["pos"])
+    for t, ref in enumerate(load_reference(REFDATA)):
+        ids = ref.ids
         t0 = time.perf_counter()
         lp = teacher_forced_logprobs(ctx, ids)
         dt = time.perf_counter() - t0
-        s = kld_vs_top(lp, [r["top_ids"] for r in rows], [r["top_logprobs"] for r in rows])
-        L = lcpp[t]
+        s = kld_vs_top(lp, ref.top_ids, ref.top_logprobs)
+        L = ref.lcpp
         worse += s.kld_top_mean >= L["lcpp_kld_top32_mean"]
         print(f"| {t} | {len(ids)} | {s.kld_top_mean:.2e} | {s.kld_top_max:.2e} | {100 * s.top1_agree:.1f}% | "
               f"{L['lcpp_kld_top32_mean']:.2e} | {100 * L['lcpp_top1_agree']:.1f}% | {dt:.2f} s |")

@@ -19,7 +19,7 @@ from ubatch.engine.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling import Sampler, SamplerParams
 from ubatch.engine.generate import complete
-from ubatch.engine.scoring import kld_vs_top, teacher_forced_logprobs
+from ubatch.engine.scoring import kld_vs_top, load_reference, teacher_forced_logprobs
 
 REF = Path(__file__).parent / "refdata"
 pytestmark = pytest.mark.slow
@@ -54,17 +54,11 @@ def test_last_row_logits_of_the_capital_prompt(ctx: Context) -> None:
 
 
 def test_kld_below_llama_cpp_and_top1_agreement(ctx: Context) -> None:
-    texts = json.loads((REF / "logits_ids.json").read_text())
-    rows: dict[int, list[dict]] = {}
-    for line in (REF / "logits_ref.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        rows.setdefault(r["text"], []).append(r)
-    lcpp = {r["text"]: r for r in json.loads((REF / "logits_lcpp_vs_ref.json").read_text())}
-    for t, ids in enumerate(texts):
-        rs = sorted(rows[t], key=lambda r: r["pos"])
-        s = kld_vs_top(teacher_forced_logprobs(ctx, ids), [r["top_ids"] for r in rs], [r["top_logprobs"] for r in rs])
+    for t, ref in enumerate(load_reference(REF)):
+        ids = ref.ids
+        s = kld_vs_top(teacher_forced_logprobs(ctx, ids), ref.top_ids, ref.top_logprobs)
         assert s.n == len(ids)
-        assert s.kld_top_mean < lcpp[t]["lcpp_kld_top32_mean"], (t, s)
+        assert s.kld_top_mean < ref.lcpp["lcpp_kld_top32_mean"], (t, s)
         assert s.top1_agree >= 0.99, (t, s)
 
 
