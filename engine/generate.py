@@ -7,7 +7,7 @@ ones llama-completion prints (prompt eval vs eval, sampling time).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -57,13 +57,24 @@ def check_prompt_fits(ctx: Context, n_prompt: int) -> None:
 
 
 def prefill(ctx: Context, tokens: list[int], pos0: int = 0, seq_id: int = 0,
-            all_logits: bool = False) -> None:
-    """Decode tokens in chunks of n_batch (each chunk is split into ubatches by the context)."""
-    n_batch = ctx.cparams.n_batch
-    for i in range(0, len(tokens), n_batch):
-        chunk = tokens[i : i + n_batch]
+            all_logits: bool = False, progress: Callable[[int, int], None] | None = None) -> None:
+    """Decode tokens in chunks of n_batch (each chunk is split into ubatches by the context).
+
+    With `progress`, it is called as progress(ubatches_done, ubatches_total) after each
+    ubatch; the chunks are then n_ubatch tokens long. One sequence's batch is split into
+    consecutive n_ubatch-token ubatches anyway, so the forward passes are the same ones.
+    """
+    step = ctx.cparams.n_batch
+    if progress is not None:
+        step = min(step, ctx.cparams.n_ubatch)
+        total, done = -(-len(tokens) // ctx.cparams.n_ubatch), 0
+    for i in range(0, len(tokens), step):
+        chunk = tokens[i : i + step]
         b = Batch.from_tokens(chunk, pos0 + i, seq_id, all_logits)
         ctx.decode(b)
+        if progress is not None:
+            done += len(ctx.records)
+            progress(done, total)
 
 
 def context_shift(ctx: Context, n_past: int, n_keep: int, seq_id: int = 0) -> int:
@@ -78,7 +89,8 @@ def context_shift(ctx: Context, n_past: int, n_keep: int, seq_id: int = 0) -> in
 
 def complete(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
              stats: CompletionStats | None = None, ignore_eos: bool = False, n_past: int = 0,
-             ctx_shift: bool = False, n_keep: int = 0, seq_id: int = 0) -> Iterator[TokenEvent]:
+             ctx_shift: bool = False, n_keep: int = 0, seq_id: int = 0,
+             progress: Callable[[int, int], None] | None = None) -> Iterator[TokenEvent]:
     """Generate up to n_predict tokens (-1 = until end of generation or a full context).
 
     `prompt` is decoded after the n_past tokens sequence seq_id already holds (a chat turn
@@ -94,7 +106,7 @@ def complete(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
         raise ContextError("context shift needs every KV cache to hold the whole context; with a "
                            "sliding-window model add --swa-full")
     t0 = time.perf_counter()
-    prefill(ctx, prompt, n_past, seq_id)
+    prefill(ctx, prompt, n_past, seq_id, progress=progress)
     stats.n_prompt, stats.t_prompt_ms = len(prompt), (time.perf_counter() - t0) * 1e3
     for t in prompt:
         sampler.accept(t)

@@ -86,8 +86,8 @@ def test_cli_greedy_default_model(default_runs: dict[str, Run]) -> None:
     assert r.stdout == PROMPT + GREEDY8 + "\n"
     err = r.stderr
     assert "Traceback" not in err
-    for needle in ("llama_context: n_ctx         = 512", "llama_context: n_batch       = 512",
-                   "llama_context: n_ubatch      = 512", "llama_kv_cache: size =",
+    for needle in ("llama_context: n_ctx                 = 512", "llama_context: n_batch               = 512",
+                   "llama_context: n_ubatch              = 512", "llama_kv_cache: size =",
                    "llama_kv_cache_iswa: creating non-SWA KV cache, size = 512 cells",
                    "common_perf_print: prompt eval time =", "common_perf_print:        eval time =",
                    "common_perf_print:    graphs reused =", "common_perf_print:        load time ="):
@@ -171,7 +171,7 @@ def test_cli_prompt_then_continuation(tiny_runs: dict[str, Run]) -> None:
     assert r.returncode == 0, r.stderr
     # the tiny model's tied embeddings make it repeat the last token
     assert r.stdout == "Hello world world world world world\n"
-    assert "llama_context: n_ctx         = 256" in r.stderr
+    assert "llama_context: n_ctx                 = 256" in r.stderr
     assert "/     5 tokens" in r.stderr and "/     3 runs" in r.stderr
 
 
