@@ -59,7 +59,8 @@ class TaskParams:
             "frequency_penalty": s.frequency_penalty, "stop": list(self.stop),
             "max_tokens": self.n_predict, "n_predict": self.n_predict, "n_keep": self.n_keep,
             "n_discard": self.n_discard, "ignore_eos": self.ignore_eos, "stream": self.stream,
-            "logit_bias": [{"bias": b, "token": t} for t, b in self.logit_bias],
+            "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t}  # -inf: JSON null
+                           for t, b in self.logit_bias],
             "n_probs": self.n_probs, "min_keep": s.min_keep, "cache_prompt": self.cache_prompt,
             "n_cache_reuse": self.n_cache_reuse, "samplers": _SAMPLERS,
             "timings_per_token": self.timings_per_token,
@@ -401,45 +402,7 @@ def chat_messages(msgs: list[Any]) -> list[dict[str, str]]:
     return out
 
 
-def render_chat(messages: list[dict[str, str]], arch: str, template: str | None,
-                bos_text: str = "") -> str:
-    """The chat prompt: the shared chat-template module when present, else gemma (for gemma
-    architectures, reference/gguf-models.md §5) or chatml. A rendered leading BOS is dropped
-    because the tokenizer adds it."""
-    name = template or ("gemma" if arch.startswith("gemma") else "chatml")
-    try:
-        from .chat_template import apply_chat_template  # type: ignore[import-not-found]
-    except ImportError:
-        text = _fallback_chat(messages, name)
-    else:
-        try:
-            text = apply_chat_template(messages, name, add_generation_prompt=True)
-        except Exception as e:  # a template that rejects these messages is the client's problem
-            raise RequestError(f"chat template: {e}") from None
-    if bos_text and text.startswith(bos_text):
-        text = text[len(bos_text):]
-    return text
-
-
-def _fallback_chat(messages: list[dict[str, str]], name: str) -> str:
-    if name == "gemma":
-        out, system = [], ""
-        for m in messages:
-            if m["role"] == "system":
-                system += m["content"].strip()
-                continue
-            role = "model" if m["role"] == "assistant" else m["role"]
-            pre = system + "\n\n" if system and role != "model" else ""
-            system = "" if pre else system
-            out.append(f"<start_of_turn>{role}\n{pre}{m['content'].strip()}<end_of_turn>\n")
-        return "".join(out) + "<start_of_turn>model\n"
-    if name == "chatml":
-        body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return body + "<|im_start|>assistant\n"
-    raise RequestError(f"unknown chat template {name!r} (built-in: gemma, chatml)")
-
-
-def split_prompts(prompt: Any) -> list[list[str | int]]:
+def split_prompts(prompt: Any, name: str = "prompt") -> list[list[str | int]]:
     """llama.cpp's tokenize_input_prompts: a string, a token array or a mixed array is one
     prompt; an array of those is several prompts (one task each)."""
     def one(p: Any) -> list[str | int] | None:
@@ -458,7 +421,7 @@ def split_prompts(prompt: Any) -> list[list[str | int]]:
             return many  # type: ignore[return-value]
     if isinstance(prompt, list) and not prompt:
         return [[]]
-    raise RequestError('"prompt" must be a string, an array of token ids, or an array of prompts')
+    raise RequestError(f'"{name}" must be a string, an array of token ids, or an array of prompts')
 
 
 def _is_int(x: Any) -> bool:
