@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import complete, info, tokenize
+from . import bench, complete, info, server, tokenize
 
 app = typer.Typer(
     name="ubatch",
@@ -14,9 +14,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command("cli", help="One-shot completion (like llama-completion -no-cnv).")(complete.cli)
-app.command("tokenize", help="Tokenize text like llama-tokenize.")(tokenize.tokenize)
+app.command("cli", help="Chat in the terminal (no -p, or -cnv / -sys / -st), or with -p a one-shot "
+                        "completion (like llama-completion).")(complete.cli)
+app.command("server", help="OpenAI- and llama-server-compatible HTTP server: -np slots, "
+                           "continuous batching.")(server.server)
+app.command("bench", help="Benchmark like llama-bench: pp/tg t/s, compute buffer, --profile, "
+                          "--sweep-ub plots.")(bench.bench)
+app.command("batched-bench", help="Continuous-batching throughput like llama-batched-bench.")(bench.batched_bench)
 app.command("info", help="The memory plan of a configuration (KV cache, compute buffer, why).")(info.info)
+app.command("tokenize", help="Tokenize text like llama-tokenize.")(tokenize.tokenize)
 
 if __name__ == "__main__":
     app()
