@@ -493,9 +493,8 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
-def load_model(path: Path) -> Model:
-    """Load and dequantise every matrix once, so no timed run pays for it (--no-warmup too)."""
-    m = Model.load(path)
+def densify(m: Model) -> Model:
+    """Dequantise every matrix once, so that no timed run pays for it (--no-warmup too)."""
     for w in m.matrices():
         w.dense(torch.float32)
     return m
@@ -511,8 +510,10 @@ def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = No
     for path in dict.fromkeys(t.model for t in tests):
         if path not in models:
             emit(BenchEvent("load", text=str(path)))
-            models[path] = load_model(path)
+            models[path] = Model.load(path)
     check_tests(tests, {k: m.hparams.n_ctx_train for k, m in models.items()})
+    for m in models.values():
+        densify(m)
     warned: set[tuple[int, int]] = set()
     for t in tests:
         if t.n_ubatch > t.n_batch and (t.n_batch, t.n_ubatch) not in warned:
@@ -535,6 +536,8 @@ def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = No
             ctx_key = t.context_key
             emit(BenchEvent("context", ti, len(tests), test=t))
         torch.set_num_threads(ctx.cparams.n_threads)
+        ctx.largest = None  # per test, even when the context carries over from the last one
+        started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         rng = np.random.default_rng(p.seed + ti)
         if p.warmup:
             emit(BenchEvent("warmup", ti, len(tests), 0, p.reps, t))
@@ -583,7 +586,7 @@ def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = No
             n_batch=t.n_batch, n_ubatch=t.n_ubatch, n_threads=cp.n_threads, type_k=t.type_k,
             type_v=t.type_v, n_gpu_layers=0, flash_attn=1, n_prompt=t.n_prompt, n_gen=t.n_gen,
             n_depth=t.n_depth,
-            test_time=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            test_time=started,
             avg_ns=int(round(avg_ns)), stddev_ns=int(round(sd_ns)), avg_ts=avg_ts, stddev_ts=sd_ts,
             samples_ns=samples, samples_ts=ts, test=t.name, n_ctx=cp.n_ctx, n_batch_eff=cp.n_batch,
             n_ubatch_eff=cp.n_ubatch, n_outputs_max=cp.n_outputs_max,
@@ -683,7 +686,8 @@ def run_batched_bench(p: BatchedParams, on_event: Callable[[BenchEvent], None] |
         raise BenchError("-npl: every value must be at least 1")
     if model is None:
         emit(BenchEvent("load", text=str(p.model)))
-        model = load_model(p.model)
+        model = Model.load(p.model)
+    densify(model)
     ctx = Context(model, ContextParams(n_ctx=p.n_ctx, n_batch=p.n_batch, n_ubatch=p.n_ubatch,
                                        n_seq_max=max(p.n_pl), n_threads=p.n_threads, type_k=p.type_k,
                                        type_v=p.type_v, kv_unified=p.kvu))
