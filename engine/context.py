@@ -57,6 +57,9 @@ class UBatchRecord:
     ms: float
 
 
+RESERVE_ALIGN = 64 << 10
+
+
 @dataclass(slots=True)
 class Reservation:
     """The workspace sized up front for the largest graphs this context may run."""
@@ -70,7 +73,9 @@ class Reservation:
 
     @property
     def bytes(self) -> int:
-        return max(self.pp_bytes, self.tg_bytes)
+        # best-fit placement is not monotone in the shape: a smaller ubatch can fragment a few
+        # KiB worse than the worst-case plan, so the buffer is rounded up to 64 KiB
+        return -(-max(self.pp_bytes, self.tg_bytes) // RESERVE_ALIGN) * RESERVE_ALIGN
 
 
 class Context:

@@ -130,3 +130,14 @@ def test_decode_steps_inside_a_256_cell_bucket_reuse_the_graph(tiny_gemma) -> No
         reused.append(ctx.records[0].reused)
     assert reused == [False] + [True] * 5 + [False] + [True] * 3
     assert ctx.records[0].n_kv[0] == 512
+
+
+@pytest.mark.parametrize("ub", [1, 3, 8, 16, 32])
+def test_small_ubatches_fit_the_reservation(tiny_gemma, ub: int) -> None:
+    """Smaller shapes than the worst case must run in the reserved buffer, however they fragment."""
+    ctx = Context(Model.load(tiny_gemma), ContextParams(n_ctx=1024, n_ubatch=ub, n_outputs_max=1))
+    ctx.decode(Batch.from_tokens([2] + list(range(10, 109)), 0))
+    for i in range(3):
+        ctx.decode(Batch.from_tokens([9], 100 + i))
+    assert ctx.workspace_regrows == 0
+    assert max(g.size for g in ctx._graphs.values()) <= ctx.workspace.numel()
