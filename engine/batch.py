@@ -62,6 +62,15 @@ class UBatch:
         return int(self.output.sum())
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (prompt-cache reuse)."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 def make_ubatch(batch: Batch, idx: np.ndarray, n_seqs: int = 1, equal_seqs: bool = False) -> UBatch:
     return UBatch(
         token=np.asarray(batch.token, dtype=np.int64)[idx],

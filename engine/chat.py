@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .batch import common_prefix
 from .chat_template import ChatTemplate
 from .context import Context
 from .errors import UbatchError
@@ -85,14 +86,6 @@ class _Plan:
     turn_text: str
     reprocess: str = ""
     n_dropped: int = 0
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass

@@ -22,7 +22,7 @@ from enum import Enum
 
 import torch
 
-from .batch import Batch
+from .batch import Batch, common_prefix
 from .context import Context
 from .memory import DecodeError
 from .sampling import Sampler
@@ -127,14 +127,6 @@ class SchedulerStats:
     def reset_bucket(self) -> None:
         self.n_prompt_tokens = self.n_predicted = 0
         self.t_prompt_ms = self.t_predicted_ms = 0.0
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Scheduler:
