@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from ..engine.context import Context
-from ..engine.generate import CompletionStats
+from ..engine.generate import CompletionStats, tokens_per_second
 from ..engine.report import MemoryPlan, memory_plan
 
 MiB = 1024 * 1024
@@ -98,7 +98,7 @@ def perf_lines(ctx: Context, st: CompletionStats, load_ms: float, total_ms: floa
     p = "common_perf_print:"
     n_p, n_e = max(st.n_prompt, 1), max(st.n_eval, 1)
     unacc = total_ms - st.t_sample_ms - st.t_prompt_ms - st.t_eval_ms
-    tps = lambda n, ms: 1e3 * n / ms if ms > 0 else 0.0  # noqa: E731
+    tps = tokens_per_second
     return [
         f"{p}    sampling time = {st.t_sample_ms:10.2f} ms",
         f"{p}        load time = {load_ms:10.2f} ms",

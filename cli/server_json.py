@@ -8,6 +8,7 @@ import secrets
 import time
 from typing import Any
 
+from ..engine.generate import tokens_per_second
 from ..engine.scheduler import Scheduler, Slot
 from ..engine.server_task import Final, Partial, TokenProb
 
@@ -220,8 +221,8 @@ def metrics_text(sch: Scheduler) -> str:
     vals = [
         st.n_prompt_tokens_total, st.t_prompt_ms_total / 1e3, st.n_predicted_total,
         st.t_predicted_ms_total / 1e3, st.n_decode_total, st.n_tokens_max,
-        1e3 * st.n_prompt_tokens / st.t_prompt_ms if st.t_prompt_ms else 0.0,
-        1e3 * st.n_predicted / st.t_predicted_ms if st.t_predicted_ms else 0.0,
+        tokens_per_second(st.n_prompt_tokens, st.t_prompt_ms),
+        tokens_per_second(st.n_predicted, st.t_predicted_ms),
         sum(s.busy for s in sch.slots), sch.n_deferred,
         st.n_busy_slots_total / max(st.n_decode_total, 1),
     ]

@@ -32,7 +32,7 @@ from .batch import common_prefix
 from .chat_template import ChatTemplate
 from .context import Context
 from .errors import UbatchError
-from .generate import CompletionStats, complete
+from .generate import CompletionStats, complete, tokens_per_second
 from .sampling import Sampler
 
 # stands in for the last answer while rendering; no template changes it (no spaces to trim)
@@ -70,11 +70,11 @@ class TurnStats:
 
     @property
     def prompt_tps(self) -> float:
-        return 1e3 * self.n_prompt / self.t_prompt_ms if self.t_prompt_ms else 0.0
+        return tokens_per_second(self.n_prompt, self.t_prompt_ms)
 
     @property
     def eval_tps(self) -> float:
-        return 1e3 * self.n_eval / self.t_eval_ms if self.t_eval_ms else 0.0
+        return tokens_per_second(self.n_eval, self.t_eval_ms)
 
 
 @dataclass(slots=True)

@@ -19,6 +19,11 @@ from .sampling import Sampler
 from .vocab import TokenStreamer
 
 
+def tokens_per_second(n: int, ms: float) -> float:
+    """llama.cpp's `1e3 / t_ms * n`, 0 when nothing was timed."""
+    return 1e3 * n / ms if ms > 0 else 0.0
+
+
 @dataclass(slots=True)
 class TokenEvent:
     token: int
@@ -39,11 +44,11 @@ class CompletionStats:
 
     @property
     def prompt_tps(self) -> float:
-        return 1e3 * self.n_prompt / self.t_prompt_ms if self.t_prompt_ms else 0.0
+        return tokens_per_second(self.n_prompt, self.t_prompt_ms)
 
     @property
     def eval_tps(self) -> float:
-        return 1e3 * self.n_eval / self.t_eval_ms if self.t_eval_ms else 0.0
+        return tokens_per_second(self.n_eval, self.t_eval_ms)
 
 
 def check_prompt_fits(ctx: Context, n_prompt: int) -> None:

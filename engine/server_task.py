@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .generate import tokens_per_second
 from .sampling import LLAMA_DEFAULT_SEED, SamplerParams
 
 INT32_MAX = 2**31 - 1
@@ -113,10 +114,10 @@ class Timings:
         return {
             "cache_n": self.cache_n, "prompt_n": pn, "prompt_ms": pms,
             "prompt_per_token_ms": pms / pn if pn else 0.0,
-            "prompt_per_second": 1e3 * pn / pms if pms else 0.0,
+            "prompt_per_second": tokens_per_second(pn, pms),
             "predicted_n": self.predicted_n, "predicted_ms": gms,
             "predicted_per_token_ms": gms / gn if gn > 0 else 0.0,
-            "predicted_per_second": 1e3 * gn / gms if gn > 0 and gms else 0.0,
+            "predicted_per_second": tokens_per_second(max(gn, 0), gms),
         }
 
 

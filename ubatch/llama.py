@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .engine.batch import Batch
+from .engine.batch import Batch, common_prefix
 from .engine.context import Context
 from .engine.default_model import default_model_path
 from .engine.errors import ContextError
@@ -100,10 +100,7 @@ class Llama:
     # -- completion -----------------------------------------------------------------------------
     def _prefix_eval(self, prompt: list[int]) -> None:
         """Reuse the longest common prefix with what is already evaluated (at least one token new)."""
-        n = min(self.n_tokens, len(prompt) - 1)
-        common = 0
-        while common < n and self.input_ids[common] == prompt[common]:
-            common += 1
+        common = min(common_prefix(self.input_ids[: self.n_tokens].tolist(), prompt), len(prompt) - 1)
         self.n_tokens = common
         self.eval(prompt[common:])
 
