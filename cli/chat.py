@@ -186,8 +186,8 @@ def startup_rows(ctx: Any, plan: Any, template: ChatTemplate, sampler: Any, opts
     peak = f"; largest: {plan.peak[0][0]} {list(plan.peak[0][1])} {_mib(plan.peak[0][2])}" if plan.peak else ""
     rows.append(("compute", f"{_mib(plan.compute_bytes)} for a {n}-token ubatch over the full KV "
                             f"(shrinks with -ub){peak}"))
-    rows.append(("memory", f"{_mib(plan.total_bytes)} = model {plan.model_bytes / MiB:.2f} + dense f32 "
-                           f"{plan.dense_bytes / MiB:.2f} + KV {plan.kv_bytes / MiB:.2f} + output "
+    rows.append(("memory", f"{_mib(plan.total_bytes)} = model {plan.model_bytes / MiB:.2f} + backend "
+                           f"{plan.backend_bytes / MiB:.2f} + KV {plan.kv_bytes / MiB:.2f} + output "
                            f"{plan.output_bytes / MiB:.2f} + compute {plan.compute_bytes / MiB:.2f}"))
     rows.append(("template", template.describe))
     p = sampler.params
@@ -259,8 +259,8 @@ def stats_lines(session: ChatSession, plan: Any) -> list[tuple[str, str]]:
         cells.append(f"{(c.name + ': ') if c.name else ''}{c.used} / {c.size * c.n_stream} cells used")
     rows.append(("KV cache", " · ".join(cells)))
     rows.append(("memory", f"KV {_mib(plan.kv_bytes)} · compute {_mib(plan.compute_bytes)} · output "
-                           f"{_mib(plan.output_bytes)} · model {_mib(plan.model_bytes)} (+ dense f32 "
-                           f"{_mib(plan.dense_bytes)}) · total {_mib(plan.total_bytes)}"))
+                           f"{_mib(plan.output_bytes)} · model {_mib(plan.model_bytes)} (+ {plan.backend} backend "
+                           f"{_mib(plan.backend_bytes)}) · total {_mib(plan.total_bytes)}"))
     rows.append(("session", f"{session.n_generated} tokens generated · graphs reused "
                             f"{ctx.perf.graphs_reused} · ubatches run {ctx.perf.n_ubatch}"))
     return rows

@@ -39,7 +39,9 @@ def startup_lines(ctx: Context, plan: MemoryPlan | None = None) -> list[str]:
         f"llama_context: n_outputs_max         = {cp.n_outputs_max}",
         f"llama_context: n_threads             = {cp.n_threads}",
     ]
-    L += [f"llama_context: WARNING: {w}" for w in cp.warnings]
+    L += [f"llama_context: WARNING: {w}" for w in p.warnings]
+    L.append(f"ubatch: backend = {p.backend}, weights held beyond the file = {mib(p.backend_bytes):.2f} MiB")
+    L += [f"ubatch:   {t:<6} {path}" for t, path in p.kernels.items()]
     if cp.n_ctx_seq < hp.n_ctx_train:
         L.append(f"llama_context: n_ctx_seq ({cp.n_ctx_seq}) < n_ctx_train ({hp.n_ctx_train}) -- "
                  "the full capacity of the model will not be utilized")
@@ -65,11 +67,11 @@ def startup_lines(ctx: Context, plan: MemoryPlan | None = None) -> list[str]:
 
 
 def breakdown_table(p: MemoryPlan) -> Table:
-    """llama.cpp's memory breakdown (model / context / compute), plus the dense copy we keep."""
+    """llama.cpp's memory breakdown (model / context / compute), plus what the backend holds."""
     t = Table(title="memory breakdown (MiB)", title_justify="left")
-    for col in ("device", "total", "model", "dense f32", "context (KV + out)", "compute"):
+    for col in ("device", "total", "model", f"{p.backend} backend", "context (KV + out)", "compute"):
         t.add_column(col, justify="right" if col != "device" else "left")
-    t.add_row("CPU", f"{mib(p.total_bytes):.2f}", f"{mib(p.model_bytes):.2f}", f"{mib(p.dense_bytes):.2f}",
+    t.add_row("CPU", f"{mib(p.total_bytes):.2f}", f"{mib(p.model_bytes):.2f}", f"{mib(p.backend_bytes):.2f}",
               f"{mib(p.context_bytes):.2f}", f"{mib(p.compute_bytes):.2f}")
     return t
 
@@ -80,7 +82,10 @@ def plan_table(p: MemoryPlan) -> Table:
     t.add_column("size", justify="right")
     t.add_column("why")
     t.add_row("model (GGUF, mmap)", f"{mib(p.model_bytes):.2f} MiB", f"{p.n_params / 1e6:.1f} M params as stored")
-    t.add_row("dense weights", f"{mib(p.dense_bytes):.2f} MiB", "f32 copies of the matrices for the torch CPU path")
+    t.add_row(f"{p.backend} backend weights", f"{mib(p.backend_bytes):.2f} MiB",
+              "dense f32 copies (torch reference)" if p.backend_bytes else "none: kernels read the GGUF blocks")
+    for tname, path in p.kernels.items():
+        t.add_row(f"  {tname} matrices", "", path)
     for c in p.kv:
         t.add_row(f"KV cache {c.name or ''}".strip(), f"{mib(c.k_bytes + c.v_bytes):.2f} MiB",
                   f"{c.size} cells x {c.n_stream} stream(s) x {c.n_layer} layers, K {c.type_k} / V {c.type_v}")

@@ -29,15 +29,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..kernels.ops import TorchOps
+from ..kernels.cpu_build import cpu_model
+from ..kernels.ops import Ops
 from .batch import Batch
-from .context import Context
+from .context import Context, make_backend
 from .errors import UbatchError
 from .forward import GraphShape
 from .graph import Graph
 from .kv_cache import KV_TYPES
 from .model import Model
-from .params import ContextParams
+from .params import ContextParams, derive
 
 MiB = 1024 * 1024
 
@@ -125,6 +126,7 @@ class BenchParams:
     type_v: list[str] = field(default_factory=lambda: ["f16"])
     n_outputs_max: list[int] = field(default_factory=lambda: [0])  # 0 = n_batch, as llama-bench
     n_threads: list[int] = field(default_factory=lambda: [0])  # 0 = every core torch may use
+    backend: str = "auto"  # op backend (kernels.backends)
     reps: int = 5
     warmup: bool = True
     profile: bool = False
@@ -146,6 +148,7 @@ class BenchTest:
     type_v: str
     n_outputs_max: int
     n_threads: int
+    backend: str = "auto"
 
     @property
     def name(self) -> str:
@@ -166,12 +169,12 @@ class BenchTest:
     def context_params(self) -> ContextParams:
         return ContextParams(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
                              n_threads=self.n_threads, type_k=self.type_k, type_v=self.type_v,
-                             n_outputs_max=self.n_outputs_max)
+                             n_outputs_max=self.n_outputs_max, backend=self.backend)
 
     @property
     def context_key(self) -> tuple:
         return (self.model, self.n_ctx, self.n_batch, self.n_ubatch, self.n_threads, self.type_k,
-                self.type_v, self.n_outputs_max)
+                self.type_v, self.n_outputs_max, self.backend)
 
 
 def expand(p: BenchParams) -> list[BenchTest]:
@@ -188,7 +191,8 @@ def expand(p: BenchParams) -> list[BenchTest]:
                             for nt in p.n_threads:
                                 for d in p.n_depth:
                                     base = dict(model=m, n_depth=d, n_batch=nb, n_ubatch=nub, type_k=tk,
-                                                type_v=tv, n_outputs_max=nom, n_threads=nt)
+                                                type_v=tv, n_outputs_max=nom, n_threads=nt,
+                                                backend=p.backend)
                                     tests += [BenchTest(n_prompt=x, n_gen=0, **base) for x in p.n_prompt if x]
                                     tests += [BenchTest(n_prompt=0, n_gen=x, **base) for x in p.n_gen if x]
                                     tests += [BenchTest(n_prompt=a, n_gen=b, **base) for a, b in p.n_pg
@@ -335,15 +339,7 @@ def build_info() -> tuple[str, int]:
 
 @functools.lru_cache(maxsize=1)
 def cpu_info() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
+    return cpu_model()
 
 
 # -- profiling ------------------------------------------------------------------------------------
@@ -365,15 +361,14 @@ CATEGORY_TITLES = {
 
 
 def _timed(name: str, category: str) -> Callable:
-    base = getattr(TorchOps, name)
-
     def method(self: ProfilingOps, *args: Any, **kwargs: Any) -> Any:
-        if not self.active or self._depth:  # nested calls (kv_chunk inside attention) count once
-            return base(self, *args, **kwargs)
+        base = getattr(self.inner, name)
+        if not self.active or self._depth:
+            return base(*args, **kwargs)
         self._depth += 1
         t0 = time.perf_counter_ns()
         try:
-            return base(self, *args, **kwargs)
+            return base(*args, **kwargs)
         finally:
             cat = category
             if name == "linear" and getattr(args[1], "name", "") in self.lm_head_names:
@@ -385,36 +380,40 @@ def _timed(name: str, category: str) -> Callable:
     return method
 
 
-class ProfilingOps(TorchOps):
-    """TorchOps with a wall-clock timer around every op (CPU ops are synchronous, so the time is
+class ProfilingOps:
+    """A backend with a wall-clock timer around every op (CPU ops are synchronous, so the time is
     the op's own). Only calls made while `active` are counted, and only the outermost one."""
 
     lm_head_names = frozenset({"output.weight", "token_embd.weight"})
 
-    def __init__(self, compute_dtype: torch.dtype = torch.float32) -> None:
-        super().__init__(compute_dtype)
+    def __init__(self, inner: Ops) -> None:
+        self.inner = inner
+        self.name, self.notices = inner.name, inner.notices
         self.active = False
         self._depth = 0
         self.ns: dict[str, int] = defaultdict(int)
 
-    def instrument(self, ctx: Context) -> None:
-        """Time the KV stores' writes too: quantised caches quantise outside the ops."""
-        for cache in ctx.memory.caches:
-            for store in (*cache.k.values(), *cache.v.values()):
-                store.write = self._wrap_write(store.write)
+    def __getattr__(self, name: str) -> Any:  # weights, scratch and rope tables: the backend's
+        return getattr(self.inner, name)
 
-    def _wrap_write(self, fn: Callable) -> Callable:
-        def write(*args: Any, **kwargs: Any) -> Any:
-            if not self.active or self._depth:
-                return fn(*args, **kwargs)
-            self._depth += 1
+    def bind(self, op: str, args: list, out: Any, scratch: list) -> Callable[[], Any] | None:
+        """The backend's bound call for a node, with the same timer around it."""
+        inner = getattr(self.inner, "bind", None)
+        f = inner(op, args, out, scratch) if inner else None
+        if f is None or op not in OP_CATEGORY:
+            return f
+        cat = OP_CATEGORY[op]
+        if op == "linear" and getattr(args[1], "name", "") in self.lm_head_names:
+            cat = "lm_head"
+
+        def timed() -> None:
+            if not self.active:
+                return f()
             t0 = time.perf_counter_ns()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.ns["kv_write"] += time.perf_counter_ns() - t0
-                self._depth -= 1
-        return write
+            f()
+            self.ns[cat] += time.perf_counter_ns() - t0
+
+        return timed
 
     def reset(self) -> None:
         self.ns.clear()
@@ -427,7 +426,7 @@ for _name, _cat in OP_CATEGORY.items():
 class BenchContext(Context):
     """A Context that remembers the largest graph it actually ran (vs the one it reserved for)."""
 
-    def __init__(self, model: Model, params: ContextParams, ops: TorchOps | None = None) -> None:
+    def __init__(self, model: Model, params: ContextParams, ops: Ops | None = None) -> None:
         self.largest: Graph | None = None
         super().__init__(model, params, ops=ops)
 
@@ -493,13 +492,6 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
-def densify(m: Model) -> Model:
-    """Dequantise every matrix once, so that no timed run pays for it (--no-warmup too)."""
-    for w in m.matrices():
-        w.dense(torch.float32)
-    return m
-
-
 def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = None,
               models: dict[Path, Model] | None = None) -> list[BenchResult]:
     """Run every test of `expand(p)`; `models` may hold already-loaded models by path."""
@@ -512,8 +504,6 @@ def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = No
             emit(BenchEvent("load", text=str(path)))
             models[path] = Model.load(path)
     check_tests(tests, {k: m.hparams.n_ctx_train for k, m in models.items()})
-    for m in models.values():
-        densify(m)
     warned: set[tuple[int, int]] = set()
     for t in tests:
         if t.n_ubatch > t.n_batch and (t.n_batch, t.n_ubatch) not in warned:
@@ -529,10 +519,10 @@ def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = No
         model = models[t.model]
         if ctx is None or ctx_key != t.context_key:
             ctx = ops = None  # free the previous context's KV cache and workspace first
-            ops = ProfilingOps() if p.profile else None
-            ctx = BenchContext(model, t.context_params(), ops=ops)
-            if ops is not None:
-                ops.instrument(ctx)
+            cparams = t.context_params()
+            ops = ProfilingOps(make_backend(t.backend, derive(cparams, model.hparams).n_threads)) \
+                if p.profile else None
+            ctx = BenchContext(model, cparams, ops=ops)
             ctx_key = t.context_key
             emit(BenchEvent("context", ti, len(tests), test=t))
         torch.set_num_threads(ctx.cparams.n_threads)
@@ -580,7 +570,7 @@ def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = No
         kv = sum(i.k_bytes + i.v_bytes for i in (c.info() for c in ctx.memory.caches))
         used = ctx.largest
         res = BenchResult(
-            build_commit=commit, build_number=number, cpu_info=cpu_info(), gpu_info="", backends="CPU",
+            build_commit=commit, build_number=number, cpu_info=cpu_info(), gpu_info="", backends=f"CPU ({ctx.ops.name})",
             model_filename=str(t.model), model_type=model_description(model),
             model_size=model.size_bytes, model_n_params=model.n_params,
             n_batch=t.n_batch, n_ubatch=t.n_ubatch, n_threads=cp.n_threads, type_k=t.type_k,
@@ -623,6 +613,7 @@ class BatchedParams:
     pps: bool = False  # the prompt is shared by all sequences
     tgs: bool = False  # generate the sequences one after another
     kvu: bool = False  # one unified KV stream
+    backend: str = "auto"
     seed: int = 1
 
 
@@ -687,10 +678,9 @@ def run_batched_bench(p: BatchedParams, on_event: Callable[[BenchEvent], None] |
     if model is None:
         emit(BenchEvent("load", text=str(p.model)))
         model = Model.load(p.model)
-    densify(model)
     ctx = Context(model, ContextParams(n_ctx=p.n_ctx, n_batch=p.n_batch, n_ubatch=p.n_ubatch,
                                        n_seq_max=max(p.n_pl), n_threads=p.n_threads, type_k=p.type_k,
-                                       type_v=p.type_v, kv_unified=p.kvu))
+                                       type_v=p.type_v, kv_unified=p.kvu, backend=p.backend))
     cp = ctx.cparams
     header = batched_header(ctx, p)
     rng = np.random.default_rng(p.seed)

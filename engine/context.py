@@ -14,13 +14,15 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from ..kernels.ops import Ops, TorchOps
 from collections import OrderedDict
+
+from ..kernels import backends
+from ..kernels.ops import Ops
 
 from .batch import Batch
 from .forward import GraphShape, build_forward, ubatch_inputs
 from .graph import Graph, run_graph
-from .errors import allocate
+from .errors import ContextError, allocate
 from .memory import DecodeError, KVMemory
 from .kv_cache import round_up
 from .model import Model
@@ -60,6 +62,14 @@ class UBatchRecord:
 RESERVE_ALIGN = 64 << 10
 
 
+def make_backend(name: str, n_threads: int) -> Ops:
+    """The op backend a context computes with, from the registry (errors as one line)."""
+    try:
+        return backends.create(name, n_threads)
+    except backends.BackendError as e:
+        raise ContextError(str(e)) from None
+
+
 @dataclass(slots=True)
 class Reservation:
     """The workspace sized up front for the largest graphs this context may run."""
@@ -84,7 +94,8 @@ class Context:
         self.params = params or ContextParams()
         self.cparams = derive(self.params, model.hparams)
         torch.set_num_threads(self.cparams.n_threads)
-        self.ops = ops or TorchOps()
+        self.ops = ops or make_backend(self.params.backend, self.cparams.n_threads)
+        self.ops.prepare_weights(model.matrices())
         self.memory = KVMemory.build(model.hparams, self.cparams, model.device)
         self.perf = PerfCounters()
         self.logits = torch.empty(0, model.hparams.n_vocab)
@@ -96,18 +107,18 @@ class Context:
         self.workspace = allocate("compute buffer", self.reservation.bytes, lambda: torch.empty(
             self.reservation.bytes, dtype=torch.uint8, device=model.device))
         self.workspace_regrows = 0
-        # rows of the output buffer: n_seq_max at start, grown to the largest batch's outputs as
-        # llama.cpp's output_reserve does (each decode's logits stay valid after the next one)
+        # the output buffer: n_seq_max logits rows at start, grown to the largest batch's outputs
+        # as llama.cpp's output_reserve does; a decode's logits are valid until the next decode
         self.output_rows = self.cparams.n_seq_max
+        self._outputs = allocate("output buffer", self.output_rows * model.hparams.n_vocab * 4,
+                                 lambda: torch.empty(self.output_rows, model.hparams.n_vocab))
 
     @property
     def n_ctx(self) -> int:
         return self.cparams.n_ctx
 
     def warmup(self) -> None:
-        """Dequantise every weight once and run a 2-token decode, as llama.cpp warms up."""
-        for w in self.model.matrices():
-            w.dense(getattr(self.ops, "compute_dtype", torch.float32))
+        """Run a 2-token decode, as llama.cpp warms up (pages in the weights, binds the graphs)."""
         v = self.model.vocab
         self.decode(Batch.from_tokens([v.bos, v.eos], 0))
         self.memory.clear()
@@ -162,7 +173,7 @@ class Context:
         """The planned graph of a shape, built on first use (kept for the last few shapes)."""
         g = self._graphs.get(shape)
         if g is None:
-            g = self._graphs[shape] = build_forward(self.model, self.memory, shape)
+            g = self._graphs[shape] = build_forward(self.model, self.memory, shape, self.ops)
             while len(self._graphs) > 8:
                 self._graphs.popitem(last=False)
         self._graphs.move_to_end(shape)
@@ -179,12 +190,14 @@ class Context:
         n_kv = tuple(c.size for c in self.memory.caches)
         pp = GraphShape(n_tokens, min(n_tokens, cp.n_outputs_max), groups, n_kv)
         tg = GraphShape(n_seqs, min(n_seqs, cp.n_outputs_max), groups, n_kv)
-        gp, gt = build_forward(self.model, self.memory, pp), build_forward(self.model, self.memory, tg)
+        gp = build_forward(self.model, self.memory, pp, self.ops)
+        gt = build_forward(self.model, self.memory, tg, self.ops)
         big = gp if gp.size >= gt.size else gt
         return Reservation(pp, tg, gp.size, gt.size, (len(gp.nodes), len(gt.nodes)), big.describe_peak())
 
     def decode(self, batch: Batch) -> None:
-        """Run a batch; afterwards `self.logits[i]` holds the i-th output slot's logits."""
+        """Run a batch; afterwards `self.logits[i]` holds the i-th output slot's logits, a view of
+        the output buffer that the next decode overwrites (as llama_get_logits; clone to keep)."""
         self.validate(batch)
         n_outputs = sum(batch.logits)
         if n_outputs > self.cparams.n_outputs_max:
@@ -195,8 +208,11 @@ class Context:
         if self.memory.update(hp, self.ops, self.model.rope_freqs):
             self._prev_shape.clear()  # llama.cpp rebuilds graphs after a memory update
         ubatches = self.memory.init_batch(batch, self.cparams.n_ubatch)
-        self.output_rows = max(self.output_rows, n_outputs)
-        output = torch.empty(n_outputs, hp.n_vocab)
+        if n_outputs > self.output_rows:
+            self.output_rows = n_outputs
+            self._outputs = allocate("output buffer", n_outputs * hp.n_vocab * 4,
+                                     lambda: torch.empty(n_outputs, hp.n_vocab))
+        output = self._outputs[:n_outputs]
         order: list[np.ndarray] = []
         self.records = []
         row = 0
@@ -214,9 +230,9 @@ class Context:
             if graph.size > self.workspace.numel():  # cannot happen for shapes within the reservation
                 self.workspace = torch.empty(graph.size, dtype=torch.uint8, device=self.model.device)
                 self.workspace_regrows += 1
-            inputs, runtime = ubatch_inputs(self.model, self.ops, self.memory, ub, slots, shape)
+            inputs = ubatch_inputs(self.model, self.ops, self.memory, ub, slots, shape)
             with torch.inference_mode():
-                logits = run_graph(graph, self.ops, self.workspace, inputs, runtime)
+                logits = run_graph(graph, self.ops, self.workspace, inputs)
                 output[row : row + len(out_rows)].copy_(logits)
             row += len(out_rows)
             order.append(ub.batch_idx[out_rows])

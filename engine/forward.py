@@ -38,8 +38,8 @@ def rope_keys(model: Model) -> list[tuple[float, float]]:
     return keys
 
 
-def build_forward(model: Model, mem: KVMemory, shape: GraphShape) -> Graph:
-    hp, b = model.hparams, GraphBuilder()
+def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> Graph:
+    hp, b = model.hparams, GraphBuilder(ops)
     n, n_out = shape.n_tokens, shape.n_outputs
     tokens = b.input("inp_tokens", (n,), torch.int64)
     ropes = {}
@@ -48,6 +48,9 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape) -> Graph:
     masks = [b.input(f"kq_mask_{c}", (g, n // g, n_kv), torch.float16)
              for c, (g, n_kv) in enumerate(zip(shape.n_groups, shape.n_kv))]
     slots = [b.input(f"kv_idxs_{c}", (n,), torch.int64) for c in range(len(mem.caches))]
+    # per cache: the first cell of each group's stream, and which 256-cell chunks any query sees
+    starts = [b.input(f"kv_starts_{c}", (g,), torch.int64) for c, g in enumerate(shape.n_groups)]
+    visible = [b.input(f"kv_visible_{c}", (n_kv // KV_CHUNK,), torch.bool) for c, n_kv in enumerate(shape.n_kv)]
     out_ids = b.input("inp_out_ids", (n_out,), torch.int64) if n_out < n else None
 
     x = b.get_rows(model.tok_embd, tokens, "inp_embd")
@@ -69,7 +72,8 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape) -> Graph:
         ks = b.kv_store(cache.k[il], slots[ci], k, f"k_store-{il}")
         vs = b.kv_store(cache.v[il], slots[ci], v, f"v_store-{il}")
         qg = b.view(q, (g, n // g, hp.n_head, hp.n_embd_head_k))
-        a = b.attention(qg, cache.k[il], cache.v[il], ci, n_kv, masks[ci], 1.0, (ks, vs), f"kqv_out-{il}")
+        a = b.attention(qg, cache.k[il], cache.v[il], starts[ci], n_kv, masks[ci], visible[ci], 1.0,
+                        (ks, vs), f"kqv_out-{il}")
         a = b.linear(a, L.wo, f"attn_out-{il}")
         if hp.sandwich_norm:
             a = b.rms_norm(a, L.post_attn_norm, hp.rms_eps, f"attn_post_norm-{il}")
@@ -94,23 +98,24 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape) -> Graph:
 
 
 def ubatch_inputs(model: Model, ops: Ops, mem: KVMemory, ub: UBatch, slots: list[np.ndarray],
-                  shape: GraphShape) -> tuple[dict[str, torch.Tensor], dict]:
-    """The values of a graph's inputs for one ubatch (llama.cpp's set_input step)."""
+                  shape: GraphShape) -> dict[str, torch.Tensor]:
+    """The values of a graph's inputs for one ubatch (llama.cpp's set_input step), all computed
+    on the host from the cell arrays: nothing here waits for the device."""
     dev = model.device
-    pos = torch.from_numpy(ub.pos).to(dev)
+    pos = torch.from_numpy(ub.pos)  # host positions: the rope tables are gathered on the host
     inputs = {"inp_tokens": torch.from_numpy(ub.token).to(dev)}
     for i, (base, scale) in enumerate(rope_keys(model)):
         cos, sin = ops.rope_cache(pos, model.hparams.n_rot, base, scale, model.rope_freqs)
         inputs[f"inp_cos_{i}"], inputs[f"inp_sin_{i}"] = cos, sin
-    starts, visible = [], []
     for c, cache in enumerate(mem.caches):
         streams = cache.ubatch_streams(ub)
-        mask = inputs[f"kq_mask_{c}"] = cache.mask(ub, streams, shape.n_kv[c], dev)
+        mask = cache.mask(ub, streams, shape.n_kv[c])
+        inputs[f"kq_mask_{c}"] = torch.from_numpy(mask).to(dev)
         inputs[f"kv_idxs_{c}"] = torch.from_numpy(slots[c]).to(dev)
-        starts.append([s * cache.size for s in streams])
+        inputs[f"kv_starts_{c}"] = torch.tensor([s * cache.size for s in streams], dtype=torch.int64)
         # 256-cell chunks no query can see (other sequences, outside the window) are skipped
-        chunks = (mask != float("-inf")).view(-1, shape.n_kv[c] // KV_CHUNK, KV_CHUNK).any(2).any(0)
-        visible.append(chunks.tolist())
+        vis = (mask != -np.inf).reshape(-1, shape.n_kv[c] // KV_CHUNK, KV_CHUNK).any(2).any(0)
+        inputs[f"kv_visible_{c}"] = torch.from_numpy(vis)
     if shape.n_outputs < shape.n_tokens:
         inputs["inp_out_ids"] = torch.from_numpy(np.flatnonzero(ub.output)).to(dev)
-    return inputs, {"starts": starts, "visible": visible}
+    return inputs

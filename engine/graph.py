@@ -9,13 +9,15 @@ in one buffer by liveness; `run_graph` executes the nodes with each op writing i
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..kernels.ops import Ops, attn_scratch
+from ..kernels.ops import KVTensor, Ops, attn_scratch
 from ..kernels.weight import QWeight
 from .workspace import Plan, Request, plan
 
@@ -64,7 +66,7 @@ class Graph:
     output: int
     plan: Plan | None = None
     scratch_keys: dict[tuple[int, int], int] = field(default_factory=dict)
-    _bound: tuple[int, list] | None = None  # (workspace data_ptr, per-node (out, scratch) views)
+    _bound: tuple[tuple[int, int], list] | None = None  # ((workspace ptr, ops id), bound steps)
 
     @property
     def size(self) -> int:
@@ -87,9 +89,12 @@ class Graph:
 
 
 class GraphBuilder:
-    """Records the forward pass; each method mirrors an `Ops` method but returns a Sym."""
+    """Records the forward pass; each method mirrors an `Ops` method but returns a Sym. The
+    backend is asked for the scratch its ops need (e.g. dequantisation tiles), so that scratch
+    is planned into the workspace and counted in the compute buffer like any intermediate."""
 
-    def __init__(self) -> None:
+    def __init__(self, ops: Ops) -> None:
+        self.ops = ops
         self.nodes: list[Node] = []
         self.inputs: dict[str, int] = {}
 
@@ -113,7 +118,8 @@ class GraphBuilder:
         return self._add("get_rows", (w, ids), (ids.shape[0], w.shape[1]), torch.float32, name)
 
     def linear(self, x: Sym, w: QWeight, name: str) -> Sym:
-        return self._add("linear", (x, w), (x.shape[0], w.shape[0]), torch.float32, name)
+        return self._add("linear", (x, w), (x.shape[0], w.shape[0]), torch.float32, name,
+                         scratch=self.ops.linear_scratch(x.shape[0], w))
 
     def rms_norm(self, x: Sym, w: torch.Tensor, eps: float, name: str) -> Sym:
         return self._add("rms_norm", (x, w, eps), x.shape, torch.float32, name,
@@ -137,17 +143,17 @@ class GraphBuilder:
     def softcap(self, x: Sym, c: float, name: str) -> Sym:
         return self._add("softcap", (x, c), x.shape, torch.float32, name)
 
-    def kv_store(self, store: Any, slots: Sym, x: Sym, name: str) -> Sym:
+    def kv_store(self, store: KVTensor, slots: Sym, x: Sym, name: str) -> Sym:
         """Write rows into the cache; a half-precision cache gets a scratch for the cast."""
         dt = store.data.dtype
         scratch = [(x.shape, dt)] if dt not in (torch.float32, torch.uint8) else []
         return self._add("kv_store", (store, slots, x), (0,), torch.float32, name, scratch=scratch)
 
-    def attention(self, q: Sym, k: Any, v: Any, cache_idx: int, n_kv: int, mask: Sym,
-                  scale: float, after: tuple[Sym, Sym], name: str) -> Sym:
+    def attention(self, q: Sym, k: KVTensor, v: KVTensor, starts: Sym, n_kv: int, mask: Sym,
+                  visible: Sym, scale: float, after: tuple[Sym, Sym], name: str) -> Sym:
         """Attention of q over the layer's KV stores; `after` orders it behind this layer's stores."""
         g, t, h, d = q.shape
-        return self._add("attention", (q, k, v, cache_idx, n_kv, mask, scale, *after),
+        return self._add("attention", (q, k, v, starts, n_kv, mask, scale, visible, *after),
                          (g * t, h * v.head_dim), torch.float32, name,
                          scratch=attn_scratch(g, t, h, k.n_head, n_kv, d, v.head_dim))
 
@@ -191,54 +197,57 @@ def plan_graph(g: Graph) -> tuple[Plan, dict[tuple[int, int], int]]:
     return plan(reqs), scratch_keys
 
 
-def bind(g: Graph, workspace: torch.Tensor) -> list:
-    """Each node's output and scratch as views of the workspace, made once per buffer."""
+def bind(g: Graph, ops: Ops, workspace: torch.Tensor) -> list[Callable[[], Any]]:
+    """The graph as a list of ready calls: every node's inputs, output and scratch resolved to
+    views of the workspace once per (buffer, backend), so a step runs no lookups per node."""
     assert g.plan is not None and g.plan.size <= workspace.numel()
-    if g._bound is not None and g._bound[0] == workspace.data_ptr():
+    key = (workspace.data_ptr(), id(ops))
+    if g._bound is not None and g._bound[0] == key:
         return g._bound[1]
 
     def place(off: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return workspace[off : off + nbytes(shape, dtype)].view(dtype).view(shape)
 
-    views = []
+    vals: dict[int, torch.Tensor] = {}
+    steps: list[Callable[[], Any]] = []
+    bind_op = getattr(ops, "bind", None)
     for n in g.nodes:
         if n.op == "view":
-            views.append((None, []))
+            vals[n.id] = vals[n.args[0].id].view(n.shape)
             continue
         if n.nbytes:
             out = place(g.plan.offsets[n.id], n.shape, n.dtype)
         else:  # zero-size (a ubatch without outputs) or a store node: no memory
-            out = torch.empty(n.shape, dtype=n.dtype, device=workspace.device) if n.op != "kv_store" else None
+            out = torch.empty(n.shape, dtype=n.dtype, device=workspace.device)
         scratch = [place(g.plan.offsets[g.scratch_keys[(n.id, j)]], s, d) for j, (s, d) in enumerate(n.scratch)]
-        views.append((out, scratch))
-    g._bound = (workspace.data_ptr(), views)
-    return views
-
-
-def run_graph(g: Graph, ops: Ops, workspace: torch.Tensor, inputs: dict[str, torch.Tensor],
-              runtime: dict[str, Any]) -> torch.Tensor:
-    """Execute every node with its output (and scratch) as a view of `workspace` (uint8)."""
-    views = bind(g, workspace)
-    vals: dict[int, torch.Tensor] = {}
-    for n, (out, scratch) in zip(g.nodes, views):
-        if n.op == "view":
-            vals[n.id] = vals[n.args[0].id].view(n.shape)
-            continue
+        vals[n.id] = out
         a = [vals[x.id] if isinstance(x, Sym) else x for x in n.args]
         if n.op == "input":
-            out.copy_(inputs[n.name])
+            continue  # filled by run_graph from the step's inputs
+        fast = bind_op(n.op, a, None if n.op == "kv_store" else out, scratch) if bind_op else None
+        if fast is not None:  # the backend compiled this node into one call
+            steps.append(fast)
         elif n.op == "kv_store":
-            x = a[2]
-            if scratch:  # cast into the scratch first: index_copy_ would allocate the cast
-                x = scratch[0].copy_(x)
-            a[0].write(a[1], x, ops)
+            steps.append(functools.partial(ops.kv_store, a[0], a[1], a[2], scratch))
         elif n.op == "attention":
-            q, k, v, ci, n_kv, mask, scale = a[:7]
-            ops.attention(q, k, v, runtime["starts"][ci], n_kv, mask, scale, out=out, scratch=scratch,
-                          visible=runtime["visible"][ci])
-        elif n.op == "rms_norm":
-            ops.rms_norm(*a, out=out, scratch=scratch)
+            q, k, v, starts, n_kv, mask, scale, visible = a[:8]
+            steps.append(functools.partial(ops.attention, q, k, v, starts, n_kv, mask, scale,
+                                           out=out, scratch=scratch, visible=visible))
+        elif n.scratch:
+            steps.append(functools.partial(getattr(ops, n.op), *a, out=out, scratch=scratch))
         else:
-            getattr(ops, n.op)(*a, out=out)
-        vals[n.id] = out
-    return vals[g.output]
+            steps.append(functools.partial(getattr(ops, n.op), *a, out=out))
+    inputs = {n.name: vals[n.id] for n in g.nodes if n.op == "input"}
+    bound = [inputs, steps, vals[g.output]]
+    g._bound = (key, bound)
+    return bound
+
+
+def run_graph(g: Graph, ops: Ops, workspace: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Copy the step's inputs into their workspace views and run the bound calls in order."""
+    views, steps, output = bind(g, ops, workspace)
+    for name, t in inputs.items():
+        views[name].copy_(t)
+    for step in steps:
+        step()
+    return output

@@ -9,14 +9,11 @@ other sequences, future positions and, in a sliding-window cache, positions outs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from ..kernels.dequant import dequantize
-from ..kernels.quantize import QUANTIZERS
+from ..kernels.ops import KVTensor
 from .batch import UBatch
 from .errors import ContextError, allocate
 from .kv_cells import KVCells
@@ -55,42 +52,20 @@ class KVCacheInfo:
     v_bytes: int
 
 
-class KVStore:
-    """One layer's K or V rows for all cells of all streams, in the cache type."""
+class KVStore(KVTensor):
+    """One layer's K or V rows for all cells of all streams, in the cache type; the backend's
+    kv_store / kv_chunk / kv_rows read and write it."""
 
     def __init__(self, n_cells: int, n_head: int, head_dim: int, type_name: str,
                  device: torch.device | str) -> None:
-        self.ggml_type, dtype = KV_TYPES[type_name]
-        self.n_head, self.head_dim = n_head, head_dim
+        ggml_type, dtype = KV_TYPES[type_name]
         nbytes = n_cells * row_bytes(type_name, n_head * head_dim)
         if dtype is not None:
             make = lambda: torch.zeros(n_cells, n_head, head_dim, dtype=dtype, device=device)  # noqa: E731
         else:
             make = lambda: torch.zeros(n_cells, row_bytes(type_name, n_head * head_dim),  # noqa: E731
                                        dtype=torch.uint8, device=device)
-        self.data = allocate("KV cache", nbytes, make)
-
-    def write(self, cells: torch.Tensor, x: torch.Tensor, ops: Any = None) -> None:
-        """Store rows x (n, heads, d) at cells; quantised types are quantised as ggml does."""
-        if self.data.dtype == torch.uint8:
-            self.data.index_copy_(0, cells, QUANTIZERS[self.ggml_type](x.reshape(x.shape[0], -1)))
-        elif ops is not None:
-            ops.kv_store(self.data, cells, x)
-        else:
-            self.data.index_copy_(0, cells, x.to(self.data.dtype))
-
-    def read_rows(self, idx: torch.Tensor) -> torch.Tensor:
-        rows = self.data.index_select(0, idx)
-        if self.data.dtype != torch.uint8:
-            return rows.float()
-        return dequantize(rows, self.ggml_type, (idx.numel(), self.n_head, self.head_dim))
-
-    def chunk(self, start: int, n: int, out: torch.Tensor, ops: Any) -> torch.Tensor:
-        """Cells [start, start + n) into out (heads, n, d) as f32 (attention reads in chunks)."""
-        if self.data.dtype != torch.uint8:
-            return ops.kv_chunk(self.data, start, n, out)
-        rows = dequantize(self.data[start : start + n], self.ggml_type, (n, self.n_head, self.head_dim))
-        return out.copy_(rows.permute(1, 0, 2))
+        super().__init__(allocate("KV cache", nbytes, make), int(ggml_type), n_head, head_dim)
 
 
 class KVCache:
@@ -172,8 +147,10 @@ class KVCache:
             seq_max = np.array([c.seq_pos_max(s) for s in range(c.n_seq_max)])
             owner = c.seq.argmax(1)
             usable |= owners & (c.pos >= 0) & self.masked_swa(c.pos, seq_max[owner] + 1)
-        order = np.roll(np.arange(c.size), -head)
-        cand = order[usable[order]]
+        after = np.flatnonzero(usable[head:])
+        if after.size >= n:
+            return after[:n] + head
+        cand = np.concatenate([after + head, np.flatnonzero(usable[:head])])
         return cand[:n] if cand.size >= n else None
 
     def apply_ubatch(self, ub: UBatch, slots: np.ndarray) -> None:
@@ -201,7 +178,7 @@ class KVCache:
         c.head = int(cells[-1]) + 1
 
     # -- what a ubatch's attention sees -------------------------------------------------------
-    def mask(self, ub: UBatch, streams: list[int], n_kv: int, device: torch.device | str) -> torch.Tensor:
+    def mask(self, ub: UBatch, streams: list[int], n_kv: int) -> np.ndarray:
         """Additive mask [n_groups, n_tokens / n_groups, n_kv]: 0 = visible, -inf = hidden.
 
         A query sees a cell that is not empty, holds the query's first sequence id, is not in
@@ -215,7 +192,7 @@ class KVCache:
             vis = (pos >= 0) & c.seq[:n_kv][:, ub.seq_id0[rows]].T & (pos <= p1)
             vis &= ~self.masked_swa(pos, p1)
             out[g] = np.where(vis, 0.0, -np.inf)
-        return torch.from_numpy(out).to(device)
+        return out
 
     # -- state for prepare() --------------------------------------------------------------------
     def snapshot(self) -> list[KVCells]:

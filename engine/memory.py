@@ -30,6 +30,7 @@ class DecodeError(ContextError):
 class KVMemory:
     def __init__(self, caches: list[KVCache], layer_cache: list[int]) -> None:
         self.caches, self.layer_cache = caches, layer_cache
+        self._planned: list[tuple[UBatch, list[np.ndarray]]] = []  # prepared, not yet placed
 
     @classmethod
     def build(cls, hp: HParams, cp: CParams, device: torch.device | str = "cpu") -> KVMemory:
@@ -68,6 +69,7 @@ class KVMemory:
     # -- splitting and placement ----------------------------------------------------------------
     def init_batch(self, batch: Batch, n_ubatch: int) -> list[UBatch]:
         """Split as llama.cpp's memory does and check every ubatch fits (error code 1 if not)."""
+        self._planned = []
         try:
             if self.n_stream == 1:
                 ubs = split_simple(batch, n_ubatch)
@@ -86,28 +88,40 @@ class KVMemory:
         return ubs
 
     def prepare(self, ubs: list[UBatch]) -> bool:
-        """Simulate placing every ubatch, then restore the cells exactly as they were."""
+        """Simulate placing every ubatch, then restore the cells exactly as they were. The cells
+        found are kept, so that `place` applies each ubatch without searching again."""
         snaps = [c.snapshot() for c in self.caches]
+        planned: list[list[np.ndarray]] = []
         try:
             for ub in ubs:
+                per_cache = []
                 for c in self.caches:
                     slots = c.find_slot(ub)
                     if slots is None:
                         return False
                     c.apply_ubatch(ub, slots)
+                    per_cache.append(slots)
+                planned.append(per_cache)
+            self._planned = list(zip(ubs, planned))
             return True
         finally:
             for c, s in zip(self.caches, snaps):
                 c.restore(s)
 
     def place(self, ub: UBatch) -> list[np.ndarray]:
+        """Apply the next prepared ubatch to the cells (the same cells `prepare` found)."""
+        if self._planned and self._planned[0][0] is ub:
+            slots = self._planned.pop(0)[1]
+            for c, sl in zip(self.caches, slots):
+                c.apply_ubatch(ub, sl)
+            return slots
         out = []
         for c in self.caches:
-            slots = c.find_slot(ub)
-            if slots is None:  # prepare() said it fits; this would be a bug
+            sl = c.find_slot(ub)
+            if sl is None:  # prepare() said it fits; this would be a bug
                 raise DecodeError(-2, "KV slot vanished between prepare and apply")
-            c.apply_ubatch(ub, slots)
-            out.append(slots)
+            c.apply_ubatch(ub, sl)
+            out.append(sl)
         return out
 
     # -- pending work ----------------------------------------------------------------------------
@@ -135,8 +149,8 @@ class KVMemory:
                         base, scale = hp.rope_params(il)
                         cos, sin = ops.rope_cache(shift, hp.n_rot, base, scale, freq_factors)
                         store = c.k[il]
-                        k = store.read_rows(slots)
-                        store.write(slots, ops.rope(k, cos, sin, hp.rope_neox, out=torch.empty_like(k)))
+                        k = ops.kv_rows(store, slots)
+                        ops.kv_store(store, slots, ops.rope(k, cos, sin, hp.rope_neox, out=torch.empty_like(k)))
                     cells.shift[:] = 0
             did = True
         return did

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..kernels.dequant import check_supported
+from ..kernels.dequant import UnsupportedTypeError, check_supported
 from ..kernels.weight import QWeight
 from .errors import ModelLoadError
 from .gguf_file import GGUFFile, TensorInfo, open_gguf
@@ -79,7 +79,10 @@ class Model:
                 raise ModelLoadError(f"{src}: tensor {name!r} is missing; the file is incomplete or not {hp.arch}")
             if shape is not None and t.shape != shape:
                 raise ModelLoadError(f"{src}: tensor {name!r} has shape {t.shape}, expected {shape}")
-            check_supported(t.ggml_type, f"{src}: tensor {name!r}")
+            try:
+                check_supported(t.ggml_type, f"{src}: tensor {name!r}")
+            except UnsupportedTypeError as e:
+                raise ModelLoadError(str(e)) from None
             raw = torch.from_numpy(t.data)
             return QWeight(name, raw.to(dev) if dev.type != "cpu" else raw, t.ggml_type, t.shape)
 

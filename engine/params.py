@@ -27,6 +27,7 @@ class ContextParams:
     kv_unified: bool = False
     swa_full: bool = False
     causal_attn: bool = True
+    backend: str = "auto"  # op backend (kernels.backends): auto, cpu, cpu-portable, torch
 
 
 @dataclass(slots=True)

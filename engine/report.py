@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..kernels.dequant import type_name
 from .context import Context
 from .kv_cache import KVCacheInfo
 
@@ -15,7 +16,9 @@ class MemoryPlan:
     arch: str
     n_params: int
     model_bytes: int  # the GGUF tensors as stored (memory-mapped)
-    dense_bytes: int  # f32 copies of the matrices the torch path multiplies with
+    backend: str  # the op backend the context computes with (kernels.backends)
+    backend_bytes: int  # weight memory the backend holds beyond the file (dense copies, repacks)
+    kernels: dict[str, str]  # tensor type -> how the backend multiplies with it
     n_ctx: int
     n_ctx_seq: int
     n_batch: int
@@ -43,7 +46,7 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.model_bytes + self.dense_bytes + self.context_bytes + self.compute_bytes
+        return self.model_bytes + self.backend_bytes + self.context_bytes + self.compute_bytes
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -54,16 +57,17 @@ class MemoryPlan:
 
 def memory_plan(ctx: Context) -> MemoryPlan:
     m, cp, r = ctx.model, ctx.cparams, ctx.reservation
-    dense = sum(w.shape[0] * w.shape[1] * 4 for w in m.matrices())
+    types = sorted({w.ggml_type for w in m.matrices()})
+    kernels = {type_name(t): ctx.ops.kernel_path(t) for t in types}
     return MemoryPlan(
         model_file=str(m.path), arch=m.hparams.arch, n_params=m.n_params, model_bytes=m.size_bytes,
-        dense_bytes=dense, n_ctx=cp.n_ctx, n_ctx_seq=cp.n_ctx_seq, n_batch=cp.n_batch,
+        backend=ctx.ops.name, backend_bytes=ctx.ops.held_bytes(), kernels=kernels, n_ctx=cp.n_ctx, n_ctx_seq=cp.n_ctx_seq, n_batch=cp.n_batch,
         n_ubatch=cp.n_ubatch, n_seq_max=cp.n_seq_max, n_outputs_max=cp.n_outputs_max,
         kv_unified=cp.kv_unified, kv=[c.info() for c in ctx.memory.caches],
         compute_bytes=r.bytes, pp_bytes=r.pp_bytes, tg_bytes=r.tg_bytes,
         output_bytes=m.hparams.n_vocab * ctx.output_rows * 4,
         worst_case=(r.pp.n_tokens, cp.n_seq_max, r.tg.n_outputs), graph_nodes=r.n_nodes,
-        peak=r.peak, warnings=list(cp.warnings))
+        peak=r.peak, warnings=[*cp.warnings, *ctx.ops.notices])
 
 
 def plan_for(model: "Model", params: "ContextParams") -> MemoryPlan:  # noqa: F821
@@ -116,5 +120,5 @@ def fit(model: "Model", params: "ContextParams", budget: int) -> tuple["ContextP
     raise ContextError(
         f"no plan fits {budget / 2**20:.1f} MiB: the smallest (-c {smallest.n_ctx} -ub {smallest.n_ubatch} "
         f"-np {smallest.n_seq_max}) needs {smallest.total_bytes / 2**20:.1f} MiB "
-        f"(model {smallest.model_bytes / 2**20:.1f} + dense weights {smallest.dense_bytes / 2**20:.1f} + "
+        f"(model {smallest.model_bytes / 2**20:.1f} + backend weights {smallest.backend_bytes / 2**20:.1f} + "
         f"KV/output {smallest.context_bytes / 2**20:.1f} + compute {smallest.compute_bytes / 2**20:.1f})")

@@ -20,7 +20,6 @@ from collections.abc import Callable
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from ..engine.errors import ModelLoadError
 
 # Elements dequantised per step: large enough that per-op overhead is negligible, small enough
 # that the uint8/float temporaries of one step stay a few MiB (cache-friendly on the CPU).
@@ -167,14 +166,18 @@ _FLOATS: dict[int, torch.dtype] = {
 SUPPORTED_TYPES: frozenset[int] = frozenset(int(t) for t in (*_FLOATS, *_KERNELS))
 
 
+class UnsupportedTypeError(ValueError):
+    """A tensor type no backend can read; the model loader turns it into a one-line error."""
+
+
 def check_supported(ggml_type: int, what: str) -> None:
-    """Raise ModelLoadError naming `what` (e.g. a tensor name) if we cannot dequantise its type.
+    """Raise UnsupportedTypeError naming `what` (e.g. a tensor name) if we cannot dequantise its type.
 
     Called at load time so that an unsupported model fails up front, not mid-generation.
     """
     if ggml_type not in SUPPORTED_TYPES:
         names = ", ".join(type_name(t) for t in sorted(SUPPORTED_TYPES))
-        raise ModelLoadError(
+        raise UnsupportedTypeError(
             f"{what}: tensor type {type_name(ggml_type)} (id {ggml_type}) is not supported; "
             f"supported: {names}"
         )

@@ -1,12 +1,12 @@
 """A weight as stored in the GGUF file: quantised bytes plus the type needed to read them.
 
-The quantised bytes are the canonical form (a GPU kernel can consume them directly); the torch
-path asks for a dense copy in its compute dtype, made once and cached.
+The stored bytes are the only form a weight has; each backend decides how to compute with them
+(the torch reference keeps its own dense copies, the CPU and GPU kernels read the blocks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -19,26 +19,22 @@ class QWeight:
     raw: torch.Tensor  # uint8, the stored bytes (rows of quant blocks along ne0)
     ggml_type: int
     shape: tuple[int, ...]  # torch order: (rows, ne0) for matrices
-    _dense: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def nbytes(self) -> int:
         return self.raw.numel()
 
+    @property
+    def row_bytes(self) -> int:
+        return self.raw.numel() // self.shape[0]
+
     def dense(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Dequantised copy in `dtype`, cached so that a forward pass never re-dequantises."""
-        t = self._dense.get(dtype)
-        if t is None:
-            t = dequantize(self.raw, self.ggml_type, self.shape, dtype)
-            self._dense[dtype] = t
-        return t
+        """A fresh dequantised copy in `dtype` (not cached: backends own their layouts)."""
+        return dequantize(self.raw, self.ggml_type, self.shape, dtype)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows `ids` dequantised (embedding lookup) without needing the dense matrix."""
-        if dtype in self._dense:
-            return self._dense[dtype].index_select(0, ids)
-        row_bytes = self.raw.numel() // self.shape[0]
-        raw_rows = self.raw.view(self.shape[0], row_bytes).index_select(0, ids)
+        raw_rows = self.raw.view(self.shape[0], self.row_bytes).index_select(0, ids)
         return dequantize(raw_rows, self.ggml_type, (ids.numel(), *self.shape[1:]), dtype)
 
     def to(self, device: torch.device | str) -> QWeight:

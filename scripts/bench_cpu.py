@@ -1,56 +1,120 @@
-"""Prompt processing (pp) and generation (tg) speed on the CPU, llama-bench style.
+"""ubatch against llama.cpp on this CPU, side by side in one run.
 
-    python scripts/bench_cpu.py [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-ub 512] [-r 3]
+    python scripts/bench_cpu.py [--llama-bin DIR] [-m MODEL] [-t THREADS] [-r 3] [--npl 1,2,4,8,16]
 
-A thin wrapper over `ubatch bench` (engine/bench.py) that adds the tg bandwidth view: tokens/s
-(mean ± stddev over -r runs after a warm-up), the weight-read bandwidth tg achieves (bytes of the
-dense f32 weights each token must stream), and the share of tg time in matrix multiplications
-(from the op profile). For everything else use `ubatch bench` (lists, ranges, -o, --plot).
+Builds nothing: DIR holds llama.cpp's llama-bench, llama-batched-bench and llama-completion (from
+`../shared/tools/llama-cpp.sh` or any build; default: $LLAMA_BIN or ~/.cache/ubatch-yardstick).
+Each measurement runs ubatch and llama.cpp one after the other on the same model, threads and
+flags, alternating over -r rounds so that load elsewhere on the machine hits both alike:
+- pp512 and tg128 t/s (llama-bench vs `ubatch bench`) and their ratio; for tg the weight bytes a
+  token streams (every matrix as stored, read once per decode) times t/s, i.e. achieved GB/s;
+- aggregate decode S_TG at each -npl (llama-batched-bench vs `ubatch batched-bench`, -npp 64
+  -ntg 32);
+- peak RSS of a 16-token completion at -c 4096 (llama-completion vs `ubatch cli`).
+The CPU model, its SIMD flags and the kernel path ubatch took are printed with the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
-import torch
-
-from ubatch.engine.bench import BenchParams, run_bench
+from ubatch.engine.bench import BatchedParams, BenchParams, run_batched_bench, run_bench
 from ubatch.engine.default_model import default_model_path
+from ubatch.engine.model import Model
+from ubatch.kernels.cpu_build import cpu_flags, cpu_model, load
+
+PROMPT = "The history of the printing press begins"
+
+
+def llama_bench(bin_dir: Path, model: Path, threads: int, reps: int) -> dict[str, float]:
+    out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "512",
+                          "-n", "128", "-r", str(reps), "-o", "json"], capture_output=True, text=True,
+                         check=True).stdout
+    return {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out)}
+
+
+def ubatch_bench(model: Model, threads: int, reps: int) -> dict[str, float]:
+    p = BenchParams(models=[model.path], n_threads=[threads], reps=reps)
+    return {r.test: r.avg_ts for r in run_bench(p, models={model.path: model})}
+
+
+def llama_batched(bin_dir: Path, model: Path, threads: int, npl: list[int]) -> dict[int, float]:
+    out = subprocess.run([str(bin_dir / "llama-batched-bench"), "-m", str(model), "-t", str(threads),
+                          "-c", "4096", "-npp", "64", "-ntg", "32", "-npl", ",".join(map(str, npl)),
+                          "--output-format", "jsonl"], capture_output=True, text=True, check=True).stdout
+    rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    return {r["pl"]: r["speed_tg"] for r in rows}
+
+
+def ubatch_batched(model: Model, threads: int, npl: list[int]) -> dict[int, float]:
+    p = BatchedParams(model=model.path, n_ctx=4096, n_threads=threads, n_pp=[64], n_tg=[32], n_pl=npl)
+    _, rows = run_batched_bench(p, model=model)
+    return {r.pl: r.speed_tg for r in rows}
+
+
+def peak_rss_mib(cmd: list[str]) -> float:
+    """Peak RSS of a child process, from wait4's rusage (kilobytes on Linux)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, ru = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"failed: {' '.join(cmd)}")
+    return ru.ru_maxrss / 1024
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN", str(Path.home() / ".cache/ubatch-yardstick/build/bin")))
     ap.add_argument("-m", "--model")
-    ap.add_argument("-p", type=int, default=512)
-    ap.add_argument("-n", type=int, default=128)
-    ap.add_argument("-t", type=int, default=0)
-    ap.add_argument("-ub", type=int, default=512)
+    ap.add_argument("-t", type=int, default=os.cpu_count() or 1)
     ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("--npl", default="1,2,4,8,16")
     a = ap.parse_args()
+    bin_dir = Path(a.llama_bin)
+    if not (bin_dir / "llama-bench").exists():
+        sys.exit(f"{bin_dir}: no llama-bench; build it with ../shared/tools/llama-cpp.sh or pass --llama-bin")
     path = Path(a.model) if a.model else default_model_path()
-    p = BenchParams(models=[path], n_prompt=[a.p], n_gen=[a.n], n_ubatch=[a.ub], n_threads=[a.t],
-                    reps=a.r, profile=True)
-    results = run_bench(p)
-    r0 = results[0]
-    print(f"model: {path.name} ({r0.model_type}), threads: {r0.n_threads}, n_ubatch: {a.ub}, torch {torch.__version__}")
-    print("| test | t/s | compute buffer MiB |")
-    print("|---|---:|---:|")
-    for r in results:
-        print(f"| {r.test} | {r.avg_ts:.1f} ± {r.stddev_ts:.1f} | {r.compute_buffer_mib:.2f} |")
-    tg = next((r for r in results if r.n_gen and not r.n_prompt), None)
-    if tg is not None:
-        from ubatch.engine.model import Model
+    model = Model.load(path)
+    npl = [int(x) for x in a.npl.split(",")]
+    lib = load()
+    simd = sorted(f for f in cpu_flags() if re.fullmatch(r"avx2|fma|f16c|avx512(f|bw|vl|_bf16|vnni)", f))
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} CPUs; {' '.join(simd)}), threads {a.t}; "
+          f"ubatch kernels: C {lib.simd}; model {path.name}")
 
-        model = Model.load(path)
-        wbytes = sum(w.shape[0] * w.shape[1] * 4 for w in model.matrices())
-        out_bytes = model.output.shape[0] * model.output.shape[1] * 4
-        print(f"tg reads {wbytes / 2**20:.0f} MiB of f32 weights per token (output projection "
-              f"{out_bytes / 2**20:.0f} MiB): {wbytes * tg.avg_ts / 1e9:.1f} GB/s achieved")
-        total = sum(tg.profile_ms.values()) or 1.0
-        mm = tg.profile_ms.get("matmul", 0.0) + tg.profile_ms.get("lm_head", 0.0)
-        print(f"tg time in matrix multiplications: {100 * mm / total:.0f}% "
-              f"(output projection alone {100 * tg.profile_ms.get('lm_head', 0.0) / total:.0f}%)")
+    lc: dict[str, list[float]] = {"pp512": [], "tg128": []}
+    ub: dict[str, list[float]] = {"pp512": [], "tg128": []}
+    for _ in range(a.r):  # alternate, one rep each, so drift hits both
+        for k, v in llama_bench(bin_dir, path, a.t, 1).items():
+            lc[k].append(v)
+        for k, v in ubatch_bench(model, a.t, 1).items():
+            ub[k].append(v)
+    weight_bytes = sum(w.nbytes for w in model.matrices())  # tied head counted once
+    print("\n| test | ubatch t/s | llama.cpp t/s | ratio | ubatch GB/s | llama.cpp GB/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for k in ("pp512", "tg128"):
+        u, lv = max(ub[k]), max(lc[k])
+        gb = (f"{weight_bytes * u / 1e9:.1f} | {weight_bytes * lv / 1e9:.1f}" if k == "tg128" else "- | -")
+        print(f"| {k} | {u:.1f} | {lv:.1f} | {u / lv:.2f}x | {gb} |")
+    print(f"(best of {a.r}; tg streams {weight_bytes / 2**20:.0f} MiB of stored weights per token)")
+
+    lb, ubb = llama_batched(bin_dir, path, a.t, npl), ubatch_batched(model, a.t, npl)
+    print("\n| streams | ubatch S_TG t/s | llama.cpp S_TG t/s | ratio |")
+    print("|---:|---:|---:|---:|")
+    for n in npl:
+        print(f"| {n} | {ubb[n]:.1f} | {lb[n]:.1f} | {ubb[n] / lb[n]:.2f}x |")
+
+    cli = [sys.executable, "-m", "ubatch.cli.main", "cli", "-m", str(path), "-c", "4096", "-n", "16",
+           "--temp", "0", "-p", PROMPT, "-t", str(a.t)]
+    lcc = [str(bin_dir / "llama-completion"), "-m", str(path), "-c", "4096", "-n", "16", "--temp", "0",
+           "-p", PROMPT, "-t", str(a.t), "-no-cnv"]
+    ru, rl = peak_rss_mib(cli), peak_rss_mib(lcc)
+    print(f"\npeak RSS, 16-token completion at -c 4096: ubatch {ru:.0f} MiB, llama-completion {rl:.0f} MiB "
+          f"(difference {ru - rl:+.0f} MiB)")
 
 
 if __name__ == "__main__":

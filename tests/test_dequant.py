@@ -9,8 +9,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf.quants import dequantize as ref_dequantize
 
 import ubatch.kernels.dequant as dq
-from ubatch.engine.errors import ModelLoadError
-from ubatch.kernels.dequant import SUPPORTED_TYPES, check_supported, dequantize, type_name
+from ubatch.kernels.dequant import SUPPORTED_TYPES, UnsupportedTypeError, check_supported, dequantize, type_name
 
 # byte offsets of the f16 fields (d, dmin / m) inside one block, per quantised type
 F16_FIELDS = {
@@ -96,11 +95,11 @@ def test_float_types(t: T) -> None:
 
 def test_unsupported_type_raises() -> None:
     raw = torch.zeros(66, dtype=torch.uint8)
-    with pytest.raises(ModelLoadError, match=r"IQ2_XS \(id 17\) is not supported; supported: F32"):
+    with pytest.raises(UnsupportedTypeError, match=r"IQ2_XS \(id 17\) is not supported; supported: F32"):
         dequantize(raw, T.IQ2_XS, (1, 256))
-    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_q\.weight: .*Q8_1"):
+    with pytest.raises(UnsupportedTypeError, match=r"blk\.0\.attn_q\.weight: .*Q8_1"):
         check_supported(T.Q8_1, "blk.0.attn_q.weight")
-    with pytest.raises(ModelLoadError, match=r"unknown \(id 99\)"):
+    with pytest.raises(UnsupportedTypeError, match=r"unknown \(id 99\)"):
         check_supported(99, "x")
     check_supported(T.Q4_K, "fine")
 

@@ -110,7 +110,7 @@ def test_token_by_token_decode_matches_prefill(tiny_gemma) -> None:
     rows = []
     for p, t in enumerate(IDS):
         ctx.decode(Batch.from_tokens([t], p))
-        rows.append(ctx.logits[-1])
+        rows.append(ctx.logits[-1].clone())  # logits are valid until the next decode
     torch.testing.assert_close(torch.stack(rows), full, atol=1e-4, rtol=1e-4)
 
 

@@ -35,10 +35,10 @@ def alone(model: Model, prompt: list[int], follow: list[int]) -> torch.Tensor:
     """Logits of the last prompt token, then of each follow-up token, decoding one sequence."""
     ctx = Context(model, ContextParams(n_ctx=2048, type_k="f32", type_v="f32"))
     ctx.decode(Batch.from_tokens(prompt, 0))
-    rows = [ctx.logits[-1]]
+    rows = [ctx.logits[-1].clone()]  # logits are valid until the next decode
     for i, t in enumerate(follow):
         ctx.decode(Batch.from_tokens([t], len(prompt) + i))
-        rows.append(ctx.logits[-1])
+        rows.append(ctx.logits[-1].clone())
     return torch.stack(rows)
 
 
@@ -50,7 +50,7 @@ def test_mixed_prefill_and_decode_rows_match_each_sequence_alone(model: Model, k
     ctx = Context(model, ContextParams(n_ctx=4096, n_seq_max=4, kv_unified=kvu, n_ubatch=512, type_k="f32", type_v="f32"))
     # seq 0 is already long (past the window) before the others start
     ctx.decode(Batch.from_tokens(prompts[0], 0, seq_id=0))
-    got: dict[int, list[torch.Tensor]] = {0: [ctx.logits[-1]], 1: [], 2: [], 3: []}
+    got: dict[int, list[torch.Tensor]] = {0: [ctx.logits[-1].clone()], 1: [], 2: [], 3: []}
     rng = random.Random(0)
     # one batch: seq 0's first follow-up row (decode) + the prompts of seqs 1..3 (prefill),
     # rows interleaved at random while each sequence keeps its own order
@@ -68,7 +68,7 @@ def test_mixed_prefill_and_decode_rows_match_each_sequence_alone(model: Model, k
             del queues[s]
     ctx.decode(b)
     for s, row in zip(owners, ctx.logits):
-        got[s].append(row)
+        got[s].append(row.clone())
     # then decode steps with one row per sequence, rows in shuffled order
     pos = {0: 601, 1: len(prompts[1]), 2: len(prompts[2]), 3: len(prompts[3])}
     step = {0: 1, 1: 0, 2: 0, 3: 0}
@@ -82,7 +82,7 @@ def test_mixed_prefill_and_decode_rows_match_each_sequence_alone(model: Model, k
             step[s] += 1
         ctx.decode(b)
         for s, row in zip(order, ctx.logits):
-            got[s].append(row)
+            got[s].append(row.clone())
     for s in range(4):
         ref = alone(model, prompts[s], follow[s][: len(got[s]) - 1])
         torch.testing.assert_close(torch.stack(got[s]), ref, **TOL)

@@ -31,7 +31,7 @@ def put(c: KVCache, seq_pos: list[tuple[list[int], int]]) -> np.ndarray:
 def query(c: KVCache, seq: int, pos: int, n_kv: int = 256) -> np.ndarray:
     b = Batch()
     b.add(7, pos, seq)
-    m = c.mask(make_ubatch(b, np.arange(1)), [0], n_kv, "cpu")[0, 0].numpy()
+    m = c.mask(make_ubatch(b, np.arange(1)), [0], n_kv)[0, 0]
     return m == 0
 
 

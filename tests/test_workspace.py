@@ -36,15 +36,16 @@ def watch_forward_passes(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> list:
     found: list = []
     real = graph_mod.run_graph
 
-    def watched(g, ops, workspace, inputs, runtime):
+    def watched(g, ops, workspace, inputs):
         allowed = {workspace.untyped_storage().data_ptr()}
         allowed |= {t.untyped_storage().data_ptr() for t in inputs.values()}
         for c in ctx.memory.caches:
             allowed |= {s.data.untyped_storage().data_ptr() for s in (*c.k.values(), *c.v.values())}
-        for w in ctx.model.matrices():
-            allowed |= {t.untyped_storage().data_ptr() for t in w._dense.values()}
+        for w in ctx.model.matrices():  # the stored blocks, and the reference's dense copies
+            allowed.add(w.raw.untyped_storage().data_ptr())
+        allowed |= {t.untyped_storage().data_ptr() for t in getattr(ops, "_dense", {}).values()}
         with AllocationWatch(allowed) as m:
-            out = real(g, ops, workspace, inputs, runtime)
+            out = real(g, ops, workspace, inputs)
         found.extend(m.foreign)
         return out
 
@@ -52,10 +53,11 @@ def watch_forward_passes(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> list:
     return found
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("kv", ["f32", "f16"])
-def test_forward_allocates_nothing_outside_the_workspace(tiny_gemma, monkeypatch, kv: str) -> None:
+def test_forward_allocates_nothing_outside_the_workspace(tiny_gemma, monkeypatch, kv: str, backend: str) -> None:
     m = Model.load(tiny_gemma)
-    ctx = Context(m, ContextParams(n_ctx=256, n_ubatch=32, n_seq_max=2, type_k=kv, type_v=kv))
+    ctx = Context(m, ContextParams(n_ctx=256, n_ubatch=32, n_seq_max=2, type_k=kv, type_v=kv, backend=backend))
     ctx.warmup()
     found = watch_forward_passes(ctx, monkeypatch)
     ctx.decode(Batch.from_tokens([2] + list(range(10, 70)), 0))  # two ubatches

@@ -1,0 +1,61 @@
+"""The registry of op backends: the engine asks for one by name and never builds one itself.
+
+`torch` is the reference (dense f32 copies, any device); `cpu` computes from the GGUF blocks
+with the C kernels (`cpu-portable` forces their portable build); `auto` takes the fastest one
+that can run here and says why when it has to fall back. A CUDA backend registers beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .ops import Ops
+
+_FACTORIES: dict[str, Callable[[int], Ops]] = {}
+
+
+class BackendError(ValueError):
+    """An unknown backend name, or one that cannot run on this machine."""
+
+
+def register(name: str, factory: Callable[[int], Ops]) -> None:
+    _FACTORIES[name] = factory
+
+
+def names() -> list[str]:
+    return ["auto", *_FACTORIES]
+
+
+def create(name: str = "auto", n_threads: int = 1) -> Ops:
+    """A backend by name; `auto` falls back to the torch reference with a notice."""
+    if name == "auto":
+        try:
+            return _FACTORIES["cpu"](n_threads)
+        except OSError as e:
+            ops = _FACTORIES["torch"](n_threads)
+            ops.notices.append(f"CPU kernels unavailable ({e}): using the torch reference backend "
+                               f"(dense f32 weights, slower)")
+            return ops
+    if name not in _FACTORIES:
+        raise BackendError(f"unknown backend {name!r}; use one of {', '.join(names())}")
+    try:
+        return _FACTORIES[name](n_threads)
+    except OSError as e:
+        raise BackendError(f"backend {name!r} cannot run here: {e}") from None
+
+
+def _torch(n: int) -> Ops:
+    from .torch_ops import TorchOps
+
+    return TorchOps(n)
+
+
+def _cpu(n: int, portable: bool | None = None) -> Ops:
+    from .cpu_ops import CpuOps
+
+    return CpuOps(n, portable)
+
+
+register("torch", _torch)
+register("cpu", _cpu)
+register("cpu-portable", lambda n: _cpu(n, portable=True))

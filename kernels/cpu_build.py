@@ -1,0 +1,165 @@
+"""Build and load the CPU kernels (`kernels/csrc/`) for the CPU they run on.
+
+The C files are compiled once per (source, compiler, CPU features) into the user cache directory
+and loaded with ctypes; later starts only load the cached library. The build targets the
+running CPU (`-march=native`), so an instruction the CPU lacks can never be emitted; the
+library's cache key holds the CPU's feature flags, so a home directory shared between machines
+never loads a library built for another CPU. Without AVX2+FMA+F16C the portable C path is
+built instead (with a notice); without a C compiler there is no CPU backend and the context
+falls back to the torch reference backend (with a notice).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CSRC = Path(__file__).with_name("csrc")
+ABI_VERSION = 4
+FAST_FLAGS = ("avx2", "fma", "f16c")
+
+
+@dataclass(slots=True)
+class CpuLibrary:
+    lib: ctypes.CDLL
+    path: Path
+    simd: str  # "avx2" or "portable"
+    built: bool  # compiled in this process (cold start) rather than loaded from the cache
+    build_ms: float
+    notice: str = ""
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as benchmarks record it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> frozenset[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ubatch" / "kernels"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
+
+
+def _flags(portable: bool) -> list[str]:
+    base = ["-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-std=c11"]
+    if portable:
+        return [*base, "-DUB_PORTABLE"]
+    return [*base, "-march=native"]
+
+
+def _build(cc: str, portable: bool) -> tuple[Path, bool, float]:
+    files = sorted(CSRC.glob("*.[ch]"))
+    src = b"".join(f.name.encode() + b"\0" + f.read_bytes() for f in files)
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    flags = _flags(portable)
+    key = hashlib.sha256(b"\0".join([src, version.encode(), " ".join(flags).encode(),
+                                     " ".join(sorted(cpu_flags())).encode(),
+                                     platform.machine().encode()])).hexdigest()[:16]
+    out = _cache_dir() / f"cpu_kernels-{'portable' if portable else 'native'}-{key}.so"
+    if out.exists():
+        return out, False, 0.0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    t0 = time.perf_counter()
+    sources = [str(f) for f in files if f.suffix == ".c"]
+    r = subprocess.run([cc, *flags, *sources, "-o", str(tmp), "-lm"], capture_output=True,
+                       text=True, timeout=300)
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        first = (r.stderr.strip().splitlines() or ["no output"])[0]
+        raise OSError(f"{cc} failed: {first}")
+    tmp.replace(out)  # atomic: a concurrent first start never loads a half-written library
+    return out, True, (time.perf_counter() - t0) * 1e3
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    c_i, c_l, c_p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    lib.ub_abi_version.restype = c_i
+    lib.ub_simd.restype = c_i
+    lib.ub_gemv.argtypes = [c_i, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_i]
+    lib.ub_gemv.restype = None
+    lib.ub_dequant_rows.argtypes = [c_i, c_p, c_l, c_l, c_l, c_l, c_p, c_i]
+    lib.ub_dequant_rows.restype = None
+    lib.ub_get_rows.argtypes = [c_i, c_p, c_l, c_p, c_l, c_l, c_p, c_i]
+    lib.ub_get_rows.restype = None
+    c_f = ctypes.c_float
+    lib.ub_rms_norm.argtypes = [c_p, c_l, c_p, c_l, c_l, c_f, c_p, c_l, c_i]
+    lib.ub_rms_norm.restype = None
+    lib.ub_rope.argtypes = [c_p, c_p, c_p, c_l, c_l, c_l, c_l, c_i, c_p, c_i]
+    lib.ub_rope.restype = None
+    lib.ub_attn.argtypes = [c_p, c_l, c_l, c_l, c_l, c_p, c_i, c_p, c_i, c_l, c_l, c_p, c_l, c_p,
+                            c_f, c_p, c_i]
+    lib.ub_attn.restype = None
+    lib.ub_glu.argtypes = [c_p, c_p, c_l, c_i, c_p, c_i]
+    lib.ub_add.argtypes = [c_p, c_p, c_l, c_p]
+    lib.ub_scale.argtypes = [c_p, c_f, c_l, c_p]
+    lib.ub_rows.argtypes = [c_p, c_p, c_l, c_l, c_p]
+    lib.ub_kv_store.argtypes = [c_p, c_l, c_l, c_p, c_i, c_p]
+    for f in (lib.ub_glu, lib.ub_add, lib.ub_scale, lib.ub_rows, lib.ub_kv_store):
+        f.restype = None
+
+
+_LOADED: dict[bool, CpuLibrary] = {}
+
+
+def load(portable: bool | None = None) -> CpuLibrary:
+    """The kernel library for this CPU (built on first use); OSError if it cannot be had.
+
+    `portable=None` picks the AVX2 build when the CPU has AVX2, FMA and F16C, else the portable
+    one; UBATCH_CPU_PORTABLE=1 forces the portable build.
+    """
+    notice = ""
+    if portable is None:
+        portable = os.environ.get("UBATCH_CPU_PORTABLE", "") not in ("", "0")
+        if not portable and platform.machine() in ("x86_64", "AMD64"):
+            missing = [f for f in FAST_FLAGS if f not in cpu_flags()]
+            if missing:
+                portable = True
+                notice = (f"CPU lacks {', '.join(missing)}: using the portable C kernels "
+                          f"(slower; no illegal instructions)")
+        elif platform.machine() not in ("x86_64", "AMD64"):
+            portable = True
+    if portable in _LOADED:
+        return _LOADED[portable]
+    import torch  # noqa: F401  (its libgomp must be loaded first so that the kernels share it)
+
+    cc = _compiler()
+    if cc is None:
+        raise OSError("no C compiler found (install gcc or set CC)")
+    path, built, ms = _build(cc, portable)
+    lib = ctypes.CDLL(str(path))
+    _bind(lib)
+    if lib.ub_abi_version() != ABI_VERSION:
+        raise OSError(f"{path}: kernel ABI {lib.ub_abi_version()} != {ABI_VERSION}; delete it")
+    simd = "avx2" if lib.ub_simd() == 2 else "portable"
+    _LOADED[portable] = CpuLibrary(lib, path, simd, built, ms, notice)
+    return _LOADED[portable]

@@ -1,0 +1,151 @@
+"""The fast CPU backend: matmuls and the embedding lookup read the GGUF blocks directly.
+
+Few rows (decode, up to GEMV_MAX_ROWS): the C matrix-vector kernel streams each weight row
+once for every activation row, dequantising in registers. More rows (prefill): tiles of the
+weight are dequantised into planned scratch and multiplied by the BLAS GEMM, so prefill keeps
+its GEMM speed while no dense copy of any matrix outlives the call. Norms, RoPE, the gated
+activation, residual adds, KV writes and decode-shaped attention are C calls too, bound once per
+graph (kernels/cpu_bind.py); anything else is the torch reference's code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from gguf import GGMLQuantizationType as T
+
+from .cpu_bind import GEMV_MAX_ROWS, KERNEL_TYPES, bind_node
+from .cpu_build import CpuLibrary, load
+from .dequant import dequantize
+from .ops import KVTensor, ScratchSpec
+from .torch_ops import TorchOps
+from .weight import QWeight
+
+TILE_MIN_ROWS = 64  # a GEMM tile narrower than this loses BLAS efficiency
+
+
+def tile_rows(m: int, n: int) -> int:
+    """Weight rows dequantised per GEMM tile for an m-row product: as many as activation rows
+    (so the tile is no bigger than the input it multiplies), at least TILE_MIN_ROWS."""
+    return min(n, max(TILE_MIN_ROWS, m))
+
+
+class CpuOps(TorchOps):
+    name = "cpu"
+
+    def __init__(self, n_threads: int = 1, portable: bool | None = None) -> None:
+        super().__init__(n_threads)
+        self.library: CpuLibrary = load(portable)
+        self._lib = self.library.lib
+        self.n_threads = max(1, n_threads)
+        if portable:
+            self.name = "cpu-portable"
+        if self.library.notice:
+            self.notices.append(self.library.notice)
+        self._noticed: set[int] = set()
+
+    # -- weights --------------------------------------------------------------------------------
+    def prepare_weights(self, weights: list[QWeight]) -> None:
+        """Nothing is repacked: the kernels read the memory-mapped blocks as stored."""
+        for w in weights:
+            if w.ggml_type not in KERNEL_TYPES and w.ggml_type not in self._noticed:
+                self._noticed.add(w.ggml_type)
+                self.notices.append(f"{T(w.ggml_type).name} has no CPU kernel: those tensors are "
+                                    f"dequantised at each use (slower)")
+
+    def held_bytes(self) -> int:
+        return 0
+
+    def kernel_path(self, ggml_type: int) -> str:
+        if ggml_type not in KERNEL_TYPES:
+            return "dequantise per use + BLAS"
+        return (f"C {self.library.simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows), "
+                f"dequantised tiles + BLAS GEMM (more rows)")
+
+    def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
+        if m <= GEMV_MAX_ROWS or w.ggml_type == T.F32 or w.ggml_type not in KERNEL_TYPES:
+            return []
+        return [((tile_rows(m, w.shape[0]), w.shape[1]), torch.float32)]
+
+    # -- binding: the graph executor asks once per node ------------------------------------------
+    def bind(self, op: str, args: list, out: torch.Tensor | None, scratch: list[torch.Tensor]
+             ) -> Callable[[], Any] | None:
+        return bind_node(self, op, args, out, scratch)
+
+    def _c(self, op: str, args: list, out: torch.Tensor | None, scratch: list[torch.Tensor]) -> bool:
+        f = bind_node(self, op, args, out, scratch)
+        if f is None:
+            return False
+        f()
+        return True
+
+    # -- ops (a direct call binds and runs; what C does not cover falls back to torch) ---------
+    def get_rows(self, w: QWeight, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if w.ggml_type not in KERNEL_TYPES:
+            return out.copy_(w.rows(ids))
+        if not self._c("get_rows", [w, ids.long().contiguous()], out, []):
+            raise AssertionError("get_rows: unsupported layout")
+        return out
+
+    def linear(self, x: torch.Tensor, w: QWeight, out: torch.Tensor,
+               scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
+        m, (n, k) = x.shape[0], w.shape
+        if m == 0:
+            return out
+        if w.ggml_type not in KERNEL_TYPES:
+            return torch.mm(x, dequantize(w.raw, w.ggml_type, w.shape).t(), out=out)
+        if x.stride(1) != 1 or x.stride(0) < k:
+            x = x.contiguous()
+        if m <= GEMV_MAX_ROWS and self._c("linear", [x, w], out, []):
+            return out
+        if w.ggml_type == T.F32:
+            return torch.mm(x, w.raw.view(torch.float32).view(n, k).t(), out=out)
+        tile = scratch[0] if scratch else torch.empty(tile_rows(m, n), k)
+        rows = tile.shape[0]
+        if rows >= n:
+            self._dequant(w, 0, n, tile)
+            return torch.mm(x, tile[:n].t(), out=out)
+        out_t = out.t()  # column-major view: each tile's product lands in its columns, no copy
+        for n0 in range(0, n, rows):
+            r = min(rows, n - n0)
+            self._dequant(w, n0, r, tile)
+            torch.mm(tile[:r], x.t(), out=out_t[n0 : n0 + r])
+        return out
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor,
+                 scratch: list[torch.Tensor]) -> torch.Tensor:
+        if not self._c("rms_norm", [x, w, eps], out, scratch):
+            super().rms_norm(x, w, eps, out, scratch)
+        return out
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool,
+             out: torch.Tensor) -> torch.Tensor:
+        if not self._c("rope", [x, cos.contiguous(), sin.contiguous(), neox], out, []):
+            super().rope(x, cos, sin, neox, out)
+        return out
+
+    def glu(self, gate: torch.Tensor, up: torch.Tensor, act: str, out: torch.Tensor) -> torch.Tensor:
+        if not self._c("glu", [gate, up, act], out, []):
+            super().glu(gate, up, act, out)
+        return out
+
+    def kv_store(self, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor,
+                 scratch: list[torch.Tensor] | None = None) -> None:
+        if not self._c("kv_store", [kv, cells.long().contiguous(), x.contiguous()], None, []):
+            super().kv_store(kv, cells, x, scratch)
+
+    def attention(self, q: torch.Tensor, k: KVTensor, v: KVTensor, starts: torch.Tensor, n_kv: int,
+                  mask: torch.Tensor, scale: float, out: torch.Tensor, scratch: list[torch.Tensor],
+                  visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode-shaped attention (few rows per group) reads the f16/f32 cells in one C pass;
+        prefill keeps the reference's chunked GEMMs, which reuse each K/V chunk for all rows."""
+        args = [q, k, v, starts, n_kv, mask, scale, visible]
+        if not self._c("attention", args, out, scratch):
+            super().attention(q, k, v, starts, n_kv, mask, scale, out, scratch, visible)
+        return out
+
+    def _dequant(self, w: QWeight, r0: int, n: int, tile: torch.Tensor) -> None:
+        self._lib.ub_dequant_rows(w.ggml_type, w.raw.data_ptr(), w.row_bytes, r0, n, w.shape[1],
+                                  tile.data_ptr(), self.n_threads)

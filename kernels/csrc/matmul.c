@@ -1,0 +1,200 @@
+/* Matrix products and lookups on GGUF blocks: the GEMV of decode, the dequantised tiles of
+ * prefill's GEMM, the embedding rows. Dequantisation is bit-exact to gguf-py (compiled with
+ * -ffp-contract=off); dot products accumulate in f32 with FMA. Threads come from the OpenMP
+ * runtime torch already loaded (the same libgomp), so the two never run two pools at once. */
+#include "common.h"
+#include "quant_scalar.h"
+#include "quant_avx2.h"
+
+int ub_abi_version(void) { return 4; }
+int ub_simd(void) { return UB_AVX2 ? 2 : 0; } /* 2: AVX2+FMA+F16C, 0: portable */
+
+#if UB_AVX2
+static inline int has_min(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
+static inline int is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
+
+/* decoded codes times M rows of x (at xc) into acc[0..M), the min term into mins */
+static inline __attribute__((always_inline)) void codes_dot(const int type, const int M,
+        const codes_t *k, const float *xc, int64_t ldx, const float *xs, int64_t nc, int64_t c,
+        __m256 *acc, float *mins) {
+    for (int r = 0; r < M; r++) {
+        const float *xr = xc + r * ldx;
+        __m256 a = _mm256_fmadd_ps(k->q[1], _mm256_loadu_ps(xr + 8), _mm256_mul_ps(k->q[0], _mm256_loadu_ps(xr)));
+        __m256 b = _mm256_fmadd_ps(k->q[3], _mm256_loadu_ps(xr + 24), _mm256_mul_ps(k->q[2], _mm256_loadu_ps(xr + 16)));
+        if (type == T_Q6_K) {
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(k->da), a, acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(k->db), b, acc[r]);
+        } else {
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(k->da), _mm256_add_ps(a, b), acc[r]);
+        }
+        if (has_min(type)) mins[r] += k->m * xs[r * nc + c];
+    }
+}
+
+/* one 32-value block type chunk times M rows */
+static inline __attribute__((always_inline)) void chunk_dot(const int type, const int M,
+        const uint8_t *row, int64_t c, const float *x, int64_t ldx, const float *xs, int64_t nc,
+        __m256 *acc, float *mins) {
+    codes_t k;
+    codes_avx2(type, row, c, &k);
+    codes_dot(type, M, &k, x + c * 32, ldx, xs, nc, c, acc, mins);
+}
+
+/* M (1..4) activation rows against one weight row. Float weights: FMA straight into two chains
+ * per row; quantised: even and odd chunks into separate accumulators (two chains per row, all
+ * in registers). `xs` holds the 32-value sums of x (for the types with a min). */
+static inline __attribute__((always_inline)) void row_dot_m(const int type, const int M,
+        const uint8_t *row, int64_t nc, const float *x, int64_t ldx, const float *xs, float *res) {
+    __m256 ea[4], oa[4];
+    float mins[4] = {0, 0, 0, 0};
+    for (int r = 0; r < 4; r++) ea[r] = oa[r] = _mm256_setzero_ps();
+    if (is_float(type)) {
+        for (int64_t c = 0; c < nc; c++) {
+            __m256 v[4];
+            chunk_avx2(type, row, c, v);
+            const float *xc = x + c * 32;
+            for (int r = 0; r < M; r++) {
+                const float *xr = xc + r * ldx;
+                ea[r] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xr), ea[r]);
+                oa[r] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xr + 8), oa[r]);
+                ea[r] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xr + 16), ea[r]);
+                oa[r] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xr + 24), oa[r]);
+            }
+        }
+    } else if (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) {
+        const int bs = type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210;
+        for (int64_t sb = 0; sb < nc / 8; sb++) {
+            const uint8_t *b = row + sb * bs;
+            float da[8], db[8], mn[8];
+            k_scales(type, b, da, db, mn);
+            for (int j = 0; j < 8; j++) {
+                codes_t k;
+                k_codes(type, b, j, k.q);
+                k.da = da[j], k.db = db[j], k.m = mn[j];
+                int64_t c = sb * 8 + j;
+                codes_dot(type, M, &k, x + c * 32, ldx, xs, nc, c, (j & 1) ? oa : ea, mins);
+            }
+        }
+    } else {
+        int64_t c = 0;
+        for (; c + 1 < nc; c += 2) {
+            chunk_dot(type, M, row, c, x, ldx, xs, nc, ea, mins);
+            chunk_dot(type, M, row, c + 1, x, ldx, xs, nc, oa, mins);
+        }
+        if (c < nc) chunk_dot(type, M, row, c, x, ldx, xs, nc, ea, mins);
+    }
+    for (int r = 0; r < M; r++) res[r] = hsum(_mm256_add_ps(ea[r], oa[r])) + mins[r];
+}
+
+#define ROW_DOT(T)                                                                              \
+    static void row_dot_##T(const uint8_t *row, int64_t nc, const float *x, int64_t ldx,        \
+                            const float *xs, int m, float *res) {                               \
+        switch (m) {                                                                            \
+        case 1: row_dot_m(T, 1, row, nc, x, ldx, xs, res); break;                               \
+        case 2: row_dot_m(T, 2, row, nc, x, ldx, xs, res); break;                               \
+        case 3: row_dot_m(T, 3, row, nc, x, ldx, xs, res); break;                               \
+        default: row_dot_m(T, 4, row, nc, x, ldx, xs, res); break;                              \
+        }                                                                                       \
+    }
+ROW_DOT(T_F32) ROW_DOT(T_F16) ROW_DOT(T_BF16) ROW_DOT(T_Q8_0) ROW_DOT(T_Q4_0) ROW_DOT(T_Q4_1)
+ROW_DOT(T_Q5_0) ROW_DOT(T_Q5_1) ROW_DOT(T_Q4_K) ROW_DOT(T_Q5_K) ROW_DOT(T_Q6_K)
+
+typedef void (*row_dot_fn)(const uint8_t *, int64_t, const float *, int64_t, const float *, int, float *);
+
+static row_dot_fn row_dot_for(int type) {
+    switch (type) {
+    case T_F32: return row_dot_T_F32;   case T_F16: return row_dot_T_F16;
+    case T_BF16: return row_dot_T_BF16; case T_Q8_0: return row_dot_T_Q8_0;
+    case T_Q4_0: return row_dot_T_Q4_0; case T_Q4_1: return row_dot_T_Q4_1;
+    case T_Q5_0: return row_dot_T_Q5_0; case T_Q5_1: return row_dot_T_Q5_1;
+    case T_Q4_K: return row_dot_T_Q4_K; case T_Q5_K: return row_dot_T_Q5_K;
+    case T_Q6_K: return row_dot_T_Q6_K;
+    }
+    return 0;
+}
+
+static void chunk_store(int type, const uint8_t *row, int64_t c, float *o) {
+    __m256 v[4];
+    switch (type) {
+#define CASE(T) case T: chunk_avx2(T, row, c, v); break;
+    CASE(T_F32) CASE(T_F16) CASE(T_BF16) CASE(T_Q8_0) CASE(T_Q4_0) CASE(T_Q4_1) CASE(T_Q5_0)
+    CASE(T_Q5_1) CASE(T_Q4_K) CASE(T_Q5_K) CASE(T_Q6_K)
+#undef CASE
+    default: return;
+    }
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
+}
+#else
+static void chunk_store(int type, const uint8_t *row, int64_t c, float *o) { chunk_scalar(type, row, c, o); }
+#endif
+static void dequant_row(int type, const uint8_t *row, int64_t k, float *o) {
+    int64_t nc = k / 32;
+    for (int64_t c = 0; c < nc; c++) chunk_store(type, row, c, o + 32 * c);
+    for (int64_t l = nc * 32; l < k; l++) o[l] = tail_value(type, row, l);
+}
+
+/* y[r, n] = sum_k x[r, k] * W[n, k] for r < m, n < n_rows: each weight row is read once for all
+ * m activation rows (in tiles of four from L1) and never written out. */
+void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k,
+             const float *x, int64_t m, int64_t ldx, float *y, int64_t ldy, int nth) {
+    int64_t nc = k / 32;
+#if UB_AVX2
+    row_dot_fn dot = row_dot_for(type);
+    float xs_stack[4096], *xs = xs_stack;
+    if (has_min(type)) { /* per 32-value chunk sums of x: the min term of every weight row */
+        if (m * nc > 4096) xs = (float *)malloc(sizeof(float) * m * nc);
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < nc; c++) {
+                const float *xc = x + r * ldx + 32 * c;
+                float s = 0;
+                for (int l = 0; l < 32; l++) s += xc[l];
+                xs[r * nc + c] = s;
+            }
+    }
+#endif
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (int64_t n = 0; n < n_rows; n++) {
+        const uint8_t *row = w + n * row_bytes;
+        for (int64_t r0 = 0; r0 < m; r0 += 4) {
+            int mt = (int)(m - r0 < 4 ? m - r0 : 4);
+            float res[4] = {0, 0, 0, 0};
+            const float *xr = x + r0 * ldx;
+#if UB_AVX2
+            dot(row, nc, xr, ldx, xs + r0 * nc, mt, res);
+#else
+            float buf[32];
+            for (int64_t c = 0; c < nc; c++) {
+                chunk_scalar(type, row, c, buf);
+                for (int r = 0; r < mt; r++) {
+                    const float *xc = xr + r * ldx + 32 * c;
+                    float s = 0;
+                    for (int l = 0; l < 32; l++) s += buf[l] * xc[l];
+                    res[r] += s;
+                }
+            }
+#endif
+            for (int64_t l = nc * 32; l < k; l++) {
+                float wv = tail_value(type, row, l);
+                for (int r = 0; r < mt; r++) res[r] += wv * xr[r * ldx + l];
+            }
+            for (int r = 0; r < mt; r++) y[(r0 + r) * ldy + n] = res[r];
+        }
+    }
+#if UB_AVX2
+    if (xs != xs_stack) free(xs);
+#endif
+}
+
+/* rows r0 .. r0 + n of W dequantised into out (n, k): a tile for the BLAS GEMM of prefill */
+void ub_dequant_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t n,
+                     int64_t k, float *out, int nth) {
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (int64_t i = 0; i < n; i++) dequant_row(type, w + (r0 + i) * row_bytes, k, out + i * k);
+}
+
+/* rows ids[i] of W into out (n, k): the embedding lookup, straight from the blocks */
+void ub_get_rows(int type, const uint8_t *w, int64_t row_bytes, const int64_t *ids, int64_t n,
+                 int64_t k, float *out, int nth) {
+#pragma omp parallel for num_threads(nth) schedule(static) if (n > 8)
+    for (int64_t i = 0; i < n; i++) dequant_row(type, w + ids[i] * row_bytes, k, out + i * k);
+}

@@ -1,0 +1,151 @@
+/* Row-wise and elementwise ops (RMSNorm, RoPE, gated activation, add, scale, row gather, KV
+ * write): one call each instead of several torch ops on tiny tensors. */
+#include "common.h"
+
+/* ---- row-wise ops that torch would run as several kernels each ------------------------------ */
+
+/* out = x / sqrt(mean(x^2) + eps) * w over rows of n (the sum of squares in double, as ggml) */
+void ub_rms_norm(const float *x, int64_t ldx, const float *w, int64_t rows, int64_t n, float eps,
+                 float *out, int64_t ldo, int nth) {
+#pragma omp parallel for num_threads(nth) schedule(static) if (rows > 4)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * ldx;
+        float *o = out + r * ldo;
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * (double)xr[i];
+        float s = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t i = 0; i < n; i++) o[i] = (xr[i] * s) * w[i];
+    }
+}
+
+/* RoPE over x (n_tok, n_head, d): the first 2*half dims rotate by cos/sin (n_tok, half), pairs
+ * (i, i + half) for NEOX, (2i, 2i + 1) otherwise; the rest are copied */
+void ub_rope(const float *x, const float *cs, const float *sn, int64_t n_tok, int64_t n_head,
+             int64_t d, int64_t half, int neox, float *out, int nth) {
+#pragma omp parallel for num_threads(nth) schedule(static) if (n_tok > 8)
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *c = cs + t * half, *s = sn + t * half;
+        for (int64_t h = 0; h < n_head; h++) {
+            const float *a = x + (t * n_head + h) * d;
+            float *o = out + (t * n_head + h) * d;
+            for (int64_t i = 0; i < half; i++) {
+                int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                float x0 = a[i0], x1 = a[i1];
+                o[i0] = x0 * c[i] - x1 * s[i];
+                o[i1] = x0 * s[i] + x1 * c[i];
+            }
+            for (int64_t i = 2 * half; i < d; i++) o[i] = a[i];
+        }
+    }
+}
+
+/* ---- elementwise ops: one call instead of a torch op per tiny tensor ------------------------ */
+
+#if UB_AVX2
+/* exp(x) for x in [-87, 88]: 2^n * p(r), r = x - n ln2 (Cody-Waite), degree-6 polynomial; ~1 ulp */
+static inline __m256 exp_avx2(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* gate * act(gate) * up with act = GELU (tanh form: x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)),
+ * which is 0.5 x (1 + tanh(...)) without its cancellation) or SiLU (x * sigmoid(x)) */
+void ub_glu(const float *gate, const float *up, int64_t n, int gelu, float *out, int nth) {
+    (void)nth;
+    int64_t i = 0;
+#if UB_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f), c0 = _mm256_set1_ps(-2.0f * 0.7978845608028654f),
+                 c1 = _mm256_set1_ps(0.044715f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(gate + i), z;
+        if (gelu) {
+            __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+            z = _mm256_mul_ps(c0, _mm256_fmadd_ps(c1, x3, x));
+        } else {
+            z = _mm256_sub_ps(_mm256_setzero_ps(), x);
+        }
+        __m256 g = _mm256_div_ps(x, _mm256_add_ps(one, exp_avx2(z)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(g, _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < n; i++) {
+        float x = gate[i];
+        float z = gelu ? -2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x) : -x;
+        z = z > 88.0f ? 88.0f : z;
+        out[i] = x / (1.0f + expf(z)) * up[i];
+    }
+}
+
+void ub_add(const float *a, const float *b, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void ub_scale(const float *x, float s, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * s;
+}
+
+/* out[i] = x[idx[i]] for rows of n floats (the rows that produce outputs) */
+void ub_rows(const float *x, const int64_t *idx, int64_t n_idx, int64_t n, float *out) {
+    for (int64_t i = 0; i < n_idx; i++) memcpy(out + i * n, x + idx[i] * n, sizeof(float) * n);
+}
+
+/* KV write: rows x (n_tok, width) f32 into cache rows cells[i], as f16 (round to nearest even,
+ * as torch's .half()) or f32 */
+void ub_kv_store(const float *x, int64_t n_tok, int64_t width, const int64_t *cells, int f16, void *cache) {
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *src = x + t * width;
+        if (!f16) {
+            memcpy((float *)cache + cells[t] * width, src, sizeof(float) * width);
+            continue;
+        }
+        uint16_t *dst = (uint16_t *)cache + cells[t] * width;
+        int64_t i = 0;
+#if UB_AVX2
+        for (; i + 8 <= width; i += 8)
+            _mm_storeu_si128((__m128i *)(dst + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+        for (; i < width; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+#else
+        for (; i < width; i++) {
+            float f = src[i];
+            uint32_t b; memcpy(&b, &f, 4);
+            uint32_t s = (b >> 16) & 0x8000u, e = (b >> 23) & 0xffu, m = b & 0x7fffffu;
+            uint16_t h;
+            if (e == 0xff) h = (uint16_t)(s | 0x7c00u | (m ? 0x200u : 0));
+            else {
+                int ee = (int)e - 127 + 15;
+                if (ee >= 31) h = (uint16_t)(s | 0x7c00u);
+                else if (ee <= 0) {
+                    if (ee < -10) h = (uint16_t)s;
+                    else {
+                        m |= 0x800000u;
+                        int shift = 14 - ee;
+                        uint32_t hm = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+                        if (rem > half || (rem == half && (hm & 1))) hm++;
+                        h = (uint16_t)(s | hm);
+                    }
+                } else {
+                    uint32_t hm = m >> 13, rem = m & 0x1fffu;
+                    uint32_t v = ((uint32_t)ee << 10) | hm;
+                    if (rem > 0x1000u || (rem == 0x1000u && (hm & 1))) v++;
+                    h = (uint16_t)(s | v);
+                }
+            }
+            dst[i] = h;
+        }
+#endif
+    }
+}

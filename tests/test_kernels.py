@@ -1,0 +1,183 @@
+"""Every registered backend computes the same matmuls and lookups as dequantise-then-matmul.
+
+Random blocks of every type with a kernel, real tensors of the default model, the row counts
+that select each path (1 and 3: GEMV tiles, 16: the last GEMV size, 512: dequantised tiles +
+BLAS), odd column counts for the float types. Tolerance: max |error| / max |reference| <= 1e-5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from ubatch.kernels import backends
+from ubatch.kernels.cpu_ops import KERNEL_TYPES, CpuOps
+from ubatch.kernels.dequant import dequantize
+from ubatch.kernels.weight import QWeight
+from test_dequant import F16_FIELDS, random_rows
+
+BACKENDS = [b for b in backends.names() if b != "auto"]
+QUANT = [t for t in F16_FIELDS if int(t) in KERNEL_TYPES]
+FLOATS = [T.F32, T.F16, T.BF16]
+ROWS = [1, 3, 16, 512]
+
+
+def float_rows(t: T, n: int, k: int, seed: int = 0) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    if t == T.F32:
+        return x.view(np.uint8)
+    if t == T.F16:
+        return x.astype(np.float16).view(np.uint8)
+    return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)  # bf16 by truncation
+
+
+def weight(t: T, n: int, k: int, seed: int = 0) -> QWeight:
+    block, _ = GGML_QUANT_SIZES[t]
+    raw = float_rows(t, n, k, seed) if t in FLOATS else random_rows(t, n, k // block, seed)
+    return QWeight(f"w_{t.name}", torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(t), (n, k))
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).abs().max() / want.double().abs().max())
+
+
+def run_linear(ops, w: QWeight, x: torch.Tensor) -> torch.Tensor:
+    """The op as a graph runs it: output and any scratch the backend asks for, preallocated."""
+    out = torch.full((x.shape[0], w.shape[0]), float("nan"))
+    scratch = [torch.empty(s, dtype=d) for s, d in ops.linear_scratch(x.shape[0], w)]
+    ops.prepare_weights([w])
+    return ops.linear(x, w, out, scratch)
+
+
+@pytest.fixture(scope="module")
+def default_model(default_model_path):
+    from ubatch.engine.model import Model
+
+    return Model.load(default_model_path)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def ops(request):
+    return backends.create(request.param, n_threads=2)
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
+def test_linear_matches_dequantise_then_matmul(ops, t: T, m: int) -> None:
+    k = 512 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 160
+    w = weight(t, 200, k, seed=m)  # 200 rows: several GEMM tiles when m > 64
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    want = x.double() @ dequantize(w.raw, t, w.shape).double().t()
+    assert rel_err(run_linear(ops, w, x), want) <= 1e-5
+
+
+@pytest.mark.parametrize("k", [33, 67, 1])
+@pytest.mark.parametrize("m", [1, 5, 40])
+@pytest.mark.parametrize("t", FLOATS, ids=lambda t: t.name)
+def test_float_weights_with_odd_column_counts(ops, t: T, m: int, k: int) -> None:
+    w = weight(t, 37, k)
+    x = torch.randn(m, k)
+    want = x.double() @ dequantize(w.raw, t, w.shape).double().t()
+    assert rel_err(run_linear(ops, w, x), want) <= 1e-5
+
+
+def test_strided_activations_and_output_rows(ops) -> None:
+    """x may be a row slice of a wider buffer (ldx > k), as a view of the workspace is."""
+    w = weight(T.Q8_0, 64, 96)
+    big = torch.randn(4, 200)
+    x = big[:, 8:104]
+    want = x.double() @ dequantize(w.raw, T.Q8_0, w.shape).double().t()
+    assert rel_err(run_linear(ops, w, x), want) <= 1e-5
+
+
+@pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
+def test_get_rows_is_bit_exact(ops, t: T) -> None:
+    k = 512 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 96
+    w = weight(t, 50, k)
+    ids = torch.tensor([3, 0, 49, 3, 17] * 3)
+    out = torch.empty(len(ids), k)
+    ops.prepare_weights([w])
+    ops.get_rows(w, ids, out)
+    want = dequantize(w.raw, t, w.shape)[ids]
+    assert torch.equal(out.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+@pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
+def test_prefill_tiles_are_bit_exact_dequantisation(t: T, portable: bool) -> None:
+    """The scratch tiles the GEMM reads hold exactly gguf's dequantised values."""
+    k = 256 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 64
+    w = weight(t, 70, k)
+    tile = torch.empty(70, k)
+    CpuOps(2, portable)._dequant(w, 0, 70, tile)
+    want = dequantize(w.raw, t, w.shape)
+    assert torch.equal(tile.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_v.weight",
+                                  "blk.0.attn_output.weight", "blk.0.ffn_down.weight",
+                                  "blk.3.ffn_down.weight"])
+def test_real_tensors_of_the_default_model(default_model, ops, name: str) -> None:
+    """Q8_0 (the tied output head), Q5_0, Q4_K and Q6_K exactly as the file stores them."""
+    info = default_model.gguf.tensors[name]
+    w = next(x for x in default_model.matrices() if x.name == name)
+    assert w.ggml_type == info.ggml_type
+    n = min(w.shape[0], 4096)  # a row slice keeps the 262144-row head quick
+    sub = QWeight(name, w.raw[: n * w.row_bytes], w.ggml_type, (n, w.shape[1]))
+    dense = dequantize(sub.raw, sub.ggml_type, sub.shape).double()
+    for m in (1, 3, 16, 512):
+        x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
+        assert rel_err(run_linear(ops, sub, x), x.double() @ dense.t()) <= 1e-5, m
+
+
+def test_rms_norm_and_rope_match_the_reference(ops) -> None:
+    from ubatch.kernels.torch_ops import TorchOps
+
+    ref = TorchOps()
+    x, w = torch.randn(5, 3, 64) * 100, torch.randn(64)
+    got = ops.rms_norm(x, w, 1e-6, torch.empty_like(x), [torch.empty(5, 3, 1)])
+    want = ref.rms_norm(x, w, 1e-6, torch.empty_like(x), [torch.empty(5, 3, 1)])
+    assert rel_err(got, want) <= 1e-6
+    cos, sin = ref.rope_cache(torch.tensor([0, 7, 300, 4095, 12]), 48, 10000.0, 1.0)
+    for neox in (True, False):  # 48 of 64 dims rotate, the rest are copied
+        got = ops.rope(x, cos, sin, neox, torch.empty_like(x))
+        want = ref.rope(x, cos, sin, neox, torch.empty_like(x))
+        assert rel_err(got, want) <= 1e-6
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("t", [1, 3, 9])
+@pytest.mark.parametrize("heads", [(4, 1), (4, 2)], ids=["mqa", "gqa"])
+def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple[int, int]) -> None:
+    """Two groups (streams) reading their own cells, masked cells and whole hidden chunks."""
+    from ubatch.kernels.ops import KV_CHUNK, KVTensor, attn_scratch
+    from ubatch.kernels.quantize import QUANTIZERS
+    from ubatch.kernels.torch_ops import TorchOps
+
+    h, hkv, d, g, n_kv, size = *heads, 64, 2, 512, 768
+    gen = torch.Generator().manual_seed(t)
+    rows = torch.randn(g * size, hkv, d, generator=gen)
+    if kv_type == "q8_0":
+        data, gt = QUANTIZERS[int(T.Q8_0)](rows.reshape(g * size, -1)), int(T.Q8_0)
+    else:
+        dt = torch.float32 if kv_type == "f32" else torch.float16
+        data, gt = rows.to(dt), int(T.F32 if kv_type == "f32" else T.F16)
+    k = KVTensor(data, gt, hkv, d)
+    v = KVTensor(data.clone(), gt, hkv, d)
+    q = torch.randn(g, t, h, d, generator=gen)
+    vis = torch.rand(g, t, n_kv, generator=gen) > 0.3
+    vis[:, :, 300:] = False  # the second chunk hidden from every query
+    vis[:, :, 0] = True
+    mask = torch.where(vis, 0.0, float("-inf")).half()
+    starts = torch.tensor([0, size])
+    visible = (mask != float("-inf")).view(g * t, n_kv // KV_CHUNK, KV_CHUNK).any(2).any(0)
+
+    def run(o):
+        out = torch.empty(g * t, h * d)
+        scratch = [torch.empty(s, dtype=dt) for s, dt in attn_scratch(g, t, h, hkv, n_kv, d, d)]
+        return o.attention(q, k, v, starts, n_kv, mask, 0.125, out, scratch, visible)
+
+    assert rel_err(run(ops), run(TorchOps())) <= 1e-5
