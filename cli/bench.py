@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from .common import err_console, resolve_model, user_errors
+from .common import backend_option, err_console, resolve_model, user_errors
 
 TESTS, PARAMS, RUN, OUT = "Tests", "Parameters (comma lists and ranges: 1-8, 64-512*2, 0-4096+1024)", "Run", "Output"
 
@@ -46,6 +46,7 @@ def bench(
     ctk: Optional[List[str]] = typer.Option(None, "-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16, q8_0, q4_0", show_default="f16", rich_help_panel=PARAMS),
     ctv: Optional[List[str]] = typer.Option(None, "-ctv", "--cache-type-v", help="V cache type", show_default="f16", rich_help_panel=PARAMS),
     threads: Optional[List[str]] = typer.Option(None, "-t", "--threads", help="CPU threads", show_default="all", rich_help_panel=PARAMS),
+    backend: str = backend_option(PARAMS),
     n_outputs_max: Optional[List[str]] = typer.Option(None, "-nom", "--n-outputs-max", help="logit rows the compute buffer is planned for (0 = n_batch, llama-bench's)", show_default="0", rich_help_panel=PARAMS),
     reps: int = typer.Option(5, "-r", "--repetitions", help="timed repetitions per test", rich_help_panel=RUN),
     no_warmup: bool = typer.Option(False, "--no-warmup", help="skip the untimed warm-up run", rich_help_panel=RUN),
@@ -87,7 +88,7 @@ def bench(
         type_v=str_list(ctv, ["f16"], "-ctv", KV_TYPES),
         n_outputs_max=int_list(n_outputs_max, [0], "-nom"),
         n_threads=int_list(threads, [0], "-t"),
-        reps=reps, warmup=not no_warmup, profile=profile, delay=delay,
+        reps=reps, warmup=not no_warmup, profile=profile, delay=delay, backend=backend,
     )
     check_params(p)
     p.models = [Path(m) for m in model] if model else [resolve_model(None)]
@@ -141,6 +142,7 @@ def batched_bench(
     batch_size: int = typer.Option(2048, "-b", "--batch-size", rich_help_panel=PARAMS),
     ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", rich_help_panel=PARAMS),
     threads: int = typer.Option(-1, "-t", "--threads", help="CPU threads (-1 = all)", rich_help_panel=PARAMS),
+    backend: str = backend_option(PARAMS),
     ctk: str = typer.Option("f16", "-ctk", "--cache-type-k", rich_help_panel=PARAMS),
     ctv: str = typer.Option("f16", "-ctv", "--cache-type-v", rich_help_panel=PARAMS),
     kvu: bool = typer.Option(False, "-kvu", "--kv-unified", help="one KV stream shared by all sequences", rich_help_panel=PARAMS),
@@ -159,7 +161,7 @@ def batched_bench(
         model=resolve_model(model), n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size,
         n_threads=threads if threads > 0 else 0, type_k=ctk, type_v=ctv,
         n_pp=int_list(npp, [128, 256, 512], "-npp"), n_tg=int_list(ntg, [128, 256], "-ntg"),
-        n_pl=int_list(npl, [1, 2, 4, 8, 16, 32], "-npl"), pps=pps, tgs=tgs, kvu=kvu,
+        n_pl=int_list(npl, [1, 2, 4, 8, 16, 32], "-npl"), pps=pps, tgs=tgs, kvu=kvu, backend=backend,
     )
     if not p.model.is_file():
         raise BenchError(f"{p.model}: model file not found")

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from .common import check_text, err_console, process_escapes, read_text_file, resolve_model, user_errors
+from .common import backend_option, check_text, err_console, process_escapes, read_text_file, resolve_model, user_errors
 
 MODEL, CTX, BATCH, SAMPLING, OUTPUT = "Model", "Context", "Batching", "Sampling", "Output"
 CHAT = "Conversation"
@@ -35,6 +35,7 @@ def cli(
     batch_size: int = typer.Option(2048, "-b", "--batch-size", help="logical batch size (max tokens per decode)", rich_help_panel=BATCH),
     ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", help="physical batch size (max tokens per forward pass)", rich_help_panel=BATCH),
     threads: int = typer.Option(-1, "-t", "--threads", help="CPU threads (-1 = all)", rich_help_panel=BATCH),
+    backend: str = backend_option(BATCH),
     temp: float = typer.Option(0.8, "--temp", help="temperature (0 = greedy)", rich_help_panel=SAMPLING),
     top_k: int = typer.Option(40, "--top-k", rich_help_panel=SAMPLING),
     top_p: float = typer.Option(0.95, "--top-p", rich_help_panel=SAMPLING),
@@ -98,7 +99,8 @@ def cli(
         m = Model.load(path)
         params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
                                n_threads=threads if threads > 0 else 0, type_k=ctk, type_v=ctv,
-                               swa_full=swa_full, kv_unified=kv_unified, n_outputs_max=n_outputs_max)
+                               swa_full=swa_full, kv_unified=kv_unified, n_outputs_max=n_outputs_max,
+                               backend=backend)
         ctx = Context(m, params)
         if chat and not no_warmup:
             ctx.warmup()

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from ..engine.errors import UbatchError
-from .common import resolve_model, user_errors
+from .common import backend_option, resolve_model, user_errors
 
 
 def parse_bytes(text: str) -> int:
@@ -34,6 +34,7 @@ def info(
     swa_full: bool = typer.Option(False, "--swa-full"),
     ctk: str = typer.Option("f16", "-ctk", "--cache-type-k"),
     ctv: str = typer.Option("f16", "-ctv", "--cache-type-v"),
+    backend: str = backend_option(),
     n_outputs_max: Optional[int] = typer.Option(None, "--n-outputs-max", help="output rows reserved (default: one per sequence, as ubatch's commands and llama-server; 0 = n_batch, llama-completion's choice)"),
     fit_budget: Optional[str] = typer.Option(None, "--fit", help="memory budget (e.g. 1.5G): pick the largest -c, and -ub/-np if needed, that fit"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
@@ -48,7 +49,8 @@ def info(
     m = Model.load(resolve_model(model))
     params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
                            kv_unified=kv_unified, swa_full=swa_full, type_k=ctk, type_v=ctv,
-                           n_outputs_max=parallel if n_outputs_max is None else n_outputs_max)
+                           n_outputs_max=parallel if n_outputs_max is None else n_outputs_max,
+                           backend=backend)
     if fit_budget is not None:
         params, plan = fit(m, params, parse_bytes(fit_budget))
         ctx = None

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import typer
 
-from .common import err_console, fail, read_text_file, resolve_model, user_errors
+from .common import backend_option, err_console, fail, read_text_file, resolve_model, user_errors
 
 MODEL, SERVER, CTX, BATCH, SAMPLING = "Model", "Server", "Context", "Batching", "Sampling"
 
@@ -82,6 +82,7 @@ def server(
     ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", help="physical batch size: rows per forward pass", rich_help_panel=BATCH),
     cont_batching: bool = typer.Option(True, "-cb/-nocb", "--cont-batching/--no-cont-batching", help="mix prompt chunks into generation batches", rich_help_panel=BATCH),
     threads: int = typer.Option(-1, "-t", "--threads", help="CPU threads (-1 = all)", rich_help_panel=BATCH),
+    backend: str = backend_option(BATCH),
     no_warmup: bool = typer.Option(False, "--no-warmup", rich_help_panel=BATCH),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", help="default tokens to generate per request (-1 = unlimited)", rich_help_panel=SAMPLING),
     temp: float = typer.Option(0.8, "--temp", rich_help_panel=SAMPLING),
@@ -135,7 +136,7 @@ def server(
         try:
             sch = _load(model, n_parallel, ctx_size, batch_size, ubatch_size, kv_unified, ctk, ctv,
                         swa_full, threads, no_warmup, context_shift, cache_reuse,
-                        slot_prompt_similarity, cont_batching, log_disable)
+                        slot_prompt_similarity, cont_batching, log_disable, backend)
             result["scheduler"] = sch
             try:
                 state.attach(sch)
@@ -168,7 +169,8 @@ def server(
 
 def _load(model: Path | None, n_parallel: int, ctx_size: int, batch_size: int, ubatch_size: int,
           kv_unified: bool, ctk: str, ctv: str, swa_full: bool, threads: int, no_warmup: bool,
-          context_shift: bool, cache_reuse: int, sps: float, cont_batching: bool, quiet: bool) -> Any:
+          context_shift: bool, cache_reuse: int, sps: float, cont_batching: bool, quiet: bool,
+          backend: str = "auto") -> Any:
     from ..engine.context import Context
     from ..engine.model import Model
     from ..engine.params import ContextParams
@@ -179,7 +181,7 @@ def _load(model: Path | None, n_parallel: int, ctx_size: int, batch_size: int, u
     params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size,
                            n_seq_max=n_parallel, n_threads=threads if threads > 0 else 0,
                            n_outputs_max=n_parallel, type_k=ctk, type_v=ctv,
-                           kv_unified=kv_unified, swa_full=swa_full)
+                           kv_unified=kv_unified, swa_full=swa_full, backend=backend)
     ctx = Context(m, params)
     if not no_warmup:
         ctx.warmup()

@@ -71,3 +71,14 @@ def test_greedy_continuations_match_llama_cpp(ctx: Context) -> None:
         out = [e.token for e in complete(ctx, c["prompt_ids"], 8, Sampler(SamplerParams(temp=0)))]
         matched += out[:8] == c["greedy_ids"][:8]
     assert matched >= 5, f"{matched}/6 prompts match llama.cpp's first 8 greedy tokens"
+
+
+def test_greedy_text_is_the_same_on_every_backend(model: Model) -> None:
+    """The block-reading CPU kernels change no greedy token against the dense f32 reference."""
+    cases = [json.loads(x) for x in (REF / "greedy.jsonl").read_text().splitlines()][:3]
+    outs = {}
+    for backend in ("torch", "cpu"):
+        c = Context(model, ContextParams(n_ctx=512, n_outputs_max=1, backend=backend))
+        outs[backend] = [[e.token for e in complete(c, case["prompt_ids"], 16, Sampler(SamplerParams(temp=0)))]
+                         for case in cases if not c.memory.clear()]
+    assert outs["cpu"] == outs["torch"]

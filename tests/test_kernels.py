@@ -181,3 +181,52 @@ def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple
         return o.attention(q, k, v, starts, n_kv, mask, 0.125, out, scratch, visible)
 
     assert rel_err(run(ops), run(TorchOps())) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-portable"])
+def test_every_backend_runs_the_tiny_models_like_the_reference(tiny_gemma, tiny_llama, backend: str) -> None:
+    """Prefill (tiles + GEMM) then decode steps (GEMV, C attention) against the torch backend."""
+    from ubatch.engine.batch import Batch
+    from ubatch.engine.context import Context
+    from ubatch.engine.model import Model
+    from ubatch.engine.params import ContextParams
+
+    for path in (tiny_gemma, tiny_llama):
+        m = Model.load(path)
+        rows = {}
+        for name in ("torch", backend):
+            ctx = Context(m, ContextParams(n_ctx=256, n_ubatch=32, backend=name))
+            ctx.decode(Batch.from_tokens([2] + list(range(10, 50)), 0, all_logits=True))
+            got = [ctx.logits.clone()]
+            for i in range(3):
+                ctx.decode(Batch.from_tokens([60 + i], 41 + i))
+                got.append(ctx.logits.clone())
+            rows[name] = torch.cat(got)
+        assert rel_err(rows[backend], rows["torch"]) <= 1e-4
+
+
+def test_without_a_compiler_auto_falls_back_to_the_reference(monkeypatch, tmp_path) -> None:
+    from ubatch.kernels import cpu_build
+
+    monkeypatch.setattr(cpu_build, "_LOADED", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    ops = backends.create("auto", 2)
+    assert ops.name == "torch"
+    assert any("CPU kernels unavailable" in n and "torch reference" in n for n in ops.notices)
+    with pytest.raises(backends.BackendError, match="cannot run here"):
+        backends.create("cpu", 2)
+    with pytest.raises(backends.BackendError, match="unknown backend 'gpu0'"):
+        backends.create("gpu0", 2)
+
+
+def test_the_library_is_built_once_then_loaded_from_the_cache(monkeypatch, tmp_path) -> None:
+    from ubatch.kernels import cpu_build
+
+    monkeypatch.setattr(cpu_build, "_LOADED", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cold = cpu_build.load(portable=True)
+    assert cold.built and cold.path.parent == tmp_path / "ubatch" / "kernels"
+    monkeypatch.setattr(cpu_build, "_LOADED", {})
+    warm = cpu_build.load(portable=True)
+    assert not warm.built and warm.path == cold.path and warm.simd == "portable"

@@ -31,14 +31,15 @@ class Llama:
     def __init__(self, model_path: str | Path | None = None, *, n_ctx: int = 512, n_batch: int = 512,
                  n_ubatch: int = 512, n_seq_max: int = 1, n_threads: int | None = None,
                  seed: int = LLAMA_DEFAULT_SEED, logits_all: bool = False, type_k: str = "f16",
-                 type_v: str = "f16", verbose: bool = False, **_ignored: Any) -> None:
+                 type_v: str = "f16", verbose: bool = False, backend: str = "auto",
+                 **_ignored: Any) -> None:
         self.model_path = str(model_path or default_model_path())
         self.model = Model.load(self.model_path)
         self.vocab = self.model.vocab
         # n_outputs_max as llama-server sets it: every row only when all logits are wanted
         params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                                n_threads=n_threads or 0, type_k=type_k, type_v=type_v,
-                               n_outputs_max=0 if logits_all else n_seq_max)
+                               n_outputs_max=0 if logits_all else n_seq_max, backend=backend)
         self.ctx = Context(self.model, params)
         self.ctx.warmup()
         self.seed = seed
