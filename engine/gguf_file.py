@@ -29,6 +29,7 @@ _SCALARS: dict[int, tuple[str, int]] = {
 _NP_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
                10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
+LARGE_ARRAY = 4096  # numeric arrays longer than this (token scores, types) stay numpy arrays
 
 
 @dataclass(slots=True)
@@ -101,6 +102,8 @@ class _Cursor:
                     raise EOFError
                 arr = np.frombuffer(self.buf, dtype=_NP_SCALARS[etype], count=count, offset=self.pos)
                 self.pos += size
+                if count > LARGE_ARRAY and etype != 7:  # vocab-sized: a compact copy, no Python objects
+                    return arr.copy()
                 return arr.astype(bool).tolist() if etype == 7 else arr.tolist()
             raise ValueError(f"unsupported array element type {etype}")
         raise ValueError(f"unknown value type {vtype}")

@@ -14,6 +14,8 @@ import heapq
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .errors import ModelLoadError
 
 # GGUF token types (llama_token_type = SentencePiece's enum) and llama.cpp's attribute bits.
@@ -47,6 +49,19 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
 _UNSUPPORTED = {"gpt2": "BPE", "bert": "WordPiece", "t5": "Unigram", "rwkv": "RWKV",
                 "plamo2": "PLaMo2", "gemma4": "BPE", "hybriddna": "BPE", "whitespace": "BPE"}
+def _varint(n: int) -> bytes:
+    """Protobuf's base-128 varint."""
+    if n < 0x80:
+        return _SMALL[n]
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+_SMALL = [bytes((i,)) for i in range(0x80)]
 _SPACE = "\u2581"  # "▁", SentencePiece's escaped space
 _BYTE_TEXTS = [f"<0x{b:02X}>" for b in range(256)]
 
@@ -81,15 +96,16 @@ class Vocab:
         if not tokens:
             raise ModelLoadError(f"{source}: tokenizer.ggml.tokens is missing or empty")
         n = len(tokens)
-        scores = metadata.get("tokenizer.ggml.scores") or [0.0] * n
-        types = metadata.get("tokenizer.ggml.token_type") or [NORMAL] * n
+        scores = metadata.get("tokenizer.ggml.scores")
+        types = metadata.get("tokenizer.ggml.token_type")
+        scores = np.zeros(n, np.float32) if scores is None or len(scores) == 0 else np.asarray(scores, np.float32)
+        types = np.full(n, NORMAL) if types is None or len(types) == 0 else np.asarray(types)
         if len(scores) < n or len(types) < n:
             raise ModelLoadError(f"{source}: tokenizer scores/token_type are shorter than the "
                                  f"{n} tokens; the file is broken")
-        return cls(list(tokens), [float(s) for s in scores[:n]], list(types[:n]), metadata,
-                   source, use_sentencepiece)
+        return cls(list(tokens), scores[:n], types[:n].tolist(), metadata, source, use_sentencepiece)
 
-    def __init__(self, tokens: list[str], scores: list[float], types: list[int],
+    def __init__(self, tokens: list[str], scores: np.ndarray, types: list[int],
                  metadata: dict[str, Any], source: str, use_sentencepiece: bool) -> None:
         n = self.n_tokens = len(tokens)
         self._text = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
@@ -169,12 +185,17 @@ class Vocab:
         ns = m.normalizer_spec  # identity: no NFKC, no whitespace clean-up, no dummy prefix
         ns.name, ns.add_dummy_prefix, ns.remove_extra_whitespaces = "identity", False, False
         ns.escape_whitespaces = True
-        add = m.pieces.add
-        for i, (text, score) in enumerate(zip(self._text, self._scores)):
+        # the pieces are written in protobuf's wire format directly: 262k message objects would
+        # cost ~30 MB of heap that is never given back
+        pieces = bytearray()
+        score_bytes = self._scores.astype("<f4").tobytes()
+        for i, text in enumerate(self._text):
             kind = UNKNOWN if i == self.unk else BYTE if i in reserved else NORMAL
-            add(piece=text, score=score, type=kind)
+            b = text.encode("utf-8")
+            body = b"\x0a" + _varint(len(b)) + b + b"\x15" + score_bytes[4 * i : 4 * i + 4] + b"\x18" + _varint(kind)
+            pieces += b"\x0a" + _varint(len(body)) + body  # ModelProto.pieces (field 1)
         try:
-            return spm.SentencePieceProcessor(model_proto=m.SerializeToString())
+            return spm.SentencePieceProcessor(model_proto=bytes(pieces) + m.SerializeToString())
         except RuntimeError:
             return None
 
@@ -246,7 +267,7 @@ class Vocab:
         def push(left: int, right: int) -> None:
             if left >= 0 and right < end and (tok := ids.get(sym[left] + sym[right])) is not None:
                 size = len(sym[left]) + len(sym[right])
-                heapq.heappush(heap, (-scores[tok], left, right, size))  # best score, leftmost
+                heapq.heappush(heap, (-float(scores[tok]), left, right, size))  # best score, leftmost
 
         for i in range(1, end):
             push(i - 1, i)
