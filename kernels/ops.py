@@ -33,14 +33,24 @@ class KVTensor:
     head_dim: int
 
 
+ATTN_TILE_ROWS = 512  # query rows (token x head) per score tile: 512 x 256 cells = 512 KiB
+
+
+def query_block(t: int, r: int) -> int:
+    """Tokens per score tile when r query heads share a KV head."""
+    return max(1, min(t, ATTN_TILE_ROWS // r))
+
+
 def attn_scratch(g: int, t: int, n_head: int, n_head_kv: int, n_kv: int, d: int,
                  dv: int) -> ScratchSpec:
-    """Scratch of the attention op: one chunk of K and V in f32, the score tile for a chunk,
-    three per-row statistics, and for GQA (n_head_kv > 1) head-major copies of q and of the
-    output. Only the score tile grows with the ubatch; nothing grows with the context."""
+    """Scratch of the attention op: one chunk of K and V in f32, the score tile for one block of
+    queries and one chunk of cells, the running max and sum per query row, and for GQA
+    (n_head_kv > 1) head-major copies of q and of the output. Nothing grows with the context,
+    and the score tile stops growing with the ubatch at ATTN_TILE_ROWS rows."""
     r, c, b = n_head // n_head_kv, min(KV_CHUNK, n_kv), g * n_head_kv
-    out = [((b, c, d), torch.float32), ((b, c, dv), torch.float32), ((b, t * r, c), torch.float32),
-           ((b, t * r, 1), torch.float32), ((b, t * r, 1), torch.float32), ((b, t * r, 1), torch.float32)]
+    rows = query_block(t, r) * r
+    out = [((b, c, d), torch.float32), ((b, c, dv), torch.float32), ((b, rows, c), torch.float32),
+           ((b, t * r, 1), torch.float32), ((b, t * r, 1), torch.float32), ((b, rows, 1), torch.float32)]
     if n_head_kv > 1:
         out += [((g, n_head_kv, t, r, d), torch.float32), ((g, n_head_kv, t, r, dv), torch.float32)]
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .dequant import dequantize
-from .ops import KV_CHUNK, MASKED, KVTensor, ScratchSpec
+from .ops import KV_CHUNK, MASKED, KVTensor, ScratchSpec, query_block
 from .quantize import QUANTIZERS
 from .weight import QWeight
 
@@ -143,6 +143,7 @@ class TorchOps:
         g, t, n_head, d = q.shape
         n_head_kv, dv = k.n_head, v.head_dim
         r, b = n_head // n_head_kv, g * n_head_kv
+        qb = query_block(t, r)  # tokens per score tile: the tile stays cache-sized
         kc, vc, s, m, l, tmp = scratch[:6]
         if n_head_kv == 1:  # MQA: every query head reads the one KV head; no permutes
             qh, acc = q.view(b, t * r, d), out.view(b, t * r, dv)
@@ -157,24 +158,30 @@ class TorchOps:
             c = min(KV_CHUNK, n_kv - c0)
             if vis is not None and not vis[c0 // KV_CHUNK]:
                 continue
-            mc = mask[:, :, c0 : c0 + c]
-            kcv, vcv, sv = kc[:, :c], vc[:, :c], s[:, :, :c]
+            kcv, vcv = kc[:, :c], vc[:, :c]
             for gi, st in enumerate(starts_l):
                 self.kv_chunk(k, st + c0, c, kcv[gi * n_head_kv : (gi + 1) * n_head_kv])
                 self.kv_chunk(v, st + c0, c, vcv[gi * n_head_kv : (gi + 1) * n_head_kv])
-            torch.bmm(qh, kcv.transpose(1, 2), out=sv)
-            sv.mul_(scale)
-            sv.view(g, n_head_kv, t, r, c).add_(mc[:, None, :, None, :])
-            torch.amax(sv, -1, keepdim=True, out=tmp)
-            torch.maximum(tmp, m, out=tmp).clamp_(min=MASKED)  # new running max
-            m.sub_(tmp).exp_()  # m now holds the correction exp(m_old - m_new)
-            sv.sub_(tmp).exp_()
-            l.mul_(m)
-            acc.mul_(m)
-            torch.sum(sv, -1, keepdim=True, out=m)
-            l.add_(m)
-            acc.baddbmm_(sv, vcv)
-            m.copy_(tmp)
+            for t0 in range(0, t, qb):
+                tb = min(qb, t - t0)
+                mc = mask[:, t0 : t0 + tb, c0 : c0 + c]
+                rows = slice(t0 * r, (t0 + tb) * r)
+                sv, tv = s[:, : tb * r, :c], tmp[:, : tb * r]
+                mv, lv, av = m[:, rows], l[:, rows], acc[:, rows]
+                torch.bmm(qh[:, rows], kcv.transpose(1, 2), out=sv)
+                if scale != 1.0:
+                    sv.mul_(scale)
+                sv.view(g, n_head_kv, tb, r, c).add_(mc[:, None, :, None, :])
+                torch.amax(sv, -1, keepdim=True, out=tv)
+                torch.maximum(tv, mv, out=tv).clamp_(min=MASKED)  # new running max
+                mv.sub_(tv).exp_()  # m now holds the correction exp(m_old - m_new)
+                sv.sub_(tv).exp_()
+                lv.mul_(mv)
+                av.mul_(mv)
+                torch.sum(sv, -1, keepdim=True, out=mv)
+                lv.add_(mv)
+                av.baddbmm_(sv, vcv)
+                mv.copy_(tv)
         acc.div_(l)
         if n_head_kv > 1:
             out.view(g, t, n_head_kv, r, dv).copy_(oh.permute(0, 2, 1, 3, 4))

@@ -58,13 +58,18 @@ def ubatch_batched(model: Model, threads: int, npl: list[int]) -> dict[int, floa
     return {r.pl: r.speed_tg for r in rows}
 
 
+# A tiny launcher (no torch, ~10 MB) forks the measured command: a child forked from this
+# script would inherit this process's RSS in its ru_maxrss before exec.
+_LAUNCH = ("import os,sys\npid=os.fork()\nif pid==0:\n    os.execvp(sys.argv[1],sys.argv[1:])\n"
+           "_,st,ru=os.wait4(pid,0)\nprint(ru.ru_maxrss)\nsys.exit(os.waitstatus_to_exitcode(st))")
+
+
 def peak_rss_mib(cmd: list[str]) -> float:
-    """Peak RSS of a child process, from wait4's rusage (kilobytes on Linux)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, ru = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"failed: {' '.join(cmd)}")
-    return ru.ru_maxrss / 1024
+    """Peak RSS of a command, from wait4's rusage (kilobytes on Linux)."""
+    r = subprocess.run([sys.executable, "-S", "-c", _LAUNCH, *cmd], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}: {r.stderr.strip()[-300:]}")
+    return int(r.stdout.strip().splitlines()[-1]) / 1024
 
 
 def main() -> None:
