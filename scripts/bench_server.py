@@ -10,7 +10,7 @@ requests at once (greedy, ignore_eos, so every stream generates exactly -n token
   x vs 1          aggregate t/s relative to one stream: what continuous batching buys
   rows/decode     tokens per decode call (server /metrics): the ubatch width
   decodes/s       decode calls per second: stays near the 1-stream rate while rows grow
-  weights GB/s    decodes/s x dense weight bytes (each decode reads every matrix once)
+  weights GB/s    decodes/s x stored weight bytes (each decode reads every matrix once)
 
 Warm-up is kept out of the numbers. Usage: python scripts/bench_server.py [-m MODEL] [-n 32]
 """
@@ -132,7 +132,7 @@ def main() -> None:
                 sys.exit("server did not become ready")
             time.sleep(0.2)
         info = httpx.get(url + "/v1/models").json()["data"][0]
-        weight_bytes = 4 * info["meta"]["n_params"]  # the torch path keeps f32 dense matrices
+        weight_bytes = info["meta"]["size"]  # the CPU backend reads the GGUF tensors as stored
         for n in levels:  # warm-up: plan every batch shape once
             run_level(url, n, 4)
         best: dict[int, dict[str, float]] = {}
@@ -149,7 +149,7 @@ def main() -> None:
     base = rows[0]["agg_tps"]
     print(f"model: {info['id']} ({info['meta']['n_params'] / 1e6:.0f} M params), -np {n_slots}, "
           f"{args.n_predict} tokens per stream, greedy, {os.cpu_count()} CPUs, best of {args.repeat}")
-    print(f"measured copy bandwidth: {peak:.1f} GB/s; weights read per decode: {weight_bytes / 1e9:.2f} GB (f32)")
+    print(f"measured copy bandwidth: {peak:.1f} GB/s; weights read per decode: {weight_bytes / 1e9:.2f} GB (as stored)")
     head = f"{'streams':>7} {'tokens':>6} {'wall s':>7} {'aggregate t/s':>13} {'per stream t/s':>14} " \
            f"{'x vs 1':>6} {'TTFT ms':>8} {'rows/decode':>11} {'decodes/s':>9} {'weights GB/s':>12}"
     print(head)
