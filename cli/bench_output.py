@@ -83,6 +83,10 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
+def _is_tg(r: BenchResult) -> bool:
+    return r.n_gen > 0 and r.n_prompt == 0
+
+
 def md_columns(p: BenchParams, results: Sequence[BenchResult]) -> list[str]:
     """llama-bench's rule: a parameter gets a column when it has several values or a
     non-default one (threads always on CPU); ubatch adds `ub eff` when a clamp changed n_ubatch
@@ -99,6 +103,8 @@ def md_columns(p: BenchParams, results: Sequence[BenchResult]) -> list[str]:
     if len(p.n_outputs_max) > 1 or p.n_outputs_max != [0]:
         cols.append("n_outputs_max")
     cols += ["test", "t/s"]
+    if any(_is_tg(r) for r in results):
+        cols.append("GB/s")
     if any(r.n_ubatch_eff != r.n_ubatch for r in results):
         cols.append("ub_eff")
     cols += ["buffer MiB", "used MiB", "KV MiB"]
@@ -107,7 +113,7 @@ def md_columns(p: BenchParams, results: Sequence[BenchResult]) -> list[str]:
 
 HEADERS = {"n_threads": "threads", "n_outputs_max": "n_outputs_max"}
 WIDTHS = {"model": -30, "size": 10, "params": 10, "backend": -10, "n_threads": 7, "n_batch": 7,
-          "n_ubatch": 8, "type_k": 6, "type_v": 6, "n_outputs_max": 13, "test": 15, "t/s": 20,
+          "n_ubatch": 8, "type_k": 6, "type_v": 6, "n_outputs_max": 13, "test": 15, "t/s": 20, "GB/s": 6,
           "ub_eff": 6, "buffer MiB": 10, "used MiB": 10, "KV MiB": 10}
 
 
@@ -125,6 +131,8 @@ def _cell(r: BenchResult, col: str) -> str:
             return r.test
         case "t/s":
             return f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"
+        case "GB/s":  # every matrix is read once per generated token
+            return f"{r.model_size * r.avg_ts / 1e9:.2f}" if _is_tg(r) else "-"
         case "ub_eff":
             return str(r.n_ubatch_eff)
         case "buffer MiB":

@@ -109,9 +109,16 @@ class Context:
         self.workspace_regrows = 0
         # the output buffer: n_seq_max logits rows at start, grown to the largest batch's outputs
         # as llama.cpp's output_reserve does; a decode's logits are valid until the next decode
-        self.output_rows = self.cparams.n_seq_max
-        self._outputs = allocate("output buffer", self.output_rows * model.hparams.n_vocab * 4,
-                                 lambda: torch.empty(self.output_rows, model.hparams.n_vocab))
+        self._outputs = self._output_buffer(self.cparams.n_seq_max)
+
+    def _output_buffer(self, rows: int) -> torch.Tensor:
+        n_vocab = self.model.hparams.n_vocab
+        return allocate("output buffer", rows * n_vocab * 4, lambda: torch.empty(rows, n_vocab))
+
+    @property
+    def output_rows(self) -> int:
+        """Logits rows the output buffer holds (what the startup log's output buffer line says)."""
+        return self._outputs.shape[0]
 
     @property
     def n_ctx(self) -> int:
@@ -209,9 +216,7 @@ class Context:
             self._prev_shape.clear()  # llama.cpp rebuilds graphs after a memory update
         ubatches = self.memory.init_batch(batch, self.cparams.n_ubatch)
         if n_outputs > self.output_rows:
-            self.output_rows = n_outputs
-            self._outputs = allocate("output buffer", n_outputs * hp.n_vocab * 4,
-                                     lambda: torch.empty(n_outputs, hp.n_vocab))
+            self._outputs = self._output_buffer(n_outputs)
         output = self._outputs[:n_outputs]
         order: list[np.ndarray] = []
         self.records = []

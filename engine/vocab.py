@@ -49,19 +49,6 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
 _UNSUPPORTED = {"gpt2": "BPE", "bert": "WordPiece", "t5": "Unigram", "rwkv": "RWKV",
                 "plamo2": "PLaMo2", "gemma4": "BPE", "hybriddna": "BPE", "whitespace": "BPE"}
-def _varint(n: int) -> bytes:
-    """Protobuf's base-128 varint."""
-    if n < 0x80:
-        return _SMALL[n]
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-_SMALL = [bytes((i,)) for i in range(0x80)]
 _SPACE = "\u2581"  # "▁", SentencePiece's escaped space
 _BYTE_TEXTS = [f"<0x{b:02X}>" for b in range(256)]
 
@@ -169,33 +156,17 @@ class Vocab:
         if None in byte_ids or self._text[self.unk] in _BYTE_TEXTS:
             return None
         import sentencepiece as spm
-        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        from .spm_model import bpe_model_proto
 
         # All other pieces are NORMAL so merges reach control/user-defined tokens as in llama.cpp
         # (we split special texts out ourselves). SentencePiece never merges into byte/unknown
         # pieces, llama.cpp could: fragments holding such a buildable text take the Python loop.
         reserved = {self.unk, *byte_ids}
         self._suspects = [self._text[i] for i in reserved if self._buildable(self._text[i])]
-        m = pb.ModelProto()
-        m.trainer_spec.model_type = pb.TrainerSpec.BPE
-        m.trainer_spec.byte_fallback = True
-        m.trainer_spec.vocab_size = self.n_tokens
-        m.trainer_spec.unk_id = self.unk
-        m.trainer_spec.bos_id = m.trainer_spec.eos_id = m.trainer_spec.pad_id = -1
-        ns = m.normalizer_spec  # identity: no NFKC, no whitespace clean-up, no dummy prefix
-        ns.name, ns.add_dummy_prefix, ns.remove_extra_whitespaces = "identity", False, False
-        ns.escape_whitespaces = True
-        # the pieces are written in protobuf's wire format directly: 262k message objects would
-        # cost ~30 MB of heap that is never given back
-        pieces = bytearray()
-        score_bytes = self._scores.astype("<f4").tobytes()
-        for i, text in enumerate(self._text):
-            kind = UNKNOWN if i == self.unk else BYTE if i in reserved else NORMAL
-            b = text.encode("utf-8")
-            body = b"\x0a" + _varint(len(b)) + b + b"\x15" + score_bytes[4 * i : 4 * i + 4] + b"\x18" + _varint(kind)
-            pieces += b"\x0a" + _varint(len(body)) + body  # ModelProto.pieces (field 1)
+        kinds = [UNKNOWN if i == self.unk else BYTE if i in reserved else NORMAL for i in range(self.n_tokens)]
         try:
-            return spm.SentencePieceProcessor(model_proto=bytes(pieces) + m.SerializeToString())
+            return spm.SentencePieceProcessor(model_proto=bpe_model_proto(self._text, self._scores, kinds, self.unk))
         except RuntimeError:
             return None
 

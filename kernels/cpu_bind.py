@@ -16,7 +16,6 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from .ops import KVTensor
-from .weight import QWeight
 
 GEMV_MAX_ROWS = 16  # measured: the fused kernel beats dequantise + GEMM up to here
 ATTN_MAX_ROWS = 4  # query rows per group read straight from the cache; more: the chunked GEMMs
@@ -111,6 +110,3 @@ def _bind_attention(lib: Any, nth: int, q: torch.Tensor, k: KVTensor, v: KVTenso
                              k.n_head, v.head_dim, starts.data_ptr(), n_kv, mask.data_ptr(), scale,
                              out.data_ptr(), nth)
 
-
-def weight_ok(w: QWeight) -> bool:
-    return w.ggml_type in KERNEL_TYPES

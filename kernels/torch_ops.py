@@ -7,6 +7,8 @@ beyond the file's tensor bytes, and `held_bytes` says so.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .dequant import dequantize
@@ -24,13 +26,14 @@ class TorchOps:
         self.n_threads = n_threads
         self.notices: list[str] = []
         self._rope_tables: dict[tuple, tuple] = {}  # key -> (inverse frequencies, cos, sin)
+        self._weights: list[QWeight] = []
         self._dense: dict[QWeight, torch.Tensor] = {}
 
     # -- weights --------------------------------------------------------------------------------
     def prepare_weights(self, weights: list[QWeight]) -> None:
-        """Dequantise every matrix once (the reference multiplies dense f32 copies)."""
-        for w in weights:
-            self.dense(w)
+        """The reference multiplies dense copies, each made at its first use: a context that is
+        only planned (`ubatch info`, `--fit`) dequantises nothing."""
+        self._weights += [w for w in weights if w not in self._weights]
 
     def dense(self, w: QWeight) -> torch.Tensor:
         t = self._dense.get(w)
@@ -39,7 +42,8 @@ class TorchOps:
         return t
 
     def held_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._dense.values())
+        """The dense copies of the prepared weights, made or still to be made."""
+        return sum(math.prod(w.shape) for w in self._weights) * self.compute_dtype.itemsize
 
     def kernel_path(self, ggml_type: int) -> str:
         return f"torch: dense {str(self.compute_dtype).removeprefix('torch.')} copy + torch.mm"

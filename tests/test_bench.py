@@ -146,6 +146,8 @@ def test_md_has_llama_bench_columns(synthetic) -> None:  # noqa: ANN001
     assert rows[0]["model"] == "gemma3 270M Q4_K - Medium"
     assert rows[0]["size"] == "241.28 MiB" and rows[0]["params"] == "268.10 M"
     assert rows[0]["t/s"] == "101.00 ± 1.50"
+    tg = rs[1]  # generation reads every matrix once per token: bytes x t/s
+    assert rows[0]["GB/s"] == "-" and rows[1]["GB/s"] == f"{tg.model_size * tg.avg_ts / 1e9:.2f}"
     assert rows[1]["ub_eff"] == "128"  # the clamp is shown
     assert (rows[0]["buffer MiB"], rows[0]["used MiB"], rows[0]["KV MiB"]) == ("12.50", "10.00", "6.00")
     assert text.rstrip().endswith("build: 0.1.0 (0)")

@@ -386,3 +386,27 @@ def test_too_long_prompt_fails_before_any_output(bad_runs: dict[str, Run]) -> No
     r = bad_runs["too_long"]
     assert r.stdout == ""  # the prompt is not echoed
     assert "llama_context" not in r.stderr  # nor is the model run (warm-up) or logged
+
+
+def test_backend_flag_same_text_and_the_memory_each_holds(tiny_gemma: Path) -> None:
+    """--backend through the real CLI: the same greedy text from the C kernels and the torch
+    reference, each backend's weight memory in `info --json`, and a bad name as one line."""
+    m = str(tiny_gemma)
+    runs = ubatch_many({
+        "cpu": ["cli", "-m", m, "-p", "hello", "-n", "6", "--temp", "0", "-c", "256", "--backend", "cpu"],
+        "torch": ["cli", "-m", m, "-p", "hello", "-n", "6", "--temp", "0", "-c", "256", "--backend", "torch"],
+        "info_cpu": ["info", "-m", m, "-c", "256", "--json"],
+        "info_torch": ["info", "-m", m, "-c", "256", "--json", "--backend", "torch"],
+        "bad": ["cli", "-m", m, "-p", "hello", "-n", "1", "--backend", "gpu9"],
+    })
+    assert runs["cpu"].returncode == 0 and runs["torch"].returncode == 0, runs["cpu"].stderr
+    assert runs["cpu"].stdout == runs["torch"].stdout
+    assert "ubatch: backend = cpu, weights held beyond the file = 0.00 MiB" in runs["cpu"].stderr
+    assert "ubatch: backend = torch" in runs["torch"].stderr
+    cpu, ref = json.loads(runs["info_cpu"].stdout), json.loads(runs["info_torch"].stdout)
+    assert (cpu["backend"], cpu["backend_bytes"]) == ("cpu", 0)
+    assert ref["backend"] == "torch" and ref["backend_bytes"] > cpu["model_bytes"]  # dense f32
+    assert all("fused dequant GEMV" in path for path in cpu["kernels"].values())
+    bad = runs["bad"]
+    assert bad.returncode == 1 and "unknown backend 'gpu9'" in bad.stderr
+    assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

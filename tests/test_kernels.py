@@ -230,3 +230,25 @@ def test_the_library_is_built_once_then_loaded_from_the_cache(monkeypatch, tmp_p
     monkeypatch.setattr(cpu_build, "_LOADED", {})
     warm = cpu_build.load(portable=True)
     assert not warm.built and warm.path == cold.path and warm.simd == "portable"
+
+
+def test_a_type_without_a_kernel_is_dequantised_per_use_with_a_notice() -> None:
+    """Q3_K has no C kernel: a one-line notice, and the product is still right."""
+    ops = CpuOps(2)
+    w = weight(T.Q3_K, 20, 256)
+    x = torch.randn(3, 256)
+    got = run_linear(ops, w, x)
+    assert any(n.startswith("Q3_K has no CPU kernel") for n in ops.notices)
+    assert "dequantise per use" in ops.kernel_path(int(T.Q3_K))
+    assert rel_err(got, x.double() @ dequantize(w.raw, T.Q3_K, w.shape).double().t()) <= 1e-5
+
+
+def test_a_cpu_without_avx2_gets_the_portable_build_with_a_notice(monkeypatch) -> None:
+    from ubatch.kernels import cpu_build
+
+    monkeypatch.setattr(cpu_build, "_LOADED", {})
+    monkeypatch.setattr(cpu_build, "cpu_flags", lambda: frozenset({"sse2", "fma"}))
+    monkeypatch.setattr(cpu_build.platform, "machine", lambda: "x86_64")
+    ops = backends.create("cpu", 2)
+    assert ops.library.simd == "portable"
+    assert any("CPU lacks avx2, f16c" in n and "portable" in n for n in ops.notices)
