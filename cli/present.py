@@ -6,7 +6,8 @@ from __future__ import annotations
 from rich.table import Table
 
 from ..engine.context import Context
-from ..engine.generate import CompletionStats, tokens_per_second
+from ..engine.generate import CompletionStats
+from ..engine.units import tokens_per_second
 from ..engine.report import MemoryPlan, memory_plan
 
 MiB = 1024 * 1024

@@ -8,7 +8,7 @@ import secrets
 import time
 from typing import Any
 
-from ..engine.generate import tokens_per_second
+from ..engine.units import tokens_per_second
 from ..engine.scheduler import Scheduler, Slot
 from ..engine.server_task import Final, Partial, TokenProb
 

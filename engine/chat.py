@@ -32,7 +32,8 @@ from .batch import common_prefix
 from .chat_template import ChatTemplate
 from .context import Context
 from .errors import UbatchError
-from .generate import CompletionStats, complete, tokens_per_second
+from .generate import CompletionStats, complete
+from .units import tokens_per_second
 from .sampling import Sampler
 
 # stands in for the last answer while rendering; no template changes it (no spaces to trim)

@@ -16,12 +16,8 @@ from .batch import Batch
 from .context import Context
 from .errors import ContextError
 from .sampling import Sampler
+from .units import tokens_per_second
 from .vocab import TokenStreamer
-
-
-def tokens_per_second(n: int, ms: float) -> float:
-    """llama.cpp's `1e3 / t_ms * n`, 0 when nothing was timed."""
-    return 1e3 * n / ms if ms > 0 else 0.0
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .generate import tokens_per_second
+from .units import tokens_per_second
 from .sampling import LLAMA_DEFAULT_SEED, SamplerParams
 
 INT32_MAX = 2**31 - 1
