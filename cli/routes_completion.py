@@ -1,0 +1,106 @@
+"""The completion routes of `ubatch server`: llama-server's native /completion, OpenAI's
+/v1/completions and /v1/chat/completions.
+
+All three are one path (read the prompts, fan them out into tasks, await their events) that
+differs only in how the body is read and how the results are written, so they share a module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from ..engine.server_task import Failed, Final, RequestError, Task, context_error
+from . import server_json as sj
+from .server_http import api, error_response, read_json
+from .server_oai import oai_chat_body, oai_completion_body
+from .server_params import parse_params, split_prompts
+from .server_state import ServerState
+from .server_stream import EventStream, Reader, sse_events
+
+
+def read_prompts(st: ServerState, body: Any, kind: str
+                 ) -> tuple[dict[str, Any], list[list[str | int]]]:
+    """The native body and its prompts; kind is "native", "oai" or "chat"."""
+    if kind == "chat":
+        body = oai_chat_body(body)
+        return body, [[st.render(body["messages"])]]
+    if kind == "oai":
+        body = oai_completion_body(body)
+    elif not isinstance(body, dict) or "prompt" not in body:
+        raise RequestError('"prompt" is required')
+    return body, split_prompts(body["prompt"])
+
+
+async def complete(st: ServerState, request: Request, kind: str) -> Response:
+    s, body = st.sch(), await read_json(request)
+    vocab = s.vocab
+    body, prompts = read_prompts(st, body, kind)
+    params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False))
+    token_lists = [st.tokenize_prompt(p) for p in prompts]
+    for toks in token_lists:  # before any task runs: one prompt too long fails the whole request
+        if (err := context_error(len(toks), s.n_ctx_slot)) is not None:
+            raise err
+    model = body["model"] if isinstance(body.get("model"), str) else st.model_id
+    reader = Reader(s, request.receive)
+    n = params.n_cmpl
+    for i, (p, toks) in enumerate(zip(prompts, token_lists)):
+        text = p[0] if len(p) == 1 and isinstance(p[0], str) else vocab.detokenize(toks)
+        reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text)
+                         for j in range(n)]
+    for t in reader.tasks:
+        s.submit(t)
+    first = await reader.get()
+    if first is Reader.GONE:
+        reader.close()
+        return Response(status_code=499)
+    if isinstance(first, Failed):
+        reader.disconnect()  # cancel the request's other tasks
+        reader.close()
+        return error_response(first.error)
+    cid = sj.new_id("chatcmpl-" if kind == "chat" else "cmpl-")
+    if params.stream:
+        return EventStream(sse_events(reader, first, kind, cid, model), reader)
+    finals: list[Final] = []
+    ev = first
+    while True:
+        if ev is Reader.GONE:
+            reader.close()
+            return Response(status_code=499)
+        if isinstance(ev, Failed):
+            reader.disconnect()
+            reader.close()
+            return error_response(ev.error)
+        if isinstance(ev, Final):
+            finals.append(ev)
+            if len(finals) == len(reader.tasks):
+                break
+        ev = await reader.get()
+    reader.close()
+    if kind == "chat":
+        return JSONResponse(sj.oai_chat(finals, cid, model))
+    if kind == "oai":
+        return JSONResponse(sj.oai_completion(finals, cid, model))
+    res = [sj.native_final(f, model) for f in sorted(finals, key=lambda f: f.task.index)]
+    return JSONResponse(res[0] if len(res) == 1 else res)
+
+
+def add_completion_routes(app: FastAPI, st: ServerState) -> None:
+    @app.post("/completion")
+    @app.post("/completions")
+    @api
+    async def completion(request: Request) -> Response:
+        return await complete(st, request, "native")
+
+    @app.post("/v1/completions")
+    @api
+    async def completions_oai(request: Request) -> Response:
+        return await complete(st, request, "oai")
+
+    @app.post("/chat/completions")
+    @app.post("/v1/chat/completions")
+    @api
+    async def chat(request: Request) -> Response:
+        return await complete(st, request, "chat")

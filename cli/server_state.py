@@ -1,0 +1,82 @@
+"""What every route of `ubatch server` reads: the command-line options, the scheduler once the
+model has loaded, and the prompt handling the completion and tokenizer routes share.
+
+It is its own module so that the route modules can depend on it without depending on the app
+that wires them together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.chat_template import ChatTemplate
+from ..engine.errors import UbatchError
+from ..engine.sampling import SamplerParams
+from ..engine.scheduler import Scheduler
+from ..engine.server_task import IdCounter, RequestError
+from .server_oai import chat_messages
+from .server_params import ServerDefaults
+
+
+@dataclass
+class ServerOptions:
+    """Server-wide settings from the command line (llama-server's flags of the same names)."""
+
+    api_keys: tuple[str, ...] = ()
+    metrics: bool = False
+    slots: bool = True
+    alias: str | None = None
+    chat_template: str | None = None  # --chat-template NAME|FILE|JINJA
+    jinja: bool = True
+    n_predict: int = -1
+    sampling: SamplerParams = field(default_factory=SamplerParams)
+    cache_prompt: bool = True
+
+
+class ServerState:
+    """What the routes read: the options, and the scheduler once the model has loaded."""
+
+    def __init__(self, options: ServerOptions | None = None) -> None:
+        self.options = options or ServerOptions()
+        self.scheduler: Scheduler | None = None  # None while loading: every route answers 503
+        self.defaults = ServerDefaults()
+        self.ids = IdCounter()
+        self.model_id = self.options.alias or ""
+        self.chat: ChatTemplate | None = None
+
+    def attach(self, scheduler: Scheduler) -> None:
+        o, m = self.options, scheduler.ctx.model
+        self.chat = ChatTemplate.for_model(m, o.chat_template, o.jinja)  # a bad --chat-template fails here
+        self.defaults = ServerDefaults(
+            sampling=o.sampling, n_predict=o.n_predict, n_ctx_slot=scheduler.n_ctx_slot,
+            n_parallel=len(scheduler.slots), n_vocab=m.hparams.n_vocab, cache_prompt=o.cache_prompt,
+            n_cache_reuse=scheduler.cache_reuse)
+        self.model_id = o.alias or m.path.name
+        self.scheduler = scheduler  # last: this makes the server ready
+
+    def sch(self) -> Scheduler:
+        """The scheduler; routes run only once it is attached (the Gate answers 503 before)."""
+        assert self.scheduler is not None
+        return self.scheduler
+
+    def render(self, messages: Any) -> str:
+        """Chat messages -> the prompt text, through the model's (or --chat-template's) template."""
+        assert self.chat is not None
+        try:
+            return self.chat.apply(chat_messages(messages))
+        except UbatchError as e:  # a template that rejects these messages: the client's problem
+            raise RequestError(str(e)) from None
+
+    def tokenize_prompt(self, parts: list[str | int], add_special: bool = True,
+                        parse_special: bool = True) -> list[int]:
+        """One prompt of strings and token ids -> token ids; BOS only before a leading string."""
+        vocab, out = self.sch().vocab, []
+        for i, p in enumerate(parts):
+            if isinstance(p, str):
+                out += vocab.tokenize(p, add_special and i == 0, parse_special)
+            else:
+                out.append(p)
+        if any(not 0 <= t < vocab.n_tokens for t in out):
+            raise RequestError("Prompt contains invalid tokens")
+        return out

@@ -1,0 +1,108 @@
+"""How a request's events get from the engine thread to the client: the `Reader` that hands
+them onto the event loop (and cancels the request's tasks when the client goes away), and the
+server-sent-events stream of `"stream": true` completions.
+
+Handlers never block the engine: they submit tasks and await the events that the scheduler
+thread hands over with `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.responses import Response
+
+from ..engine.scheduler import Scheduler
+from ..engine.server_task import Failed, Final, Partial, Task
+from . import server_json as sj
+
+
+class Reader:
+    """One request's events, moved from the engine thread onto the event loop; watches for the
+    client going away and then cancels the request's tasks."""
+
+    GONE = object()
+
+    def __init__(self, scheduler: Scheduler, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.scheduler, self.tasks, self.gone = scheduler, list[Task](), False
+        self._watcher = asyncio.ensure_future(self._watch(receive))
+
+    def sink(self, event: Any) -> None:  # called on the engine thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop has closed (shutdown)
+            pass
+
+    async def _watch(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.disconnect()
+
+    def disconnect(self) -> None:
+        if not self.gone:
+            self.gone = True
+            for t in self.tasks:
+                self.scheduler.cancel(t)
+            self.queue.put_nowait(Reader.GONE)
+
+    def close(self) -> None:
+        self._watcher.cancel()
+
+    async def get(self) -> Any:
+        return await self.queue.get()
+
+
+class EventStream(Response):
+    """text/event-stream without Content-Length; a failed send counts as a disconnect."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], reader: Reader) -> None:
+        self.chunks, self.reader = chunks, reader
+        self.status_code, self.background = 200, None
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                            (b"cache-control", b"no-cache")]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in self.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            self.reader.disconnect()
+        finally:
+            self.reader.close()
+
+
+async def sse_events(reader: Reader, ev: Any, kind: str, cid: str,
+                     model: str) -> AsyncIterator[bytes]:
+    """The SSE chunks of a streamed request, from its first event `ev` until every task has
+    finished: native chunks for kind "native", OpenAI chunks (and `[DONE]`) for "oai" and "chat"."""
+    n_final = 0
+    while True:
+        if ev is Reader.GONE:
+            return
+        if isinstance(ev, Failed):
+            e = ev.error
+            yield sj.sse(sj.error_json(e.code, e.message, e.type, **e.extra))
+            return
+        if kind == "native":
+            chunks = [sj.native_partial(ev) if isinstance(ev, Partial) else sj.native_final(ev, model)]
+        elif kind == "oai":
+            chunks = sj.oai_completion_chunk(ev, cid, model)
+        else:
+            chunks = sj.oai_chat_chunks(ev, cid, model)
+        for c in chunks:
+            yield sj.sse(c)
+        if isinstance(ev, Final):
+            n_final += 1
+            if n_final == len(reader.tasks):
+                if kind != "native":
+                    yield b"data: [DONE]\n\n"
+                return
+        ev = await reader.get()
