@@ -10,7 +10,8 @@ from typing import Any
 
 from ..engine.units import tokens_per_second
 from ..engine.scheduler import Scheduler, Slot
-from ..engine.server_task import Final, Partial, TokenProb
+from ..engine.generation import TokenProb
+from ..engine.server_task import Final, Partial
 
 FLT_LOWEST = -3.4028234663852886e38  # llama.cpp sends this instead of -inf (not valid JSON)
 BUILD_INFO = "ubatch-0.1.0"

@@ -243,6 +243,7 @@ class ChatSession:
                                    n_dropped=plan.n_dropped, reprocess=plan.reprocess,
                                    prompt_text=plan.text, turn_text=plan.turn_text)
         st = CompletionStats()
+        cache = list(plan.target[:kept])  # kept equal to the sequence's cells by the generation
         sampled: list[int] = []
         pieces: list[str] = []
         completed = False
@@ -250,7 +251,7 @@ class ChatSession:
         try:
             for ev in complete(self.ctx, plan.target[kept:], self.n_predict, self.sampler, st,
                                ignore_eos=self.ignore_eos, n_past=kept, ctx_shift=self.shift_in_answer,
-                               n_keep=n_keep, seq_id=self.seq_id, progress=progress):
+                               n_keep=n_keep, seq_id=self.seq_id, progress=progress, cache=cache):
                 if ev.token >= 0 and not self.vocab.is_eog(ev.token):
                     sampled.append(ev.token)
                 if ev.text:
@@ -258,10 +259,10 @@ class ChatSession:
                     yield ev.text
             completed = True
         finally:
-            self._finish(plan, kept, st, sampled, "".join(pieces), completed, n_keep)
+            self._finish(plan, kept, st, cache, sampled, "".join(pieces), completed)
 
-    def _finish(self, plan: _Plan, kept: int, st: CompletionStats, sampled: list[int], answer: str,
-                completed: bool, n_keep: int) -> None:
+    def _finish(self, plan: _Plan, kept: int, st: CompletionStats, seq: list[int], sampled: list[int],
+                answer: str, completed: bool) -> None:
         ts = self.last
         assert ts is not None
         ts.n_prompt, ts.t_prompt_ms = st.n_prompt, st.t_prompt_ms
@@ -277,14 +278,8 @@ class ChatSession:
                 self.messages, self._stream, self._pending, self._prev_text = undo
             self._dirty = False
             return
-        # what the cache holds: the target, then each decoded answer token (shifts replayed)
-        seq = list(plan.target)
+        # `seq` is what the cache holds: the target, then each decoded answer token (after shifts)
         k = st.n_eval
-        for t in sampled[:k]:
-            if self.shift_in_answer and len(seq) + 1 >= self.n_ctx:
-                keep = min(n_keep, len(seq) - 1)
-                del seq[keep : keep + (len(seq) - keep) // 2]
-            seq.append(t)
         mem = self.ctx.memory
         ok = k <= len(sampled) and len(seq) == st.n_past
         if ok:

@@ -10,14 +10,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import torch
-
 from .batch import Batch
 from .context import Context
 from .errors import ContextError
+from .generation import Generation, GenerationParams, shift_sequence
 from .sampling import Sampler
 from .units import tokens_per_second
-from .vocab import TokenStreamer
 
 
 @dataclass(slots=True)
@@ -79,74 +77,56 @@ def prefill(ctx: Context, tokens: list[int], pos0: int = 0, seq_id: int = 0,
 
 
 def context_shift(ctx: Context, n_past: int, n_keep: int, seq_id: int = 0) -> int:
-    """llama-completion's context shift: keep the first n_keep tokens, drop half of the rest,
-    slide the remainder down (K is re-rotated at the next decode). Returns the new n_past."""
-    n_left = n_past - n_keep
-    n_discard = n_left // 2
-    ctx.memory.seq_rm(seq_id, n_keep, n_keep + n_discard)
-    ctx.memory.seq_add(seq_id, n_keep + n_discard, n_past, -n_discard)
-    return n_past - n_discard
+    """llama-completion's context shift on sequence seq_id; returns the new n_past."""
+    return n_past - shift_sequence(ctx.memory, seq_id, n_past, n_keep)
 
 
 def complete(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
              stats: CompletionStats | None = None, ignore_eos: bool = False, n_past: int = 0,
              ctx_shift: bool = False, n_keep: int = 0, seq_id: int = 0,
-             progress: Callable[[int, int], None] | None = None) -> Iterator[TokenEvent]:
+             progress: Callable[[int, int], None] | None = None,
+             cache: list[int] | None = None) -> Iterator[TokenEvent]:
     """Generate up to n_predict tokens (-1 = until end of generation or a full context).
 
     `prompt` is decoded after the n_past tokens sequence seq_id already holds (a chat turn
     prefills only itself). When the context fills: with ctx_shift, the first n_keep tokens stay
     and half of the rest is discarded; without it generation stops (stop_reason "context").
-    `stats.n_past` is the sequence length afterwards.
+    `stats.n_past` is the sequence length afterwards; `cache`, when given, holds the n_past
+    cached tokens and is kept equal to what the sequence's cells hold.
     """
     stats = stats if stats is not None else CompletionStats()
-    vocab = ctx.model.vocab
-    n_ctx = ctx.cparams.n_ctx_seq
     check_prompt_fits(ctx, n_past + len(prompt))
     if ctx_shift and not ctx.memory.can_shift:
         raise ContextError("context shift needs every KV cache to hold the whole context; with a "
                            "sliding-window model add --swa-full")
+    cache = cache if cache is not None else [0] * n_past
+    params = GenerationParams(n_predict=n_predict, ignore_eos=ignore_eos, ctx_shift=ctx_shift, n_keep=n_keep)
+    gen = Generation(ctx.model.vocab, sampler, params, ctx.cparams.n_ctx_seq, cache)
     t0 = time.perf_counter()
     prefill(ctx, prompt, n_past, seq_id, progress=progress)
+    cache.extend(prompt)
     stats.n_prompt, stats.t_prompt_ms = len(prompt), (time.perf_counter() - t0) * 1e3
-    for t in prompt:
-        sampler.accept(t)
-    streamer = TokenStreamer(vocab)
-    pos = n_past + len(prompt)
-    stats.n_past = pos
-    # --ignore-eos is llama.cpp's logit bias of -inf on every end-of-generation token
-    eog = torch.tensor(sorted(vocab.eog), dtype=torch.long) if ignore_eos and vocab.eog else None
-    while n_predict < 0 or stats.n_gen < n_predict:
-        ts = time.perf_counter()
-        logits = ctx.logits[-1]
-        if eog is not None:
-            logits = logits.float().index_fill(0, eog, float("-inf"))
-        tok = sampler.sample(logits)
-        sampler.accept(tok)
-        stats.t_sample_ms += (time.perf_counter() - ts) * 1e3
-        stats.n_gen += 1
-        if vocab.is_eog(tok) and not ignore_eos:
-            stats.stop_reason = "eog"
-            tail = streamer.flush()
-            if tail:
-                yield TokenEvent(tok, tail)
-            return
-        yield TokenEvent(tok, streamer.push(tok))
-        if n_predict >= 0 and stats.n_gen >= n_predict:
+    stats.n_past = len(cache)
+    gen.accept_prompt(prompt)
+    while True:
+        step = gen.sample(ctx.logits[-1])
+        stats.n_gen, stats.t_sample_ms = gen.n_decoded, gen.t_sample_ms
+        if gen.stop_reason == "eog":  # the end-of-generation token carries what was held back
+            text = step.text + gen.finish()
+            if text:
+                yield TokenEvent(step.token, text)
             break
-        if pos + 1 >= n_ctx:  # llama-completion: n_past + 1 >= n_ctx
-            if not ctx_shift:
-                stats.stop_reason = "context"
-                break
-            pos = context_shift(ctx, pos, min(n_keep, pos - 1), seq_id)
-            stats.n_shifts += 1
+        yield TokenEvent(step.token, step.text)
+        if step.done:
+            break
+        stats.n_shifts += gen.make_room(ctx.memory, seq_id)
         te = time.perf_counter()
-        ctx.decode(Batch.from_tokens([tok], pos, seq_id))
+        ctx.decode(Batch.from_tokens([gen.sampled], len(cache), seq_id))
+        gen.decoded()
         stats.t_eval_ms += (time.perf_counter() - te) * 1e3
         stats.n_eval += 1
-        pos += 1
-        stats.n_past = pos
-    stats.stop_reason = stats.stop_reason or "length"
-    tail = streamer.flush()
+        stats.n_past = len(cache)
+    stats.stop_reason = gen.stop_reason
+    tail = gen.finish()
     if tail:
         yield TokenEvent(-1, tail)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .units import tokens_per_second
+from .generation import TokenProb
 from .sampling import SamplerParams
 
 INT32_MAX = 2**31 - 1
@@ -90,16 +91,6 @@ class Task:
     def emit(self, event: Any) -> None:
         if not self.cancelled:
             self.sink(event)
-
-
-@dataclass(slots=True)
-class TokenProb:
-    """The sampled token's log-probability and the top-n candidates (pre-sampling)."""
-
-    id: int
-    piece: bytes
-    logprob: float
-    top: list[tuple[int, bytes, float]]
 
 
 @dataclass(slots=True)
@@ -180,11 +171,3 @@ def context_error(n_prompt: int, n_ctx: int) -> RequestError | None:
         f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens), "
         "try increasing it", 400, "exceed_context_size_error",
         n_prompt_tokens=n_prompt, n_ctx=n_ctx)
-
-
-def find_partial_stop(text: str, word: str) -> int:
-    """Start of the longest suffix of `text` that is a proper prefix of `word`, or -1."""
-    for n in range(min(len(word) - 1, len(text)), 0, -1):
-        if text.endswith(word[:n]):
-            return len(text) - n
-    return -1

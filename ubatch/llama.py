@@ -21,10 +21,10 @@ from .engine.context import Context
 from .engine.default_model import default_model_path
 from .engine.errors import ContextError
 from .engine.generate import check_prompt_fits
+from .engine.generation import Generation, GenerationParams, TokenProb
 from .engine.model import Model
 from .engine.params import ContextParams
 from .engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
-from .engine.vocab import TokenStreamer
 
 
 class Llama:
@@ -139,15 +139,13 @@ class Llama:
         ids = prompt if isinstance(prompt, list) else self.vocab.tokenize(prompt, True, True)
         check_prompt_fits(self.ctx, len(ids))
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        limit = self.ctx.n_ctx - len(ids) if max_tokens is None or max_tokens <= 0 else max_tokens
+        limit = -1 if max_tokens is None or max_tokens <= 0 else max_tokens  # -1: until the context is full
         sampler = Sampler(SamplerParams(temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                         seed=self.seed if seed is None else seed,
                                         repeat_penalty=repeat_penalty,
                                         frequency_penalty=frequency_penalty,
                                         presence_penalty=presence_penalty))
         self._prefix_eval(ids)
-        for t in ids:
-            sampler.accept(t)
 
         def chunk(text: str, finish: str | None, lp: dict[str, Any] | None = None) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created,
@@ -156,45 +154,36 @@ class Llama:
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": n_gen,
                               "total_tokens": len(ids) + n_gen}}
 
-        n_gen, pending, emitted, finish, stop_hit = 0, "", 0, "length", False
+        n_gen, emitted = 0, 0
         if echo:
             yield chunk(self.vocab.detokenize(ids), None)
-        streamer = TokenStreamer(self.vocab)
-        while n_gen < limit:
-            logits = self._last_logits
-            tok = sampler.sample(logits)
-            sampler.accept(tok)
-            if self.vocab.is_eog(tok):
-                finish = "stop"
+        cache = self.input_ids[: self.n_tokens].tolist()
+        gen = Generation(self.vocab, sampler, GenerationParams(n_predict=limit, stop=stops,
+                                                               n_probs=0 if logprobs is None else max(logprobs, 1)),
+                         self.ctx.n_ctx, cache)
+        gen.accept_prompt(ids)
+        while True:
+            step = gen.sample(self._last_logits)
+            if gen.stop_reason == "eog":
                 break
             n_gen += 1
-            pending += streamer.push(tok)
-            lp = None
-            if logprobs is not None:
-                ls = torch.log_softmax(logits.float(), -1)
-                top = torch.topk(ls, max(logprobs, 1))
-                piece = self.vocab.token_to_piece(tok).decode("utf-8", errors="replace")
-                lp = {"tokens": [piece], "token_logprobs": [float(ls[tok])],
-                      "top_logprobs": [{self.vocab.token_to_piece(int(i)).decode("utf-8", "replace"): float(v)
-                                        for v, i in zip(top.values, top.indices)}],
-                      "text_offset": [emitted]}
-            hit = min((pending.find(s) for s in stops if s in pending), default=-1)
-            if hit >= 0:
-                if pending[:hit]:
-                    yield chunk(pending[:hit], None, lp)
-                finish, stop_hit = "stop", True
+            lp = None if step.prob is None else self._logprobs(step.prob, emitted)
+            if step.text or (lp and gen.stop_reason != "word"):
+                emitted += len(step.text)
+                yield chunk(step.text, None, lp)
+            if step.done:
                 break
-            # hold back a tail that could still become a stop string
-            hold = max((len(s) - 1 for s in stops), default=0)
-            out, pending = (pending[: len(pending) - hold], pending[len(pending) - hold :]) if hold else (pending, "")
-            if out or lp:
-                emitted += len(out)
-                yield chunk(out, None, lp)
-            if n_gen >= limit or self.n_tokens >= self.ctx.n_ctx:
-                break
-            self.eval([tok])
-        if not stop_hit:  # end of generation or length: what was held back is part of the text
-            pending += streamer.flush()
-            if pending:
-                yield chunk(pending, None)
-        yield chunk("", finish)
+            self.eval([gen.sampled])
+            gen.decoded()
+        tail = gen.finish()  # at the end of generation or length, what was held back is text after all
+        if tail:
+            yield chunk(tail, None)
+        yield chunk("", "length" if gen.stop_reason in ("length", "context") else "stop")
+
+    def _logprobs(self, prob: TokenProb, offset: int) -> dict[str, Any]:
+        """One token's entry of llama-cpp-python's `logprobs` (text pieces, not token ids)."""
+        def text(piece: bytes) -> str:
+            return piece.decode("utf-8", errors="replace")
+
+        return {"tokens": [text(prob.piece)], "token_logprobs": [prob.logprob],
+                "top_logprobs": [{text(p): lp for _, p, lp in prob.top}], "text_offset": [offset]}

@@ -1,0 +1,82 @@
+"""What the scheduler remembers about its work: a record per decode call and per released slot,
+and llama-server's metrics counters. Kept apart from the loop so /metrics, /iterations and the
+tests read plain data, never the scheduler's internals."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class IterationRecord:
+    """What one decode call carried: rows per sequence id, generation vs prompt rows."""
+
+    index: int
+    n_tokens: int
+    n_outputs: int
+    rows: dict[int, int]  # seq id -> rows in this decode
+    n_gen: int
+    n_prompt: int
+    n_ubatch: int
+    ms: float
+    retries: int = 0
+    n_queued: int = 0  # tasks waiting for a slot when this batch was assembled
+
+
+@dataclass(slots=True)
+class ReleaseRecord:
+    slot: int
+    task: int
+    reason: str  # "eos" | "word" | "limit" | "cancelled" | "error"
+    iteration: int
+    cancel_iteration: int = -1
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """llama-server's server_metrics plus the batching counters this project is about."""
+
+    t_start: float = field(default_factory=time.time)
+    n_prompt_tokens_total: int = 0
+    t_prompt_ms_total: float = 0.0
+    n_predicted_total: int = 0
+    t_predicted_ms_total: float = 0.0
+    n_prompt_tokens: int = 0  # bucket since the last /metrics read
+    t_prompt_ms: float = 0.0
+    n_predicted: int = 0
+    t_predicted_ms: float = 0.0
+    n_tokens_max: int = 0
+    n_decode_total: int = 0
+    n_busy_slots_total: int = 0
+    n_rows_total: int = 0
+    n_ubatch_total: int = 0
+    decodes_by_n_seqs: Counter[int] = field(default_factory=Counter)
+    n_requests: int = 0
+    n_cancelled: int = 0
+    n_errors: int = 0
+
+    def reset_bucket(self) -> None:
+        self.n_prompt_tokens = self.n_predicted = 0
+        self.t_prompt_ms = self.t_predicted_ms = 0.0
+
+    def prompt_done(self, n_tokens: int, ms: float) -> None:
+        self.n_prompt_tokens_total += n_tokens
+        self.n_prompt_tokens += n_tokens
+        self.t_prompt_ms_total += ms
+        self.t_prompt_ms += ms
+
+    def generation_done(self, n_tokens: int, ms: float) -> None:
+        self.n_predicted_total += n_tokens
+        self.n_predicted += n_tokens
+        self.t_predicted_ms_total += ms
+        self.t_predicted_ms += ms
+
+    def count_decode(self, rec: IterationRecord, n_busy: int) -> None:
+        """One decode call: the batching counters behind /metrics' rows-per-decode figures."""
+        self.n_decode_total += 1
+        self.n_busy_slots_total += n_busy
+        self.n_rows_total += rec.n_tokens
+        self.n_ubatch_total += rec.n_ubatch
+        self.decodes_by_n_seqs[len(rec.rows)] += 1
