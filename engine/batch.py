@@ -51,15 +51,10 @@ class UBatch:
     output: np.ndarray  # bool [n_tokens]
     batch_idx: np.ndarray  # int64 [n_tokens]: index of each slot in the source batch
     n_seqs: int = 1  # split_equal: number of sequence groups, each n_tokens // n_seqs slots
-    equal_seqs: bool = False
 
     @property
     def n_tokens(self) -> int:
         return int(self.token.shape[0])
-
-    @property
-    def n_outputs(self) -> int:
-        return int(self.output.sum())
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -71,7 +66,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def make_ubatch(batch: Batch, idx: np.ndarray, n_seqs: int = 1, equal_seqs: bool = False) -> UBatch:
+def make_ubatch(batch: Batch, idx: np.ndarray, n_seqs: int = 1) -> UBatch:
     return UBatch(
         token=np.asarray(batch.token, dtype=np.int64)[idx],
         pos=np.asarray(batch.pos, dtype=np.int64)[idx],
@@ -80,7 +75,6 @@ def make_ubatch(batch: Batch, idx: np.ndarray, n_seqs: int = 1, equal_seqs: bool
         output=np.asarray(batch.logits, dtype=bool)[idx],
         batch_idx=idx,
         n_seqs=n_seqs,
-        equal_seqs=equal_seqs,
     )
 
 
@@ -125,5 +119,5 @@ def split_equal(batch: Batch, n_ubatch: int, sequential: bool) -> list[UBatch]:
         for k in sets:
             cursor[k] += rounds
         used[idx] = True
-        out.append(make_ubatch(batch, idx, n_seqs=len(sets), equal_seqs=True))
+        out.append(make_ubatch(batch, idx, n_seqs=len(sets)))
     return out

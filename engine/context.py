@@ -259,12 +259,3 @@ class Context:
         else:
             self.perf.t_p_eval_ms += dt
             self.perf.n_p_eval += batch.n_tokens
-
-    def logits_ith(self, i: int) -> torch.Tensor:
-        """Logits of batch slot i (negative: from the end of the outputs), as llama_get_logits_ith."""
-        if i < 0:
-            return self.logits[len(self.output_ids) + i]
-        try:
-            return self.logits[self.output_ids.index(i)]
-        except ValueError:
-            raise DecodeError(-1, f"invalid logits id {i}, reason: batch.logits[{i}] != true") from None

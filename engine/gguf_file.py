@@ -59,11 +59,6 @@ class GGUFFile:
     metadata: dict[str, Any]
     tensors: dict[str, TensorInfo]
     data_offset: int
-    file_size: int
-
-    @property
-    def architecture(self) -> str:
-        return str(self.metadata.get("general.architecture", ""))
 
 
 class _Cursor:
@@ -176,4 +171,4 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
             )
         shape = tuple(int(x) for x in reversed(ne))
         tensors[name] = TensorInfo(name, ttype, shape, mm[start : start + n_bytes], n_bytes)
-    return GGUFFile(p, version, metadata, tensors, data_offset, size)
+    return GGUFFile(p, version, metadata, tensors, data_offset)

@@ -43,14 +43,6 @@ class HParams:
     qk_norm: bool
     ffn_act: str  # "silu" (llama) or "gelu_tanh" (gemma)
 
-    @property
-    def n_embd_k_gqa(self) -> int:
-        return self.n_embd_head_k * self.n_head_kv
-
-    @property
-    def n_embd_v_gqa(self) -> int:
-        return self.n_embd_head_v * self.n_head_kv
-
     def is_swa(self, il: int) -> bool:
         return self.swa_layers[il]
 

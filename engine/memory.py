@@ -63,9 +63,6 @@ class KVMemory:
         """K-shift needs every cache to hold the same cells (iSWA only with --swa-full)."""
         return len({c.size for c in self.caches}) == 1
 
-    def cache_of(self, il: int) -> KVCache:
-        return self.caches[self.layer_cache[il]]
-
     # -- splitting and placement ----------------------------------------------------------------
     def init_batch(self, batch: Batch, n_ubatch: int) -> list[UBatch]:
         """Split as llama.cpp's memory does and check every ubatch fits (error code 1 if not)."""

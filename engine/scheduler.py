@@ -237,7 +237,6 @@ class Scheduler:
         """Error the slot's task, free its cells (llama-server clears a failed slot's KV)."""
         if not s.busy:
             return
-        self.stats.n_errors += 1
         s.task.emit(Failed(s.task, err))  # type: ignore[union-attr]
         self.ctx.memory.seq_rm(s.id)
         s.cache.clear()

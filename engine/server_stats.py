@@ -55,7 +55,6 @@ class SchedulerStats:
     decodes_by_n_seqs: Counter[int] = field(default_factory=Counter)
     n_requests: int = 0
     n_cancelled: int = 0
-    n_errors: int = 0
 
     def reset_bucket(self) -> None:
         self.n_prompt_tokens = self.n_predicted = 0

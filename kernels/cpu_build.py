@@ -32,7 +32,6 @@ class CpuLibrary:
     path: Path
     simd: str  # "avx2" or "portable"
     built: bool  # compiled in this process (cold start) rather than loaded from the cache
-    build_ms: float
     notice: str = ""
 
 
@@ -155,11 +154,11 @@ def load(portable: bool | None = None) -> CpuLibrary:
     cc = _compiler()
     if cc is None:
         raise OSError("no C compiler found (install gcc or set CC)")
-    path, built, ms = _build(cc, portable)
+    path, built, _ = _build(cc, portable)
     lib = ctypes.CDLL(str(path))
     _bind(lib)
     if lib.ub_abi_version() != ABI_VERSION:
         raise OSError(f"{path}: kernel ABI {lib.ub_abi_version()} != {ABI_VERSION}; delete it")
     simd = "avx2" if lib.ub_simd() == 2 else "portable"
-    _LOADED[portable] = CpuLibrary(lib, path, simd, built, ms, notice)
+    _LOADED[portable] = CpuLibrary(lib, path, simd, built, notice)
     return _LOADED[portable]
