@@ -31,62 +31,12 @@ from typing import Any
 from .batch import common_prefix
 from .chat_template import ChatTemplate
 from .context import Context
-from .errors import UbatchError
 from .generate import CompletionStats, complete
-from .units import tokens_per_second
+from .chat_turn import ChatInputError, ContextFullError, TurnInput, TurnStats
 from .sampling import Sampler
 
 # stands in for the last answer while rendering; no template changes it (no spaces to trim)
 SENTINEL = "\u2063ubatch\u2063answer\u2063"
-
-
-class ChatInputError(UbatchError):
-    """A message the conversation refuses (empty, too long); the conversation goes on."""
-
-
-class ContextFullError(ChatInputError):
-    """The conversation no longer fits the context and no context-shift policy is enabled."""
-
-
-@dataclass(slots=True)
-class TurnStats:
-    """One turn, as /stats and --verbose show it."""
-
-    turn: int = 0
-    n_turn: int = 0  # tokens the new turn added to the conversation (incl. an undecoded answer token)
-    n_prompt: int = 0  # tokens evaluated (prefilled) this turn
-    n_reused: int = 0  # conversation tokens found in the KV cache
-    n_gen: int = 0  # answer tokens (the end-of-generation token not counted)
-    n_eval: int = 0  # single-token decodes
-    t_prompt_ms: float = 0.0
-    t_eval_ms: float = 0.0
-    stop_reason: str = ""  # "eog", "length", "context", "interrupted"
-    n_past: int = 0  # tokens in the cache afterwards
-    n_shifts: int = 0
-    n_dropped: int = 0  # messages dropped to make room
-    reprocess: str = ""  # why the conversation was tokenized whole ("" = the turn's delta only)
-    prompt_text: str = ""  # the whole conversation, formatted
-    turn_text: str = ""  # the formatted text this turn appended (whole prompt when reprocessed)
-    answer: str = ""
-
-    @property
-    def prompt_tps(self) -> float:
-        return tokens_per_second(self.n_prompt, self.t_prompt_ms)
-
-    @property
-    def eval_tps(self) -> float:
-        return tokens_per_second(self.n_eval, self.t_eval_ms)
-
-
-@dataclass(slots=True)
-class _Plan:
-    messages: list[dict[str, Any]]  # the conversation with the new user message
-    text: str  # messages formatted, with the generation prompt
-    target: list[int]  # the tokens the cache must hold before sampling
-    n_turn: int
-    turn_text: str
-    reprocess: str = ""
-    n_dropped: int = 0
 
 
 @dataclass
@@ -158,7 +108,7 @@ class ChatSession:
     def _tokenize(self, text: str, add_special: bool) -> list[int]:
         return self.vocab.tokenize(text, add_special=add_special, parse_special=True)
 
-    def _plan(self, text: str) -> _Plan:
+    def _plan(self, text: str) -> TurnInput:
         if not text.strip():
             raise ChatInputError("empty message: type something (or /exit to leave)")
         user = {"role": "user", "content": text}
@@ -174,17 +124,17 @@ class ChatSession:
             if s.count(SENTINEL) == 1 and s[:i] == self._prev_text:
                 tail = s[i + len(SENTINEL):]
                 new = self._tokenize(tail, add_special=False)
-                plan = _Plan(msgs, full, self._stream + new, self._pending + len(new), tail)
+                plan = TurnInput(msgs, full, self._stream + new, self._pending + len(new), tail)
             else:
                 reprocess = "the template renders the history differently now"
         if plan is None:
             toks = self._tokenize(full, add_special=True)
-            plan = _Plan(msgs, full, toks, len(toks), full, reprocess)
+            plan = TurnInput(msgs, full, toks, len(toks), full, reprocess)
         if len(plan.target) > self.n_ctx - 4:
             plan = self._make_room(user, plan)
         return plan
 
-    def _make_room(self, user: dict[str, Any], plan: _Plan) -> _Plan:
+    def _make_room(self, user: dict[str, Any], plan: TurnInput) -> TurnInput:
         n_ctx = self.n_ctx
         if not self.ctx_shift:
             raise ContextFullError(
@@ -206,7 +156,7 @@ class ChatSession:
         if len(toks) > n_ctx - 4:
             raise ChatInputError(f"the message is too long: {len(toks)} tokens with the system prompt "
                                  f"and the template, the context holds {n_ctx}; restart with a larger -c")
-        return _Plan(msgs, text, toks, len(toks), text,
+        return TurnInput(msgs, text, toks, len(toks), text,
                      f"dropped the {dropped} oldest messages to make room" if dropped else plan.reprocess,
                      dropped)
 
@@ -226,7 +176,7 @@ class ChatSession:
         plan = self._plan(text)
         return self._run(plan, progress)
 
-    def _run(self, plan: _Plan, progress: Callable[[int, int], None] | None) -> Iterator[str]:
+    def _run(self, plan: TurnInput, progress: Callable[[int, int], None] | None) -> Iterator[str]:
         n_common = min(common_prefix(self.tokens, plan.target), len(plan.target) - 1)
         kept = self._truncate(n_common)
         if kept < n_common:
@@ -239,7 +189,7 @@ class ChatSession:
         if self.turns == 0:
             self._n_keep_first = n_keep
         self.turns += 1
-        ts = self.last = TurnStats(turn=self.turns, n_turn=plan.n_turn, n_reused=kept,
+        self.last = TurnStats(turn=self.turns, n_turn=plan.n_turn, n_reused=kept,
                                    n_dropped=plan.n_dropped, reprocess=plan.reprocess,
                                    prompt_text=plan.text, turn_text=plan.turn_text)
         st = CompletionStats()
@@ -261,7 +211,7 @@ class ChatSession:
         finally:
             self._finish(plan, kept, st, cache, sampled, "".join(pieces), completed)
 
-    def _finish(self, plan: _Plan, kept: int, st: CompletionStats, seq: list[int], sampled: list[int],
+    def _finish(self, plan: TurnInput, kept: int, st: CompletionStats, seq: list[int], sampled: list[int],
                 answer: str, completed: bool) -> None:
         ts = self.last
         assert ts is not None

@@ -15,15 +15,14 @@ which is wrong for Gemma: `<|im_start|>` is not a token of its vocabulary) and o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .chat_formats import BUILTIN
 from .errors import UbatchError
+from .jinja_env import compile_jinja
 
 BUILTIN_TEMPLATES = ("chatml", "gemma", "llama3")
 JINJA = "jinja"  # detect_template's answer for a template only Jinja can render
@@ -36,15 +35,10 @@ _LLAMA_CPP_ONLY = ("llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip",
                    "chatglm4", "glmedge", "minicpm", "exaone3", "exaone4", "rwkv-world", "granite",
                    "gigachat", "megrez", "yandex", "bailing", "llama4", "smolvlm", "hunyuan-moe",
                    "gpt-oss", "kimi-k2", "seed_oss")
-_WS = " \t\n\r\v\f"  # llama-chat.cpp's trim(): std::isspace
 
 
 class ChatTemplateError(UbatchError):
     """A template that cannot be loaded or rendered, or messages it cannot take."""
-
-
-def _trim(s: str) -> str:
-    return s.strip(_WS)
 
 
 # -- detection --------------------------------------------------------------------------------
@@ -127,50 +121,6 @@ def load_template(name_or_file: str) -> str:
     return text
 
 
-# -- Jinja ------------------------------------------------------------------------------------
-
-def _raise_exception(message: str) -> None:
-    import jinja2
-
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Hugging Face's tojson: no HTML escaping, unicode kept
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-@lru_cache(maxsize=16)
-def _compile(source: str) -> Any:
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    # the options Hugging Face and llama.cpp's Jinja engine use
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
-
-
-def compile_jinja(source: str, what: str = "chat template") -> Any:
-    """The compiled template, or ChatTemplateError naming `what` and the line."""
-    import jinja2
-
-    try:
-        return _compile(source)
-    except jinja2.TemplateSyntaxError as e:
-        raise ChatTemplateError(f"{what}: invalid Jinja chat template (line {e.lineno}: "
-                                f"{e.message})") from None
-
-
 # -- rendering --------------------------------------------------------------------------------
 
 def _content_text(content: Any, i: int) -> str:
@@ -210,42 +160,6 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     return out
 
 
-def _gemma(msgs: list[dict[str, Any]], add_ass: bool) -> str:
-    out, system = [], ""
-    for m in msgs:
-        role = m["role"]
-        if role == "system":  # no system turn in gemma: merged into the next user turn
-            system += _trim(m["content"])
-            continue
-        role = "model" if role == "assistant" else role
-        out.append(f"<start_of_turn>{role}\n")
-        if system and role != "model":
-            out.append(system + "\n\n")
-            system = ""
-        out.append(_trim(m["content"]) + "<end_of_turn>\n")
-    if add_ass:
-        out.append("<start_of_turn>model\n")
-    return "".join(out)
-
-
-def _chatml(msgs: list[dict[str, Any]], add_ass: bool) -> str:
-    out = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs]
-    if add_ass:
-        out.append("<|im_start|>assistant\n")
-    return "".join(out)
-
-
-def _llama3(msgs: list[dict[str, Any]], add_ass: bool) -> str:
-    out = [f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{_trim(m['content'])}<|eot_id|>"
-           for m in msgs]
-    if add_ass:
-        out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
-    return "".join(out)
-
-
-_BUILTIN = {"gemma": _gemma, "chatml": _chatml, "llama3": _llama3}
-
-
 def apply_chat_template(messages: Sequence[Mapping[str, Any]], template: str,
                         add_generation_prompt: bool = True, bos_token: str = "",
                         eos_token: str = "", *, add_bos: bool = True, add_eos: bool = False) -> str:
@@ -256,8 +170,8 @@ def apply_chat_template(messages: Sequence[Mapping[str, Any]], template: str,
     as llama.cpp's common/chat.cpp does; built-in formats never write BOS.
     """
     msgs = normalize_messages(messages)
-    if template in _BUILTIN:
-        return _BUILTIN[template](msgs, add_generation_prompt)
+    if template in BUILTIN:
+        return BUILTIN[template](msgs, add_generation_prompt)
     if template in _LLAMA_CPP_ONLY or not ("{{" in template or "{%" in template):
         raise ChatTemplateError(f"unknown chat template {template[:40]!r}: use one of "
                                 f"{', '.join(BUILTIN_TEMPLATES)} or a Jinja source")

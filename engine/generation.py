@@ -18,7 +18,8 @@ import torch
 
 from .memory import KVMemory
 from .sampling import Sampler
-from .vocab import TokenStreamer, Vocab
+from .token_stream import TokenStreamer
+from .vocab import Vocab
 
 
 @dataclass(slots=True)

@@ -9,7 +9,6 @@ sentencepiece cannot express (no byte tokens, no unknown token). Detokenisation 
 
 from __future__ import annotations
 
-import codecs
 import heapq
 from collections.abc import Sequence
 from typing import Any
@@ -17,40 +16,23 @@ from typing import Any
 import numpy as np
 
 from .errors import ModelLoadError
-
-# GGUF token types (llama_token_type = SentencePiece's enum) and llama.cpp's attribute bits.
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-A_UNKNOWN, A_UNUSED, A_NORMAL, A_CONTROL, A_USER_DEFINED, A_BYTE = 1, 2, 4, 8, 16, 32
-_TYPE_ATTR = {NORMAL: A_NORMAL, UNKNOWN: A_UNKNOWN, CONTROL: A_CONTROL,
-              USER_DEFINED: A_USER_DEFINED, UNUSED: A_UNUSED, BYTE: A_BYTE}
-_HIDDEN = A_CONTROL | A_UNKNOWN  # not parsed without parse_special, not printed without special
-
-# llama.cpp's load-time auto-detection by text: when the id key is absent, a token with one of
-# these texts becomes that special token (and is forced to CONTROL).
-_AUTO = {
-    "eot": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-            "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
-            "<end_of_utterance>"),
-    "eom": ("<|eom_id|>",),
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
-                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
-                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
-                "▁<MID>", "<|code_middle|>", "<|middle|>"),
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "fim_sep": ("<|file_sep|>",),
-}
-# Every token with one of these texts ends generation (and is forced to CONTROL).
-_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
-              "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
-              "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
-              "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
-_UNSUPPORTED = {"gpt2": "BPE", "bert": "WordPiece", "t5": "Unigram", "rwkv": "RWKV",
-                "plamo2": "PLaMo2", "gemma4": "BPE", "hybriddna": "BPE", "whitespace": "BPE"}
-_SPACE = "\u2581"  # "▁", SentencePiece's escaped space
-_BYTE_TEXTS = [f"<0x{b:02X}>" for b in range(256)]
+from .vocab_tables import (
+    A_BYTE,
+    A_CONTROL,
+    A_NORMAL,
+    A_UNUSED,
+    A_USER_DEFINED,
+    AUTO_SPECIAL_TEXTS,
+    BYTE,
+    BYTE_TEXTS,
+    EOG_TEXTS,
+    HIDDEN_ATTRS,
+    NORMAL,
+    SPM_SPACE,
+    TYPE_ATTR,
+    UNKNOWN,
+    UNSUPPORTED_MODELS,
+)
 
 
 class Vocab:
@@ -76,7 +58,7 @@ class Vocab:
         if model is None:
             raise ModelLoadError(f"{source}: no tokenizer in the file (no tokenizer.ggml.model)")
         if model != "llama":
-            kind = f" ({_UNSUPPORTED[model]})" if model in _UNSUPPORTED else ""
+            kind = f" ({UNSUPPORTED_MODELS[model]})" if model in UNSUPPORTED_MODELS else ""
             raise ModelLoadError(f"{source}: tokenizer '{model}'{kind} is not supported; only "
                                  "SentencePiece vocabularies ('llama': Llama 2, Gemma) are")
         tokens = metadata.get("tokenizer.ggml.tokens")
@@ -101,7 +83,7 @@ class Vocab:
         if len(self._id) != n:
             dup = next(t for i, t in enumerate(self._text) if self._id[t] != i)
             raise ModelLoadError(f"{source}: duplicate token {dup!r} in the vocabulary")
-        attr = self._attr = [_TYPE_ATTR.get(t, 0) for t in types]
+        attr = self._attr = [TYPE_ATTR.get(t, 0) for t in types]
 
         def key(name: str, default: int | None) -> int | None:
             v = metadata.get(f"tokenizer.ggml.{name}")  # out-of-range ids ignored, as llama.cpp
@@ -121,8 +103,8 @@ class Vocab:
             return tok
 
         # llama.cpp takes the first match in hash-map order; we take the lowest id.
-        found = {name: key(f"{name}_token_id", None) for name in _AUTO}
-        for name, texts in _AUTO.items():
+        found = {name: key(f"{name}_token_id", None) for name in AUTO_SPECIAL_TEXTS}
+        for name, texts in AUTO_SPECIAL_TEXTS.items():
             hits = sorted(self._id[t] for t in texts if t in self._id)
             if found[name] is None and hits:
                 found[name] = force_control(hits[0])
@@ -131,7 +113,7 @@ class Vocab:
             if attr[i] & A_CONTROL and "unused" in t:
                 attr[i] |= A_UNUSED
         eog = {found[k] for k in ("fim_pad", "fim_rep", "fim_sep")} - {None}
-        eog |= {force_control(self._id[t]) for t in _EOG_TEXTS if t in self._id}
+        eog |= {force_control(self._id[t]) for t in EOG_TEXTS if t in self._id}
         eog |= {t for t in (eos, self.eot, found["eom"]) if t is not None}
         texts = {self._text[i] for i in eog}  # (llama.cpp's BPE-only <|end|> rule is left out)
         if "<|tool_response>" in texts and "</s>" in texts:  # gemma4/paddleocr: </s> is no EOG
@@ -141,10 +123,10 @@ class Vocab:
         self.nl = self._id.get("<0x0A>", self._id.get("\n", self.pad))
 
         # Special-token list: longest (in bytes) first; ties by id (llama.cpp leaves them open).
-        special = sorted((i for i in range(n) if attr[i] & (_HIDDEN | A_USER_DEFINED)),
+        special = sorted((i for i in range(n) if attr[i] & (HIDDEN_ATTRS | A_USER_DEFINED)),
                          key=lambda i: -len(self._text[i].encode()))
         self._specials = {True: _group(special, self._text),
-                          False: _group([i for i in special if not attr[i] & _HIDDEN], self._text)}
+                          False: _group([i for i in special if not attr[i] & HIDDEN_ATTRS], self._text)}
         self._suspects: list[str] = []
         self._sp = self._build_sentencepiece() if use_sentencepiece else None
 
@@ -152,8 +134,8 @@ class Vocab:
 
     def _build_sentencepiece(self) -> Any | None:
         """A BPE ModelProto whose merge loop is llama.cpp's; None if the vocab cannot be one."""
-        byte_ids = [self._id.get(t) for t in _BYTE_TEXTS]
-        if None in byte_ids or self._text[self.unk] in _BYTE_TEXTS:
+        byte_ids = [self._id.get(t) for t in BYTE_TEXTS]
+        if None in byte_ids or self._text[self.unk] in BYTE_TEXTS:
             return None
         import sentencepiece as spm
 
@@ -229,7 +211,7 @@ class Vocab:
 
     def _merge(self, text: str) -> list[int]:
         """llama.cpp's llm_tokenizer_spm_session::tokenize on one raw fragment (pure Python)."""
-        sym = list(text.replace(" ", _SPACE))  # symbols start as single characters
+        sym = list(text.replace(" ", SPM_SPACE))  # symbols start as single characters
         end = len(sym)
         nxt, prv = list(range(1, end + 1)), list(range(-1, end - 1))
         heap: list[tuple[float, int, int, int]] = []
@@ -260,7 +242,7 @@ class Vocab:
         return out
 
     def _byte(self, b: int) -> int:
-        tok = self._id.get(_BYTE_TEXTS[b], self._id.get(chr(b)) if b < 0x80 else None)
+        tok = self._id.get(BYTE_TEXTS[b], self._id.get(chr(b)) if b < 0x80 else None)
         return self.unk if tok is None else tok  # where llama.cpp would throw
 
     # ---- detokenisation ----------------------------------------------------------------------
@@ -274,12 +256,12 @@ class Vocab:
     def token_to_piece(self, tok: int, special: bool = False) -> bytes:
         """One token's bytes: control/unknown only if `special`; ▁ -> space; bytes raw."""
         attr, text = self._attr[tok], self._text[tok]
-        if attr & _HIDDEN and not special:
+        if attr & HIDDEN_ATTRS and not special:
             return b""  # also for </s>, user-defined but forced to CONTROL as an EOG token
-        if attr & (_HIDDEN | A_USER_DEFINED):
+        if attr & (HIDDEN_ATTRS | A_USER_DEFINED):
             return text.encode()
         if attr & A_NORMAL:
-            return text.replace(_SPACE, " ").encode()
+            return text.replace(SPM_SPACE, " ").encode()
         if attr & A_BYTE:
             return bytes([int(text[3:5], 16)])
         return b""  # unused / undefined types print nothing
@@ -311,22 +293,3 @@ def _group(ids: list[int], text: list[str]) -> _Groups:
         if len(text[i]) not in lengths:
             lengths.append(len(text[i]))
     return groups
-
-
-class TokenStreamer:
-    """Incremental detokeniser: byte tokens split characters, so incomplete UTF-8 is held back.
-
-    Like llama.cpp's streamed output (common_token_to_piece), no leading space is stripped.
-    """
-
-    def __init__(self, vocab: Vocab, special: bool = False) -> None:
-        self._vocab, self._special = vocab, special
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, tok: int) -> str:
-        """The text completed by `tok` ("" while a character is still incomplete)."""
-        return self._decoder.decode(self._vocab.token_to_piece(tok, self._special))
-
-    def flush(self) -> str:
-        """Whatever is held back, an incomplete tail becoming U+FFFD."""
-        return self._decoder.decode(b"", final=True)
