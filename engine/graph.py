@@ -1,9 +1,9 @@
-"""A forward pass as a graph: recorded once per ubatch shape, planned into one workspace, run.
+"""A forward pass as a graph: recorded once per ubatch shape, laid out in one workspace, run.
 
 The model code (engine/forward.py) calls the op methods of a `GraphBuilder`, which computes
 nothing: it records nodes (op, inputs, output shape and dtype, scratch). Weights and the KV
 cache are leaves the graph reads but does not own, as ggml-alloc skips tensors that are
-allocated elsewhere. `plan_graph` gives every input, intermediate and scratch tensor an offset
+allocated elsewhere. `lay_out_graph` gives every input, intermediate and scratch tensor an offset
 in one buffer by liveness; `run_graph` executes the nodes with each op writing into its view.
 """
 
@@ -19,7 +19,7 @@ import torch
 
 from ..kernels.ops import KVTensor, Ops, attn_scratch
 from ..kernels.weight import QWeight
-from .workspace import Plan, Request, plan
+from .workspace import Layout, Request, lay_out
 
 # ops whose output may take over the memory of their first input when that input dies there
 INPLACE_OPS = {"scale", "add", "glu", "softcap"}
@@ -64,20 +64,20 @@ class Graph:
     nodes: list[Node]
     inputs: dict[str, int]
     output: int
-    plan: Plan | None = None
+    layout: Layout | None = None
     scratch_keys: dict[tuple[int, int], int] = field(default_factory=dict)
     _bound: tuple[tuple[int, int], list] | None = None  # ((workspace ptr, ops id), bound steps)
 
     @property
     def size(self) -> int:
-        return self.plan.size if self.plan else 0
+        return self.layout.size if self.layout else 0
 
     def describe_peak(self) -> list[tuple[str, tuple[int, ...], int]]:
         """(name, shape, bytes) of the tensors alive when the workspace peaked, largest first."""
-        assert self.plan is not None
+        assert self.layout is not None
         rev = {v: k for k, v in self.scratch_keys.items()}
         out = []
-        for key in self.plan.live_at_peak:
+        for key in self.layout.live_at_peak:
             if key in rev:
                 nid, j = rev[key]
                 shape, dtype = self.nodes[nid].scratch[j]
@@ -91,7 +91,7 @@ class Graph:
 class GraphBuilder:
     """Records the forward pass; each method mirrors an `Ops` method but returns a Sym. The
     backend is asked for the scratch its ops need (e.g. dequantisation tiles), so that scratch
-    is planned into the workspace and counted in the compute buffer like any intermediate."""
+    is laid out in the workspace and counted in the compute buffer like any intermediate."""
 
     def __init__(self, ops: Ops) -> None:
         self.ops = ops
@@ -159,7 +159,7 @@ class GraphBuilder:
 
     def finish(self, output: Sym) -> Graph:
         g = Graph(self.nodes, dict(self.inputs), output.id)
-        g.plan, g.scratch_keys = plan_graph(g)
+        g.layout, g.scratch_keys = lay_out_graph(g)
         return g
 
 
@@ -167,8 +167,8 @@ def _sym_args(n: Node) -> list[Sym]:
     return [a for a in n.args if isinstance(a, Sym)]
 
 
-def plan_graph(g: Graph) -> tuple[Plan, dict[tuple[int, int], int]]:
-    """Liveness over the nodes (views extend their base's life) -> one workspace plan."""
+def lay_out_graph(g: Graph) -> tuple[Layout, dict[tuple[int, int], int]]:
+    """Liveness over the nodes (views extend their base's life) -> one workspace layout."""
     last: dict[int, int] = {}
     for n in g.nodes:
         for a in _sym_args(n):
@@ -194,13 +194,13 @@ def plan_graph(g: Graph) -> tuple[Plan, dict[tuple[int, int], int]]:
             reqs.append(Request(next_key, size, n.id, n.id))
             next_key += 1
     reqs.sort(key=lambda r: (r.first, r.key))
-    return plan(reqs), scratch_keys
+    return lay_out(reqs), scratch_keys
 
 
 def bind(g: Graph, ops: Ops, workspace: torch.Tensor) -> list[Callable[[], Any]]:
     """The graph as a list of ready calls: every node's inputs, output and scratch resolved to
     views of the workspace once per (buffer, backend), so a step runs no lookups per node."""
-    assert g.plan is not None and g.plan.size <= workspace.numel()
+    assert g.layout is not None and g.layout.size <= workspace.numel()
     key = (workspace.data_ptr(), id(ops))
     if g._bound is not None and g._bound[0] == key:
         return g._bound[1]
@@ -216,10 +216,10 @@ def bind(g: Graph, ops: Ops, workspace: torch.Tensor) -> list[Callable[[], Any]]
             vals[n.id] = vals[n.args[0].id].view(n.shape)
             continue
         if n.nbytes:
-            out = place(g.plan.offsets[n.id], n.shape, n.dtype)
+            out = place(g.layout.offsets[n.id], n.shape, n.dtype)
         else:  # zero-size (a ubatch without outputs) or a store node: no memory
             out = torch.empty(n.shape, dtype=n.dtype, device=workspace.device)
-        scratch = [place(g.plan.offsets[g.scratch_keys[(n.id, j)]], s, d) for j, (s, d) in enumerate(n.scratch)]
+        scratch = [place(g.layout.offsets[g.scratch_keys[(n.id, j)]], s, d) for j, (s, d) in enumerate(n.scratch)]
         vals[n.id] = out
         a = [vals[x.id] if isinstance(x, Sym) else x for x in n.args]
         if n.op == "input":

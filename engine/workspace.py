@@ -1,4 +1,4 @@
-"""The workspace planner: give every intermediate tensor of a graph an offset in one buffer.
+"""The workspace layout: give every intermediate tensor of a graph an offset in one buffer.
 
 In the spirit of ggml-alloc: walk the nodes in execution order, allocate each output when it
 is produced (reusing an input's memory in place when the op allows it and that input dies
@@ -29,7 +29,7 @@ class Request:
 
 
 @dataclass(slots=True)
-class Plan:
+class Layout:
     offsets: dict[int, int]
     size: int  # bytes of the buffer (the peak of live bytes, plus fragmentation)
     peak_step: int  # step at which the buffer reached its size
@@ -73,7 +73,7 @@ class _FreeList:
         self.blocks = merged
 
 
-def plan(requests: list[Request]) -> Plan:
+def lay_out(requests: list[Request]) -> Layout:
     """Offsets for every request; requests must be ordered by `first`."""
     fl = _FreeList()
     offsets: dict[int, int] = {}
@@ -106,4 +106,4 @@ def plan(requests: list[Request]) -> Plan:
             live.discard(k)
             if owner.get(k, k) == k:
                 fl.free(offsets[k], sizes[k])
-    return Plan(offsets, fl.end, peak_step, live_at_peak)
+    return Layout(offsets, fl.end, peak_step, live_at_peak)

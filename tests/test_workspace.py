@@ -15,7 +15,7 @@ from ubatch.engine.batch import Batch
 from ubatch.engine.context import Context
 from ubatch.engine.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.workspace import Request, plan
+from ubatch.engine.workspace import Request, lay_out
 
 
 class AllocationWatch(TorchDispatchMode):
@@ -85,13 +85,13 @@ def test_default_model_prompt_and_generation_stay_in_the_reservation(default_mod
 
 
 def test_planner_shares_memory_between_tensors_whose_lives_do_not_overlap() -> None:
-    p = plan([Request(0, 100, 0, 1), Request(1, 100, 1, 2), Request(2, 100, 2, 3)])
+    p = lay_out([Request(0, 100, 0, 1), Request(1, 100, 1, 2), Request(2, 100, 2, 3)])
     assert p.offsets[0] == p.offsets[2] != p.offsets[1]  # 0 dies at step 1, 2 is born at 2
     assert p.size == 2 * 128
 
 
 def test_planner_reuses_an_input_in_place() -> None:
-    p = plan([Request(0, 256, 0, 1), Request(1, 256, 1, 2, inplace_of=0)])
+    p = lay_out([Request(0, 256, 0, 1), Request(1, 256, 1, 2, inplace_of=0)])
     assert p.offsets[1] == p.offsets[0] and p.size == 256
 
 
