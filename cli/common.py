@@ -10,7 +10,15 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from ..engine.errors import UbatchError
 
@@ -100,26 +108,39 @@ def process_escapes(text: str) -> str:
     return out.decode("utf-8", errors="replace")
 
 
+class AssemblyBar:
+    """The `progress(done_bytes, total_bytes)` callback of default_model_path: a Rich bar on stderr,
+    started by the first call, so a cached model (no calls) shows nothing."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console if console is not None else err_console
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.progress is None:
+            self.progress = Progress(TextColumn("assembling the default model"), BarColumn(), DownloadColumn(),
+                                     TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
+                                     transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("assemble", total=total)
+        assert self.task is not None
+        self.progress.update(self.task, completed=done, total=total)
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
 def resolve_model(path: Path | None) -> Path:
     """-m PATH as given, or the default Gemma 3 270M assembled once into the cache directory."""
     if path is not None:
         return path
     from ..engine.default_model import default_model_path
 
-    progress: Progress | None = None
-    task = None
-
-    def report(done: int, total: int) -> None:
-        nonlocal progress, task
-        if progress is None:
-            progress = Progress(TextColumn("assembling default model"), BarColumn(), DownloadColumn(),
-                                TransferSpeedColumn(), console=err_console, transient=True)
-            progress.start()
-            task = progress.add_task("assemble", total=total)
-        progress.update(task, completed=done)
-
+    bar = AssemblyBar()
     try:
-        return default_model_path(report)
+        return default_model_path(bar)
     finally:
-        if progress is not None:
-            progress.stop()
+        bar.stop()

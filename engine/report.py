@@ -1,13 +1,19 @@
-"""What a context allocated and why, as data: the startup log, `ubatch info` and the benches
-render it (llama.cpp lines, a Rich table, JSON)."""
+"""What a context allocated and why, as data (the MemoryPlan). Nothing here prints: cli.memory_view
+renders the one plan as llama.cpp's startup lines, Rich tables and JSON, so every view agrees."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..kernels.dequant import type_name
 from .context import Context
 from .kv_cache import KVCacheInfo
+from .units import mib
+
+if TYPE_CHECKING:  # at run time fit() imports what it needs, late (no import cycle)
+    from .model import Model
+    from .params import ContextParams
 
 
 @dataclass(slots=True)
@@ -21,13 +27,14 @@ class MemoryPlan:
     kernels: dict[str, str]  # tensor type -> how the backend multiplies with it
     n_ctx: int
     n_ctx_seq: int
+    n_ctx_train: int  # n_ctx_seq below it leaves part of the model's trained context unused
     n_batch: int
     n_ubatch: int
     n_seq_max: int
     n_outputs_max: int
     kv_unified: bool
     kv: list[KVCacheInfo]
-    compute_bytes: int  # the workspace: max of the pp and tg graphs' plans
+    compute_bytes: int  # the workspace: max of the pp and tg graphs' reservations
     pp_bytes: int
     tg_bytes: int
     output_bytes: int  # logits rows: n_vocab x max(n_outputs, n_seq_max) x 4
@@ -48,11 +55,9 @@ class MemoryPlan:
     def total_bytes(self) -> int:
         return self.model_bytes + self.backend_bytes + self.context_bytes + self.compute_bytes
 
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["peak"] = [{"name": n, "shape": list(s), "bytes": b} for n, s, b in self.peak]
-        d.update(kv_bytes=self.kv_bytes, context_bytes=self.context_bytes, total_bytes=self.total_bytes)
-        return d
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.model_bytes / max(self.n_params, 1)
 
 
 def memory_plan(ctx: Context) -> MemoryPlan:
@@ -61,7 +66,8 @@ def memory_plan(ctx: Context) -> MemoryPlan:
     kernels = {type_name(t): ctx.ops.kernel_path(t) for t in types}
     return MemoryPlan(
         model_file=str(m.path), arch=m.hparams.arch, n_params=m.n_params, model_bytes=m.size_bytes,
-        backend=ctx.ops.name, backend_bytes=ctx.ops.held_bytes(), kernels=kernels, n_ctx=cp.n_ctx, n_ctx_seq=cp.n_ctx_seq, n_batch=cp.n_batch,
+        backend=ctx.ops.name, backend_bytes=ctx.ops.held_bytes(), kernels=kernels,
+        n_ctx=cp.n_ctx, n_ctx_seq=cp.n_ctx_seq, n_ctx_train=m.hparams.n_ctx_train, n_batch=cp.n_batch,
         n_ubatch=cp.n_ubatch, n_seq_max=cp.n_seq_max, n_outputs_max=cp.n_outputs_max,
         kv_unified=cp.kv_unified, kv=[c.info() for c in ctx.memory.caches],
         compute_bytes=r.bytes, pp_bytes=r.pp_bytes, tg_bytes=r.tg_bytes,
@@ -70,13 +76,13 @@ def memory_plan(ctx: Context) -> MemoryPlan:
         peak=r.peak, warnings=[*cp.warnings, *ctx.ops.notices])
 
 
-def plan_for(model: "Model", params: "ContextParams") -> MemoryPlan:  # noqa: F821
+def plan_for(model: Model, params: ContextParams) -> MemoryPlan:
     """The memory plan of a configuration: builds the context's caches and reservation (both are
     lazily committed by the OS, so planning a large context costs no real memory)."""
     return memory_plan(Context(model, params))
 
 
-def fit(model: "Model", params: "ContextParams", budget: int) -> tuple["ContextParams", MemoryPlan]:  # noqa: F821
+def fit(model: Model, params: ContextParams, budget: int) -> tuple[ContextParams, MemoryPlan]:
     """The largest context (up to the training context) whose whole plan fits `budget` bytes.
 
     -ub is part of the fit: a smaller ubatch shrinks the compute buffer, which can buy context;
@@ -118,7 +124,7 @@ def fit(model: "Model", params: "ContextParams", budget: int) -> tuple["ContextP
             return best[2], best[3]
     assert smallest is not None
     raise ContextError(
-        f"no plan fits {budget / 2**20:.1f} MiB: the smallest (-c {smallest.n_ctx} -ub {smallest.n_ubatch} "
-        f"-np {smallest.n_seq_max}) needs {smallest.total_bytes / 2**20:.1f} MiB "
-        f"(model {smallest.model_bytes / 2**20:.1f} + backend weights {smallest.backend_bytes / 2**20:.1f} + "
-        f"KV/output {smallest.context_bytes / 2**20:.1f} + compute {smallest.compute_bytes / 2**20:.1f})")
+        f"no plan fits {mib(budget):.1f} MiB: the smallest (-c {smallest.n_ctx} -ub {smallest.n_ubatch} "
+        f"-np {smallest.n_seq_max}) needs {mib(smallest.total_bytes):.1f} MiB "
+        f"(model {mib(smallest.model_bytes):.1f} + backend weights {mib(smallest.backend_bytes):.1f} + "
+        f"KV/output {mib(smallest.context_bytes):.1f} + compute {mib(smallest.compute_bytes):.1f})")

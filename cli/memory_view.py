@@ -1,0 +1,130 @@
+"""The one renderer of a MemoryPlan: llama.cpp's startup lines, Rich tables, chat rows and JSON.
+
+Every command that reports memory (cli, info, chat, server) goes through here, so a KV cache or
+a compute buffer is worded, rounded and summed the same way wherever it is shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from rich.table import Table
+
+from ..engine.report import MemoryPlan
+from ..engine.units import mib
+
+Rows = list[tuple[str, str]]  # (label, text): the chat's panel and /stats
+
+
+def size(n: int) -> str:
+    """Bytes as llama.cpp writes a buffer size: MiB with two decimals."""
+    return f"{mib(n):.2f} MiB"
+
+
+# -- llama.cpp's startup lines --------------------------------------------------------------------
+
+def llama_lines(p: MemoryPlan) -> list[str]:
+    """What llama.cpp logs after the context parameters (buffers, KV caches, compute buffer), then
+    what it does not say: the backend's weights and why the compute buffer is this size."""
+    L = [f"llama_context: WARNING: {w}" for w in p.warnings]
+    L.append(f"ubatch: backend = {p.backend}, weights held beyond the file = {mib(p.backend_bytes):.2f} MiB")
+    L += [f"ubatch:   {t:<6} {path}" for t, path in p.kernels.items()]
+    if p.n_ctx_seq < p.n_ctx_train:
+        L.append(f"llama_context: n_ctx_seq ({p.n_ctx_seq}) < n_ctx_train ({p.n_ctx_train}) -- "
+                 "the full capacity of the model will not be utilized")
+    L.append(f"llama_context: {'CPU':>10}  output buffer size = {mib(p.output_bytes):8.2f} MiB")
+    for i in p.kv:
+        if i.name:
+            L.append(f"llama_kv_cache_iswa: creating {i.name:>7} KV cache, size = {i.size} cells")
+        L.append(f"llama_kv_cache: {'CPU':>10} KV buffer size = {mib(i.k_bytes + i.v_bytes):8.2f} MiB")
+        L.append(f"llama_kv_cache: size = {mib(i.k_bytes + i.v_bytes):7.2f} MiB ({i.size:6d} cells, "
+                 f"{i.n_layer:3d} layers, {i.n_seq_max:2d}/{i.n_stream} seqs), K ({i.type_k}): "
+                 f"{mib(i.k_bytes):7.2f} MiB, V ({i.type_v}): {mib(i.v_bytes):7.2f} MiB")
+    n, s, o = p.worst_case
+    L += [
+        f"llama_context: worst-case: n_tokens = {n}, n_seqs = {s}, n_outputs = {o}",
+        f"sched_reserve: {'CPU':>10} compute buffer size = {mib(p.compute_bytes):8.2f} MiB",
+        f"sched_reserve: graph (pp bs={n}, tg bs={s}): nodes = {p.graph_nodes[0]} / {p.graph_nodes[1]}, "
+        f"workspace = {mib(p.pp_bytes):.2f} / {mib(p.tg_bytes):.2f} MiB",
+        f"ubatch: the compute buffer peaks with these tensors alive (n_outputs_max = {p.n_outputs_max}):",
+    ]
+    for name, shape, b in p.peak[:6]:
+        L.append(f"ubatch:   {name:<22} {list(shape)!s:<22} {mib(b):8.2f} MiB")
+    return L
+
+
+# -- Rich tables ----------------------------------------------------------------------------------
+
+def breakdown_table(p: MemoryPlan) -> Table:
+    """llama.cpp's memory breakdown (model / context / compute), plus what the backend holds."""
+    t = Table(title="memory breakdown (MiB)", title_justify="left")
+    for col in ("device", "total", "model", f"{p.backend} backend", "context (KV + out)", "compute"):
+        t.add_column(col, justify="right" if col != "device" else "left")
+    t.add_row("CPU", f"{mib(p.total_bytes):.2f}", f"{mib(p.model_bytes):.2f}", f"{mib(p.backend_bytes):.2f}",
+              f"{mib(p.context_bytes):.2f}", f"{mib(p.compute_bytes):.2f}")
+    return t
+
+
+def plan_table(p: MemoryPlan) -> Table:
+    """Every buffer of the plan with its size and the reason for that size."""
+    t = Table(title=f"memory plan: {p.model_file}", title_justify="left")
+    t.add_column("what")
+    t.add_column("size", justify="right")
+    t.add_column("why")
+    t.add_row("model (GGUF, mmap)", size(p.model_bytes), f"{p.n_params / 1e6:.1f} M params as stored")
+    t.add_row(f"{p.backend} backend weights", size(p.backend_bytes),
+              "dense f32 copies (torch reference)" if p.backend_bytes else "none: kernels read the GGUF blocks")
+    for tname, path in p.kernels.items():
+        t.add_row(f"  {tname} matrices", "", path)
+    for c in p.kv:
+        t.add_row(f"KV cache {c.name or ''}".strip(), size(c.k_bytes + c.v_bytes),
+                  f"{c.size} cells x {c.n_stream} stream(s) x {c.n_layer} layers, K {c.type_k} / V {c.type_v}")
+    t.add_row("output buffer", size(p.output_bytes), f"logits rows for {p.n_seq_max} sequence(s)")
+    n, s, _ = p.worst_case
+    t.add_row("compute buffer", size(p.compute_bytes),
+              f"prompt ubatch of {n} tokens x {s} seqs, {min(n, p.n_outputs_max)} output rows, full KV")
+    for name, shape, b in p.peak[:6]:
+        t.add_row(f"  {name}", size(b), f"{list(shape)} alive at the peak")
+    t.add_row("total", size(p.total_bytes), "")
+    return t
+
+
+# -- compact rows (the chat's startup panel and /stats) -------------------------------------------
+
+def model_size(p: MemoryPlan) -> str:
+    return f"{p.n_params / 1e6:.2f} M params · {size(p.model_bytes)} ({p.bits_per_weight:.2f} BPW)"
+
+
+def kv_row(p: MemoryPlan) -> tuple[str, str]:
+    kv = [f"{(c.name + ' ') if c.name else ''}{c.size} cells × {c.n_layer} layers = {size(c.k_bytes + c.v_bytes)}"
+          for c in p.kv]
+    types = [f"K {p.kv[0].type_k} / V {p.kv[0].type_v}"] if p.kv else []
+    return "KV cache", " · ".join(kv + types)
+
+
+def compute_row(p: MemoryPlan) -> tuple[str, str]:
+    n = p.worst_case[0]
+    peak = f"; largest: {p.peak[0][0]} {list(p.peak[0][1])} {size(p.peak[0][2])}" if p.peak else ""
+    return "compute", f"{size(p.compute_bytes)} for a {n}-token ubatch over the full KV (shrinks with -ub){peak}"
+
+
+def total_row(p: MemoryPlan) -> tuple[str, str]:
+    return "memory", (f"{size(p.total_bytes)} = model {mib(p.model_bytes):.2f} + {p.backend} backend "
+                      f"{mib(p.backend_bytes):.2f} + KV {mib(p.kv_bytes):.2f} + output "
+                      f"{mib(p.output_bytes):.2f} + compute {mib(p.compute_bytes):.2f}")
+
+
+def summary_rows(p: MemoryPlan) -> Rows:
+    """The plan in three rows: the KV caches, the compute buffer, the total and its parts."""
+    return [kv_row(p), compute_row(p), total_row(p)]
+
+
+# -- JSON -----------------------------------------------------------------------------------------
+
+def plan_json(p: MemoryPlan) -> dict[str, Any]:
+    """The plan as JSON-ready data: every field, the peak tensors as objects, and the sums."""
+    d = asdict(p)
+    d["peak"] = [{"name": n, "shape": list(s), "bytes": b} for n, s, b in p.peak]
+    d.update(kv_bytes=p.kv_bytes, context_bytes=p.context_bytes, total_bytes=p.total_bytes)
+    return d
