@@ -155,7 +155,8 @@ def cli(
         err_console.print(f"context full ({ctx.cparams.n_ctx_seq} tokens) and context shift is disabled: "
                           "stopping; raise -c or pass --context-shift", markup=False)
     if not log_disable:
-        err_console.print("")
+        err_console.print(f"\nubatch: generation stopped: {st.stop_reason}, {st.n_gen} tokens sampled, "
+                          f"{st.n_past} in the KV cache", markup=False, highlight=False)
         for line in perf_lines(ctx, st, load_ms, total_ms):
             err_console.print(line, markup=False, highlight=False, soft_wrap=True)
         err_console.print(breakdown_table(memory_plan(ctx)))

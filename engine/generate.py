@@ -108,6 +108,9 @@ def complete(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
     stats.n_prompt, stats.t_prompt_ms = len(prompt), (time.perf_counter() - t0) * 1e3
     stats.n_past = len(cache)
     gen.accept_prompt(prompt)
+    if n_predict == 0:  # llama-completion -n 0: evaluate the prompt, generate nothing
+        stats.stop_reason = "length"
+        return
     while True:
         step = gen.sample(ctx.logits[-1])
         stats.n_gen, stats.t_sample_ms = gen.n_decoded, gen.t_sample_ms
