@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UbatchError
-from .units import tokens_per_second
+from .units import DecodeRates
 
 
 class ChatInputError(UbatchError):
@@ -20,7 +20,7 @@ class ContextFullError(ChatInputError):
 
 
 @dataclass(slots=True)
-class TurnStats:
+class TurnStats(DecodeRates):
     """One turn, as /stats and --verbose show it."""
 
     turn: int = 0
@@ -39,14 +39,6 @@ class TurnStats:
     prompt_text: str = ""  # the whole conversation, formatted
     turn_text: str = ""  # the formatted text this turn appended (whole prompt when reprocessed)
     answer: str = ""
-
-    @property
-    def prompt_tps(self) -> float:
-        return tokens_per_second(self.n_prompt, self.t_prompt_ms)
-
-    @property
-    def eval_tps(self) -> float:
-        return tokens_per_second(self.n_eval, self.t_eval_ms)
 
 
 @dataclass(slots=True)

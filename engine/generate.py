@@ -15,7 +15,7 @@ from .context import Context
 from .errors import ContextError
 from .generation import Generation, GenerationParams, shift_sequence
 from .sampling import Sampler
-from .units import tokens_per_second
+from .units import DecodeRates
 
 
 @dataclass(slots=True)
@@ -25,7 +25,7 @@ class TokenEvent:
 
 
 @dataclass(slots=True)
-class CompletionStats:
+class CompletionStats(DecodeRates):
     n_prompt: int = 0
     t_prompt_ms: float = 0.0
     n_gen: int = 0  # tokens sampled
@@ -35,14 +35,6 @@ class CompletionStats:
     stop_reason: str = ""  # "eog", "length", "context", "stop"
     n_past: int = 0  # tokens the sequence holds in the cache afterwards
     n_shifts: int = 0  # context shifts performed
-
-    @property
-    def prompt_tps(self) -> float:
-        return tokens_per_second(self.n_prompt, self.t_prompt_ms)
-
-    @property
-    def eval_tps(self) -> float:
-        return tokens_per_second(self.n_eval, self.t_eval_ms)
 
 
 def check_prompt_fits(ctx: Context, n_prompt: int) -> None:
