@@ -13,9 +13,9 @@ from ubatch.engine.model import Model
 from ubatch.engine.params import ContextParams
 
 
-@pytest.fixture(scope="module")
-def gemma(tiny_gemma) -> Model:
-    return Model.load(tiny_gemma)
+@pytest.fixture
+def gemma(tiny_gemma_model) -> Model:
+    return tiny_gemma_model
 
 
 def test_a_5000_token_prompt_is_three_decodes_and_ten_ubatches(gemma: Model) -> None:

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,7 @@ def greedy() -> Sampler:
     return Sampler(SamplerParams(temp=0, seed=1))
 
 
-def session(path: Path, n_ctx: int = 256, n_ubatch: int = 512, **kw: object) -> ChatSession:
-    m = Model.load(path)
+def session(m: Model, n_ctx: int = 256, n_ubatch: int = 512, **kw: object) -> ChatSession:
     ctx = Context(m, ContextParams(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=max(n_ctx, n_ubatch)))
     kw.setdefault("n_predict", 3)
     return ChatSession(ctx, ChatTemplate.for_model(m), greedy(), **kw)  # type: ignore[arg-type]
@@ -48,8 +48,8 @@ def in_cache(s: ChatSession) -> int:
 
 # -- ChatSession on the tiny model ----------------------------------------------------------------
 
-def test_second_turn_prefills_only_itself(tiny_gemma: Path) -> None:
-    s = session(tiny_gemma)
+def test_second_turn_prefills_only_itself(tiny_gemma_model: Model) -> None:
+    s = session(tiny_gemma_model)
     v = s.vocab
     "".join(s.respond("hello"))
     t1 = s.last
@@ -71,8 +71,8 @@ def test_second_turn_prefills_only_itself(tiny_gemma: Path) -> None:
     assert len(s.tokens) == in_cache(s) == t2.n_past
 
 
-def test_system_prompt_and_clear(tiny_gemma: Path) -> None:
-    s = session(tiny_gemma, system="be brief")
+def test_system_prompt_and_clear(tiny_gemma_model: Model) -> None:
+    s = session(tiny_gemma_model, system="be brief")
     "".join(s.respond("hello"))
     assert s.last is not None
     assert s.last.prompt_text == "<start_of_turn>user\nbe brief\n\nhello<end_of_turn>\n<start_of_turn>model\n"
@@ -82,8 +82,8 @@ def test_system_prompt_and_clear(tiny_gemma: Path) -> None:
     assert s.last is not None and s.last.n_reused == 0 and s.last.turn == 1
 
 
-def test_empty_message_and_bad_template_leave_the_conversation_as_it_was(tiny_gemma: Path) -> None:
-    s = session(tiny_gemma)
+def test_empty_message_and_bad_template_leave_the_conversation_as_it_was(tiny_gemma_model: Model) -> None:
+    s = session(tiny_gemma_model)
     "".join(s.respond("hello"))
     before = (list(s.messages), list(s.tokens))
     with pytest.raises(ChatInputError, match="empty message"):
@@ -96,8 +96,8 @@ def test_empty_message_and_bad_template_leave_the_conversation_as_it_was(tiny_ge
     assert (s.messages, s.tokens) == before
 
 
-def test_ctrl_c_during_the_answer_keeps_what_was_decoded(tiny_gemma: Path) -> None:
-    s = session(tiny_gemma, n_predict=50, ignore_eos=True)
+def test_ctrl_c_during_the_answer_keeps_what_was_decoded(tiny_gemma_model: Model) -> None:
+    s = session(tiny_gemma_model, n_predict=50, ignore_eos=True)
     it = s.respond("hello")
     next(it), next(it), next(it)
     it.close()  # what the CLI does on KeyboardInterrupt
@@ -110,8 +110,8 @@ def test_ctrl_c_during_the_answer_keeps_what_was_decoded(tiny_gemma: Path) -> No
     assert s.last is not None and s.last.n_reused == t.n_past and s.last.reprocess == ""
 
 
-def test_ctrl_c_during_the_prefill_forgets_the_turn(tiny_gemma: Path) -> None:
-    s = session(tiny_gemma, n_ubatch=4)
+def test_ctrl_c_during_the_prefill_forgets_the_turn(tiny_gemma_model: Model) -> None:
+    s = session(tiny_gemma_model, n_ubatch=4)
     "".join(s.respond("hello"))
     before = (list(s.messages), list(s.tokens))
 
@@ -127,8 +127,8 @@ def test_ctrl_c_during_the_prefill_forgets_the_turn(tiny_gemma: Path) -> None:
     assert s.last is not None and s.last.n_reused == len(before[1])
 
 
-def test_prefill_progress_counts_ubatches(tiny_gemma: Path) -> None:
-    s = session(tiny_gemma, n_ubatch=4)
+def test_prefill_progress_counts_ubatches(tiny_gemma_model: Model) -> None:
+    s = session(tiny_gemma_model, n_ubatch=4)
     calls: list[tuple[int, int]] = []
     "".join(s.respond("hello world the world", progress=lambda d, t: calls.append((d, t))))
     n = s.last.n_prompt if s.last else 0
@@ -136,15 +136,15 @@ def test_prefill_progress_counts_ubatches(tiny_gemma: Path) -> None:
     assert calls == [(i, total) for i in range(1, total + 1)]
 
 
-def test_full_context_refused_or_oldest_messages_dropped(tiny_gemma: Path) -> None:
+def test_full_context_refused_or_oldest_messages_dropped(tiny_gemma_model: Model) -> None:
     long = "hello world " * 40  # ~80 tokens a turn in a 256-token context
-    s = session(tiny_gemma, n_predict=2)
+    s = session(tiny_gemma_model, n_predict=2)
     "".join(s.respond(long))
     "".join(s.respond(long))
     with pytest.raises(ContextFullError, match="--context-shift"):
         s.respond(long + "the end")
     assert len(s.messages) == 4
-    s = session(tiny_gemma, n_predict=2, ctx_shift=True, system="be brief")
+    s = session(tiny_gemma_model, n_predict=2, ctx_shift=True, system="be brief")
     for i in range(3):
         "".join(s.respond(f"{i} " + long))
     t = s.last
@@ -154,15 +154,17 @@ def test_full_context_refused_or_oldest_messages_dropped(tiny_gemma: Path) -> No
     assert t.n_reused < t.n_prompt  # the shortened conversation was prefilled again
 
 
-def test_context_shift_within_an_answer_keeps_the_token_list_in_step(tiny_gemma: Path) -> None:
-    m = Model.load(tiny_gemma)
+def test_context_shift_within_an_answer_keeps_the_token_list_in_step(tiny_gemma_model: Model) -> None:
+    m = tiny_gemma_model
     ctx = Context(m, ContextParams(n_ctx=256, swa_full=True))  # every cache full-size: K-shift allowed
-    s = ChatSession(ctx, ChatTemplate.for_model(m), greedy(), n_predict=260, ignore_eos=True,
+    # a first prompt of 196 tokens, all kept (--keep -1): the context is full after 59 answer
+    # tokens; the shift drops half of those, and 64 tokens end before a second shift
+    s = ChatSession(ctx, ChatTemplate.for_model(m), greedy(), n_predict=64, ignore_eos=True,
                     ctx_shift=True, system="be brief", keep=-1)
     assert s.shift_in_answer
-    "".join(s.respond("hello world"))
+    "".join(s.respond("hello world " * 85))
     t = s.last
-    assert t is not None and t.n_shifts == 1 and t.stop_reason == "length" and t.n_gen == 260
+    assert t is not None and t.n_shifts == 1 and t.stop_reason == "length" and t.n_gen == 64
     assert len(s.tokens) == in_cache(s) == t.n_past < 256
     first = m.vocab.tokenize(t.prompt_text, True, True)
     assert s.tokens[: len(first)] == first  # --keep -1: the first prompt survives the shifts
@@ -171,11 +173,11 @@ def test_context_shift_within_an_answer_keeps_the_token_list_in_step(tiny_gemma:
     assert s.last is not None and s.last.n_reused == t.n_past and s.last.reprocess == ""
 
 
-def test_sliding_window_cache_that_lost_the_prefix_is_prefilled_again(tiny_gemma: Path) -> None:
+def test_sliding_window_cache_that_lost_the_prefix_is_prefilled_again(tiny_gemma_model: Model) -> None:
     # n_swa 8 and -ub 8: the SWA cache has 256 cells for a 512 context; after 280 tokens the
     # cells of the first positions were reused, so a conversation diverging at token 1 cannot
     # keep the cache's prefix
-    s = session(tiny_gemma, n_ctx=512, n_ubatch=8, n_predict=2)
+    s = session(tiny_gemma_model, n_ctx=512, n_ubatch=8, n_predict=2)
     "".join(s.respond("hello world " * 140))
     assert s.ctx.memory.seq_pos_min(0) > 0
     short = "{% for m in messages %}{{ m.content[:5] }}{% endfor %}"  # diverges at token 1
@@ -186,8 +188,8 @@ def test_sliding_window_cache_that_lost_the_prefix_is_prefilled_again(tiny_gemma
     assert len(s.tokens) == in_cache(s)
 
 
-def test_regenerate(tiny_gemma: Path) -> None:
-    s = session(tiny_gemma)
+def test_regenerate(tiny_gemma_model: Model) -> None:
+    s = session(tiny_gemma_model)
     a = "".join(s.respond("hello"))
     n_prompt = s.last.n_prompt if s.last else 0
     b = "".join(s.regenerate())
@@ -198,8 +200,8 @@ def test_regenerate(tiny_gemma: Path) -> None:
 # -- the default model: the reused cache gives the answer a fresh context gives --------------------
 
 @pytest.mark.slow
-def test_second_answer_on_reused_cache_equals_fresh_context(default_model_path: Path) -> None:
-    m = Model.load(default_model_path)
+def test_second_answer_on_reused_cache_equals_fresh_context(default_model: Model) -> None:
+    m = default_model
     ctx = Context(m, ContextParams(n_ctx=256))
     ctx.warmup()  # the dense f32 weights, as the CLI makes them
     s = ChatSession(ctx, ChatTemplate.for_model(m), greedy(), n_predict=8)
@@ -421,9 +423,26 @@ def run_cli(*args: object, stdin: str = "", timeout: float = 120) -> subprocess.
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def test_piped_conversation(tiny_gemma: Path) -> None:
-    r = run_cli("-m", tiny_gemma, "-c", 256, "--temp", 0, "-n", 3, "--log-disable",
-                stdin="hello\n/stats\n/nope\n\nthe world\n/stats\n")
+@pytest.fixture(scope="module")
+def piped(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """The runs below, started together (each process pays for importing torch)."""
+    bad = tmp_path_factory.mktemp("chat") / "t.jinja"
+    bad.write_text("{% if %}")
+    m = ["-m", tiny_gemma, "-c", 256, "--temp", 0]
+    runs = {
+        "conversation": ([*m, "-n", 3, "--log-disable"], "hello\n/stats\n/nope\n\nthe world\n/stats\n"),
+        "single_turn": ([*m, "-n", 2, "-st", "--log-disable"], "hi\nmore\n"),
+        "one_shot": ([*m, "-n", 2, "-p", "hello", "--log-disable"], ""),
+        "bad_template": (["-m", tiny_gemma, "--chat-template", bad], "hi\n"),
+        "help": (["--help"], ""),
+    }
+    with ThreadPoolExecutor(max_workers=max(2, min(5, os.cpu_count() or 2))) as pool:
+        futures = {k: pool.submit(run_cli, *args, stdin=stdin) for k, (args, stdin) in runs.items()}
+        return {k: f.result() for k, f in futures.items()}
+
+
+def test_piped_conversation(piped) -> None:  # type: ignore[no-untyped-def]
+    r = piped["conversation"]
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     out = r.stdout
@@ -435,25 +454,23 @@ def test_piped_conversation(tiny_gemma: Path) -> None:
     assert "error: unknown command /nope" in r.stderr and "error: empty message" in r.stderr
 
 
-def test_single_turn_and_one_shot(tiny_gemma: Path) -> None:
-    r = run_cli("-m", tiny_gemma, "-c", 256, "--temp", 0, "-n", 2, "-st", "--log-disable", stdin="hi\nmore\n")
+def test_single_turn_and_one_shot(piped) -> None:  # type: ignore[no-untyped-def]
+    r = piped["single_turn"]
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("[ Prompt: ") == 1 and "more" not in r.stdout
-    r = run_cli("-m", tiny_gemma, "-c", 256, "--temp", 0, "-n", 2, "-p", "hello", "--log-disable")
+    r = piped["one_shot"]
     assert r.returncode == 0 and r.stdout.startswith("hello") and "[ Prompt" not in r.stdout  # one-shot
 
 
-def test_bad_chat_template_at_startup_is_one_line(tiny_gemma: Path, tmp_path: Path) -> None:
-    bad = tmp_path / "t.jinja"
-    bad.write_text("{% if %}")
-    r = run_cli("-m", tiny_gemma, "--chat-template", bad, stdin="hi\n")
+def test_bad_chat_template_at_startup_is_one_line(piped) -> None:  # type: ignore[no-untyped-def]
+    r = piped["bad_template"]
     assert r.returncode == 1 and r.stdout == ""
     (line,) = [x for x in r.stderr.splitlines() if x.strip()]
     assert line.startswith("error: ") and "t.jinja" in line and "invalid Jinja" in line
 
 
-def test_help_groups_the_flags() -> None:
-    r = run_cli("--help")
+def test_help_groups_the_flags(piped) -> None:  # type: ignore[no-untyped-def]
+    r = piped["help"]
     assert r.returncode == 0
     for panel in ("Model", "Context", "Batching", "Sampling", "Output", "Conversation"):
         assert panel in r.stdout

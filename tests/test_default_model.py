@@ -26,8 +26,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def model(default_model_path: Path) -> Model:
-    return Model.load(default_model_path)
+def model(default_model: Model) -> Model:
+    return default_model
 
 
 @pytest.fixture(scope="module")

@@ -82,8 +82,8 @@ IDS = [2] + list(range(40, 70)) + list(range(100, 120))  # 51 tokens: beyond the
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])
-def test_prefill_matches_reference(arch: str, tiny_gemma, tiny_llama) -> None:
-    m = Model.load(tiny_gemma if arch == "gemma3" else tiny_llama)
+def test_prefill_matches_reference(arch: str, tiny_gemma_model, tiny_llama_model) -> None:
+    m = tiny_gemma_model if arch == "gemma3" else tiny_llama_model
     ours = all_logits(m, IDS)
     ref = reference_logits(m, IDS)
     torch.testing.assert_close(ours, ref, atol=2e-4, rtol=1e-4)
@@ -97,14 +97,14 @@ def test_k_quant_model_matches_reference(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("n_ubatch", [1, 7, 16])
-def test_ubatch_size_does_not_change_logits(tiny_gemma, n_ubatch: int) -> None:
-    m = Model.load(tiny_gemma)
+def test_ubatch_size_does_not_change_logits(tiny_gemma_model, n_ubatch: int) -> None:
+    m = tiny_gemma_model
     torch.testing.assert_close(all_logits(m, IDS, n_ubatch=n_ubatch), all_logits(m, IDS), atol=1e-4, rtol=1e-4)
 
 
-def test_token_by_token_decode_matches_prefill(tiny_gemma) -> None:
+def test_token_by_token_decode_matches_prefill(tiny_gemma_model) -> None:
     """The KV cache path (one token per decode, SWA cells being reused) equals one prefill."""
-    m = Model.load(tiny_gemma)
+    m = tiny_gemma_model
     full = all_logits(m, IDS)
     ctx = Context(m, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     rows = []
@@ -114,10 +114,10 @@ def test_token_by_token_decode_matches_prefill(tiny_gemma) -> None:
     torch.testing.assert_close(torch.stack(rows), full, atol=1e-4, rtol=1e-4)
 
 
-def test_swa_cache_wraps_and_reuses_cells_outside_the_window(tiny_gemma) -> None:
+def test_swa_cache_wraps_and_reuses_cells_outside_the_window(tiny_gemma_model) -> None:
     """300 tokens through a 256-cell SWA cache (window 8): cells left behind the window are
     overwritten, the global cache keeps everything, and the logits still equal the reference."""
-    m = Model.load(tiny_gemma)
+    m = tiny_gemma_model
     ids = [2] + [int(x) for x in np.random.default_rng(1).integers(7, 326, 299)]
     ctx = Context(m, ContextParams(n_ctx=512, n_ubatch=16, type_k="f32", type_v="f32"))
     base, swa = ctx.memory.caches
@@ -128,9 +128,9 @@ def test_swa_cache_wraps_and_reuses_cells_outside_the_window(tiny_gemma) -> None
     torch.testing.assert_close(ctx.logits, reference_logits(m, ids), atol=2e-4, rtol=1e-4)
 
 
-def test_sequences_sharing_a_ubatch_stay_apart(tiny_gemma) -> None:
+def test_sequences_sharing_a_ubatch_stay_apart(tiny_gemma_model) -> None:
     """Two sequences interleaved in one batch give the logits each gives alone: the mask works."""
-    m = Model.load(tiny_gemma)
+    m = tiny_gemma_model
     a, b = IDS[:20], [2] + list(range(200, 219))
     alone_a, alone_b = all_logits(m, a), all_logits(m, b)
     ctx = Context(m, ContextParams(n_ctx=256, n_seq_max=2, kv_unified=True, type_k="f32", type_v="f32"))
@@ -143,15 +143,15 @@ def test_sequences_sharing_a_ubatch_stay_apart(tiny_gemma) -> None:
     torch.testing.assert_close(ctx.logits[1::2], alone_b, atol=1e-4, rtol=1e-4)
 
 
-def test_f16_cache_is_close_to_f32(tiny_gemma) -> None:
-    m = Model.load(tiny_gemma)
+def test_f16_cache_is_close_to_f32(tiny_gemma_model) -> None:
+    m = tiny_gemma_model
     f16 = all_logits(m, IDS, type_k="f16", type_v="f16")
     f32 = all_logits(m, IDS)
     assert (f16 - f32).abs().max() < 0.05
 
 
-def test_only_output_rows_get_logits(tiny_gemma) -> None:
-    m = Model.load(tiny_gemma)
+def test_only_output_rows_get_logits(tiny_gemma_model) -> None:
+    m = tiny_gemma_model
     ctx = Context(m, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     ctx.decode(Batch.from_tokens(IDS, 0))
     assert ctx.logits.shape == (1, m.hparams.n_vocab)

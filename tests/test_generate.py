@@ -15,35 +15,47 @@ from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling import Sampler, SamplerParams
 
 PROMPT = [2] + list(range(30, 60))
+# a prompt that nearly fills a 256-token context: generation reaches the end within a few tokens
+LONG = [2] + [7 + (i * 37) % 300 for i in range(239)]
 
 
-def test_a_full_context_stops_generation(tiny_llama) -> None:
-    ctx = Context(Model.load(tiny_llama), ContextParams(n_ctx=256))
+@pytest.fixture
+def llama(tiny_llama_model) -> Model:
+    return tiny_llama_model
+
+
+@pytest.fixture
+def gemma(tiny_gemma_model) -> Model:
+    return tiny_gemma_model
+
+
+def test_a_full_context_stops_generation(llama: Model) -> None:
+    ctx = Context(llama, ContextParams(n_ctx=256))
     st = CompletionStats()
-    out = list(complete(ctx, PROMPT, 1000, Sampler(SamplerParams(temp=0)), st, ignore_eos=True))
+    out = list(complete(ctx, LONG, 1000, Sampler(SamplerParams(temp=0)), st, ignore_eos=True))
     assert st.stop_reason == "context"
-    assert st.n_past == 255 and st.n_gen == 256 - len(PROMPT) and out  # stops when n_past + 1 >= n_ctx
+    assert st.n_past == 255 and st.n_gen == 256 - len(LONG) and out  # stops when n_past + 1 >= n_ctx
 
 
-def test_context_shift_keeps_the_prefix_and_drops_half(tiny_llama) -> None:
-    m = Model.load(tiny_llama)
-    ctx = Context(m, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
+def test_context_shift_keeps_the_prefix_and_drops_half(llama: Model) -> None:
+    ctx = Context(llama, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     st = CompletionStats()
-    toks = [e.token for e in complete(ctx, PROMPT, 300, Sampler(SamplerParams(temp=0)), st,
+    n_predict = 256 - len(LONG) + 30  # the context fills after 16 tokens: shift, then 30 more
+    toks = [e.token for e in complete(ctx, LONG, n_predict, Sampler(SamplerParams(temp=0)), st,
                                       ignore_eos=True, ctx_shift=True, n_keep=4)]
-    assert st.stop_reason == "length" and st.n_gen == 300 and st.n_shifts >= 1
+    assert st.stop_reason == "length" and st.n_gen == n_predict and st.n_shifts >= 1
     # the cache now holds: 4 kept tokens, then the tail that survived, at consecutive positions
     cells = ctx.memory.caches[0].streams[0]
     pos = sorted(cells.pos[cells.pos >= 0].tolist())
     assert pos == list(range(st.n_past)) and st.n_past < 256
 
 
-def test_shift_re_rotates_the_kept_keys_to_their_new_positions(tiny_llama) -> None:
+def test_shift_re_rotates_the_kept_keys_to_their_new_positions(llama: Model) -> None:
     """After discarding, layer 0's cached K of the surviving tokens equals a fresh run's K at the
     new positions (deeper layers legitimately differ: they once saw the dropped tokens)."""
     from ubatch.engine.generate import context_shift
 
-    m = Model.load(tiny_llama)
+    m = llama
     ctx = Context(m, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     ids = [2] + [7 + (i * 37) % 300 for i in range(254)]
     ctx.decode(Batch.from_tokens(ids, 0))
@@ -57,19 +69,20 @@ def test_shift_re_rotates_the_kept_keys_to_their_new_positions(tiny_llama) -> No
     torch.testing.assert_close(got.k[0].data[order], ref.k[0].data[:130], atol=1e-5, rtol=1e-5)
 
 
-def test_context_shift_needs_a_full_swa_cache(tiny_gemma) -> None:
-    ctx = Context(Model.load(tiny_gemma), ContextParams(n_ctx=512, n_ubatch=64))
+def test_context_shift_needs_a_full_swa_cache(gemma: Model) -> None:
+    ctx = Context(gemma, ContextParams(n_ctx=512, n_ubatch=64))
     assert ctx.memory.caches[1].size == 256  # the SWA cache holds only window + ubatch
     with pytest.raises(ContextError, match="--swa-full"):
         list(complete(ctx, PROMPT, 10, Sampler(SamplerParams(temp=0)), ctx_shift=True))
-    full = Context(Model.load(tiny_gemma), ContextParams(n_ctx=256, swa_full=True))
+    full = Context(gemma, ContextParams(n_ctx=256, swa_full=True))
     st = CompletionStats()
-    list(complete(full, PROMPT, 300, Sampler(SamplerParams(temp=0)), st, ignore_eos=True, ctx_shift=True))
-    assert st.n_shifts >= 1 and st.n_gen == 300
+    n_predict = 256 - len(LONG) + 30  # past the end of the context: one shift on the way
+    list(complete(full, LONG, n_predict, Sampler(SamplerParams(temp=0)), st, ignore_eos=True, ctx_shift=True))
+    assert st.n_shifts >= 1 and st.n_gen == n_predict
 
 
-def test_a_turn_prefills_only_itself(tiny_llama) -> None:
-    ctx = Context(Model.load(tiny_llama), ContextParams(n_ctx=512))
+def test_a_turn_prefills_only_itself(llama: Model) -> None:
+    ctx = Context(llama, ContextParams(n_ctx=512))
     st = CompletionStats()
     list(complete(ctx, PROMPT, 5, Sampler(SamplerParams(temp=0)), st))
     n_past = st.n_past

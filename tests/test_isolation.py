@@ -27,8 +27,8 @@ TOL = dict(atol=2e-3, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
-def model(default_model_path: Path) -> Model:
-    return Model.load(default_model_path)
+def model(default_model: Model) -> Model:
+    return default_model
 
 
 def alone(model: Model, prompt: list[int], follow: list[int]) -> torch.Tensor:

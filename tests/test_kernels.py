@@ -51,13 +51,6 @@ def run_linear(ops, w: QWeight, x: torch.Tensor) -> torch.Tensor:
     return ops.linear(x, w, out, scratch)
 
 
-@pytest.fixture(scope="module")
-def default_model(default_model_path):
-    from ubatch.engine.model import Model
-
-    return Model.load(default_model_path)
-
-
 @pytest.fixture(scope="module", params=BACKENDS)
 def ops(request):
     return backends.create(request.param, n_threads=2)
@@ -184,15 +177,14 @@ def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cpu-portable"])
-def test_every_backend_runs_the_tiny_models_like_the_reference(tiny_gemma, tiny_llama, backend: str) -> None:
+def test_every_backend_runs_the_tiny_models_like_the_reference(tiny_gemma_model, tiny_llama_model,
+                                                               backend: str) -> None:
     """Prefill (tiles + GEMM) then decode steps (GEMV, C attention) against the torch backend."""
     from ubatch.engine.batch import Batch
     from ubatch.engine.context import Context
-    from ubatch.engine.model import Model
     from ubatch.engine.params import ContextParams
 
-    for path in (tiny_gemma, tiny_llama):
-        m = Model.load(path)
+    for m in (tiny_gemma_model, tiny_llama_model):
         rows = {}
         for name in ("torch", backend):
             ctx = Context(m, ContextParams(n_ctx=256, n_ubatch=32, backend=name))

@@ -9,7 +9,6 @@ import torch
 from ubatch.engine.batch import Batch, make_ubatch
 from ubatch.engine.context import Context
 from ubatch.engine.kv_cache import KVCache
-from ubatch.engine.model import Model
 from ubatch.engine.params import ContextParams
 
 
@@ -126,9 +125,9 @@ def test_seq_add_and_div_move_positions_and_record_shifts() -> None:
     assert d.streams[0].pos[:8].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
-def test_seq_add_re_rotates_cached_k(tiny_llama) -> None:
+def test_seq_add_re_rotates_cached_k(tiny_llama_model) -> None:
     """Tokens cached at positions 10.. then shifted by -10 give the logits of a fresh run at 0.."""
-    m = Model.load(tiny_llama)
+    m = tiny_llama_model
     ids = [2] + list(range(30, 45))
     fresh = Context(m, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     fresh.decode(Batch.from_tokens(ids, 0))
@@ -142,8 +141,8 @@ def test_seq_add_re_rotates_cached_k(tiny_llama) -> None:
 
 
 @pytest.mark.parametrize("t, tol", [("f16", 0.05), ("bf16", 0.3), ("q8_0", 0.3), ("q4_0", 1.5)])
-def test_quantised_caches_stay_close_to_f32(tiny_gemma, t: str, tol: float) -> None:
-    m = Model.load(tiny_gemma)
+def test_quantised_caches_stay_close_to_f32(tiny_gemma_model, t: str, tol: float) -> None:
+    m = tiny_gemma_model
     ids = [2] + list(range(30, 70))
 
     def run(kind: str) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def model(default_model_path: Path) -> Model:
-    return Model.load(default_model_path)
+def model(default_model: Model) -> Model:
+    return default_model
 
 
 def compute_mib(model: Model, **kw) -> float:
@@ -78,12 +79,16 @@ def test_fit_picks_the_largest_context_and_trades_ubatch_for_it(model: Model) ->
 def test_info_command_json_and_fit(default_model_path: Path) -> None:
     run = lambda *a: subprocess.run([sys.executable, "-m", "ubatch.cli.main", "info", *a],  # noqa: E731
                                     capture_output=True, text=True, timeout=120)
-    r = run("-m", str(default_model_path), "-c", "4096", "--json")
+    m = str(default_model_path)
+    with ThreadPoolExecutor(3) as pool:  # three processes at once: each pays for importing torch
+        json_run, fit_run, too_small = pool.map(lambda a: run(*a), [
+            ("-m", m, "-c", "4096", "--json"), ("-m", m, "--fit", "1.3G"), ("-m", m, "--fit", "10M")])
+    r = json_run
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert [c["size"] for c in d["kv"]] == [4096, 1024] and d["kv_bytes"] == 27 * MiB
     assert d["compute_bytes"] <= 23.28 * MiB and d["peak"][0]["bytes"] > 0
-    r = run("-m", str(default_model_path), "--fit", "1.3G")
+    r = fit_run
     assert r.returncode == 0 and "fit 1.3G: -c" in r.stdout
-    r = run("-m", str(default_model_path), "--fit", "10M")
+    r = too_small
     assert r.returncode == 1 and "smallest" in r.stderr and "Traceback" not in r.stderr

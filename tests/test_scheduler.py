@@ -7,8 +7,6 @@ context limit and shift, cancellation, KV pressure.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from ubatch.engine.context import Context
@@ -19,14 +17,14 @@ from ubatch.engine.scheduler import Scheduler, SlotState
 from ubatch.engine.server_task import Failed, Final, Partial, Task, TaskParams
 
 
-@pytest.fixture(scope="module")
-def gemma(tiny_gemma: Path) -> Model:
-    return Model.load(tiny_gemma)
+@pytest.fixture
+def gemma(tiny_gemma_model: Model) -> Model:
+    return tiny_gemma_model
 
 
-@pytest.fixture(scope="module")
-def llama(tiny_llama: Path) -> Model:
-    return Model.load(tiny_llama)
+@pytest.fixture
+def llama(tiny_llama_model: Model) -> Model:
+    return tiny_llama_model
 
 
 def make(model: Model, n_slots: int = 4, n_ctx: int = 1024, **kw: object) -> Scheduler:

@@ -13,7 +13,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ubatch.engine import graph as graph_mod
 from ubatch.engine.batch import Batch
 from ubatch.engine.context import Context
-from ubatch.engine.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.engine.workspace import Request, lay_out
 
@@ -55,8 +54,8 @@ def watch_forward_passes(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> list:
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("kv", ["f32", "f16"])
-def test_forward_allocates_nothing_outside_the_workspace(tiny_gemma, monkeypatch, kv: str, backend: str) -> None:
-    m = Model.load(tiny_gemma)
+def test_forward_allocates_nothing_outside_the_workspace(tiny_gemma_model, monkeypatch, kv: str, backend: str) -> None:
+    m = tiny_gemma_model
     ctx = Context(m, ContextParams(n_ctx=256, n_ubatch=32, n_seq_max=2, type_k=kv, type_v=kv, backend=backend))
     ctx.warmup()
     found = watch_forward_passes(ctx, monkeypatch)
@@ -72,8 +71,8 @@ def test_forward_allocates_nothing_outside_the_workspace(tiny_gemma, monkeypatch
 
 
 @pytest.mark.slow
-def test_default_model_prompt_and_generation_stay_in_the_reservation(default_model_path, monkeypatch) -> None:
-    ctx = Context(Model.load(default_model_path), ContextParams(n_ctx=1024, n_outputs_max=1))
+def test_default_model_prompt_and_generation_stay_in_the_reservation(default_model, monkeypatch) -> None:
+    ctx = Context(default_model, ContextParams(n_ctx=1024, n_outputs_max=1))
     ctx.warmup()
     found = watch_forward_passes(ctx, monkeypatch)
     ctx.decode(Batch.from_tokens([2] + [1000 + i for i in range(511)], 0))
@@ -95,8 +94,8 @@ def test_planner_reuses_an_input_in_place() -> None:
     assert p.offsets[1] == p.offsets[0] and p.size == 256
 
 
-def test_compute_buffer_shrinks_with_ubatch_not_with_batch(tiny_gemma) -> None:
-    m = Model.load(tiny_gemma)
+def test_compute_buffer_shrinks_with_ubatch_not_with_batch(tiny_gemma_model) -> None:
+    m = tiny_gemma_model
 
     def size(b: int, ub: int) -> int:
         return Context(m, ContextParams(n_ctx=1024, n_batch=b, n_ubatch=ub, n_outputs_max=1)).reservation.bytes
@@ -106,10 +105,10 @@ def test_compute_buffer_shrinks_with_ubatch_not_with_batch(tiny_gemma) -> None:
     assert size(64, 512) == size(2048, 64)  # -b below -ub: the ubatch is clamped to the batch
 
 
-def test_an_allocation_failure_names_the_buffer_and_its_size(tiny_gemma, monkeypatch) -> None:
+def test_an_allocation_failure_names_the_buffer_and_its_size(tiny_gemma_model, monkeypatch) -> None:
     from ubatch.engine.errors import ContextError
 
-    m = Model.load(tiny_gemma)
+    m = tiny_gemma_model
     real_empty = torch.empty
 
     def failing_empty(*a, **kw):
@@ -122,8 +121,8 @@ def test_an_allocation_failure_names_the_buffer_and_its_size(tiny_gemma, monkeyp
         Context(m, ContextParams(n_ctx=1024, n_ubatch=256))
 
 
-def test_decode_steps_inside_a_256_cell_bucket_reuse_the_graph(tiny_gemma) -> None:
-    m = Model.load(tiny_gemma)
+def test_decode_steps_inside_a_256_cell_bucket_reuse_the_graph(tiny_gemma_model) -> None:
+    m = tiny_gemma_model
     ctx = Context(m, ContextParams(n_ctx=1024, n_ubatch=512))
     ctx.decode(Batch.from_tokens([2] + [9] * 249, 0))  # 250 cells used
     reused = []
@@ -135,9 +134,9 @@ def test_decode_steps_inside_a_256_cell_bucket_reuse_the_graph(tiny_gemma) -> No
 
 
 @pytest.mark.parametrize("ub", [1, 3, 8, 16, 32])
-def test_small_ubatches_fit_the_reservation(tiny_gemma, ub: int) -> None:
+def test_small_ubatches_fit_the_reservation(tiny_gemma_model, ub: int) -> None:
     """Smaller shapes than the worst case must run in the reserved buffer, however they fragment."""
-    ctx = Context(Model.load(tiny_gemma), ContextParams(n_ctx=1024, n_ubatch=ub, n_outputs_max=1))
+    ctx = Context(tiny_gemma_model, ContextParams(n_ctx=1024, n_ubatch=ub, n_outputs_max=1))
     ctx.decode(Batch.from_tokens([2] + list(range(10, 109)), 0))
     for i in range(3):
         ctx.decode(Batch.from_tokens([9], 100 + i))
