@@ -31,8 +31,19 @@ def model(default_model: Model) -> Model:
     return default_model
 
 
+_ALONE: dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+
+
 def alone(model: Model, prompt: list[int], follow: list[int]) -> torch.Tensor:
-    """Logits of the last prompt token, then of each follow-up token, decoding one sequence."""
+    """Logits of the last prompt token, then of each follow-up token, decoding one sequence.
+    Computed once per (prompt, follow): both cache layouts are checked against the same rows."""
+    key = (id(model), tuple(prompt), tuple(follow))
+    if key not in _ALONE:
+        _ALONE[key] = _alone(model, prompt, follow)
+    return _ALONE[key].clone()
+
+
+def _alone(model: Model, prompt: list[int], follow: list[int]) -> torch.Tensor:
     ctx = Context(model, ContextParams(n_ctx=2048, type_k="f32", type_v="f32"))
     ctx.decode(Batch.from_tokens(prompt, 0))
     rows = [ctx.logits[-1].clone()]  # logits are valid until the next decode
