@@ -57,11 +57,14 @@ def bench(
     output_err: Optional[str] = typer.Option(None, "-oe", "--output-err", help="also print this format to stderr", rich_help_panel=OUT),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG/SVG/PDF: compute buffer and t/s against the varying parameter", rich_help_panel=OUT),
 ) -> None:
-    from ..engine.bench import (
-        BenchError, BenchParams, check_params, expand, int_list, pair_list, run_bench, str_list,
+    from ..engine.bench_params import (
+        BenchError, BenchParams, check_params, expand, int_list, pair_list, str_list,
     )
+    from ..engine.bench_run import run_bench
     from ..engine.kv_cache import KV_TYPES
-    from .bench_output import FORMATS, check_plot_path, format_results, output_target, write_file, write_plot
+    from .bench_format import FORMATS, format_results
+    from .bench_plot import write_plot
+    from .bench_target import check_plot_path, output_target, write_file
 
     if sweep_ub is not None:
         if ubatch_size:
@@ -148,9 +151,10 @@ def batched_bench(
     kvu: bool = typer.Option(False, "-kvu", "--kv-unified", help="one KV stream shared by all sequences", rich_help_panel=PARAMS),
     output_format: str = typer.Option("md", "--output-format", help="md or jsonl", rich_help_panel=OUT),
 ) -> None:
-    from ..engine.bench import BatchedParams, BenchError, int_list, run_batched_bench
+    from ..engine.batched_bench import BatchedParams, run_batched_bench
+    from ..engine.bench_params import BenchError, int_list
     from ..engine.kv_cache import KV_TYPES
-    from .bench_output import batched_header_line, batched_jsonl_row, batched_md_head, batched_md_row
+    from .bench_format import batched_header_line, batched_jsonl_row, batched_md_head, batched_md_row
 
     if output_format not in ("md", "jsonl"):
         raise BenchError(f"--output-format {output_format!r}: use md or jsonl")

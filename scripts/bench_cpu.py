@@ -24,7 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ubatch.engine.bench import BatchedParams, BenchParams, run_batched_bench, run_bench
+from ubatch.engine.batched_bench import BatchedParams, run_batched_bench
+from ubatch.engine.bench_params import BenchParams
+from ubatch.engine.bench_run import run_bench
 from ubatch.engine.default_model import default_model_path
 from ubatch.engine.model import Model
 from ubatch.kernels.cpu_build import cpu_flags, cpu_model, load

@@ -15,15 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from ubatch.cli.bench_output import (
+from ubatch.cli.bench_format import (
     LLAMA_BENCH_FIELDS, batched_md_head, batched_md_row, format_csv, format_json, format_jsonl,
-    format_md, format_profile_md, output_target,
+    format_md, format_profile_md,
 )
-from ubatch.engine.bench import (
-    BatchedParams, BatchedResult, BenchError, BenchParams, BenchResult, BenchTest, TensorShare,
-    check_tests, expand, int_list, n_ctx_required, pair_list, parse_int_range, run_batched_bench,
-    run_bench, str_list,
+from ubatch.cli.bench_plot import build_figure, sig_label
+from ubatch.cli.bench_target import output_target
+from ubatch.engine.batched_bench import BatchedParams, BatchedResult, n_ctx_required, run_batched_bench
+from ubatch.engine.bench_params import (
+    BenchError, BenchParams, BenchTest, check_tests, expand, int_list, pair_list, parse_int_range, str_list,
 )
+from ubatch.engine.bench_result import BenchResult, TensorShare
+from ubatch.engine.bench_run import run_bench
 from ubatch.engine.kv_cache import KV_TYPES
 
 M = Path("m.gguf")
@@ -347,3 +350,30 @@ def test_cli_bad_input(runs: dict, name: str, message: str) -> None:
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# -- the plot -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value,label", [
+    (0.3, "0.300"), (0.0304, "0.0304"), (1.5, "1.50"), (17.134, "17.1"), (9.996, "10.0"),
+    (892.16, "892"), (12345.6, "12346"), (0.0, "0"),
+])
+def test_plot_labels_keep_significant_digits(value: float, label: str) -> None:
+    assert sig_label(value) == label
+
+
+def test_plot_legends_sit_outside_the_data(synthetic) -> None:  # noqa: ANN001
+    """Tiny speeds get readable labels, and no legend overlaps its panel's data area."""
+    p, rs = synthetic
+    for r in rs:
+        r.avg_ts, r.stddev_ts = r.avg_ts / 300, 0.01  # ~0.3 t/s
+    fig = build_figure(rs, expand(p))
+    fig.draw_without_rendering()
+    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {sig_label(r.avg_ts) for r in rs} <= texts and "0.340" in texts
+    legends = [(ax, ax.get_legend()) for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) == 3  # buffer, speed, profile
+    for ax, leg in legends:
+        box, area = leg.get_window_extent(), ax.get_window_extent()
+        assert box.x0 >= area.x1, (box, area)
+        assert fig.bbox.contains(box.x1 - 1, box.y0 + 1), "legend cut off by the figure edge"

@@ -1,22 +1,26 @@
-"""How `ubatch bench` and `ubatch batched-bench` print: llama-bench's md/csv/json/jsonl and
-llama-batched-bench's table/jsonl, plus ubatch's profile and buffer sections and the plot."""
+"""How `ubatch bench` and `ubatch batched-bench` print their results.
+
+llama-bench's md/csv/json/jsonl and llama-batched-bench's table/jsonl are reproduced column for
+column so that scripts written for llama.cpp's output can read ubatch's; ubatch's own columns
+(compute buffer reserved vs used, KV cache) and sections (op profile, buffer contents) come
+after llama.cpp's.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from ..engine.bench import (
-    CATEGORIES, CATEGORY_TITLES, BatchedHeader, BatchedResult, BenchError, BenchParams, BenchResult,
-)
+from ..engine.batched_bench import BatchedHeader, BatchedResult
+from ..engine.bench_params import BenchParams
+from ..engine.bench_result import BenchResult
+from ..engine.units import MiB
+from ..kernels.profiling import CATEGORIES, CATEGORY_TITLES
 
 FORMATS = ("md", "csv", "json", "jsonl")
-MiB = 1024 * 1024
 
 # llama-bench's csv/json fields (those ubatch has), then ubatch's scalar columns
 LLAMA_BENCH_FIELDS = (
@@ -27,50 +31,6 @@ LLAMA_BENCH_FIELDS = (
 )
 UBATCH_FIELDS = ("test", "n_ctx", "n_batch_eff", "n_ubatch_eff", "n_outputs_max", "compute_buffer_mib",
                  "used_buffer_mib", "kv_mib", "n_ubatches")
-
-
-# -- output targets -------------------------------------------------------------------------------
-
-def output_target(value: str, flag: str = "-o") -> tuple[str, Path | None]:
-    """-o md|csv|json|jsonl prints to stdout; -o FILE.{md,csv,json,jsonl} writes that file."""
-    if value in FORMATS:
-        return value, None
-    path = Path(value)
-    fmt = path.suffix.lstrip(".").lower()
-    if fmt not in FORMATS:
-        raise BenchError(f"{flag} {value!r}: use a format ({', '.join(FORMATS)}) or a file name "
-                         f"ending in .md, .csv, .json or .jsonl")
-    check_writable(path, flag)
-    return fmt, path
-
-
-def check_writable(path: Path, flag: str) -> None:
-    """Fail before the (long) run if the file could not be written afterwards."""
-    if path.is_dir():
-        raise BenchError(f"{flag} {path}: is a directory, not a file")
-    parent = path.parent if str(path.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise BenchError(f"{flag} {path}: {parent} is not a directory")
-    if not parent.is_dir():
-        raise BenchError(f"{flag} {path}: directory {parent} does not exist")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise BenchError(f"{flag} {path}: file is not writable")
-    if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise BenchError(f"{flag} {path}: directory {parent} is not writable")
-
-
-def write_file(path: Path, text: str, flag: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise BenchError(f"{flag} {path}: cannot write ({e.strerror})") from None
-
-
-def check_plot_path(path: Path) -> None:
-    check_writable(path, "--plot")
-    ext = path.suffix.lstrip(".").lower()
-    if ext not in ("png", "svg", "pdf", "jpg", "jpeg", "webp"):
-        raise BenchError(f"--plot {path}: use a .png, .svg, .pdf, .jpg or .webp file name")
 
 
 # -- llama-bench formats --------------------------------------------------------------------------
@@ -290,132 +250,8 @@ def batched_jsonl_row(h: BatchedHeader, r: BatchedResult) -> str:
     return json.dumps(d) + "\n"
 
 
-# -- plot -----------------------------------------------------------------------------------------
-
-# parameters a plot may put on its x axis, in order of preference (as the user asked for them)
-X_CANDIDATES = ("n_ubatch", "n_batch", "n_depth", "n_threads", "n_outputs_max")
-X_LABELS = {"n_ubatch": "-ub (n_ubatch)", "n_batch": "-b (n_batch)", "n_depth": "-d (depth)",
-            "n_threads": "-t (threads)", "n_outputs_max": "-nom (n_outputs_max)"}
-SERIES_KEYS = ("n_ubatch", "n_batch", "n_depth", "n_threads", "type_k", "type_v", "n_outputs_max")
-SHORT = {"n_ubatch": "ub", "n_batch": "b", "n_depth": "d", "n_threads": "t", "type_k": "ctk",
-         "type_v": "ctv", "n_outputs_max": "nom"}
-
-
-def _requested(results: Sequence[BenchResult], tests: Sequence[Any] | None) -> list[dict[str, Any]]:
-    """Each result's parameters as the user gave them (the test instance when known: clamps
-    per test, such as n_ubatch <= n_ctx, must not make a parameter look varied)."""
-    if tests is not None and len(tests) == len(results):
-        return [{k: getattr(t, k) for k in SERIES_KEYS} for t in tests]
-    return [{k: getattr(r, k) for k in SERIES_KEYS} for r in results]
-
-
-def write_plot(results: Sequence[BenchResult], path: Path, tests: Sequence[Any] | None = None) -> None:
-    """Two panels against the parameter the user varied (-ub first): compute buffer MiB
-    (reserved; dashed: the largest graph that ran; dotted: KV) and tokens/s with the stddev as
-    error bars, one line per test (and per other varied parameter); a third panel with the op
-    profile (µs per token by category) when the run was profiled. With no varied parameter the
-    x axis is the tests themselves (bars)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rs = list(results)
-    req = _requested(rs, tests)
-    varied = [k for k in SERIES_KEYS if len({q[k] for q in req}) > 1]
-    x_key = next((k for k in X_CANDIDATES if k in varied), None)
-    series_keys = [k for k in varied if k != x_key]
-
-    def name(i: int, with_x: bool = False, sep: str = " ") -> str:
-        parts = [rs[i].test] + [f"{SHORT[k]} {req[i][k]}" for k in series_keys]
-        if with_x and x_key is not None:
-            parts.append(f"{SHORT[x_key]} {req[i][x_key]}")
-        return sep.join(parts)
-
-    groups: dict[str, list[int]] = {}
-    for i in range(len(rs)):
-        groups.setdefault(name(i), []).append(i)
-    profiled = [i for i, r in enumerate(rs) if r.profile_ms]
-    if x_key is not None:
-        profiled.sort(key=lambda i: (req[i][x_key], name(i)))
-    n_panels = 3 if profiled else 2
-    fig, axes = plt.subplots(n_panels, 1, figsize=(8, 3.4 * n_panels), constrained_layout=True)
-    ax_mem, ax_ts = axes[0], axes[1]
-    first = rs[0]
-    threads = sorted({r.n_threads for r in rs})
-    fig.suptitle(f"ubatch bench: {first.model_type}, {'/'.join(map(str, threads))} threads "
-                 f"({first.cpu_info})", fontsize=10)
-    if x_key is None:
-        xs = list(range(len(rs)))
-        ax_mem.bar([x - 0.2 for x in xs], [r.compute_buffer_mib for r in rs], 0.4, label="compute buffer (reserved)")
-        ax_mem.bar([x + 0.2 for x in xs], [r.used_buffer_mib for r in rs], 0.4, label="largest graph that ran")
-        ax_ts.bar(xs, [r.avg_ts for r in rs], yerr=[r.stddev_ts for r in rs], capsize=4)
-        for x, r in zip(xs, rs):
-            ax_ts.annotate(f"{r.avg_ts:.0f}", (x, r.avg_ts), fontsize=7, textcoords="offset points",
-                           xytext=(0, 6), ha="center")
-        for ax in (ax_mem, ax_ts):
-            ax.set_xticks(xs, [name(i, sep="\n") for i in xs], fontsize=7)
-    else:
-        for lab, idx in groups.items():
-            idx = sorted(idx, key=lambda i: req[i][x_key])
-            g = [rs[i] for i in idx]
-            xs = [req[i][x_key] for i in idx]
-            line = ax_mem.plot(xs, [r.compute_buffer_mib for r in g], "o-", label=f"{lab}: compute buffer")[0]
-            ax_mem.plot(xs, [r.used_buffer_mib for r in g], "s--", color=line.get_color(), alpha=0.7,
-                        label=f"{lab}: largest graph that ran")
-            for x, r in zip(xs, g):
-                ax_mem.annotate(f"{r.compute_buffer_mib:.1f}", (x, r.compute_buffer_mib), fontsize=7,
-                                textcoords="offset points", xytext=(0, 5), ha="center")
-                if abs(r.used_buffer_mib - r.compute_buffer_mib) > 0.05 * r.compute_buffer_mib:
-                    ax_mem.annotate(f"{r.used_buffer_mib:.1f}", (x, r.used_buffer_mib), fontsize=7,
-                                    textcoords="offset points", xytext=(0, -11), ha="center",
-                                    color=line.get_color())
-            ax_ts.errorbar(xs, [r.avg_ts for r in g], yerr=[r.stddev_ts for r in g], fmt="o-", capsize=4,
-                           label=lab)
-            for x, r in zip(xs, g):
-                ax_ts.annotate(f"{r.avg_ts:.0f}", (x, r.avg_ts), fontsize=7, textcoords="offset points",
-                               xytext=(0, 6), ha="center")
-        xvals = sorted({q[x_key] for q in req})
-        for ax in (ax_mem, ax_ts):
-            if x_key in ("n_ubatch", "n_batch") and min(xvals) > 0:
-                ax.set_xscale("log", base=2)
-            ax.set_xticks(xvals, [str(v) for v in xvals])
-            ax.minorticks_off()
-            ax.set_xlabel(X_LABELS[x_key])
-        ax_ts.legend(fontsize=7)
-    kv = {r.kv_mib for r in rs}
-    if len(kv) == 1:
-        ax_mem.axhline(kv.pop(), color="grey", ls=":", lw=1, label=f"KV cache ({rs[0].kv_mib:.1f} MiB)")
-    ax_mem.set_ylabel("MiB")
-    ax_mem.set_title("compute buffer (reserved worst case; dashed: largest graph that ran)", fontsize=9)
-    mem = [v for r in rs for v in (r.compute_buffer_mib, r.used_buffer_mib, r.kv_mib) if v > 0]
-    if mem and max(mem) / min(mem) > 20:  # reserved and used differ by orders of magnitude
-        ax_mem.set_yscale("log")
-        ax_mem.set_ylabel("MiB (log scale)")
-    else:
-        ax_mem.set_ylim(bottom=0)
-    ax_mem.legend(fontsize=7)
-    ax_ts.set_ylabel("tokens/s")
-    ax_ts.set_title("speed (mean ± stddev over repetitions)", fontsize=9)
-    ax_ts.set_ylim(bottom=0)
-    for ax in (ax_mem, ax_ts):
-        ax.grid(alpha=0.3)
-    if profiled:
-        ax = axes[2]
-        pos = list(range(len(profiled)))
-        bottom = [0.0] * len(profiled)
-        for c in CATEGORIES:
-            vals = [1e3 * rs[i].profile_ms.get(c, 0.0) / max(1, rs[i].n_prompt + rs[i].n_gen) for i in profiled]
-            ax.bar(pos, vals, 0.6, bottom=bottom, label=CATEGORY_TITLES[c])
-            bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.set_xticks(pos, [name(i, with_x=True, sep="\n") for i in profiled], fontsize=7 if len(pos) <= 8 else 6)
-        ax.set_ylabel("µs per token")
-        ax.set_title("where the time goes (op profile)", fontsize=9)
-        ax.legend(fontsize=7, ncol=3)
-        ax.grid(alpha=0.3, axis="y")
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as e:
-        raise BenchError(f"--plot {path}: cannot write ({e.strerror})") from None
-    finally:
-        plt.close(fig)
+__all__ = [
+    "FORMATS", "LLAMA_BENCH_FIELDS", "UBATCH_FIELDS", "md_columns", "format_md", "format_csv",
+    "format_json", "format_jsonl", "format_results", "format_profile_md", "batched_header_line",
+    "batched_md_head", "batched_md_row", "batched_jsonl_row",
+]
