@@ -20,9 +20,17 @@ TESTS, PARAMS, RUN, OUT = "Tests", "Parameters (comma lists and ranges: 1-8, 64-
 def _progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rep]}"), TimeElapsedColumn(), console=err_console,
-                    transient=True, disable=not err_console.is_terminal)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rep]}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    )
 
 
 def _test_label(t) -> str:  # noqa: ANN001
@@ -36,30 +44,88 @@ def _test_label(t) -> str:  # noqa: ANN001
 
 @user_errors
 def bench(
-    model: Optional[List[Path]] = typer.Option(None, "-m", "--model", help="GGUF file(s) (default: Gemma 3 270M Q4_K_M, bundled)", rich_help_panel=TESTS),
-    n_prompt: Optional[List[str]] = typer.Option(None, "-p", "--n-prompt", help="prompt tokens of the pp tests", show_default="512", rich_help_panel=TESTS),
-    n_gen: Optional[List[str]] = typer.Option(None, "-n", "--n-gen", help="generated tokens of the tg tests", show_default="128", rich_help_panel=TESTS),
-    pg: Optional[List[str]] = typer.Option(None, "-pg", help="pp,tg: a prompt then generation test (repeatable)", rich_help_panel=TESTS),
-    depth: Optional[List[str]] = typer.Option(None, "-d", "--n-depth", help="tokens already in the cache before each test", show_default="0", rich_help_panel=PARAMS),
-    batch_size: Optional[List[str]] = typer.Option(None, "-b", "--batch-size", help="logical batch size", show_default="2048", rich_help_panel=PARAMS),
-    ubatch_size: Optional[List[str]] = typer.Option(None, "-ub", "--ubatch-size", help="physical batch size", show_default="512", rich_help_panel=PARAMS),
-    ctk: Optional[List[str]] = typer.Option(None, "-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16, q8_0, q4_0", show_default="f16", rich_help_panel=PARAMS),
-    ctv: Optional[List[str]] = typer.Option(None, "-ctv", "--cache-type-v", help="V cache type", show_default="f16", rich_help_panel=PARAMS),
-    threads: Optional[List[str]] = typer.Option(None, "-t", "--threads", help="CPU threads", show_default="all", rich_help_panel=PARAMS),
+    model: Optional[List[Path]] = typer.Option(
+        None, "-m", "--model", help="GGUF file(s) (default: Gemma 3 270M Q4_K_M, bundled)", rich_help_panel=TESTS
+    ),
+    n_prompt: Optional[List[str]] = typer.Option(
+        None, "-p", "--n-prompt", help="prompt tokens of the pp tests", show_default="512", rich_help_panel=TESTS
+    ),
+    n_gen: Optional[List[str]] = typer.Option(
+        None, "-n", "--n-gen", help="generated tokens of the tg tests", show_default="128", rich_help_panel=TESTS
+    ),
+    pg: Optional[List[str]] = typer.Option(
+        None, "-pg", help="pp,tg: a prompt then generation test (repeatable)", rich_help_panel=TESTS
+    ),
+    depth: Optional[List[str]] = typer.Option(
+        None,
+        "-d",
+        "--n-depth",
+        help="tokens already in the cache before each test",
+        show_default="0",
+        rich_help_panel=PARAMS,
+    ),
+    batch_size: Optional[List[str]] = typer.Option(
+        None, "-b", "--batch-size", help="logical batch size", show_default="2048", rich_help_panel=PARAMS
+    ),
+    ubatch_size: Optional[List[str]] = typer.Option(
+        None, "-ub", "--ubatch-size", help="physical batch size", show_default="512", rich_help_panel=PARAMS
+    ),
+    ctk: Optional[List[str]] = typer.Option(
+        None,
+        "-ctk",
+        "--cache-type-k",
+        help="K cache type: f32, f16, bf16, q8_0, q4_0",
+        show_default="f16",
+        rich_help_panel=PARAMS,
+    ),
+    ctv: Optional[List[str]] = typer.Option(
+        None, "-ctv", "--cache-type-v", help="V cache type", show_default="f16", rich_help_panel=PARAMS
+    ),
+    threads: Optional[List[str]] = typer.Option(
+        None, "-t", "--threads", help="CPU threads", show_default="all", rich_help_panel=PARAMS
+    ),
     backend: str = backend_option(PARAMS),
-    n_outputs_max: Optional[List[str]] = typer.Option(None, "-nom", "--n-outputs-max", help="logit rows the compute buffer is planned for (0 = n_batch, llama-bench's)", show_default="0", rich_help_panel=PARAMS),
+    n_outputs_max: Optional[List[str]] = typer.Option(
+        None,
+        "-nom",
+        "--n-outputs-max",
+        help="logit rows the compute buffer is planned for (0 = n_batch, llama-bench's)",
+        show_default="0",
+        rich_help_panel=PARAMS,
+    ),
     reps: int = typer.Option(5, "-r", "--repetitions", help="timed repetitions per test", rich_help_panel=RUN),
     no_warmup: bool = typer.Option(False, "--no-warmup", help="skip the untimed warm-up run", rich_help_panel=RUN),
     delay: float = typer.Option(0.0, "--delay", help="seconds to wait between tests", rich_help_panel=RUN),
-    profile: bool = typer.Option(False, "--profile", help="time every op: where prefill time goes, and what the compute buffer holds", rich_help_panel=RUN),
-    sweep_ub: Optional[str] = typer.Option(None, "--sweep-ub", help="the -ub sweep: same as -ub LIST -n 0 --plot ub-sweep.png (explicit -n/--plot win)", rich_help_panel=RUN),
-    output: str = typer.Option("md", "-o", "--output", help="md, csv, json, jsonl; or FILE.{md,csv,json,jsonl} to write a file", rich_help_panel=OUT),
-    output_err: Optional[str] = typer.Option(None, "-oe", "--output-err", help="also print this format to stderr", rich_help_panel=OUT),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG/SVG/PDF: compute buffer and t/s against the varying parameter", rich_help_panel=OUT),
+    profile: bool = typer.Option(
+        False,
+        "--profile",
+        help="time every op: where prefill time goes, and what the compute buffer holds",
+        rich_help_panel=RUN,
+    ),
+    sweep_ub: Optional[str] = typer.Option(
+        None,
+        "--sweep-ub",
+        help="the -ub sweep: same as -ub LIST -n 0 --plot ub-sweep.png (explicit -n/--plot win)",
+        rich_help_panel=RUN,
+    ),
+    output: str = typer.Option(
+        "md",
+        "-o",
+        "--output",
+        help="md, csv, json, jsonl; or FILE.{md,csv,json,jsonl} to write a file",
+        rich_help_panel=OUT,
+    ),
+    output_err: Optional[str] = typer.Option(
+        None, "-oe", "--output-err", help="also print this format to stderr", rich_help_panel=OUT
+    ),
+    plot: Optional[Path] = typer.Option(
+        None,
+        "--plot",
+        help="write a PNG/SVG/PDF: compute buffer and t/s against the varying parameter",
+        rich_help_panel=OUT,
+    ),
 ) -> None:
-    from ..engine.bench_params import (
-        BenchError, BenchParams, check_params, expand, int_list, pair_list, str_list,
-    )
+    from ..engine.bench_params import BenchError, BenchParams, check_params, expand, int_list, pair_list, str_list
     from ..engine.bench_run import run_bench
     from ..engine.kv_cache import KV_TYPES
     from .bench_format import FORMATS, format_results
@@ -91,7 +157,11 @@ def bench(
         type_v=str_list(ctv, ["f16"], "-ctv", KV_TYPES),
         n_outputs_max=int_list(n_outputs_max, [0], "-nom"),
         n_threads=int_list(threads, [0], "-t"),
-        reps=reps, warmup=not no_warmup, profile=profile, delay=delay, backend=backend,
+        reps=reps,
+        warmup=not no_warmup,
+        profile=profile,
+        delay=delay,
+        backend=backend,
     )
     check_params(p)
     p.models = [Path(m) for m in model] if model else [resolve_model(None)]
@@ -112,8 +182,7 @@ def bench(
             progress.update(task, description=f"loading {Path(e.text).name}")
         elif e.kind in ("warmup", "rep"):
             rep = "warm-up" if e.kind == "warmup" else f"rep {e.rep}/{e.n_reps}"
-            progress.update(task, description=f"test {e.test_index}/{e.n_tests}: {_test_label(e.test)}",
-                            rep=rep)
+            progress.update(task, description=f"test {e.test_index}/{e.n_tests}: {_test_label(e.test)}", rep=rep)
         elif e.kind == "done":
             progress.update(task, completed=e.test_index)
 
@@ -135,20 +204,32 @@ def bench(
 
 @user_errors
 def batched_bench(
-    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: Gemma 3 270M Q4_K_M, bundled)", rich_help_panel=TESTS),
-    npp: Optional[List[str]] = typer.Option(None, "-npp", help="prompt lengths", show_default="128,256,512", rich_help_panel=TESTS),
-    ntg: Optional[List[str]] = typer.Option(None, "-ntg", help="generation lengths", show_default="128,256", rich_help_panel=TESTS),
-    npl: Optional[List[str]] = typer.Option(None, "-npl", help="parallel sequences", show_default="1,2,4,8,16,32", rich_help_panel=TESTS),
+    model: Optional[Path] = typer.Option(
+        None, "-m", "--model", help="GGUF file (default: Gemma 3 270M Q4_K_M, bundled)", rich_help_panel=TESTS
+    ),
+    npp: Optional[List[str]] = typer.Option(
+        None, "-npp", help="prompt lengths", show_default="128,256,512", rich_help_panel=TESTS
+    ),
+    ntg: Optional[List[str]] = typer.Option(
+        None, "-ntg", help="generation lengths", show_default="128,256", rich_help_panel=TESTS
+    ),
+    npl: Optional[List[str]] = typer.Option(
+        None, "-npl", help="parallel sequences", show_default="1,2,4,8,16,32", rich_help_panel=TESTS
+    ),
     pps: bool = typer.Option(False, "-pps", help="the prompt is shared by all sequences", rich_help_panel=TESTS),
     tgs: bool = typer.Option(False, "-tgs", help="generate for the sequences one after another", rich_help_panel=TESTS),
-    ctx_size: int = typer.Option(0, "-c", "--ctx-size", help="context size = n_kv_max (0 = from the model)", rich_help_panel=PARAMS),
+    ctx_size: int = typer.Option(
+        0, "-c", "--ctx-size", help="context size = n_kv_max (0 = from the model)", rich_help_panel=PARAMS
+    ),
     batch_size: int = typer.Option(2048, "-b", "--batch-size", rich_help_panel=PARAMS),
     ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", rich_help_panel=PARAMS),
     threads: int = typer.Option(-1, "-t", "--threads", help="CPU threads (-1 = all)", rich_help_panel=PARAMS),
     backend: str = backend_option(PARAMS),
     ctk: str = typer.Option("f16", "-ctk", "--cache-type-k", rich_help_panel=PARAMS),
     ctv: str = typer.Option("f16", "-ctv", "--cache-type-v", rich_help_panel=PARAMS),
-    kvu: bool = typer.Option(False, "-kvu", "--kv-unified", help="one KV stream shared by all sequences", rich_help_panel=PARAMS),
+    kvu: bool = typer.Option(
+        False, "-kvu", "--kv-unified", help="one KV stream shared by all sequences", rich_help_panel=PARAMS
+    ),
     output_format: str = typer.Option("md", "--output-format", help="md or jsonl", rich_help_panel=OUT),
 ) -> None:
     from ..engine.batched_bench import BatchedParams, run_batched_bench
@@ -162,10 +243,20 @@ def batched_bench(
         if t not in KV_TYPES:
             raise BenchError(f"{flag} {t!r}: use one of {', '.join(KV_TYPES)}")
     p = BatchedParams(
-        model=resolve_model(model), n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size,
-        n_threads=threads if threads > 0 else 0, type_k=ctk, type_v=ctv,
-        n_pp=int_list(npp, [128, 256, 512], "-npp"), n_tg=int_list(ntg, [128, 256], "-ntg"),
-        n_pl=int_list(npl, [1, 2, 4, 8, 16, 32], "-npl"), pps=pps, tgs=tgs, kvu=kvu, backend=backend,
+        model=resolve_model(model),
+        n_ctx=ctx_size,
+        n_batch=batch_size,
+        n_ubatch=ubatch_size,
+        n_threads=threads if threads > 0 else 0,
+        type_k=ctk,
+        type_v=ctv,
+        n_pp=int_list(npp, [128, 256, 512], "-npp"),
+        n_tg=int_list(ntg, [128, 256], "-ntg"),
+        n_pl=int_list(npl, [1, 2, 4, 8, 16, 32], "-npl"),
+        pps=pps,
+        tgs=tgs,
+        kvu=kvu,
+        backend=backend,
     )
     if not p.model.is_file():
         raise BenchError(f"{p.model}: model file not found")
@@ -188,8 +279,9 @@ def batched_bench(
     out = sys.stdout
     if output_format == "md":
         out.write("\n" + batched_header_line(header) + "\n")
-        out.write(f"ubatch: compute buffer = {header.compute_buffer_mib:.2f} MiB, "
-                  f"KV cache = {header.kv_mib:.2f} MiB\n\n")
+        out.write(
+            f"ubatch: compute buffer = {header.compute_buffer_mib:.2f} MiB, KV cache = {header.kv_mib:.2f} MiB\n\n"
+        )
         out.write(batched_md_head())
         for r in results:
             out.write(batched_md_row(r))

@@ -24,16 +24,46 @@ FORMATS = ("md", "csv", "json", "jsonl")
 
 # llama-bench's csv/json fields (those ubatch has), then ubatch's scalar columns
 LLAMA_BENCH_FIELDS = (
-    "build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
-    "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "type_k", "type_v",
-    "n_gpu_layers", "flash_attn", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns",
-    "avg_ts", "stddev_ts",
+    "build_commit",
+    "build_number",
+    "cpu_info",
+    "gpu_info",
+    "backends",
+    "model_filename",
+    "model_type",
+    "model_size",
+    "model_n_params",
+    "n_batch",
+    "n_ubatch",
+    "n_threads",
+    "type_k",
+    "type_v",
+    "n_gpu_layers",
+    "flash_attn",
+    "n_prompt",
+    "n_gen",
+    "n_depth",
+    "test_time",
+    "avg_ns",
+    "stddev_ns",
+    "avg_ts",
+    "stddev_ts",
 )
-UBATCH_FIELDS = ("test", "n_ctx", "n_batch_eff", "n_ubatch_eff", "n_outputs_max", "compute_buffer_mib",
-                 "used_buffer_mib", "kv_mib", "n_ubatches")
+UBATCH_FIELDS = (
+    "test",
+    "n_ctx",
+    "n_batch_eff",
+    "n_ubatch_eff",
+    "n_outputs_max",
+    "compute_buffer_mib",
+    "used_buffer_mib",
+    "kv_mib",
+    "n_ubatches",
+)
 
 
 # -- llama-bench formats --------------------------------------------------------------------------
+
 
 def _size(b: int) -> str:
     return f"{b / 1024**3:.2f} GiB" if b >= 1024**3 else f"{b / MiB:.2f} MiB"
@@ -72,9 +102,25 @@ def md_columns(p: BenchParams, results: Sequence[BenchResult]) -> list[str]:
 
 
 HEADERS = {"n_threads": "threads", "n_outputs_max": "n_outputs_max"}
-WIDTHS = {"model": -30, "size": 10, "params": 10, "backend": -10, "n_threads": 7, "n_batch": 7,
-          "n_ubatch": 8, "type_k": 6, "type_v": 6, "n_outputs_max": 13, "test": 15, "t/s": 20, "GB/s": 6,
-          "ub_eff": 6, "buffer MiB": 10, "used MiB": 10, "KV MiB": 10}
+WIDTHS = {
+    "model": -30,
+    "size": 10,
+    "params": 10,
+    "backend": -10,
+    "n_threads": 7,
+    "n_batch": 7,
+    "n_ubatch": 8,
+    "type_k": 6,
+    "type_v": 6,
+    "n_outputs_max": 13,
+    "test": 15,
+    "t/s": 20,
+    "GB/s": 6,
+    "ub_eff": 6,
+    "buffer MiB": 10,
+    "used MiB": 10,
+    "KV MiB": 10,
+}
 
 
 def _cell(r: BenchResult, col: str) -> str:
@@ -178,6 +224,7 @@ def format_results(fmt: str, p: BenchParams, results: Sequence[BenchResult], ext
 
 # -- ubatch's sections: where the time goes, what the buffer holds -----------------------------
 
+
 def format_profile_md(results: Sequence[BenchResult]) -> str:
     """Per test: time per repetition by op category (ms and share), and the compute buffer's
     largest tensors at the reserved peak and at the peak of the largest graph that ran."""
@@ -193,8 +240,7 @@ def format_profile_md(results: Sequence[BenchResult]) -> str:
         for r in prof:
             total = sum(r.profile_ms.values()) or 1.0
             cells = [r.test, str(r.n_ubatch_eff), str(r.n_ubatches), f"{total:.1f}"]
-            cells += [f"{r.profile_ms.get(c, 0.0):.1f} ({100 * r.profile_ms.get(c, 0.0) / total:.0f}%)"
-                      for c in cats]
+            cells += [f"{r.profile_ms.get(c, 0.0):.1f} ({100 * r.profile_ms.get(c, 0.0) / total:.0f}%)" for c in cats]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     seen: set[tuple] = set()
@@ -205,53 +251,116 @@ def format_profile_md(results: Sequence[BenchResult]) -> str:
             continue
         seen.add(key)
         rows.append(r)
-    lines.append("compute buffer: reserved (worst case the context plans for) vs used (largest graph "
-                 "that ran), and the largest tensors alive at each peak (MiB):")
+    lines.append(
+        "compute buffer: reserved (worst case the context plans for) vs used (largest graph that ran), and the largest tensors alive at each peak (MiB):"
+    )
     lines.append("")
     lines.append("| test | n_ubatch | n_outputs_max | reserved | used | reserved peak holds | used peak holds |")
     lines.append("|---|---:|---:|---:|---:|---|---|")
     for r in rows:
+
         def top(ts: list, n: int = 4) -> str:
             return ", ".join(f"{t.name} {'x'.join(map(str, t.shape))} {t.mib:.2f}" for t in ts[:n])
 
-        lines.append(f"| {r.test} | {r.n_ubatch_eff} | {r.n_outputs_max} | {r.compute_buffer_mib:.2f} | "
-                     f"{r.used_buffer_mib:.2f} | {top(r.buffer_top)} | {top(r.used_top)} |")
+        lines.append(
+            f"| {r.test} | {r.n_ubatch_eff} | {r.n_outputs_max} | {r.compute_buffer_mib:.2f} | "
+            f"{r.used_buffer_mib:.2f} | {top(r.buffer_top)} | {top(r.used_top)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 # -- llama-batched-bench --------------------------------------------------------------------------
 
+
 def batched_header_line(h: BatchedHeader) -> str:
-    return (f"llama_batched_bench: n_kv_max = {h.n_kv_max}, n_batch = {h.n_batch}, n_ubatch = {h.n_ubatch}, "
-            f"flash_attn = {h.flash_attn}, is_pp_shared = {h.is_pp_shared}, is_tg_separate = "
-            f"{h.is_tg_separate}, n_gpu_layers = {h.n_gpu_layers}, n_threads = {h.n_threads}, "
-            f"n_threads_batch = {h.n_threads_batch}")
+    return (
+        f"llama_batched_bench: n_kv_max = {h.n_kv_max}, n_batch = {h.n_batch}, n_ubatch = {h.n_ubatch}, "
+        f"flash_attn = {h.flash_attn}, is_pp_shared = {h.is_pp_shared}, is_tg_separate = "
+        f"{h.is_tg_separate}, n_gpu_layers = {h.n_gpu_layers}, n_threads = {h.n_threads}, "
+        f"n_threads_batch = {h.n_threads_batch}"
+    )
 
 
 def batched_md_head() -> str:
-    return ("|%6s | %6s | %4s | %6s | %8s | %8s | %8s | %8s | %8s | %8s |\n"
-            % ("PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s")
-            + "|%6s-|-%6s-|-%4s-|-%6s-|-%8s-|-%8s-|-%8s-|-%8s-|-%8s-|-%8s-|\n"
-            % ("------", "------", "----", "------", "--------", "--------", "--------", "--------",
-               "--------", "--------"))
+    return "|%6s | %6s | %4s | %6s | %8s | %8s | %8s | %8s | %8s | %8s |\n" % (
+        "PP",
+        "TG",
+        "B",
+        "N_KV",
+        "T_PP s",
+        "S_PP t/s",
+        "T_TG s",
+        "S_TG t/s",
+        "T s",
+        "S t/s",
+    ) + "|%6s-|-%6s-|-%4s-|-%6s-|-%8s-|-%8s-|-%8s-|-%8s-|-%8s-|-%8s-|\n" % (
+        "------",
+        "------",
+        "----",
+        "------",
+        "--------",
+        "--------",
+        "--------",
+        "--------",
+        "--------",
+        "--------",
+    )
 
 
 def batched_md_row(r: BatchedResult) -> str:
-    return ("|%6d | %6d | %4d | %6d | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |\n"
-            % (r.pp, r.tg, r.pl, r.n_kv, r.t_pp, r.speed_pp, r.t_tg, r.speed_tg, r.t, r.speed))
+    return "|%6d | %6d | %4d | %6d | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |\n" % (
+        r.pp,
+        r.tg,
+        r.pl,
+        r.n_kv,
+        r.t_pp,
+        r.speed_pp,
+        r.t_tg,
+        r.speed_tg,
+        r.t,
+        r.speed,
+    )
 
 
 def batched_jsonl_row(h: BatchedHeader, r: BatchedResult) -> str:
-    d = {"n_kv_max": h.n_kv_max, "n_batch": h.n_batch, "n_ubatch": h.n_ubatch, "flash_attn": h.flash_attn,
-         "is_pp_shared": h.is_pp_shared, "n_gpu_layers": h.n_gpu_layers, "n_threads": h.n_threads,
-         "n_threads_batch": h.n_threads_batch, "pp": r.pp, "tg": r.tg, "pl": r.pl, "n_kv": r.n_kv,
-         "t_pp": r.t_pp, "speed_pp": r.speed_pp, "t_tg": r.t_tg, "speed_tg": r.speed_tg, "t": r.t,
-         "speed": r.speed, "compute_buffer_mib": h.compute_buffer_mib, "kv_mib": h.kv_mib}
+    d = {
+        "n_kv_max": h.n_kv_max,
+        "n_batch": h.n_batch,
+        "n_ubatch": h.n_ubatch,
+        "flash_attn": h.flash_attn,
+        "is_pp_shared": h.is_pp_shared,
+        "n_gpu_layers": h.n_gpu_layers,
+        "n_threads": h.n_threads,
+        "n_threads_batch": h.n_threads_batch,
+        "pp": r.pp,
+        "tg": r.tg,
+        "pl": r.pl,
+        "n_kv": r.n_kv,
+        "t_pp": r.t_pp,
+        "speed_pp": r.speed_pp,
+        "t_tg": r.t_tg,
+        "speed_tg": r.speed_tg,
+        "t": r.t,
+        "speed": r.speed,
+        "compute_buffer_mib": h.compute_buffer_mib,
+        "kv_mib": h.kv_mib,
+    }
     return json.dumps(d) + "\n"
 
 
 __all__ = [
-    "FORMATS", "LLAMA_BENCH_FIELDS", "UBATCH_FIELDS", "md_columns", "format_md", "format_csv",
-    "format_json", "format_jsonl", "format_results", "format_profile_md", "batched_header_line",
-    "batched_md_head", "batched_md_row", "batched_jsonl_row",
+    "FORMATS",
+    "LLAMA_BENCH_FIELDS",
+    "UBATCH_FIELDS",
+    "md_columns",
+    "format_md",
+    "format_csv",
+    "format_json",
+    "format_jsonl",
+    "format_results",
+    "format_profile_md",
+    "batched_header_line",
+    "batched_md_head",
+    "batched_md_row",
+    "batched_jsonl_row",
 ]

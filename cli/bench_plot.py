@@ -23,11 +23,23 @@ from ..kernels.profiling import CATEGORIES, CATEGORY_TITLES
 
 # parameters a plot may put on its x axis, in order of preference (as the user asked for them)
 X_CANDIDATES = ("n_ubatch", "n_batch", "n_depth", "n_threads", "n_outputs_max")
-X_LABELS = {"n_ubatch": "-ub (n_ubatch)", "n_batch": "-b (n_batch)", "n_depth": "-d (depth)",
-            "n_threads": "-t (threads)", "n_outputs_max": "-nom (n_outputs_max)"}
+X_LABELS = {
+    "n_ubatch": "-ub (n_ubatch)",
+    "n_batch": "-b (n_batch)",
+    "n_depth": "-d (depth)",
+    "n_threads": "-t (threads)",
+    "n_outputs_max": "-nom (n_outputs_max)",
+}
 SERIES_KEYS = ("n_ubatch", "n_batch", "n_depth", "n_threads", "type_k", "type_v", "n_outputs_max")
-SHORT = {"n_ubatch": "ub", "n_batch": "b", "n_depth": "d", "n_threads": "t", "type_k": "ctk",
-         "type_v": "ctv", "n_outputs_max": "nom"}
+SHORT = {
+    "n_ubatch": "ub",
+    "n_batch": "b",
+    "n_depth": "d",
+    "n_threads": "t",
+    "type_k": "ctk",
+    "type_v": "ctv",
+    "n_outputs_max": "nom",
+}
 LABEL_SIZE = 7
 Y_MARGIN = 0.15  # headroom above and below the data, so the value labels stay inside the axes
 
@@ -44,16 +56,20 @@ def sig_label(v: float, digits: int = 3) -> str:
 
 def legend_outside(ax: Axes, **kwargs: Any) -> None:
     """The legend to the right of the axes, top-aligned, so it never covers the data."""
-    ax.legend(fontsize=LABEL_SIZE, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
-              **kwargs)
+    ax.legend(fontsize=LABEL_SIZE, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kwargs)
 
 
-def _label(ax: Axes, x: float, y: float, text: str, below: bool = False, side: int = 0,
-           **kwargs: Any) -> None:
+def _label(ax: Axes, x: float, y: float, text: str, below: bool = False, side: int = 0, **kwargs: Any) -> None:
     """A value label just above (or below) a point; side -1/+1 puts it left/right of x."""
-    ax.annotate(text, (x, y), fontsize=LABEL_SIZE, textcoords="offset points",
-                xytext=(4 * side, -11 if below else 5), ha=("right", "center", "left")[side + 1],
-                **kwargs)
+    ax.annotate(
+        text,
+        (x, y),
+        fontsize=LABEL_SIZE,
+        textcoords="offset points",
+        xytext=(4 * side, -11 if below else 5),
+        ha=("right", "center", "left")[side + 1],
+        **kwargs,
+    )
 
 
 @dataclass(slots=True)
@@ -100,10 +116,8 @@ def _bars(sw: Sweep, ax_mem: Axes, ax_ts: Axes) -> None:
     """No parameter varied: the tests themselves on the x axis."""
     rs = sw.results
     xs = list(range(len(rs)))
-    ax_mem.bar([x - 0.2 for x in xs], [r.compute_buffer_mib for r in rs], 0.4,
-               label="compute buffer (reserved)")
-    ax_mem.bar([x + 0.2 for x in xs], [r.used_buffer_mib for r in rs], 0.4,
-               label="largest graph that ran")
+    ax_mem.bar([x - 0.2 for x in xs], [r.compute_buffer_mib for r in rs], 0.4, label="compute buffer (reserved)")
+    ax_mem.bar([x + 0.2 for x in xs], [r.used_buffer_mib for r in rs], 0.4, label="largest graph that ran")
     ax_ts.bar(xs, [r.avg_ts for r in rs], yerr=[r.stddev_ts for r in rs], capsize=4)
     for x, r in zip(xs, rs):
         _label(ax_ts, x, r.avg_ts + r.stddev_ts, sig_label(r.avg_ts))
@@ -120,18 +134,18 @@ def _lines(sw: Sweep, ax_mem: Axes, ax_ts: Axes) -> None:
     for k, (lab, idx) in enumerate(groups.items()):
         g = [sw.results[i] for i in idx]
         xs = [sw.req[i][x_key] for i in idx]
-        line = ax_mem.plot(xs, [r.compute_buffer_mib for r in g], "o-",
-                           label=f"{lab}: compute buffer")[0]
+        line = ax_mem.plot(xs, [r.compute_buffer_mib for r in g], "o-", label=f"{lab}: compute buffer")[0]
         color = line.get_color()
-        ax_mem.plot(xs, [r.used_buffer_mib for r in g], "s--", color=color, alpha=0.7,
-                    label=f"{lab}: largest graph that ran")
+        ax_mem.plot(
+            xs, [r.used_buffer_mib for r in g], "s--", color=color, alpha=0.7, label=f"{lab}: largest graph that ran"
+        )
         for x, r in zip(xs, g):
             _label(ax_mem, x, r.compute_buffer_mib, sig_label(r.compute_buffer_mib))
             if abs(r.used_buffer_mib - r.compute_buffer_mib) > 0.05 * r.compute_buffer_mib:
-                _label(ax_mem, x, r.used_buffer_mib, sig_label(r.used_buffer_mib), below=True,
-                       color=color)
-        ax_ts.errorbar(xs, [r.avg_ts for r in g], yerr=[r.stddev_ts for r in g], fmt="o-",
-                       capsize=4, color=color, label=lab)
+                _label(ax_mem, x, r.used_buffer_mib, sig_label(r.used_buffer_mib), below=True, color=color)
+        ax_ts.errorbar(
+            xs, [r.avg_ts for r in g], yerr=[r.stddev_ts for r in g], fmt="o-", capsize=4, color=color, label=lab
+        )
         side = 0 if len(groups) == 1 else (-1 if k % 2 == 0 else 1)
         for x, r in zip(xs, g):
             _label(ax_ts, x, r.avg_ts + r.stddev_ts, sig_label(r.avg_ts), side=side, color=color)
@@ -150,8 +164,7 @@ def _memory_axes(sw: Sweep, ax: Axes) -> None:
     rs = sw.results
     kv = {r.kv_mib for r in rs}
     if len(kv) == 1:
-        ax.axhline(kv.pop(), color="grey", ls=":", lw=1,
-                   label=f"KV cache ({sig_label(rs[0].kv_mib)} MiB)")
+        ax.axhline(kv.pop(), color="grey", ls=":", lw=1, label=f"KV cache ({sig_label(rs[0].kv_mib)} MiB)")
     ax.set_ylabel("MiB")
     ax.set_title("compute buffer (reserved worst case; dashed: largest graph that ran)", fontsize=9)
     ax.margins(y=Y_MARGIN)
@@ -170,12 +183,12 @@ def _profile(sw: Sweep, ax: Axes, profiled: list[int]) -> None:
     pos = list(range(len(profiled)))
     bottom = [0.0] * len(profiled)
     for c in CATEGORIES:
-        vals = [1e3 * rs[i].profile_ms.get(c, 0.0) / max(1, rs[i].n_prompt + rs[i].n_gen)
-                for i in profiled]
+        vals = [1e3 * rs[i].profile_ms.get(c, 0.0) / max(1, rs[i].n_prompt + rs[i].n_gen) for i in profiled]
         ax.bar(pos, vals, 0.6, bottom=bottom, label=CATEGORY_TITLES[c])
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(pos, [sw.name(i, with_x=True, sep="\n") for i in profiled],
-                  fontsize=LABEL_SIZE if len(pos) <= 8 else 6)
+    ax.set_xticks(
+        pos, [sw.name(i, with_x=True, sep="\n") for i in profiled], fontsize=LABEL_SIZE if len(pos) <= 8 else 6
+    )
     ax.set_ylabel("µs per token")
     ax.set_title("where the time goes (op profile)", fontsize=9)
     legend_outside(ax, reverse=True)  # the legend reads top-down like the stack
@@ -198,8 +211,9 @@ def build_figure(results: Sequence[BenchResult], tests: Sequence[Any] | None = N
     axes = fig.subplots(n_panels, 1)
     ax_mem, ax_ts = axes[0], axes[1]
     threads = sorted({r.n_threads for r in rs})
-    fig.suptitle(f"ubatch bench: {rs[0].model_type}, {'/'.join(map(str, threads))} threads "
-                 f"({rs[0].cpu_info})", fontsize=10)
+    fig.suptitle(
+        f"ubatch bench: {rs[0].model_type}, {'/'.join(map(str, threads))} threads ({rs[0].cpu_info})", fontsize=10
+    )
     (_bars if sw.x_key is None else _lines)(sw, ax_mem, ax_ts)
     _memory_axes(sw, ax_mem)
     ax_ts.set_ylabel("tokens/s")
@@ -213,8 +227,7 @@ def build_figure(results: Sequence[BenchResult], tests: Sequence[Any] | None = N
     return fig
 
 
-def write_plot(results: Sequence[BenchResult], path: Path,
-               tests: Sequence[Any] | None = None) -> None:
+def write_plot(results: Sequence[BenchResult], path: Path, tests: Sequence[Any] | None = None) -> None:
     """`build_figure`, saved to `path` (the format from its extension)."""
     fig = build_figure(results, tests)
     try:
@@ -223,5 +236,13 @@ def write_plot(results: Sequence[BenchResult], path: Path,
         raise BenchError(f"--plot {path}: cannot write ({e.strerror})") from None
 
 
-__all__ = ["X_CANDIDATES", "SERIES_KEYS", "Sweep", "sweep_of", "sig_label", "legend_outside",
-           "build_figure", "write_plot"]
+__all__ = [
+    "X_CANDIDATES",
+    "SERIES_KEYS",
+    "Sweep",
+    "sweep_of",
+    "sig_label",
+    "legend_outside",
+    "build_figure",
+    "write_plot",
+]

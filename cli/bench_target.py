@@ -20,8 +20,9 @@ def output_target(value: str, flag: str = "-o") -> tuple[str, Path | None]:
     path = Path(value)
     fmt = path.suffix.lstrip(".").lower()
     if fmt not in FORMATS:
-        raise BenchError(f"{flag} {value!r}: use a format ({', '.join(FORMATS)}) or a file name "
-                         f"ending in .md, .csv, .json or .jsonl")
+        raise BenchError(
+            f"{flag} {value!r}: use a format ({', '.join(FORMATS)}) or a file name ending in .md, .csv, .json or .jsonl"
+        )
     check_writable(path, flag)
     return fmt, path
 

@@ -79,21 +79,28 @@ class Chat:
         if self.opts.verbose:
             ui.log(f"chat: formatted turn {ts.turn}: {json.dumps(ts.turn_text, ensure_ascii=False)}")
         if interrupted:
-            ui.info("(answer interrupted)" if ts.n_past and ts.stop_reason == "interrupted" and ts.n_prompt
-                    else "(interrupted before the answer started)")
+            ui.info(
+                "(answer interrupted)"
+                if ts.n_past and ts.stop_reason == "interrupted" and ts.n_prompt
+                else "(interrupted before the answer started)"
+            )
         elif ts.stop_reason == "context":
             hint = "restart with a larger -c or with --context-shift"
             if self.opts.context_shift and not s.shift_in_answer:
                 hint = "restart with a larger -c (shifting within an answer needs --swa-full for this model)"
-            ui.info(f"context full ({s.n_ctx} tokens): the answer was cut; /clear to start over, or {hint}",
-                    style="yellow")
+            ui.info(
+                f"context full ({s.n_ctx} tokens): the answer was cut; /clear to start over, or {hint}", style="yellow"
+            )
         if ts.n_dropped:
-            ui.info(f"(the conversation outgrew the context: dropped the {ts.n_dropped} oldest messages)",
-                    style="yellow")
+            ui.info(
+                f"(the conversation outgrew the context: dropped the {ts.n_dropped} oldest messages)", style="yellow"
+            )
         if self.opts.verbose:
-            ui.log(f"chat: turn {ts.turn}: {ts.n_prompt} prompt tokens evaluated, {ts.n_reused} reused from "
-                   f"the KV cache, {ts.n_gen} generated (stop: {ts.stop_reason}), context "
-                   f"{len(s.tokens)}/{s.n_ctx}" + (f"; reprocessed: {ts.reprocess}" if ts.reprocess else ""))
+            ui.log(
+                f"chat: turn {ts.turn}: {ts.n_prompt} prompt tokens evaluated, {ts.n_reused} reused from "
+                f"the KV cache, {ts.n_gen} generated (stop: {ts.stop_reason}), context "
+                f"{len(s.tokens)}/{s.n_ctx}" + (f"; reprocessed: {ts.reprocess}" if ts.reprocess else "")
+            )
         if self.opts.show_timings and ts.n_prompt:
             ui.timings(ts)
 
@@ -125,8 +132,9 @@ class Chat:
             s.set_template(t)
             ui.info(f"chat template: {t.describe}")
         else:
-            ui.error(f"unknown command {cmd}: type /help for the commands (start a message with // to "
-                     "send a leading /)")
+            ui.error(
+                f"unknown command {cmd}: type /help for the commands (start a message with // to send a leading /)"
+            )
         return True
 
     def run(self, read: Reader) -> None:
@@ -167,8 +175,16 @@ def run_chat(ctx: Any, sampler: Any, opts: ChatOptions, load_ms: float) -> None:
     template = ChatTemplate.for_model(ctx.model, override=opts.chat_template, use_jinja=opts.use_jinja)
     ui = ChatUI(opts.simple_io)
     plan = memory_plan(ctx)
-    session = ChatSession(ctx, template, sampler, system=opts.system, n_predict=opts.n_predict,
-                          ignore_eos=opts.ignore_eos, ctx_shift=opts.context_shift, keep=opts.keep)
+    session = ChatSession(
+        ctx,
+        template,
+        sampler,
+        system=opts.system,
+        n_predict=opts.n_predict,
+        ignore_eos=opts.ignore_eos,
+        ctx_shift=opts.context_shift,
+        keep=opts.keep,
+    )
     if not opts.log_disable:
         if opts.verbose:
             for line in startup_lines(ctx, plan):
@@ -178,13 +194,19 @@ def run_chat(ctx: Any, sampler: Any, opts: ChatOptions, load_ms: float) -> None:
             ui.log(f"chat template: {template.describe}")
             ui.log(f"sampler seed: {sampler.seed}")
         else:
-            ui.rows(startup_rows(ctx, plan, template, sampler, load_ms, opts.system, opts.n_predict),
-                    title="ubatch chat", to_err=True)
+            ui.rows(
+                startup_rows(ctx, plan, template, sampler, load_ms, opts.system, opts.n_predict),
+                title="ubatch chat",
+                to_err=True,
+            )
         if template.name == "chatml" and len(ctx.model.vocab.tokenize("<|im_start|>", False, True)) != 1:
-            ui.log("warning: the chatml template writes <|im_start|>, which is not a token of this "
-                   "model's vocabulary: it is read as plain text")
+            ui.log(
+                "warning: the chatml template writes <|im_start|>, which is not a token of this model's vocabulary: it is read as plain text"
+            )
         if opts.context_shift and not session.shift_in_answer:
-            ui.log("note: --context-shift drops the oldest messages when the conversation outgrows the "
-                   "context; shifting within an answer needs --swa-full for this model")
+            ui.log(
+                "note: --context-shift drops the oldest messages when the conversation outgrows the "
+                "context; shifting within an answer needs --swa-full for this model"
+            )
         ui.info(HINT)
     Chat(session, ui, plan, opts).run(make_reader(opts.simple_io))

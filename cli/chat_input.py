@@ -50,8 +50,11 @@ def prompt_toolkit_reader() -> Reader:
     except OSError:
         history = InMemoryHistory()
     session: PromptSession[str] = PromptSession(
-        history=history, key_bindings=kb, multiline=True,
-        prompt_continuation=lambda width, line, wrap: "." * (width - 1) + " ")
+        history=history,
+        key_bindings=kb,
+        multiline=True,
+        prompt_continuation=lambda width, line, wrap: "." * (width - 1) + " ",
+    )
     return lambda: session.prompt("> ")
 
 

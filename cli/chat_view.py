@@ -28,8 +28,7 @@ COMMANDS: Rows = [
     ("/template NAME|FILE", "switch the chat template (gemma, chatml, llama3 or a Jinja file)"),
     ("/help", "this list"),
 ]
-HINT = ("/exit /clear /stats /regen /template /help · Ctrl-C stops an answer · Ctrl-D leaves · "
-        "Alt-Enter or a trailing \\ starts a new line")
+HINT = "/exit /clear /stats /regen /template /help · Ctrl-C stops an answer · Ctrl-D leaves · Alt-Enter or a trailing \\ starts a new line"
 
 
 class PrefillProgress:
@@ -49,17 +48,17 @@ class PrefillProgress:
         if self.bar is None:
             if done >= total or time.perf_counter() - self.t0 < self.after_s:
                 return
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn("prefill"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("ubatches"), TimeElapsedColumn(), console=self.console,
-                                transient=True)
+            self.bar = Progress(
+                TextColumn("prefill"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("ubatches"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task("prefill", total=total)
         self.bar.update(self.task, completed=done, total=total)
@@ -70,20 +69,34 @@ class PrefillProgress:
             self.bar = None
 
 
-def startup_rows(ctx: Any, plan: MemoryPlan, template: ChatTemplate, sampler: Any, load_ms: float,
-                 system: str | None = None, n_predict: int = -1) -> Rows:
+def startup_rows(
+    ctx: Any,
+    plan: MemoryPlan,
+    template: ChatTemplate,
+    sampler: Any,
+    load_ms: float,
+    system: str | None = None,
+    n_predict: int = -1,
+) -> Rows:
     """The startup log, compact: (label, text) rows for the panel (or plain lines)."""
     m, cp, hp = ctx.model, ctx.cparams, ctx.model.hparams
-    rows = [("model", f"{m.name} · {hp.arch} · {model_size(plan)} · {m.path.name} · "
-                      f"loaded in {load_ms / 1e3:.1f} s"),
-            ("context", f"n_ctx {cp.n_ctx} · n_ctx_seq {cp.n_ctx_seq} (trained {hp.n_ctx_train}) · "
-                        f"n_batch {cp.n_batch} · n_ubatch {cp.n_ubatch} · n_seq_max {cp.n_seq_max} · "
-                        f"{cp.n_threads} threads"),
-            *summary_rows(plan),
-            ("template", template.describe)]
+    rows = [
+        ("model", f"{m.name} · {hp.arch} · {model_size(plan)} · {m.path.name} · loaded in {load_ms / 1e3:.1f} s"),
+        (
+            "context",
+            f"n_ctx {cp.n_ctx} · n_ctx_seq {cp.n_ctx_seq} (trained {hp.n_ctx_train}) · "
+            f"n_batch {cp.n_batch} · n_ubatch {cp.n_ubatch} · n_seq_max {cp.n_seq_max} · "
+            f"{cp.n_threads} threads",
+        ),
+        *summary_rows(plan),
+        ("template", template.describe),
+    ]
     p = sampler.params
-    samp = "greedy (temp 0)" if p.temp <= 0 else (f"temp {p.temp:g} · top-k {p.top_k} · top-p {p.top_p:g} · "
-                                                  f"min-p {p.min_p:g}")
+    samp = (
+        "greedy (temp 0)"
+        if p.temp <= 0
+        else (f"temp {p.temp:g} · top-k {p.top_k} · top-p {p.top_p:g} · min-p {p.min_p:g}")
+    )
     n_pred = "until end of turn" if n_predict < 0 else f"at most {n_predict} tokens"
     rows.append(("sampling", f"{samp} · seed {sampler.seed} · {n_pred}"))
     if system:
@@ -96,25 +109,44 @@ def stats_rows(session: ChatSession, plan: MemoryPlan) -> Rows:
     """/stats: the conversation and the last turn, the cells in use, then the plan's total."""
     ctx, ts = session.ctx, session.last
     n_ctx, used = session.n_ctx, len(session.tokens)
-    rows = [("conversation", f"turns: {session.turns} · messages: {len(session.messages)} · "
-                             f"{used} / {n_ctx} tokens in the KV cache ({100 * used / n_ctx:.1f} %)")]
+    rows = [
+        (
+            "conversation",
+            f"turns: {session.turns} · messages: {len(session.messages)} · {used} / {n_ctx} tokens in the KV cache ({100 * used / n_ctx:.1f} %)",
+        )
+    ]
     if ts is not None:
-        rows.append(("last turn", f"prompt tokens evaluated last turn: {ts.n_prompt} · reused from the "
-                                  f"KV cache: {ts.n_reused} · new turn tokens: {ts.n_turn} · "
-                                  f"generated: {ts.n_gen} · stop: {ts.stop_reason}"))
-        rows.append(("speed", f"prompt {ts.prompt_tps:.1f} t/s ({ts.n_prompt} tokens in "
-                              f"{ts.t_prompt_ms:.0f} ms) · generation {ts.eval_tps:.1f} t/s "
-                              f"({ts.n_eval} tokens in {ts.t_eval_ms:.0f} ms)"))
+        rows.append(
+            (
+                "last turn",
+                f"prompt tokens evaluated last turn: {ts.n_prompt} · reused from the "
+                f"KV cache: {ts.n_reused} · new turn tokens: {ts.n_turn} · "
+                f"generated: {ts.n_gen} · stop: {ts.stop_reason}",
+            )
+        )
+        rows.append(
+            (
+                "speed",
+                f"prompt {ts.prompt_tps:.1f} t/s ({ts.n_prompt} tokens in "
+                f"{ts.t_prompt_ms:.0f} ms) · generation {ts.eval_tps:.1f} t/s "
+                f"({ts.n_eval} tokens in {ts.t_eval_ms:.0f} ms)",
+            )
+        )
         if ts.reprocess:
             rows.append(("note", f"whole conversation prefilled: {ts.reprocess}"))
     else:
         rows.append(("last turn", "none yet"))
-    cells = [f"{(c.name + ': ') if c.name else ''}{c.used} / {c.size * c.n_stream} cells used"
-             for c in ctx.memory.caches]
+    cells = [
+        f"{(c.name + ': ') if c.name else ''}{c.used} / {c.size * c.n_stream} cells used" for c in ctx.memory.caches
+    ]
     rows.append(("KV cache", " · ".join(cells)))
     rows.append(total_row(plan))
-    rows.append(("session", f"{session.n_generated} tokens generated · graphs reused "
-                            f"{ctx.perf.graphs_reused} · ubatches run {ctx.perf.n_ubatch}"))
+    rows.append(
+        (
+            "session",
+            f"{session.n_generated} tokens generated · graphs reused {ctx.perf.graphs_reused} · ubatches run {ctx.perf.n_ubatch}",
+        )
+    )
     return rows
 
 
@@ -132,10 +164,14 @@ class ChatUI:
 
     def __init__(self, simple_io: bool) -> None:
         self.plain = simple_io
-        self.out = Console(highlight=False, soft_wrap=True, no_color=simple_io or None,
-                           force_terminal=False if simple_io else None)
-        self.err = err_console if not simple_io else Console(stderr=True, highlight=False, no_color=True,
-                                                             force_terminal=False, soft_wrap=True)
+        self.out = Console(
+            highlight=False, soft_wrap=True, no_color=simple_io or None, force_terminal=False if simple_io else None
+        )
+        self.err = (
+            err_console
+            if not simple_io
+            else Console(stderr=True, highlight=False, no_color=True, force_terminal=False, soft_wrap=True)
+        )
         self._at_line_start = True
 
     # messages

@@ -23,13 +23,14 @@ from rich.progress import (
 from ..engine.errors import UbatchError
 
 err_console = Console(stderr=True, highlight=False)
-BACKEND_HELP = ("op backend: auto (the C kernels on the GGUF blocks; torch if they cannot be built), "
-                "cpu, cpu-portable, torch (dense f32 reference)")
+BACKEND_HELP = "op backend: auto (the C kernels on the GGUF blocks; torch if they cannot be built), cpu, cpu-portable, torch (dense f32 reference)"
 
 
 def backend_option(panel: str | None = None) -> Any:
     """--backend, declared once for every command that builds a context."""
     return typer.Option("auto", "--backend", help=BACKEND_HELP, rich_help_panel=panel)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -49,10 +50,10 @@ def user_errors(fn: F) -> F:
             fail(str(e).replace("[", r"\["))
         except KeyboardInterrupt:
             err_console.print("interrupted")
-            raise typer.Exit(130)
+            raise typer.Exit(130) from None
         except BrokenPipeError:
             sys.stderr.close()
-            raise typer.Exit(0)
+            raise typer.Exit(0) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -79,8 +80,7 @@ def check_text(text: str, what: str) -> str:
     return text
 
 
-_ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"',
-            ord("\\"): b"\\"}
+_ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
@@ -119,9 +119,15 @@ class AssemblyBar:
 
     def __call__(self, done: int, total: int) -> None:
         if self.progress is None:
-            self.progress = Progress(TextColumn("assembling the default model"), BarColumn(), DownloadColumn(),
-                                     TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
-                                     transient=True)
+            self.progress = Progress(
+                TextColumn("assembling the default model"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.progress.start()
             self.task = self.progress.add_task("assemble", total=total)
         assert self.task is not None

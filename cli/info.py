@@ -35,8 +35,14 @@ def info(
     ctk: str = typer.Option("f16", "-ctk", "--cache-type-k"),
     ctv: str = typer.Option("f16", "-ctv", "--cache-type-v"),
     backend: str = backend_option(),
-    n_outputs_max: Optional[int] = typer.Option(None, "--n-outputs-max", help="output rows reserved (default: one per sequence, as ubatch's commands and llama-server; 0 = n_batch, llama-completion's choice)"),
-    fit_budget: Optional[str] = typer.Option(None, "--fit", help="memory budget (e.g. 1.5G): pick the largest -c, and -ub/-np if needed, that fit"),
+    n_outputs_max: Optional[int] = typer.Option(
+        None,
+        "--n-outputs-max",
+        help="output rows reserved (default: one per sequence, as ubatch's commands and llama-server; 0 = n_batch, llama-completion's choice)",
+    ),
+    fit_budget: Optional[str] = typer.Option(
+        None, "--fit", help="memory budget (e.g. 1.5G): pick the largest -c, and -ub/-np if needed, that fit"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     verbose: bool = typer.Option(False, "--verbose", help="also print llama.cpp-format startup lines"),
 ) -> None:
@@ -48,10 +54,18 @@ def info(
     from .present import startup_lines
 
     m = Model.load(resolve_model(model))
-    params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
-                           kv_unified=kv_unified, swa_full=swa_full, type_k=ctk, type_v=ctv,
-                           n_outputs_max=parallel if n_outputs_max is None else n_outputs_max,
-                           backend=backend)
+    params = ContextParams(
+        n_ctx=ctx_size,
+        n_batch=batch_size,
+        n_ubatch=ubatch_size,
+        n_seq_max=parallel,
+        kv_unified=kv_unified,
+        swa_full=swa_full,
+        type_k=ctk,
+        type_v=ctv,
+        n_outputs_max=parallel if n_outputs_max is None else n_outputs_max,
+        backend=backend,
+    )
     if fit_budget is not None:
         params, plan = fit(m, params, parse_bytes(fit_budget))
         ctx = None
@@ -61,8 +75,12 @@ def info(
     if as_json:
         d = plan_json(plan)
         if fit_budget is not None:
-            d["fit"] = {"budget_bytes": parse_bytes(fit_budget), "n_ctx": params.n_ctx,
-                        "n_ubatch": params.n_ubatch, "n_seq_max": params.n_seq_max}
+            d["fit"] = {
+                "budget_bytes": parse_bytes(fit_budget),
+                "n_ctx": params.n_ctx,
+                "n_ubatch": params.n_ubatch,
+                "n_seq_max": params.n_seq_max,
+            }
         print(json.dumps(d, indent=1))
         return
     out = Console()

@@ -14,12 +14,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command("cli", help="Chat in the terminal (no -p, or -cnv / -sys / -st), or with -p a one-shot "
-                        "completion (like llama-completion).")(complete.cli)
-app.command("server", help="OpenAI- and llama-server-compatible HTTP server: -np slots, "
-                           "continuous batching.")(server.server)
-app.command("bench", help="Benchmark like llama-bench: pp/tg t/s, compute buffer, --profile, "
-                          "--sweep-ub plots.")(bench.bench)
+app.command(
+    "cli",
+    help="Chat in the terminal (no -p, or -cnv / -sys / -st), or with -p a one-shot completion (like llama-completion).",
+)(complete.cli)
+app.command("server", help="OpenAI- and llama-server-compatible HTTP server: -np slots, continuous batching.")(
+    server.server
+)
+app.command("bench", help="Benchmark like llama-bench: pp/tg t/s, compute buffer, --profile, --sweep-ub plots.")(
+    bench.bench
+)
 app.command("batched-bench", help="Continuous-batching throughput like llama-batched-bench.")(bench.batched_bench)
 app.command("info", help="The memory plan of a configuration (KV cache, compute buffer, why).")(info.info)
 app.command("tokenize", help="Tokenize text like llama-tokenize.")(tokenize.tokenize)

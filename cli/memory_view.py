@@ -24,6 +24,7 @@ def size(n: int) -> str:
 
 # -- llama.cpp's startup lines --------------------------------------------------------------------
 
+
 def llama_lines(p: MemoryPlan) -> list[str]:
     """What llama.cpp logs after the context parameters (buffers, KV caches, compute buffer), then
     what it does not say: the backend's weights and why the compute buffer is this size."""
@@ -31,16 +32,19 @@ def llama_lines(p: MemoryPlan) -> list[str]:
     L.append(f"ubatch: backend = {p.backend}, weights held beyond the file = {mib(p.backend_bytes):.2f} MiB")
     L += [f"ubatch:   {t:<6} {path}" for t, path in p.kernels.items()]
     if p.n_ctx_seq < p.n_ctx_train:
-        L.append(f"llama_context: n_ctx_seq ({p.n_ctx_seq}) < n_ctx_train ({p.n_ctx_train}) -- "
-                 "the full capacity of the model will not be utilized")
+        L.append(
+            f"llama_context: n_ctx_seq ({p.n_ctx_seq}) < n_ctx_train ({p.n_ctx_train}) -- the full capacity of the model will not be utilized"
+        )
     L.append(f"llama_context: {'CPU':>10}  output buffer size = {mib(p.output_bytes):8.2f} MiB")
     for i in p.kv:
         if i.name:
             L.append(f"llama_kv_cache_iswa: creating {i.name:>7} KV cache, size = {i.size} cells")
         L.append(f"llama_kv_cache: {'CPU':>10} KV buffer size = {mib(i.k_bytes + i.v_bytes):8.2f} MiB")
-        L.append(f"llama_kv_cache: size = {mib(i.k_bytes + i.v_bytes):7.2f} MiB ({i.size:6d} cells, "
-                 f"{i.n_layer:3d} layers, {i.n_seq_max:2d}/{i.n_stream} seqs), K ({i.type_k}): "
-                 f"{mib(i.k_bytes):7.2f} MiB, V ({i.type_v}): {mib(i.v_bytes):7.2f} MiB")
+        L.append(
+            f"llama_kv_cache: size = {mib(i.k_bytes + i.v_bytes):7.2f} MiB ({i.size:6d} cells, "
+            f"{i.n_layer:3d} layers, {i.n_seq_max:2d}/{i.n_stream} seqs), K ({i.type_k}): "
+            f"{mib(i.k_bytes):7.2f} MiB, V ({i.type_v}): {mib(i.v_bytes):7.2f} MiB"
+        )
     n, s, o = p.worst_case
     L += [
         f"llama_context: worst-case: n_tokens = {n}, n_seqs = {s}, n_outputs = {o}",
@@ -56,13 +60,20 @@ def llama_lines(p: MemoryPlan) -> list[str]:
 
 # -- Rich tables ----------------------------------------------------------------------------------
 
+
 def breakdown_table(p: MemoryPlan) -> Table:
     """llama.cpp's memory breakdown (model / context / compute), plus what the backend holds."""
     t = Table(title="memory breakdown (MiB)", title_justify="left")
     for col in ("device", "total", "model", f"{p.backend} backend", "context (KV + out)", "compute"):
         t.add_column(col, justify="right" if col != "device" else "left")
-    t.add_row("CPU", f"{mib(p.total_bytes):.2f}", f"{mib(p.model_bytes):.2f}", f"{mib(p.backend_bytes):.2f}",
-              f"{mib(p.context_bytes):.2f}", f"{mib(p.compute_bytes):.2f}")
+    t.add_row(
+        "CPU",
+        f"{mib(p.total_bytes):.2f}",
+        f"{mib(p.model_bytes):.2f}",
+        f"{mib(p.backend_bytes):.2f}",
+        f"{mib(p.context_bytes):.2f}",
+        f"{mib(p.compute_bytes):.2f}",
+    )
     return t
 
 
@@ -73,17 +84,26 @@ def plan_table(p: MemoryPlan) -> Table:
     t.add_column("size", justify="right")
     t.add_column("why")
     t.add_row("model (GGUF, mmap)", size(p.model_bytes), f"{p.n_params / 1e6:.1f} M params as stored")
-    t.add_row(f"{p.backend} backend weights", size(p.backend_bytes),
-              "dense f32 copies (torch reference)" if p.backend_bytes else "none: kernels read the GGUF blocks")
+    t.add_row(
+        f"{p.backend} backend weights",
+        size(p.backend_bytes),
+        "dense f32 copies (torch reference)" if p.backend_bytes else "none: kernels read the GGUF blocks",
+    )
     for tname, path in p.kernels.items():
         t.add_row(f"  {tname} matrices", "", path)
     for c in p.kv:
-        t.add_row(f"KV cache {c.name or ''}".strip(), size(c.k_bytes + c.v_bytes),
-                  f"{c.size} cells x {c.n_stream} stream(s) x {c.n_layer} layers, K {c.type_k} / V {c.type_v}")
+        t.add_row(
+            f"KV cache {c.name or ''}".strip(),
+            size(c.k_bytes + c.v_bytes),
+            f"{c.size} cells x {c.n_stream} stream(s) x {c.n_layer} layers, K {c.type_k} / V {c.type_v}",
+        )
     t.add_row("output buffer", size(p.output_bytes), f"logits rows for {p.n_seq_max} sequence(s)")
     n, s, _ = p.worst_case
-    t.add_row("compute buffer", size(p.compute_bytes),
-              f"prompt ubatch of {n} tokens x {s} seqs, {min(n, p.n_outputs_max)} output rows, full KV")
+    t.add_row(
+        "compute buffer",
+        size(p.compute_bytes),
+        f"prompt ubatch of {n} tokens x {s} seqs, {min(n, p.n_outputs_max)} output rows, full KV",
+    )
     for name, shape, b in p.peak[:6]:
         t.add_row(f"  {name}", size(b), f"{list(shape)} alive at the peak")
     t.add_row("total", size(p.total_bytes), "")
@@ -92,13 +112,16 @@ def plan_table(p: MemoryPlan) -> Table:
 
 # -- compact rows (the chat's startup panel and /stats) -------------------------------------------
 
+
 def model_size(p: MemoryPlan) -> str:
     return f"{p.n_params / 1e6:.2f} M params · {size(p.model_bytes)} ({p.bits_per_weight:.2f} BPW)"
 
 
 def kv_row(p: MemoryPlan) -> tuple[str, str]:
-    kv = [f"{(c.name + ' ') if c.name else ''}{c.size} cells × {c.n_layer} layers = {size(c.k_bytes + c.v_bytes)}"
-          for c in p.kv]
+    kv = [
+        f"{(c.name + ' ') if c.name else ''}{c.size} cells × {c.n_layer} layers = {size(c.k_bytes + c.v_bytes)}"
+        for c in p.kv
+    ]
     types = [f"K {p.kv[0].type_k} / V {p.kv[0].type_v}"] if p.kv else []
     return "KV cache", " · ".join(kv + types)
 
@@ -110,9 +133,11 @@ def compute_row(p: MemoryPlan) -> tuple[str, str]:
 
 
 def total_row(p: MemoryPlan) -> tuple[str, str]:
-    return "memory", (f"{size(p.total_bytes)} = model {mib(p.model_bytes):.2f} + {p.backend} backend "
-                      f"{mib(p.backend_bytes):.2f} + KV {mib(p.kv_bytes):.2f} + output "
-                      f"{mib(p.output_bytes):.2f} + compute {mib(p.compute_bytes):.2f}")
+    return "memory", (
+        f"{size(p.total_bytes)} = model {mib(p.model_bytes):.2f} + {p.backend} backend "
+        f"{mib(p.backend_bytes):.2f} + KV {mib(p.kv_bytes):.2f} + output "
+        f"{mib(p.output_bytes):.2f} + compute {mib(p.compute_bytes):.2f}"
+    )
 
 
 def summary_rows(p: MemoryPlan) -> Rows:
@@ -121,6 +146,7 @@ def summary_rows(p: MemoryPlan) -> Rows:
 
 
 # -- JSON -----------------------------------------------------------------------------------------
+
 
 def plan_json(p: MemoryPlan) -> dict[str, Any]:
     """The plan as JSON-ready data: every field, the peak tensors as objects, and the sums."""

@@ -57,7 +57,6 @@ def perf_lines(ctx: Context, st: CompletionStats, load_ms: float, total_ms: floa
         f"{p}        eval time = {st.t_eval_ms:10.2f} ms / {n_e:5d} runs   "
         f"({st.t_eval_ms / n_e:8.2f} ms per token, {tps(n_e, st.t_eval_ms):8.2f} tokens per second)",
         f"{p}       total time = {total_ms:10.2f} ms / {st.n_prompt + st.n_gen:5d} tokens",
-        f"{p} unaccounted time = {unacc:10.2f} ms / {100 * unacc / max(total_ms, 1e-9):5.1f} %      "
-        "(total - sampling - prompt eval - eval) / (total)",
+        f"{p} unaccounted time = {unacc:10.2f} ms / {100 * unacc / max(total_ms, 1e-9):5.1f} %      (total - sampling - prompt eval - eval) / (total)",
         f"{p}    graphs reused = {ctx.perf.graphs_reused:10d}",
     ]

@@ -21,8 +21,7 @@ from .server_state import ServerState
 from .server_stream import EventStream, Reader, sse_events
 
 
-def read_prompts(st: ServerState, body: Any, kind: str
-                 ) -> tuple[dict[str, Any], list[list[str | int]]]:
+def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any], list[list[str | int]]]:
     """The native body and its prompts; kind is "native", "oai" or "chat"."""
     if kind == "chat":
         body = oai_chat_body(body)
@@ -48,8 +47,7 @@ async def complete(st: ServerState, request: Request, kind: str) -> Response:
     n = params.n_cmpl
     for i, (p, toks) in enumerate(zip(prompts, token_lists)):
         text = p[0] if len(p) == 1 and isinstance(p[0], str) else vocab.detokenize(toks)
-        reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text)
-                         for j in range(n)]
+        reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text) for j in range(n)]
     for t in reader.tasks:
         s.submit(t)
     first = await reader.get()

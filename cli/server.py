@@ -55,36 +55,118 @@ def bind(host: str, port: int) -> socket.socket:
 
 @user_errors
 def server(
-    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: Gemma 3 270M Q4_K_M, bundled)", rich_help_panel=MODEL),
-    alias: Optional[str] = typer.Option(None, "-a", "--alias", help="model name in responses and /v1/models", rich_help_panel=MODEL),
-    chat_template: Optional[str] = typer.Option(None, "--chat-template", help="chat template: gemma, chatml, llama3, a Jinja file or inline Jinja (default: the model's)", rich_help_panel=MODEL),
-    jinja: bool = typer.Option(True, "--jinja/--no-jinja", help="render the model's Jinja template (--no-jinja: its built-in format)", rich_help_panel=MODEL),
+    model: Optional[Path] = typer.Option(
+        None, "-m", "--model", help="GGUF file (default: Gemma 3 270M Q4_K_M, bundled)", rich_help_panel=MODEL
+    ),
+    alias: Optional[str] = typer.Option(
+        None, "-a", "--alias", help="model name in responses and /v1/models", rich_help_panel=MODEL
+    ),
+    chat_template: Optional[str] = typer.Option(
+        None,
+        "--chat-template",
+        help="chat template: gemma, chatml, llama3, a Jinja file or inline Jinja (default: the model's)",
+        rich_help_panel=MODEL,
+    ),
+    jinja: bool = typer.Option(
+        True,
+        "--jinja/--no-jinja",
+        help="render the model's Jinja template (--no-jinja: its built-in format)",
+        rich_help_panel=MODEL,
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on", rich_help_panel=SERVER),
     port: int = typer.Option(8080, "--port", help="port to listen on (0 = any free port)", rich_help_panel=SERVER),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LLAMA_API_KEY", help="API key(s), comma-separated; required on every route but /health and /models", rich_help_panel=SERVER),
-    api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="file with one API key per line", rich_help_panel=SERVER),
-    timeout: int = typer.Option(600, "-to", "--timeout", help="idle keep-alive timeout in seconds", rich_help_panel=SERVER),
-    metrics: bool = typer.Option(False, "--metrics", help="enable the Prometheus /metrics endpoint", rich_help_panel=SERVER),
+    api_key: Optional[str] = typer.Option(
+        None,
+        "--api-key",
+        envvar="LLAMA_API_KEY",
+        help="API key(s), comma-separated; required on every route but /health and /models",
+        rich_help_panel=SERVER,
+    ),
+    api_key_file: Optional[Path] = typer.Option(
+        None, "--api-key-file", help="file with one API key per line", rich_help_panel=SERVER
+    ),
+    timeout: int = typer.Option(
+        600, "-to", "--timeout", help="idle keep-alive timeout in seconds", rich_help_panel=SERVER
+    ),
+    metrics: bool = typer.Option(
+        False, "--metrics", help="enable the Prometheus /metrics endpoint", rich_help_panel=SERVER
+    ),
     slots: bool = typer.Option(True, "--slots/--no-slots", help="expose the /slots endpoint", rich_help_panel=SERVER),
-    log_disable: bool = typer.Option(False, "--log-disable", help="no startup log and no per-request lines", rich_help_panel=SERVER),
-    n_parallel: int = typer.Option(-1, "-np", "--parallel", help="number of slots (-1 = auto: 4 slots with a unified KV cache)", rich_help_panel=CTX),
-    ctx_size: int = typer.Option(0, "-c", "--ctx-size", help="context size, split across the slots unless -kvu (0 = from the model)", rich_help_panel=CTX),
-    kv_unified: bool = typer.Option(False, "-kvu", "--kv-unified", help="one KV cache shared by all slots", rich_help_panel=CTX),
-    no_kv_unified: bool = typer.Option(False, "-no-kvu", "--no-kv-unified", help="one KV stream per slot (ignored with -np -1)", rich_help_panel=CTX),
-    ctk: str = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K (f32, f16, bf16, q8_0, q4_0)", rich_help_panel=CTX),
+    log_disable: bool = typer.Option(
+        False, "--log-disable", help="no startup log and no per-request lines", rich_help_panel=SERVER
+    ),
+    n_parallel: int = typer.Option(
+        -1,
+        "-np",
+        "--parallel",
+        help="number of slots (-1 = auto: 4 slots with a unified KV cache)",
+        rich_help_panel=CTX,
+    ),
+    ctx_size: int = typer.Option(
+        0,
+        "-c",
+        "--ctx-size",
+        help="context size, split across the slots unless -kvu (0 = from the model)",
+        rich_help_panel=CTX,
+    ),
+    kv_unified: bool = typer.Option(
+        False, "-kvu", "--kv-unified", help="one KV cache shared by all slots", rich_help_panel=CTX
+    ),
+    no_kv_unified: bool = typer.Option(
+        False, "-no-kvu", "--no-kv-unified", help="one KV stream per slot (ignored with -np -1)", rich_help_panel=CTX
+    ),
+    ctk: str = typer.Option(
+        "f16", "-ctk", "--cache-type-k", help="KV cache type for K (f32, f16, bf16, q8_0, q4_0)", rich_help_panel=CTX
+    ),
     ctv: str = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V", rich_help_panel=CTX),
-    swa_full: bool = typer.Option(False, "--swa-full", help="full-size SWA cache (allows context shift on gemma3)", rich_help_panel=CTX),
-    context_shift: bool = typer.Option(False, "--context-shift/--no-context-shift", help="when a slot's context fills, drop half of it and continue", rich_help_panel=CTX),
-    cache_reuse: int = typer.Option(0, "--cache-reuse", help="min chunk size to reuse from the cache via KV shifting (0 = off)", rich_help_panel=CTX),
-    cache_prompt: bool = typer.Option(True, "--cache-prompt/--no-cache-prompt", help="reuse the slot's common prefix with the previous request", rich_help_panel=CTX),
-    slot_prompt_similarity: float = typer.Option(0.1, "-sps", "--slot-prompt-similarity", help="pick the idle slot whose cache matches this much of the prompt", rich_help_panel=CTX),
-    batch_size: int = typer.Option(2048, "-b", "--batch-size", help="logical batch size: rows per decode call", rich_help_panel=BATCH),
-    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", help="physical batch size: rows per forward pass", rich_help_panel=BATCH),
-    cont_batching: bool = typer.Option(True, "-cb/-nocb", "--cont-batching/--no-cont-batching", help="mix prompt chunks into generation batches", rich_help_panel=BATCH),
+    swa_full: bool = typer.Option(
+        False, "--swa-full", help="full-size SWA cache (allows context shift on gemma3)", rich_help_panel=CTX
+    ),
+    context_shift: bool = typer.Option(
+        False,
+        "--context-shift/--no-context-shift",
+        help="when a slot's context fills, drop half of it and continue",
+        rich_help_panel=CTX,
+    ),
+    cache_reuse: int = typer.Option(
+        0, "--cache-reuse", help="min chunk size to reuse from the cache via KV shifting (0 = off)", rich_help_panel=CTX
+    ),
+    cache_prompt: bool = typer.Option(
+        True,
+        "--cache-prompt/--no-cache-prompt",
+        help="reuse the slot's common prefix with the previous request",
+        rich_help_panel=CTX,
+    ),
+    slot_prompt_similarity: float = typer.Option(
+        0.1,
+        "-sps",
+        "--slot-prompt-similarity",
+        help="pick the idle slot whose cache matches this much of the prompt",
+        rich_help_panel=CTX,
+    ),
+    batch_size: int = typer.Option(
+        2048, "-b", "--batch-size", help="logical batch size: rows per decode call", rich_help_panel=BATCH
+    ),
+    ubatch_size: int = typer.Option(
+        512, "-ub", "--ubatch-size", help="physical batch size: rows per forward pass", rich_help_panel=BATCH
+    ),
+    cont_batching: bool = typer.Option(
+        True,
+        "-cb/-nocb",
+        "--cont-batching/--no-cont-batching",
+        help="mix prompt chunks into generation batches",
+        rich_help_panel=BATCH,
+    ),
     threads: int = typer.Option(-1, "-t", "--threads", help="CPU threads (-1 = all)", rich_help_panel=BATCH),
     backend: str = backend_option(BATCH),
     no_warmup: bool = typer.Option(False, "--no-warmup", rich_help_panel=BATCH),
-    n_predict: int = typer.Option(-1, "-n", "--n-predict", help="default tokens to generate per request (-1 = unlimited)", rich_help_panel=SAMPLING),
+    n_predict: int = typer.Option(
+        -1,
+        "-n",
+        "--n-predict",
+        help="default tokens to generate per request (-1 = unlimited)",
+        rich_help_panel=SAMPLING,
+    ),
     temp: float = typer.Option(0.8, "--temp", rich_help_panel=SAMPLING),
     top_k: int = typer.Option(40, "--top-k", rich_help_panel=SAMPLING),
     top_p: float = typer.Option(0.95, "--top-p", rich_help_panel=SAMPLING),
@@ -117,15 +199,29 @@ def server(
     sock = bind(host, port)
     bound_port = sock.getsockname()[1]
     options = ServerOptions(
-        api_keys=tuple(keys), metrics=metrics, slots=slots, alias=alias, chat_template=chat_template, jinja=jinja,
-        n_predict=n_predict, cache_prompt=cache_prompt,
-        sampling=SamplerParams(temp=max(temp, 0.0), top_k=top_k, top_p=top_p, min_p=min_p,
-                               seed=LLAMA_DEFAULT_SEED if seed < 0 else seed,
-                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n))
+        api_keys=tuple(keys),
+        metrics=metrics,
+        slots=slots,
+        alias=alias,
+        chat_template=chat_template,
+        jinja=jinja,
+        n_predict=n_predict,
+        cache_prompt=cache_prompt,
+        sampling=SamplerParams(
+            temp=max(temp, 0.0),
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=LLAMA_DEFAULT_SEED if seed < 0 else seed,
+            repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n,
+        ),
+    )
     state = ServerState(options)
     app = create_app(state=state)
-    srv = _quiet_server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                        timeout_keep_alive=timeout))
+    srv = _quiet_server(
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=timeout)
+    )
     url = f"http://{host}:{bound_port}"
     if not log_disable:
         log(f"main: HTTP server is listening, hostname: {host}, port: {bound_port}, http threads: 1")
@@ -134,9 +230,25 @@ def server(
 
     def load() -> None:
         try:
-            sch = _load(model, n_parallel, ctx_size, batch_size, ubatch_size, kv_unified, ctk, ctv,
-                        swa_full, threads, no_warmup, context_shift, cache_reuse,
-                        slot_prompt_similarity, cont_batching, log_disable, backend)
+            sch = _load(
+                model,
+                n_parallel,
+                ctx_size,
+                batch_size,
+                ubatch_size,
+                kv_unified,
+                ctk,
+                ctv,
+                swa_full,
+                threads,
+                no_warmup,
+                context_shift,
+                cache_reuse,
+                slot_prompt_similarity,
+                cont_batching,
+                log_disable,
+                backend,
+            )
             result["scheduler"] = sch
             try:
                 state.attach(sch)
@@ -167,10 +279,25 @@ def server(
         fail(result["error"].replace("[", r"\["))
 
 
-def _load(model: Path | None, n_parallel: int, ctx_size: int, batch_size: int, ubatch_size: int,
-          kv_unified: bool, ctk: str, ctv: str, swa_full: bool, threads: int, no_warmup: bool,
-          context_shift: bool, cache_reuse: int, sps: float, cont_batching: bool, quiet: bool,
-          backend: str = "auto") -> Any:
+def _load(
+    model: Path | None,
+    n_parallel: int,
+    ctx_size: int,
+    batch_size: int,
+    ubatch_size: int,
+    kv_unified: bool,
+    ctk: str,
+    ctv: str,
+    swa_full: bool,
+    threads: int,
+    no_warmup: bool,
+    context_shift: bool,
+    cache_reuse: int,
+    sps: float,
+    cont_batching: bool,
+    quiet: bool,
+    backend: str = "auto",
+) -> Any:
     from ..engine.context import Context
     from ..engine.model import Model
     from ..engine.params import ContextParams
@@ -178,15 +305,30 @@ def _load(model: Path | None, n_parallel: int, ctx_size: int, batch_size: int, u
 
     m = Model.load(resolve_model(model))
     # llama-server: one sequence per slot; one output row per slot and iteration
-    params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size,
-                           n_seq_max=n_parallel, n_threads=threads if threads > 0 else 0,
-                           n_outputs_max=n_parallel, type_k=ctk, type_v=ctv,
-                           kv_unified=kv_unified, swa_full=swa_full, backend=backend)
+    params = ContextParams(
+        n_ctx=ctx_size,
+        n_batch=batch_size,
+        n_ubatch=ubatch_size,
+        n_seq_max=n_parallel,
+        n_threads=threads if threads > 0 else 0,
+        n_outputs_max=n_parallel,
+        type_k=ctk,
+        type_v=ctv,
+        kv_unified=kv_unified,
+        swa_full=swa_full,
+        backend=backend,
+    )
     ctx = Context(m, params)
     if not no_warmup:
         ctx.warmup()
-    sch = Scheduler(ctx, n_parallel, context_shift=context_shift, cache_reuse=cache_reuse,
-                    slot_prompt_similarity=sps, cont_batching=cont_batching)
+    sch = Scheduler(
+        ctx,
+        n_parallel,
+        context_shift=context_shift,
+        cache_reuse=cache_reuse,
+        slot_prompt_similarity=sps,
+        cont_batching=cont_batching,
+    )
     if not quiet:
         from .present import startup_lines
 
@@ -195,10 +337,13 @@ def _load(model: Path | None, n_parallel: int, ctx_size: int, batch_size: int, u
         for w in sch.warnings:
             log(f"srv  load_model: WARN {w}")
         if sch.n_ctx_slot < ctx.cparams.n_ctx_seq:
-            log(f"srv  load_model: WARN the slot context ({ctx.cparams.n_ctx_seq}) exceeds the training "
-                f"context of the model ({m.hparams.n_ctx_train}) - capping")
-        log(f"srv  init: initializing slots, n_slots = {n_parallel}, n_ctx_slot = {sch.n_ctx_slot}, "
-            f"kv_unified = '{str(ctx.cparams.kv_unified).lower()}'")
+            log(
+                f"srv  load_model: WARN the slot context ({ctx.cparams.n_ctx_seq}) exceeds the training "
+                f"context of the model ({m.hparams.n_ctx_train}) - capping"
+            )
+        log(
+            f"srv  init: initializing slots, n_slots = {n_parallel}, n_ctx_slot = {sch.n_ctx_slot}, kv_unified = '{str(ctx.cparams.kv_unified).lower()}'"
+        )
         sch.listener = _slot_logger(sch)
     sch.start()
     return sch
@@ -210,18 +355,21 @@ def _slot_logger(sch: Any) -> Any:
     def on(kind: str, s: Any) -> None:
         if kind == "launch":
             t = s.task
-            log(f"slot launch_slot_: id {s.id:2d} | task {t.id} | processing task, n_prompt = "
-                f"{len(t.prompt)}, n_cached = {s.n_prompt_cache}")
+            log(
+                f"slot launch_slot_: id {s.id:2d} | task {t.id} | processing task, n_prompt = {len(t.prompt)}, n_cached = {s.n_prompt_cache}"
+            )
             return
         t, rec = s.last_task, sch.releases[-1]
         if rec.reason in ("cancelled", "error"):
             log(f"slot      release: id {s.id:2d} | task {rec.task} | {rec.reason} at iteration {rec.iteration}")
             return
         tm = s.timings().to_json()
-        log(f"slot print_timing: id {s.id:2d} | task {t.id} | prompt eval time = {tm['prompt_ms']:10.2f} ms / "
+        log(
+            f"slot print_timing: id {s.id:2d} | task {t.id} | prompt eval time = {tm['prompt_ms']:10.2f} ms / "
             f"{tm['prompt_n']:5d} tokens ({tm['prompt_per_token_ms']:8.2f} ms per token, "
             f"{tm['prompt_per_second']:8.2f} tokens per second) | eval time = {tm['predicted_ms']:10.2f} ms / "
             f"{tm['predicted_n']:5d} tokens ({tm['predicted_per_second']:8.2f} tokens per second) | "
-            f"stop = {s.stop_type}, truncated = {int(s.truncated)}, n_tokens = {len(s.cache)}")
+            f"stop = {s.stop_type}, truncated = {int(s.truncated)}, n_tokens = {len(s.cache)}"
+        )
 
     return on

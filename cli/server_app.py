@@ -39,8 +39,7 @@ class Gate:
             err = None
             if self.state.scheduler is None:
                 err = RequestError("Loading model", 503, "unavailable_error")
-            elif self.state.options.api_keys and scope["method"] != "OPTIONS" \
-                    and scope["path"] not in PUBLIC_PATHS:
+            elif self.state.options.api_keys and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
                 h = {k.lower(): v.decode("latin-1") for k, v in scope["headers"]}
                 auth = h.get(b"authorization", "")
                 key = auth[7:].strip() if auth.lower().startswith("bearer ") else h.get(b"x-api-key", "")
@@ -52,8 +51,9 @@ class Gate:
         await self.app(scope, receive, send)
 
 
-def create_app(scheduler: Scheduler | None = None, options: ServerOptions | None = None,
-               state: ServerState | None = None) -> FastAPI:
+def create_app(
+    scheduler: Scheduler | None = None, options: ServerOptions | None = None, state: ServerState | None = None
+) -> FastAPI:
     """The FastAPI app. Pass a started scheduler, or a `state` whose scheduler is attached
     later (the CLI serves /health = 503 while the model loads)."""
     st = state or ServerState(options)

@@ -50,8 +50,9 @@ def oai_chat_body(body: Any) -> dict[str, Any]:
         raise RequestError("tools param requires --jinja flag")
     rf = body.get("response_format")
     if isinstance(rf, dict) and rf.get("type") not in (None, "text"):
-        raise RequestError(f"response_format type {rf.get('type')!r} is not supported by this server "
-                           "(no grammar sampler)")
+        raise RequestError(
+            f"response_format type {rf.get('type')!r} is not supported by this server (no grammar sampler)"
+        )
     return out
 
 
@@ -69,8 +70,9 @@ def chat_messages(msgs: list[Any]) -> list[dict[str, str]]:
             for p in c:
                 if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
                     kind = p.get("type") if isinstance(p, dict) else type_name(p)
-                    raise RequestError(f"messages[{i}]: content part of type {kind!r} is not supported "
-                                       "(text only; this server has no multimodal projector)")
+                    raise RequestError(
+                        f"messages[{i}]: content part of type {kind!r} is not supported (text only; this server has no multimodal projector)"
+                    )
                 parts.append(p["text"])
             c = "\n".join(parts)
         elif not isinstance(c, str):

@@ -18,8 +18,9 @@ from ..engine.server_task import INT32_MAX, RequestError, TaskParams
 
 def type_name(v: Any) -> str:
     """JSON's name for a value's type, as llama-server's error messages spell it."""
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object"}.get(type(v), "null" if v is None else type(v).__name__)
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(v), "null" if v is None else type(v).__name__
+    )
 
 
 def _present(body: dict[str, Any], *keys: str) -> tuple[str, Any] | None:
@@ -30,8 +31,9 @@ def _present(body: dict[str, Any], *keys: str) -> tuple[str, Any] | None:
     return None
 
 
-def get_int(body: dict[str, Any], keys: tuple[str, ...] | str, default: int,
-            lo: int | None = None, hi: int | None = None) -> int:
+def get_int(
+    body: dict[str, Any], keys: tuple[str, ...] | str, default: int, lo: int | None = None, hi: int | None = None
+) -> int:
     """An integer field with a hard limit: out of range is a 400, as server-schema.cpp."""
     hit = _present(body, *((keys,) if isinstance(keys, str) else keys))
     if hit is None:
@@ -48,8 +50,9 @@ def get_int(body: dict[str, Any], keys: tuple[str, ...] | str, default: int,
     return v
 
 
-def get_float(body: dict[str, Any], key: str, default: float, lo: float | None = None,
-              hi: float | None = None) -> float:
+def get_float(
+    body: dict[str, Any], key: str, default: float, lo: float | None = None, hi: float | None = None
+) -> float:
     """A number field with a soft limit: clamped silently."""
     v = body.get(key)
     if v is None:
@@ -98,9 +101,12 @@ class ServerDefaults:
     stop: list[str] = field(default_factory=list)
 
 
-def parse_params(body: dict[str, Any], d: ServerDefaults,
-                 tokenize: Callable[[str], list[int]] | None = None,
-                 eog: frozenset[int] = frozenset()) -> TaskParams:
+def parse_params(
+    body: dict[str, Any],
+    d: ServerDefaults,
+    tokenize: Callable[[str], list[int]] | None = None,
+    eog: frozenset[int] = frozenset(),
+) -> TaskParams:
     """params_from_json_cmpl: a native request body -> TaskParams (RequestError on bad input)."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
@@ -151,8 +157,7 @@ def parse_params(body: dict[str, Any], d: ServerDefaults,
     return p
 
 
-def _logit_bias(v: Any, n_vocab: int, tokenize: Callable[[str], list[int]] | None
-                ) -> list[tuple[int, float]]:
+def _logit_bias(v: Any, n_vocab: int, tokenize: Callable[[str], list[int]] | None) -> list[tuple[int, float]]:
     """llama-server's two forms: [[token|text, bias|false], ...] or {"token": bias}."""
     if v is None:
         return []
@@ -186,11 +191,11 @@ def _logit_bias(v: Any, n_vocab: int, tokenize: Callable[[str], list[int]] | Non
 def split_prompts(prompt: Any, name: str = "prompt") -> list[list[str | int]]:
     """llama.cpp's tokenize_input_prompts: a string, a token array or a mixed array is one
     prompt; an array of those is several prompts (one task each)."""
+
     def one(p: Any) -> list[str | int] | None:
         if isinstance(p, str):
             return [p]
-        if isinstance(p, list) and all(isinstance(x, str) or _is_int(x) for x in p) \
-                and any(_is_int(x) for x in p):
+        if isinstance(p, list) and all(isinstance(x, str) or _is_int(x) for x in p) and any(_is_int(x) for x in p):
             return list(p)
         return None
 

@@ -49,9 +49,14 @@ class ServerState:
         o, m = self.options, scheduler.ctx.model
         self.chat = ChatTemplate.for_model(m, o.chat_template, o.jinja)  # a bad --chat-template fails here
         self.defaults = ServerDefaults(
-            sampling=o.sampling, n_predict=o.n_predict, n_ctx_slot=scheduler.n_ctx_slot,
-            n_parallel=len(scheduler.slots), n_vocab=m.hparams.n_vocab, cache_prompt=o.cache_prompt,
-            n_cache_reuse=scheduler.cache_reuse)
+            sampling=o.sampling,
+            n_predict=o.n_predict,
+            n_ctx_slot=scheduler.n_ctx_slot,
+            n_parallel=len(scheduler.slots),
+            n_vocab=m.hparams.n_vocab,
+            cache_prompt=o.cache_prompt,
+            n_cache_reuse=scheduler.cache_reuse,
+        )
         self.model_id = o.alias or m.path.name
         self.scheduler = scheduler  # last: this makes the server ready
 
@@ -68,8 +73,9 @@ class ServerState:
         except UbatchError as e:  # a template that rejects these messages: the client's problem
             raise RequestError(str(e)) from None
 
-    def tokenize_prompt(self, parts: list[str | int], add_special: bool = True,
-                        parse_special: bool = True) -> list[int]:
+    def tokenize_prompt(
+        self, parts: list[str | int], add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
         """One prompt of strings and token ids -> token ids; BOS only before a leading string."""
         vocab, out = self.sch().vocab, []
         for i, p in enumerate(parts):

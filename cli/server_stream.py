@@ -64,8 +64,7 @@ class EventStream(Response):
     def __init__(self, chunks: AsyncIterator[bytes], reader: Reader) -> None:
         self.chunks, self.reader = chunks, reader
         self.status_code, self.background = 200, None
-        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                            (b"cache-control", b"no-cache")]
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
@@ -79,8 +78,7 @@ class EventStream(Response):
             self.reader.close()
 
 
-async def sse_events(reader: Reader, ev: Any, kind: str, cid: str,
-                     model: str) -> AsyncIterator[bytes]:
+async def sse_events(reader: Reader, ev: Any, kind: str, cid: str, model: str) -> AsyncIterator[bytes]:
     """The SSE chunks of a streamed request, from its first event `ev` until every task has
     finished: native chunks for kind "native", OpenAI chunks (and `[DONE]`) for "oai" and "chat"."""
     n_final = 0

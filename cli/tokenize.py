@@ -24,7 +24,9 @@ def tokenize(
     no_bos: bool = typer.Option(False, "--no-bos", help="do not add BOS"),
     no_parse_special: bool = typer.Option(False, "--no-parse-special", help="treat control-token text as plain text"),
     show_count: bool = typer.Option(False, "--show-count", help="print the number of tokens"),
-    jsonl: bool = typer.Option(False, "--jsonl", help="read one JSON string per stdin line, write one JSON id list per line"),
+    jsonl: bool = typer.Option(
+        False, "--jsonl", help="read one JSON string per stdin line, write one JSON id list per line"
+    ),
 ) -> None:
     g = open_gguf(resolve_model(model))
     vocab = Vocab.from_metadata(g.metadata, str(g.path))

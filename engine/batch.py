@@ -32,12 +32,15 @@ class Batch:
         self.logits.append(bool(logits))
 
     @classmethod
-    def from_tokens(cls, tokens: list[int], pos0: int, seq_id: int = 0,
-                    all_logits: bool = False) -> Batch:
+    def from_tokens(cls, tokens: list[int], pos0: int, seq_id: int = 0, all_logits: bool = False) -> Batch:
         """Consecutive tokens of one sequence; only the last one is an output unless all_logits."""
         n = len(tokens)
-        return cls(list(map(int, tokens)), list(range(pos0, pos0 + n)), [[seq_id] for _ in range(n)],
-                   [all_logits or i == n - 1 for i in range(n)])
+        return cls(
+            list(map(int, tokens)),
+            list(range(pos0, pos0 + n)),
+            [[seq_id] for _ in range(n)],
+            [all_logits or i == n - 1 for i in range(n)],
+        )
 
 
 @dataclass(slots=True)
@@ -96,8 +99,9 @@ def split_equal(batch: Batch, n_ubatch: int, sequential: bool) -> list[UBatch]:
     for i, sids in enumerate(batch.seq_id):
         per_seq.setdefault(tuple(sorted(sids)), []).append(i)
     if sequential and any(len(k) > 1 for k in per_seq):
-        raise SplitError("sequential split is not supported when there are coupled sequences in "
-                         "the input batch (you may need to use the -kvu flag)")
+        raise SplitError(
+            "sequential split is not supported when there are coupled sequences in the input batch (you may need to use the -kvu flag)"
+        )
     cursor = {k: 0 for k in per_seq}
     out: list[UBatch] = []
     while not used.all():

@@ -88,20 +88,33 @@ def n_ctx_required(pp: int, tg: int, pl: int, pps: bool, kvu: bool) -> int:
 def batched_header(ctx: Context, p: BatchedParams) -> BatchedHeader:
     cp = ctx.cparams
     kv = kv_bytes(ctx)
-    return BatchedHeader(cp.n_ctx, cp.n_batch, cp.n_ubatch, 1, int(p.pps), int(p.tgs), 0,
-                         cp.n_threads, cp.n_threads, mib(ctx.reservation.bytes), mib(kv))
+    return BatchedHeader(
+        cp.n_ctx,
+        cp.n_batch,
+        cp.n_ubatch,
+        1,
+        int(p.pps),
+        int(p.tgs),
+        0,
+        cp.n_threads,
+        cp.n_threads,
+        mib(ctx.reservation.bytes),
+        mib(kv),
+    )
 
 
 def _decode_chunks(ctx: Context, batch: Batch) -> None:
     """decode_helper: the batch in views of n_batch slots."""
     nb = ctx.cparams.n_batch
     for i in range(0, batch.n_tokens, nb):
-        ctx.decode(Batch(batch.token[i : i + nb], batch.pos[i : i + nb], batch.seq_id[i : i + nb],
-                         batch.logits[i : i + nb]))
+        ctx.decode(
+            Batch(batch.token[i : i + nb], batch.pos[i : i + nb], batch.seq_id[i : i + nb], batch.logits[i : i + nb])
+        )
 
 
-def run_batched_bench(p: BatchedParams, on_event: Callable[[BenchEvent], None] | None = None,
-                      model: Model | None = None) -> tuple[BatchedHeader, list[BatchedResult]]:
+def run_batched_bench(
+    p: BatchedParams, on_event: Callable[[BenchEvent], None] | None = None, model: Model | None = None
+) -> tuple[BatchedHeader, list[BatchedResult]]:
     """Every -npp x -ntg x -npl combination that fits the context, in one context."""
     emit = on_event or (lambda e: None)
     for name, vals in (("-npp", p.n_pp), ("-ntg", p.n_tg), ("-npl", p.n_pl)):
@@ -112,9 +125,20 @@ def run_batched_bench(p: BatchedParams, on_event: Callable[[BenchEvent], None] |
     if model is None:
         emit(BenchEvent("load", text=str(p.model)))
         model = Model.load(p.model)
-    ctx = Context(model, ContextParams(n_ctx=p.n_ctx, n_batch=p.n_batch, n_ubatch=p.n_ubatch,
-                                       n_seq_max=max(p.n_pl), n_threads=p.n_threads, type_k=p.type_k,
-                                       type_v=p.type_v, kv_unified=p.kvu, backend=p.backend))
+    ctx = Context(
+        model,
+        ContextParams(
+            n_ctx=p.n_ctx,
+            n_batch=p.n_batch,
+            n_ubatch=p.n_ubatch,
+            n_seq_max=max(p.n_pl),
+            n_threads=p.n_threads,
+            type_k=p.type_k,
+            type_v=p.type_v,
+            kv_unified=p.kvu,
+            backend=p.backend,
+        ),
+    )
     cp = ctx.cparams
     header = batched_header(ctx, p)
     rng = np.random.default_rng(p.seed)
@@ -127,13 +151,24 @@ def run_batched_bench(p: BatchedParams, on_event: Callable[[BenchEvent], None] |
     for ci, (pp, tg, pl) in enumerate(combos, 1):
         need = n_ctx_required(pp, tg, pl, p.pps, p.kvu)
         if need > cp.n_ctx:
-            emit(BenchEvent("note", ci, len(combos), text=f"skipping PP {pp} TG {tg} B {pl}: needs "
-                                                         f"{need} KV cells > n_kv_max {cp.n_ctx}"))
+            emit(
+                BenchEvent(
+                    "note",
+                    ci,
+                    len(combos),
+                    text=f"skipping PP {pp} TG {tg} B {pl}: needs {need} KV cells > n_kv_max {cp.n_ctx}",
+                )
+            )
             continue
         if not p.kvu and pp + tg > cp.n_ctx_seq:
-            emit(BenchEvent("note", ci, len(combos), text=f"skipping PP {pp} TG {tg} B {pl}: a sequence "
-                                                         f"needs {pp + tg} cells > {cp.n_ctx_seq} per "
-                                                         f"stream (-c / {max(p.n_pl)} seqs; try -kvu)"))
+            emit(
+                BenchEvent(
+                    "note",
+                    ci,
+                    len(combos),
+                    text=f"skipping PP {pp} TG {tg} B {pl}: a sequence needs {pp + tg} cells > {cp.n_ctx_seq} per stream (-c / {max(p.n_pl)} seqs; try -kvu)",
+                )
+            )
             continue
         emit(BenchEvent("rep", ci, len(combos), 1, 1, text=f"PP {pp} TG {tg} B {pl}"))
         batch = Batch()
@@ -163,15 +198,21 @@ def run_batched_bench(p: BatchedParams, on_event: Callable[[BenchEvent], None] |
         t_tg = time.perf_counter() - t_pp - t0
         n_pp_tok = pp if p.pps else pl * pp
         total = t_pp + t_tg
-        res = BatchedResult(pp, tg, pl, need, t_pp, n_pp_tok / t_pp if t_pp > 0 else 0.0, t_tg,
-                            pl * tg / t_tg if t_tg > 0 else 0.0, total,
-                            (n_pp_tok + pl * tg) / total if total > 0 else 0.0)
+        res = BatchedResult(
+            pp,
+            tg,
+            pl,
+            need,
+            t_pp,
+            n_pp_tok / t_pp if t_pp > 0 else 0.0,
+            t_tg,
+            pl * tg / t_tg if t_tg > 0 else 0.0,
+            total,
+            (n_pp_tok + pl * tg) / total if total > 0 else 0.0,
+        )
         results.append(res)
         emit(BenchEvent("done", ci, len(combos), 1, 1, text=f"PP {pp} TG {tg} B {pl}"))
     return header, results
 
 
-__all__ = [
-    "BatchedParams", "BatchedHeader", "BatchedResult", "n_ctx_required", "batched_header",
-    "run_batched_bench",
-]
+__all__ = ["BatchedParams", "BatchedHeader", "BatchedResult", "n_ctx_required", "batched_header", "run_batched_bench"]

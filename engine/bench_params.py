@@ -35,21 +35,24 @@ def parse_int_range(text: str, flag: str = "value") -> list[int]:
         item = item.strip()
         m = _RANGE.match(item)
         if not m:
-            raise BenchError(f"{flag}: invalid value {item!r}: use N, first-last, first-last+step "
-                             f"or first-last*mult (comma separated)")
+            raise BenchError(
+                f"{flag}: invalid value {item!r}: use N, first-last, first-last+step or first-last*mult (comma separated)"
+            )
         first = int(m[1])
         last = int(m[2]) if m[2] is not None else first
         op, step = m[3] or "+", int(m[4]) if m[4] is not None else 1
         if first > last:
-            raise BenchError(f"{flag}: range {item!r} is empty (first > last); write it ascending, "
-                             f"e.g. {last}-{first}*2")
+            raise BenchError(
+                f"{flag}: range {item!r} is empty (first > last); write it ascending, e.g. {last}-{first}*2"
+            )
         i = first
         while i <= last:
             out.append(i)
             nxt = i + step if op == "+" else i * step
             if nxt <= i:
-                raise BenchError(f"{flag}: range {item!r} does not advance (step >= 1, mult >= 2, "
-                                 f"and a multiplied range cannot start at 0)")
+                raise BenchError(
+                    f"{flag}: range {item!r} does not advance (step >= 1, mult >= 2, and a multiplied range cannot start at 0)"
+                )
             i = nxt
     return out
 
@@ -61,8 +64,9 @@ def int_list(values: Sequence[str] | None, default: Sequence[int], flag: str) ->
     return [v for text in values for v in parse_int_range(text, flag)]
 
 
-def str_list(values: Sequence[str] | None, default: Sequence[str], flag: str,
-             allowed: Iterable[str] | None = None) -> list[str]:
+def str_list(
+    values: Sequence[str] | None, default: Sequence[str], flag: str, allowed: Iterable[str] | None = None
+) -> list[str]:
     if not values:
         return list(default)
     out = [s.strip() for text in values for s in str(text).split(",")]
@@ -85,6 +89,7 @@ def pair_list(values: Sequence[str] | None, flag: str = "-pg") -> list[tuple[int
 
 
 # -- tests ----------------------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class BenchParams:
@@ -142,14 +147,30 @@ class BenchTest:
         return self.n_prompt + self.n_gen + self.n_depth
 
     def context_params(self) -> ContextParams:
-        return ContextParams(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-                             n_threads=self.n_threads, type_k=self.type_k, type_v=self.type_v,
-                             n_outputs_max=self.n_outputs_max, backend=self.backend)
+        return ContextParams(
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch,
+            n_threads=self.n_threads,
+            type_k=self.type_k,
+            type_v=self.type_v,
+            n_outputs_max=self.n_outputs_max,
+            backend=self.backend,
+        )
 
     @property
     def context_key(self) -> tuple:
-        return (self.model, self.n_ctx, self.n_batch, self.n_ubatch, self.n_threads, self.type_k,
-                self.type_v, self.n_outputs_max, self.backend)
+        return (
+            self.model,
+            self.n_ctx,
+            self.n_batch,
+            self.n_ubatch,
+            self.n_threads,
+            self.type_k,
+            self.type_v,
+            self.n_outputs_max,
+            self.backend,
+        )
 
 
 def expand(p: BenchParams) -> list[BenchTest]:
@@ -165,13 +186,20 @@ def expand(p: BenchParams) -> list[BenchTest]:
                         for nom in p.n_outputs_max:
                             for nt in p.n_threads:
                                 for d in p.n_depth:
-                                    base = dict(model=m, n_depth=d, n_batch=nb, n_ubatch=nub, type_k=tk,
-                                                type_v=tv, n_outputs_max=nom, n_threads=nt,
-                                                backend=p.backend)
+                                    base = dict(
+                                        model=m,
+                                        n_depth=d,
+                                        n_batch=nb,
+                                        n_ubatch=nub,
+                                        type_k=tk,
+                                        type_v=tv,
+                                        n_outputs_max=nom,
+                                        n_threads=nt,
+                                        backend=p.backend,
+                                    )
                                     tests += [BenchTest(n_prompt=x, n_gen=0, **base) for x in p.n_prompt if x]
                                     tests += [BenchTest(n_prompt=0, n_gen=x, **base) for x in p.n_gen if x]
-                                    tests += [BenchTest(n_prompt=a, n_gen=b, **base) for a, b in p.n_pg
-                                              if a or b]
+                                    tests += [BenchTest(n_prompt=a, n_gen=b, **base) for a, b in p.n_pg if a or b]
     return tests
 
 
@@ -194,12 +222,22 @@ def check_tests(tests: list[BenchTest], n_ctx_train: dict[Path, int]) -> None:
     for t in tests:
         limit = n_ctx_train[t.model]
         if t.n_ctx > limit:
-            raise BenchError(f"test {t.name} needs a context of {t.n_ctx} tokens (depth {t.n_depth} + "
-                             f"prompt {t.n_prompt} + generation {t.n_gen}), beyond the model's "
-                             f"training context of {limit}; lower -d, -p or -n")
+            raise BenchError(
+                f"test {t.name} needs a context of {t.n_ctx} tokens (depth {t.n_depth} + "
+                f"prompt {t.n_prompt} + generation {t.n_gen}), beyond the model's "
+                f"training context of {limit}; lower -d, -p or -n"
+            )
 
 
 __all__ = [
-    "BenchError", "BenchParams", "BenchTest", "parse_int_range", "int_list", "str_list", "pair_list",
-    "expand", "check_params", "check_tests",
+    "BenchError",
+    "BenchParams",
+    "BenchTest",
+    "parse_int_range",
+    "int_list",
+    "str_list",
+    "pair_list",
+    "expand",
+    "check_params",
+    "check_tests",
 ]

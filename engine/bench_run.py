@@ -90,8 +90,9 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
-def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = None,
-              models: dict[Path, Model] | None = None) -> list[BenchResult]:
+def run_bench(
+    p: BenchParams, on_event: Callable[[BenchEvent], None] | None = None, models: dict[Path, Model] | None = None
+) -> list[BenchResult]:
     """Run every test of `expand(p)`; `models` may hold already-loaded models by path."""
     emit = on_event or (lambda e: None)
     check_params(p)
@@ -106,8 +107,12 @@ def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = No
     for t in tests:
         if t.n_ubatch > t.n_batch and (t.n_batch, t.n_ubatch) not in warned:
             warned.add((t.n_batch, t.n_ubatch))
-            emit(BenchEvent("note", text=f"-ub {t.n_ubatch} > -b {t.n_batch}: n_ubatch is clamped to "
-                                         f"{t.n_batch} (llama.cpp: n_ubatch = min(n_batch, ub))"))
+            emit(
+                BenchEvent(
+                    "note",
+                    text=f"-ub {t.n_ubatch} > -b {t.n_batch}: n_ubatch is clamped to {t.n_batch} (llama.cpp: n_ubatch = min(n_batch, ub))",
+                )
+            )
     commit, number = build_info()
     results: list[BenchResult] = []
     ctx: BenchContext | None = None
@@ -118,14 +123,13 @@ def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = No
         if ctx is None or ctx_key != t.context_key:
             ctx = ops = None  # free the previous context's KV cache and workspace first
             cparams = t.context_params()
-            ops = ProfilingOps(make_backend(t.backend, derive(cparams, model.hparams).n_threads)) \
-                if p.profile else None
+            ops = ProfilingOps(make_backend(t.backend, derive(cparams, model.hparams).n_threads)) if p.profile else None
             ctx = BenchContext(model, cparams, ops=ops)
             ctx_key = t.context_key
             emit(BenchEvent("context", ti, len(tests), test=t))
         torch.set_num_threads(ctx.cparams.n_threads)
         ctx.largest = None  # per test, even when the context carries over from the last one
-        started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        started = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         rng = np.random.default_rng(p.seed + ti)
         if p.warmup:
             emit(BenchEvent("warmup", ti, len(tests), 0, p.reps, t))
@@ -168,19 +172,41 @@ def run_bench(p: BenchParams, on_event: Callable[[BenchEvent], None] | None = No
         kv = kv_bytes(ctx)
         used = ctx.largest
         res = BenchResult(
-            build_commit=commit, build_number=number, cpu_info=cpu_info(), gpu_info="",
+            build_commit=commit,
+            build_number=number,
+            cpu_info=cpu_info(),
+            gpu_info="",
             backends=f"CPU ({ctx.ops.name})",
-            model_filename=str(t.model), model_type=model_description(model),
-            model_size=model.size_bytes, model_n_params=model.n_params,
-            n_batch=t.n_batch, n_ubatch=t.n_ubatch, n_threads=cp.n_threads, type_k=t.type_k,
-            type_v=t.type_v, n_gpu_layers=0, flash_attn=1, n_prompt=t.n_prompt, n_gen=t.n_gen,
+            model_filename=str(t.model),
+            model_type=model_description(model),
+            model_size=model.size_bytes,
+            model_n_params=model.n_params,
+            n_batch=t.n_batch,
+            n_ubatch=t.n_ubatch,
+            n_threads=cp.n_threads,
+            type_k=t.type_k,
+            type_v=t.type_v,
+            n_gpu_layers=0,
+            flash_attn=1,
+            n_prompt=t.n_prompt,
+            n_gen=t.n_gen,
             n_depth=t.n_depth,
             test_time=started,
-            avg_ns=int(round(avg_ns)), stddev_ns=int(round(sd_ns)), avg_ts=avg_ts, stddev_ts=sd_ts,
-            samples_ns=samples, samples_ts=ts, test=t.name, n_ctx=cp.n_ctx, n_batch_eff=cp.n_batch,
-            n_ubatch_eff=cp.n_ubatch, n_outputs_max=cp.n_outputs_max,
+            avg_ns=int(round(avg_ns)),
+            stddev_ns=int(round(sd_ns)),
+            avg_ts=avg_ts,
+            stddev_ts=sd_ts,
+            samples_ns=samples,
+            samples_ts=ts,
+            test=t.name,
+            n_ctx=cp.n_ctx,
+            n_batch_eff=cp.n_batch,
+            n_ubatch_eff=cp.n_ubatch,
+            n_outputs_max=cp.n_outputs_max,
             compute_buffer_mib=mib(ctx.reservation.bytes),
-            used_buffer_mib=mib(used.size if used else 0), kv_mib=mib(kv), n_ubatches=n_ub,
+            used_buffer_mib=mib(used.size if used else 0),
+            kv_mib=mib(kv),
+            n_ubatches=n_ub,
             buffer_top=_shares(ctx.reservation.peak),
             used_top=_shares(used.describe_peak()) if used else [],
             profile_ms=profile,

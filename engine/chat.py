@@ -30,9 +30,9 @@ from typing import Any
 
 from .batch import common_prefix
 from .chat_template import ChatTemplate
+from .chat_turn import ChatInputError, ContextFullError, TurnInput, TurnStats
 from .context import Context
 from .generate import CompletionStats, complete
-from .chat_turn import ChatInputError, ContextFullError, TurnInput, TurnStats
 from .sampling import Sampler
 
 # stands in for the last answer while rendering; no template changes it (no spaces to trim)
@@ -116,13 +116,16 @@ class ChatSession:
         full = self.template.apply(msgs, True)
         plan = None
         reprocess = "" if self._stream is None and not self.tokens else "the conversation was re-rendered"
-        if (self._stream is not None and self._prev_text is not None and len(self.messages) > 0
-                and self.messages[-1]["role"] == "assistant"):
-            s = self.template.apply(self.messages[:-1] + [{"role": "assistant", "content": SENTINEL},
-                                                          user], True)
+        if (
+            self._stream is not None
+            and self._prev_text is not None
+            and len(self.messages) > 0
+            and self.messages[-1]["role"] == "assistant"
+        ):
+            s = self.template.apply(self.messages[:-1] + [{"role": "assistant", "content": SENTINEL}, user], True)
             i = s.find(SENTINEL)
             if s.count(SENTINEL) == 1 and s[:i] == self._prev_text:
-                tail = s[i + len(SENTINEL):]
+                tail = s[i + len(SENTINEL) :]
                 new = self._tokenize(tail, add_special=False)
                 plan = TurnInput(msgs, full, self._stream + new, self._pending + len(new), tail)
             else:
@@ -139,9 +142,10 @@ class ChatSession:
         if not self.ctx_shift:
             raise ContextFullError(
                 f"the conversation would take {len(plan.target)} tokens but the context holds {n_ctx}: "
-                "/clear to start over, or restart with a larger -c or with --context-shift")
+                "/clear to start over, or restart with a larger -c or with --context-shift"
+            )
         head = self.messages[:1] if self.messages and self.messages[0]["role"] == "system" else []
-        rest = self.messages[len(head):]
+        rest = self.messages[len(head) :]
         dropped = 0
         while True:
             msgs = head + rest + [user]
@@ -154,11 +158,18 @@ class ChatSession:
                 k += 1
             rest, dropped = rest[k:], dropped + k
         if len(toks) > n_ctx - 4:
-            raise ChatInputError(f"the message is too long: {len(toks)} tokens with the system prompt "
-                                 f"and the template, the context holds {n_ctx}; restart with a larger -c")
-        return TurnInput(msgs, text, toks, len(toks), text,
-                     f"dropped the {dropped} oldest messages to make room" if dropped else plan.reprocess,
-                     dropped)
+            raise ChatInputError(
+                f"the message is too long: {len(toks)} tokens with the system prompt and the template, the context holds {n_ctx}; restart with a larger -c"
+            )
+        return TurnInput(
+            msgs,
+            text,
+            toks,
+            len(toks),
+            text,
+            f"dropped the {dropped} oldest messages to make room" if dropped else plan.reprocess,
+            dropped,
+        )
 
     # -- a turn -------------------------------------------------------------------------------
     def respond(self, text: str, progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
@@ -189,9 +200,15 @@ class ChatSession:
         if self.turns == 0:
             self._n_keep_first = n_keep
         self.turns += 1
-        self.last = TurnStats(turn=self.turns, n_turn=plan.n_turn, n_reused=kept,
-                                   n_dropped=plan.n_dropped, reprocess=plan.reprocess,
-                                   prompt_text=plan.text, turn_text=plan.turn_text)
+        self.last = TurnStats(
+            turn=self.turns,
+            n_turn=plan.n_turn,
+            n_reused=kept,
+            n_dropped=plan.n_dropped,
+            reprocess=plan.reprocess,
+            prompt_text=plan.text,
+            turn_text=plan.turn_text,
+        )
         st = CompletionStats()
         cache = list(plan.target[:kept])  # kept equal to the sequence's cells by the generation
         sampled: list[int] = []
@@ -199,9 +216,20 @@ class ChatSession:
         completed = False
         self._dirty = True
         try:
-            for ev in complete(self.ctx, plan.target[kept:], self.n_predict, self.sampler, st,
-                               ignore_eos=self.ignore_eos, n_past=kept, ctx_shift=self.shift_in_answer,
-                               n_keep=n_keep, seq_id=self.seq_id, progress=progress, cache=cache):
+            for ev in complete(
+                self.ctx,
+                plan.target[kept:],
+                self.n_predict,
+                self.sampler,
+                st,
+                ignore_eos=self.ignore_eos,
+                n_past=kept,
+                ctx_shift=self.shift_in_answer,
+                n_keep=n_keep,
+                seq_id=self.seq_id,
+                progress=progress,
+                cache=cache,
+            ):
                 if ev.token >= 0 and not self.vocab.is_eog(ev.token):
                     sampled.append(ev.token)
                 if ev.text:
@@ -211,8 +239,16 @@ class ChatSession:
         finally:
             self._finish(plan, kept, st, cache, sampled, "".join(pieces), completed)
 
-    def _finish(self, plan: TurnInput, kept: int, st: CompletionStats, seq: list[int], sampled: list[int],
-                answer: str, completed: bool) -> None:
+    def _finish(
+        self,
+        plan: TurnInput,
+        kept: int,
+        st: CompletionStats,
+        seq: list[int],
+        sampled: list[int],
+        answer: str,
+        completed: bool,
+    ) -> None:
         ts = self.last
         assert ts is not None
         ts.n_prompt, ts.t_prompt_ms = st.n_prompt, st.t_prompt_ms

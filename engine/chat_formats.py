@@ -39,8 +39,7 @@ def _chatml(msgs: list[dict[str, Any]], add_ass: bool) -> str:
 
 
 def _llama3(msgs: list[dict[str, Any]], add_ass: bool) -> str:
-    out = [f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{trim(m['content'])}<|eot_id|>"
-           for m in msgs]
+    out = [f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{trim(m['content'])}<|eot_id|>" for m in msgs]
     if add_ass:
         out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
     return "".join(out)

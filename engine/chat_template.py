@@ -28,13 +28,48 @@ BUILTIN_TEMPLATES = ("chatml", "gemma", "llama3")
 JINJA = "jinja"  # detect_template's answer for a template only Jinja can render
 
 # llama.cpp's other built-in names (src/llama-chat.cpp): recognised, so the error can say so
-_LLAMA_CPP_ONLY = ("llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "mistral-v1",
-                   "mistral-v3", "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "phi3",
-                   "phi4", "falcon3", "zephyr", "monarch", "orion", "openchat", "vicuna",
-                   "vicuna-orca", "deepseek", "deepseek2", "deepseek3", "command-r", "chatglm3",
-                   "chatglm4", "glmedge", "minicpm", "exaone3", "exaone4", "rwkv-world", "granite",
-                   "gigachat", "megrez", "yandex", "bailing", "llama4", "smolvlm", "hunyuan-moe",
-                   "gpt-oss", "kimi-k2", "seed_oss")
+_LLAMA_CPP_ONLY = (
+    "llama2",
+    "llama2-sys",
+    "llama2-sys-bos",
+    "llama2-sys-strip",
+    "mistral-v1",
+    "mistral-v3",
+    "mistral-v3-tekken",
+    "mistral-v7",
+    "mistral-v7-tekken",
+    "phi3",
+    "phi4",
+    "falcon3",
+    "zephyr",
+    "monarch",
+    "orion",
+    "openchat",
+    "vicuna",
+    "vicuna-orca",
+    "deepseek",
+    "deepseek2",
+    "deepseek3",
+    "command-r",
+    "chatglm3",
+    "chatglm4",
+    "glmedge",
+    "minicpm",
+    "exaone3",
+    "exaone4",
+    "rwkv-world",
+    "granite",
+    "gigachat",
+    "megrez",
+    "yandex",
+    "bailing",
+    "llama4",
+    "smolvlm",
+    "hunyuan-moe",
+    "gpt-oss",
+    "kimi-k2",
+    "seed_oss",
+)
 
 
 class ChatTemplateError(UbatchError):
@@ -42,6 +77,7 @@ class ChatTemplateError(UbatchError):
 
 
 # -- detection --------------------------------------------------------------------------------
+
 
 def detect_template(tmpl_source: str | None, arch: str) -> str:
     """The built-in format for a template source (llama.cpp's detection order), or "jinja".
@@ -87,6 +123,7 @@ def detect_template(tmpl_source: str | None, arch: str) -> str:
 
 # -- loading ----------------------------------------------------------------------------------
 
+
 def load_template(name_or_file: str) -> str:
     """`--chat-template NAME|FILE|JINJA`: a built-in name, a Jinja file's text, or inline Jinja.
 
@@ -97,15 +134,17 @@ def load_template(name_or_file: str) -> str:
     if s in BUILTIN_TEMPLATES:
         return s
     if s in _LLAMA_CPP_ONLY:
-        raise ChatTemplateError(f"chat template {s!r} is a llama.cpp built-in that ubatch does not "
-                                f"write; use {', '.join(BUILTIN_TEMPLATES)} or a Jinja template file")
+        raise ChatTemplateError(
+            f"chat template {s!r} is a llama.cpp built-in that ubatch does not write; use {', '.join(BUILTIN_TEMPLATES)} or a Jinja template file"
+        )
     if "{{" in s or "{%" in s:  # inline Jinja source, as llama.cpp's --chat-template accepts
         compile_jinja(s, "the --chat-template text")
         return s
     p = Path(s)
     if not p.exists():
-        raise ChatTemplateError(f"unknown chat template {s!r}: not a file and not one of "
-                                f"{', '.join(BUILTIN_TEMPLATES)}")
+        raise ChatTemplateError(
+            f"unknown chat template {s!r}: not a file and not one of {', '.join(BUILTIN_TEMPLATES)}"
+        )
     try:
         data = p.read_bytes()
     except OSError as e:
@@ -113,8 +152,7 @@ def load_template(name_or_file: str) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ChatTemplateError(f"{s}: chat template is not UTF-8 text (invalid byte at offset "
-                                f"{e.start})") from None
+        raise ChatTemplateError(f"{s}: chat template is not UTF-8 text (invalid byte at offset {e.start})") from None
     if not text.strip():
         raise ChatTemplateError(f"{s}: chat template file is empty")
     compile_jinja(text, s)
@@ -122,6 +160,7 @@ def load_template(name_or_file: str) -> str:
 
 
 # -- rendering --------------------------------------------------------------------------------
+
 
 def _content_text(content: Any, i: int) -> str:
     """A message's text: a string, None, or OpenAI-style parts (text parts joined by "\\n",
@@ -160,9 +199,16 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     return out
 
 
-def apply_chat_template(messages: Sequence[Mapping[str, Any]], template: str,
-                        add_generation_prompt: bool = True, bos_token: str = "",
-                        eos_token: str = "", *, add_bos: bool = True, add_eos: bool = False) -> str:
+def apply_chat_template(
+    messages: Sequence[Mapping[str, Any]],
+    template: str,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    *,
+    add_bos: bool = True,
+    add_eos: bool = False,
+) -> str:
     """Render `messages` with a built-in format name or a Jinja source.
 
     For Jinja, a rendered text that starts with `bos_token` loses it when the vocab adds BOS
@@ -173,26 +219,29 @@ def apply_chat_template(messages: Sequence[Mapping[str, Any]], template: str,
     if template in BUILTIN:
         return BUILTIN[template](msgs, add_generation_prompt)
     if template in _LLAMA_CPP_ONLY or not ("{{" in template or "{%" in template):
-        raise ChatTemplateError(f"unknown chat template {template[:40]!r}: use one of "
-                                f"{', '.join(BUILTIN_TEMPLATES)} or a Jinja source")
+        raise ChatTemplateError(
+            f"unknown chat template {template[:40]!r}: use one of {', '.join(BUILTIN_TEMPLATES)} or a Jinja source"
+        )
     import jinja2
 
     tmpl = compile_jinja(template)
     try:
-        text = tmpl.render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                           bos_token=bos_token, eos_token=eos_token)
+        text = tmpl.render(
+            messages=msgs, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
+        )
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"chat template error: {e.message or type(e).__name__}") from None
     except Exception as e:  # a template bug (e.g. indexing a missing key): still one line
         raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
     if add_bos and bos_token and text.startswith(bos_token):
-        text = text[len(bos_token):]
+        text = text[len(bos_token) :]
     if add_eos and eos_token and text.endswith(eos_token):
         text = text[: -len(eos_token)]
     return text
 
 
 # -- a model's template -----------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class ChatTemplate:
@@ -212,14 +261,28 @@ class ChatTemplate:
         return f"{self.name} ({kind}; {self.origin})"
 
     def apply(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
-        return apply_chat_template(messages, self.source if self.source is not None else self.name,
-                                   add_generation_prompt, self.bos_token, self.eos_token,
-                                   add_bos=self.add_bos, add_eos=self.add_eos)
+        return apply_chat_template(
+            messages,
+            self.source if self.source is not None else self.name,
+            add_generation_prompt,
+            self.bos_token,
+            self.eos_token,
+            add_bos=self.add_bos,
+            add_eos=self.add_eos,
+        )
 
     @classmethod
-    def from_metadata(cls, metadata: Mapping[str, Any], arch: str, bos_token: str = "",
-                      eos_token: str = "", add_bos: bool = True, add_eos: bool = False,
-                      override: str | None = None, use_jinja: bool = True) -> ChatTemplate:
+    def from_metadata(
+        cls,
+        metadata: Mapping[str, Any],
+        arch: str,
+        bos_token: str = "",
+        eos_token: str = "",
+        add_bos: bool = True,
+        add_eos: bool = False,
+        override: str | None = None,
+        use_jinja: bool = True,
+    ) -> ChatTemplate:
         """The GGUF's template (or `override`, a --chat-template value) for a model.
 
         use_jinja=False (llama.cpp's --no-jinja) renders the detected built-in format instead
@@ -242,20 +305,26 @@ class ChatTemplate:
         return cls(name, None, f"no template in the GGUF, {why}", **toks)
 
     @classmethod
-    def _jinja_or_builtin(cls, name: str, src: str, origin: str, use_jinja: bool,
-                          toks: dict[str, Any]) -> ChatTemplate:
+    def _jinja_or_builtin(cls, name: str, src: str, origin: str, use_jinja: bool, toks: dict[str, Any]) -> ChatTemplate:
         if use_jinja:
             compile_jinja(src, origin)
             return cls(name, src, origin, **toks)
         if name == JINJA:
-            raise ChatTemplateError(f"the chat template ({origin}) is not one of the built-in "
-                                    f"formats {', '.join(BUILTIN_TEMPLATES)}; drop --no-jinja")
+            raise ChatTemplateError(
+                f"the chat template ({origin}) is not one of the built-in formats {', '.join(BUILTIN_TEMPLATES)}; drop --no-jinja"
+            )
         return cls(name, None, f"detected from the {origin}", **toks)
 
     @classmethod
     def for_model(cls, model: Any, override: str | None = None, use_jinja: bool = True) -> ChatTemplate:
         v = model.vocab
-        return cls.from_metadata(model.gguf.metadata, model.hparams.arch,
-                                 bos_token=v.token_text(v.bos), eos_token=v.token_text(v.eos),
-                                 add_bos=v.add_bos, add_eos=v.add_eos, override=override,
-                                 use_jinja=use_jinja)
+        return cls.from_metadata(
+            model.gguf.metadata,
+            model.hparams.arch,
+            bos_token=v.token_text(v.bos),
+            eos_token=v.token_text(v.eos),
+            add_bos=v.add_bos,
+            add_eos=v.add_eos,
+            override=override,
+            use_jinja=use_jinja,
+        )

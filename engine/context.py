@@ -9,22 +9,20 @@ outputs, returned in batch order.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
-from collections import OrderedDict
-
 from ..kernels import backends
 from ..kernels.ops import Ops
-
 from .batch import Batch
+from .errors import ContextError, allocate
 from .forward import GraphShape, build_forward, ubatch_inputs
 from .graph import Graph, run_graph
-from .errors import ContextError, allocate
-from .memory import DecodeError, KVMemory
 from .kv_cache import round_up
+from .memory import DecodeError, KVMemory
 from .model import Model
 from .params import ContextParams, derive
 
@@ -104,8 +102,11 @@ class Context:
         self._prev_shape: dict[bool, GraphShape] = {}  # llama.cpp keeps one graph with outputs, one without
         self._graphs: OrderedDict[GraphShape, Graph] = OrderedDict()
         self.reservation = self.reserve()
-        self.workspace = allocate("compute buffer", self.reservation.bytes, lambda: torch.empty(
-            self.reservation.bytes, dtype=torch.uint8, device=model.device))
+        self.workspace = allocate(
+            "compute buffer",
+            self.reservation.bytes,
+            lambda: torch.empty(self.reservation.bytes, dtype=torch.uint8, device=model.device),
+        )
         self.workspace_regrows = 0
         # the output buffer: n_seq_max logits rows at start, grown to the largest batch's outputs
         # as llama.cpp's output_reserve does; a decode's logits are valid until the next decode
@@ -138,8 +139,10 @@ class Context:
         if batch.n_tokens == 0:
             raise DecodeError(-1, "n_tokens == 0")
         if batch.n_tokens > cp.n_batch:
-            raise DecodeError(-1, f"n_tokens = {batch.n_tokens} > n_batch = {cp.n_batch}: a decode "
-                                  f"takes at most n_batch tokens; split the batch or raise -b")
+            raise DecodeError(
+                -1,
+                f"n_tokens = {batch.n_tokens} > n_batch = {cp.n_batch}: a decode takes at most n_batch tokens; split the batch or raise -b",
+            )
         n = batch.n_tokens
         if not (len(batch.pos) == len(batch.seq_id) == len(batch.logits) == n):
             raise DecodeError(-1, "batch arrays (token, pos, seq_id, logits) differ in length")
@@ -169,12 +172,14 @@ class Context:
             x = self.memory.seq_pos_max(s)
             if x >= 0 and min(ps) != x + 1:
                 raise DecodeError(
-                    -1, f"the tokens of sequence {s} in the input batch have inconsistent sequence "
-                        f"positions:\n - the last position stored in the memory module of the "
-                        f"context (i.e. the KV cache) for sequence {s} is X = {x}\n - the tokens "
-                        f"for sequence {s} in the input batch have a starting position of Y = "
-                        f"{min(ps)}\n it is required that the sequence positions remain "
-                        f"consecutive: Y = X + 1")
+                    -1,
+                    f"the tokens of sequence {s} in the input batch have inconsistent sequence "
+                    f"positions:\n - the last position stored in the memory module of the "
+                    f"context (i.e. the KV cache) for sequence {s} is X = {x}\n - the tokens "
+                    f"for sequence {s} in the input batch have a starting position of Y = "
+                    f"{min(ps)}\n it is required that the sequence positions remain "
+                    f"consecutive: Y = X + 1",
+                )
 
     def graph_for(self, shape: GraphShape) -> Graph:
         """The planned graph of a shape, built on first use (kept for the last few shapes)."""
@@ -208,8 +213,10 @@ class Context:
         self.validate(batch)
         n_outputs = sum(batch.logits)
         if n_outputs > self.cparams.n_outputs_max:
-            raise DecodeError(-1, f"batch requests {n_outputs} outputs but n_outputs_max = "
-                                  f"{self.cparams.n_outputs_max}; raise --n-outputs-max")
+            raise DecodeError(
+                -1,
+                f"batch requests {n_outputs} outputs but n_outputs_max = {self.cparams.n_outputs_max}; raise --n-outputs-max",
+            )
         t0 = time.perf_counter()
         hp = self.model.hparams
         if self.memory.update(hp, self.ops, self.model.rope_freqs):
@@ -226,8 +233,12 @@ class Context:
             slots = self.memory.place(ub)
             out_rows = np.flatnonzero(ub.output)
             groups = [c.ubatch_streams(ub) for c in self.memory.caches]
-            shape = GraphShape(ub.n_tokens, len(out_rows), tuple(len(g) for g in groups),
-                               tuple(c.n_kv_of(g) for c, g in zip(self.memory.caches, groups)))
+            shape = GraphShape(
+                ub.n_tokens,
+                len(out_rows),
+                tuple(len(g) for g in groups),
+                tuple(c.n_kv_of(g) for c, g in zip(self.memory.caches, groups)),
+            )
             reused = self._prev_shape.get(len(out_rows) > 0) == shape
             self._prev_shape[len(out_rows) > 0] = shape
             self.perf.graphs_reused += reused
@@ -242,9 +253,17 @@ class Context:
             row += len(out_rows)
             order.append(ub.batch_idx[out_rows])
             self.perf.n_ubatch += 1
-            self.records.append(UBatchRecord(ub.n_tokens, len(out_rows), ub.n_seqs,
-                                             sorted({int(s) for s in ub.seq_id0}), shape.n_kv, reused,
-                                             (time.perf_counter() - tu) * 1e3))
+            self.records.append(
+                UBatchRecord(
+                    ub.n_tokens,
+                    len(out_rows),
+                    ub.n_seqs,
+                    sorted({int(s) for s in ub.seq_id0}),
+                    shape.n_kv,
+                    reused,
+                    (time.perf_counter() - tu) * 1e3,
+                )
+            )
         idx = np.concatenate(order)
         logits = output[:row]
         if not np.all(idx[:-1] < idx[1:]):  # split_equal reorders slots: restore batch order

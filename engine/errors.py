@@ -18,5 +18,6 @@ def allocate(what: str, nbytes: int, fn):  # type: ignore[no-untyped-def]
     try:
         return fn()
     except (RuntimeError, MemoryError) as e:
-        raise ContextError(f"failed to allocate the {what} ({nbytes / 2**20:.2f} MiB): "
-                           f"{str(e).splitlines()[0][:120]}; lower -c, -ub or -np (see `ubatch info --fit`)") from None
+        raise ContextError(
+            f"failed to allocate the {what} ({nbytes / 2**20:.2f} MiB): {str(e).splitlines()[0][:120]}; lower -c, -ub or -np (see `ubatch info --fit`)"
+        ) from None

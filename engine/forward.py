@@ -45,8 +45,10 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     ropes = {}
     for i, key in enumerate(rope_keys(model)):
         ropes[key] = (b.input(f"inp_cos_{i}", (n, hp.n_rot // 2)), b.input(f"inp_sin_{i}", (n, hp.n_rot // 2)))
-    masks = [b.input(f"kq_mask_{c}", (g, n // g, n_kv), torch.float16)
-             for c, (g, n_kv) in enumerate(zip(shape.n_groups, shape.n_kv))]
+    masks = [
+        b.input(f"kq_mask_{c}", (g, n // g, n_kv), torch.float16)
+        for c, (g, n_kv) in enumerate(zip(shape.n_groups, shape.n_kv))
+    ]
     slots = [b.input(f"kv_idxs_{c}", (n,), torch.int64) for c in range(len(mem.caches))]
     # per cache: the first cell of each group's stream, and which 256-cell chunks any query sees
     starts = [b.input(f"kv_starts_{c}", (g,), torch.int64) for c, g in enumerate(shape.n_groups)]
@@ -72,8 +74,9 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
         ks = b.kv_store(cache.k[il], slots[ci], k, f"k_store-{il}")
         vs = b.kv_store(cache.v[il], slots[ci], v, f"v_store-{il}")
         qg = b.view(q, (g, n // g, hp.n_head, hp.n_embd_head_k))
-        a = b.attention(qg, cache.k[il], cache.v[il], starts[ci], n_kv, masks[ci], visible[ci], 1.0,
-                        (ks, vs), f"kqv_out-{il}")
+        a = b.attention(
+            qg, cache.k[il], cache.v[il], starts[ci], n_kv, masks[ci], visible[ci], 1.0, (ks, vs), f"kqv_out-{il}"
+        )
         a = b.linear(a, L.wo, f"attn_out-{il}")
         if hp.sandwich_norm:
             a = b.rms_norm(a, L.post_attn_norm, hp.rms_eps, f"attn_post_norm-{il}")
@@ -82,8 +85,12 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
             a = b.rows(a, out_ids, f"attn_out_rows-{il}")
         x = b.add(x, a, f"ffn_inp-{il}")
         h = b.rms_norm(x, L.ffn_norm, hp.rms_eps, f"ffn_norm-{il}")
-        f = b.glu(b.linear(h, L.ffn_gate, f"ffn_gate-{il}"), b.linear(h, L.ffn_up, f"ffn_up-{il}"),
-                  hp.ffn_act, f"ffn_glu-{il}")
+        f = b.glu(
+            b.linear(h, L.ffn_gate, f"ffn_gate-{il}"),
+            b.linear(h, L.ffn_up, f"ffn_up-{il}"),
+            hp.ffn_act,
+            f"ffn_glu-{il}",
+        )
         f = b.linear(f, L.ffn_down, f"ffn_out-{il}")
         if hp.sandwich_norm:
             f = b.rms_norm(f, L.post_ffn_norm, hp.rms_eps, f"ffn_post_norm-{il}")
@@ -97,8 +104,9 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     return b.finish(logits)
 
 
-def ubatch_inputs(model: Model, ops: Ops, mem: KVMemory, ub: UBatch, slots: list[np.ndarray],
-                  shape: GraphShape) -> dict[str, torch.Tensor]:
+def ubatch_inputs(
+    model: Model, ops: Ops, mem: KVMemory, ub: UBatch, slots: list[np.ndarray], shape: GraphShape
+) -> dict[str, torch.Tensor]:
     """The values of a graph's inputs for one ubatch (llama.cpp's set_input step), all computed
     on the host from the cell arrays: nothing here waits for the device."""
     dev = model.device

@@ -41,14 +41,20 @@ def check_prompt_fits(ctx: Context, n_prompt: int) -> None:
     n_ctx = ctx.cparams.n_ctx_seq
     if n_prompt > n_ctx:
         raise ContextError(
-            f"the prompt is {n_prompt} tokens but the context holds {n_ctx}; "
-            f"raise -c (context size) or shorten the prompt")
+            f"the prompt is {n_prompt} tokens but the context holds {n_ctx}; raise -c (context size) or shorten the prompt"
+        )
     if n_prompt == 0:
         raise ContextError("the prompt is empty (0 tokens); give a prompt or enable BOS")
 
 
-def prefill(ctx: Context, tokens: list[int], pos0: int = 0, seq_id: int = 0,
-            all_logits: bool = False, progress: Callable[[int, int], None] | None = None) -> None:
+def prefill(
+    ctx: Context,
+    tokens: list[int],
+    pos0: int = 0,
+    seq_id: int = 0,
+    all_logits: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
     """Decode tokens in chunks of n_batch (each chunk is split into ubatches by the context).
 
     With `progress`, it is called as progress(ubatches_done, ubatches_total) after each
@@ -73,11 +79,20 @@ def context_shift(ctx: Context, n_past: int, n_keep: int, seq_id: int = 0) -> in
     return n_past - shift_sequence(ctx.memory, seq_id, n_past, n_keep)
 
 
-def complete(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
-             stats: CompletionStats | None = None, ignore_eos: bool = False, n_past: int = 0,
-             ctx_shift: bool = False, n_keep: int = 0, seq_id: int = 0,
-             progress: Callable[[int, int], None] | None = None,
-             cache: list[int] | None = None) -> Iterator[TokenEvent]:
+def complete(
+    ctx: Context,
+    prompt: list[int],
+    n_predict: int,
+    sampler: Sampler,
+    stats: CompletionStats | None = None,
+    ignore_eos: bool = False,
+    n_past: int = 0,
+    ctx_shift: bool = False,
+    n_keep: int = 0,
+    seq_id: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    cache: list[int] | None = None,
+) -> Iterator[TokenEvent]:
     """Generate up to n_predict tokens (-1 = until end of generation or a full context).
 
     `prompt` is decoded after the n_past tokens sequence seq_id already holds (a chat turn
@@ -89,8 +104,9 @@ def complete(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
     stats = stats if stats is not None else CompletionStats()
     check_prompt_fits(ctx, n_past + len(prompt))
     if ctx_shift and not ctx.memory.can_shift:
-        raise ContextError("context shift needs every KV cache to hold the whole context; with a "
-                           "sliding-window model add --swa-full")
+        raise ContextError(
+            "context shift needs every KV cache to hold the whole context; with a sliding-window model add --swa-full"
+        )
     cache = cache if cache is not None else [0] * n_past
     params = GenerationParams(n_predict=n_predict, ignore_eos=ignore_eos, ctx_shift=ctx_shift, n_keep=n_keep)
     gen = Generation(ctx.model.vocab, sampler, params, ctx.cparams.n_ctx_seq, cache)

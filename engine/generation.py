@@ -85,8 +85,9 @@ class Generation:
     stays true for prompt caching and chat turns.
     """
 
-    def __init__(self, vocab: Vocab, sampler: Sampler, params: GenerationParams, n_ctx: int,
-                 cache: list[int] | None = None) -> None:
+    def __init__(
+        self, vocab: Vocab, sampler: Sampler, params: GenerationParams, n_ctx: int, cache: list[int] | None = None
+    ) -> None:
         self.vocab, self.sampler, self.params, self.n_ctx = vocab, sampler, params, n_ctx
         self.cache = cache if cache is not None else []
         self.streamer = TokenStreamer(vocab)
@@ -106,8 +107,10 @@ class Generation:
             bias += [(t, float("-inf")) for t in sorted(vocab.eog)]
         self._bias = None
         if bias:
-            self._bias = (torch.tensor([t for t, _ in bias], dtype=torch.long),
-                          torch.tensor([b for _, b in bias], dtype=torch.float32))
+            self._bias = (
+                torch.tensor([t for t, _ in bias], dtype=torch.long),
+                torch.tensor([b for _, b in bias], dtype=torch.float32),
+            )
 
     @property
     def n_decoded(self) -> int:
@@ -142,8 +145,12 @@ class Generation:
         if lp is not None:
             top = torch.topk(lp, min(p.n_probs, lp.numel()))
             piece = self.vocab.token_to_piece
-            prob = TokenProb(tok, piece(tok), float(lp[tok]),
-                             [(int(i), piece(int(i)), float(v)) for v, i in zip(top.values, top.indices)])
+            prob = TokenProb(
+                tok,
+                piece(tok),
+                float(lp[tok]),
+                [(int(i), piece(int(i)), float(v)) for v, i in zip(top.values, top.indices)],
+            )
             self.probs.append(prob)
         self.t_sample_ms += (time.perf_counter() - t0) * 1e3
         return Step(tok, self._process(tok), prob, self.done)

@@ -23,11 +23,31 @@ GGUF_MAGIC = b"GGUF"
 
 # value type code -> (struct format, size) for scalars (see reference/gguf-models.md §1.1)
 _SCALARS: dict[int, tuple[str, int]] = {
-    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
 }
-_NP_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
-               10: "<u8", 11: "<i8", 12: "<f8"}
+_NP_SCALARS = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 _STRING, _ARRAY = 8, 9
 LARGE_ARRAY = 4096  # numeric arrays longer than this (token scores, types) stay numpy arrays
 
@@ -116,7 +136,7 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         with p.open("rb") as f:
             magic = f.read(4)
     except OSError as e:
-        raise ModelLoadError(f"{p}: cannot read ({e.strerror}); check the path and permissions")
+        raise ModelLoadError(f"{p}: cannot read ({e.strerror}); check the path and permissions") from None
     if magic != GGUF_MAGIC:
         raise ModelLoadError(f"{p}: not a GGUF file (bad magic {magic!r}); pass a .gguf model")
     mm = np.memmap(p, dtype=np.uint8, mode="c")  # copy-on-write: torch views need writable arrays
@@ -166,8 +186,7 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         start = data_offset + offset
         if start + n_bytes > size:
             raise ModelLoadError(
-                f"{p}: truncated file: tensor {name!r} needs bytes up to {start + n_bytes:,} but "
-                f"the file has {size:,}; re-download or re-assemble it"
+                f"{p}: truncated file: tensor {name!r} needs bytes up to {start + n_bytes:,} but the file has {size:,}; re-download or re-assemble it"
             )
         shape = tuple(int(x) for x in reversed(ne))
         tensors[name] = TensorInfo(name, ttype, shape, mm[start : start + n_bytes], n_bytes)

@@ -98,8 +98,17 @@ class GraphBuilder:
         self.nodes: list[Node] = []
         self.inputs: dict[str, int] = {}
 
-    def _add(self, op: str, args: tuple, shape: tuple[int, ...], dtype: torch.dtype, name: str,
-             scratch: list | None = None, base: int = -1, **kwargs: Any) -> Sym:
+    def _add(
+        self,
+        op: str,
+        args: tuple,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        name: str,
+        scratch: list | None = None,
+        base: int = -1,
+        **kwargs: Any,
+    ) -> Sym:
         n = Node(len(self.nodes), op, args, kwargs, tuple(shape), dtype, name, scratch or [], base)
         self.nodes.append(n)
         return Sym(n.id, n.shape, dtype)
@@ -118,12 +127,19 @@ class GraphBuilder:
         return self._add("get_rows", (w, ids), (ids.shape[0], w.shape[1]), torch.float32, name)
 
     def linear(self, x: Sym, w: QWeight, name: str) -> Sym:
-        return self._add("linear", (x, w), (x.shape[0], w.shape[0]), torch.float32, name,
-                         scratch=self.ops.linear_scratch(x.shape[0], w))
+        return self._add(
+            "linear",
+            (x, w),
+            (x.shape[0], w.shape[0]),
+            torch.float32,
+            name,
+            scratch=self.ops.linear_scratch(x.shape[0], w),
+        )
 
     def rms_norm(self, x: Sym, w: torch.Tensor, eps: float, name: str) -> Sym:
-        return self._add("rms_norm", (x, w, eps), x.shape, torch.float32, name,
-                         scratch=[((*x.shape[:-1], 1), torch.float32)])
+        return self._add(
+            "rms_norm", (x, w, eps), x.shape, torch.float32, name, scratch=[((*x.shape[:-1], 1), torch.float32)]
+        )
 
     def rope(self, x: Sym, cos: Sym, sin: Sym, neox: bool, name: str) -> Sym:
         return self._add("rope", (x, cos, sin, neox), x.shape, torch.float32, name)
@@ -149,13 +165,29 @@ class GraphBuilder:
         scratch = [(x.shape, dt)] if dt not in (torch.float32, torch.uint8) else []
         return self._add("kv_store", (store, slots, x), (0,), torch.float32, name, scratch=scratch)
 
-    def attention(self, q: Sym, k: KVTensor, v: KVTensor, starts: Sym, n_kv: int, mask: Sym,
-                  visible: Sym, scale: float, after: tuple[Sym, Sym], name: str) -> Sym:
+    def attention(
+        self,
+        q: Sym,
+        k: KVTensor,
+        v: KVTensor,
+        starts: Sym,
+        n_kv: int,
+        mask: Sym,
+        visible: Sym,
+        scale: float,
+        after: tuple[Sym, Sym],
+        name: str,
+    ) -> Sym:
         """Attention of q over the layer's KV stores; `after` orders it behind this layer's stores."""
         g, t, h, d = q.shape
-        return self._add("attention", (q, k, v, starts, n_kv, mask, scale, visible, *after),
-                         (g * t, h * v.head_dim), torch.float32, name,
-                         scratch=attn_scratch(g, t, h, k.n_head, n_kv, d, v.head_dim))
+        return self._add(
+            "attention",
+            (q, k, v, starts, n_kv, mask, scale, visible, *after),
+            (g * t, h * v.head_dim),
+            torch.float32,
+            name,
+            scratch=attn_scratch(g, t, h, k.n_head, n_kv, d, v.head_dim),
+        )
 
     def finish(self, output: Sym) -> Graph:
         g = Graph(self.nodes, dict(self.inputs), output.id)
@@ -231,8 +263,11 @@ def bind(g: Graph, ops: Ops, workspace: torch.Tensor) -> list[Callable[[], Any]]
             steps.append(functools.partial(ops.kv_store, a[0], a[1], a[2], scratch))
         elif n.op == "attention":
             q, k, v, starts, n_kv, mask, scale, visible = a[:8]
-            steps.append(functools.partial(ops.attention, q, k, v, starts, n_kv, mask, scale,
-                                           out=out, scratch=scratch, visible=visible))
+            steps.append(
+                functools.partial(
+                    ops.attention, q, k, v, starts, n_kv, mask, scale, out=out, scratch=scratch, visible=visible
+                )
+            )
         elif n.scratch:
             steps.append(functools.partial(getattr(ops, n.op), *a, out=out, scratch=scratch))
         else:

@@ -85,9 +85,7 @@ def _swa_pattern(meta: dict[str, Any], arch: str, n_layer: int, n_swa: int) -> t
 def hparams_from_metadata(meta: dict[str, Any], source: str = "model") -> HParams:
     arch = str(meta.get("general.architecture", ""))
     if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(
-            f"{source}: unsupported architecture {arch!r}; ubatch runs {', '.join(SUPPORTED_ARCHS)}"
-        )
+        raise ModelLoadError(f"{source}: unsupported architecture {arch!r}; ubatch runs {', '.join(SUPPORTED_ARCHS)}")
     g = lambda key, default=...: _get(meta, f"{arch}.{key}", source, default)  # noqa: E731
     n_layer = int(g("block_count"))
     n_embd = int(g("embedding_length"))

@@ -16,11 +16,15 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Hugging Face's tojson: no HTML escaping, unicode kept
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(fmt: str) -> str:
@@ -33,8 +37,7 @@ def _compile(source: str) -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     # the options Hugging Face and llama.cpp's Jinja engine use
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -50,5 +53,4 @@ def compile_jinja(source: str, what: str = "chat template") -> Any:
     try:
         return _compile(source)
     except jinja2.TemplateSyntaxError as e:
-        raise ChatTemplateError(f"{what}: invalid Jinja chat template (line {e.lineno}: "
-                                f"{e.message})") from None
+        raise ChatTemplateError(f"{what}: invalid Jinja chat template (line {e.lineno}: {e.message})") from None

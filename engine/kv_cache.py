@@ -9,9 +9,11 @@ other sequences, future positions and, in a sliding-window cache, positions outs
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 
 from ..kernels.ops import KVTensor
 from .batch import UBatch
@@ -22,8 +24,11 @@ N_KV_PAD = 256  # n_kv grows in steps of 256 cells so graph shapes repeat
 
 # cache type name -> (ggml type, torch dtype for float types or None for quantised)
 KV_TYPES: dict[str, tuple[int, torch.dtype | None]] = {
-    "f32": (T.F32, torch.float32), "f16": (T.F16, torch.float16), "bf16": (T.BF16, torch.bfloat16),
-    "q8_0": (T.Q8_0, None), "q4_0": (T.Q4_0, None),
+    "f32": (T.F32, torch.float32),
+    "f16": (T.F16, torch.float16),
+    "bf16": (T.BF16, torch.bfloat16),
+    "q8_0": (T.Q8_0, None),
+    "q4_0": (T.Q4_0, None),
 }
 
 
@@ -56,22 +61,35 @@ class KVStore(KVTensor):
     """One layer's K or V rows for all cells of all streams, in the cache type; the backend's
     kv_store / kv_chunk / kv_rows read and write it."""
 
-    def __init__(self, n_cells: int, n_head: int, head_dim: int, type_name: str,
-                 device: torch.device | str) -> None:
+    def __init__(self, n_cells: int, n_head: int, head_dim: int, type_name: str, device: torch.device | str) -> None:
         ggml_type, dtype = KV_TYPES[type_name]
         nbytes = n_cells * row_bytes(type_name, n_head * head_dim)
-        if dtype is not None:
-            make = lambda: torch.zeros(n_cells, n_head, head_dim, dtype=dtype, device=device)  # noqa: E731
-        else:
-            make = lambda: torch.zeros(n_cells, row_bytes(type_name, n_head * head_dim),  # noqa: E731
-                                       dtype=torch.uint8, device=device)
+        row = row_bytes(type_name, n_head * head_dim)
+
+        def make() -> torch.Tensor:
+            if dtype is not None:
+                return torch.zeros(n_cells, n_head, head_dim, dtype=dtype, device=device)
+            return torch.zeros(n_cells, row, dtype=torch.uint8, device=device)  # quantised rows as bytes
+
         super().__init__(allocate("KV cache", nbytes, make), int(ggml_type), n_head, head_dim)
 
 
 class KVCache:
-    def __init__(self, layers: list[int], size: int, n_stream: int, n_seq_max: int, n_head_kv: int,
-                 head_k: int, head_v: int, type_k: str = "f16", type_v: str = "f16",
-                 n_swa: int = 0, device: torch.device | str = "cpu", name: str = "") -> None:
+    def __init__(
+        self,
+        layers: list[int],
+        size: int,
+        n_stream: int,
+        n_seq_max: int,
+        n_head_kv: int,
+        head_k: int,
+        head_v: int,
+        type_k: str = "f16",
+        type_v: str = "f16",
+        n_swa: int = 0,
+        device: torch.device | str = "cpu",
+        name: str = "",
+    ) -> None:
         for t in (type_k, type_v):
             if t not in KV_TYPES:
                 raise ContextError(f"unsupported KV cache type {t!r}; use one of {', '.join(KV_TYPES)}")
@@ -94,10 +112,17 @@ class KVCache:
 
     def info(self) -> KVCacheInfo:
         n = len(self.layers) * self.size * self.n_stream
-        return KVCacheInfo(self.name, self.size, self.n_stream, len(self.layers), self.n_seq_max,
-                           self.type_k, self.type_v,
-                           n * row_bytes(self.type_k, self.n_head_kv * self.head_k),
-                           n * row_bytes(self.type_v, self.n_head_kv * self.head_v))
+        return KVCacheInfo(
+            self.name,
+            self.size,
+            self.n_stream,
+            len(self.layers),
+            self.n_seq_max,
+            self.type_k,
+            self.type_v,
+            n * row_bytes(self.type_k, self.n_head_kv * self.head_k),
+            n * row_bytes(self.type_v, self.n_head_kv * self.head_v),
+        )
 
     def n_kv_of(self, streams: list[int]) -> int:
         """Cells attention looks at: used_max_p1 rounded up to 256, at least 256, at most size."""
@@ -129,7 +154,7 @@ class KVCache:
         streams = self.ubatch_streams(ub)
         per = ub.n_tokens // len(streams)
         out = []
-        for g, s in enumerate(streams):
+        for s in streams:
             cells = self._find_in_stream(self.streams[s], per)
             if cells is None:
                 return None
@@ -156,8 +181,9 @@ class KVCache:
     def apply_ubatch(self, ub: UBatch, slots: np.ndarray) -> None:
         for s in sorted(set((slots // self.size).tolist())):
             sel = slots // self.size == s
-            self._apply_stream(self.streams[s], slots[sel] % self.size, ub.pos[sel],
-                               [ub.seq_id[i] for i in np.flatnonzero(sel)])
+            self._apply_stream(
+                self.streams[s], slots[sel] % self.size, ub.pos[sel], [ub.seq_id[i] for i in np.flatnonzero(sel)]
+            )
 
     @staticmethod
     def _apply_stream(c: KVCells, cells: np.ndarray, pos: np.ndarray, seq_ids: list[list[int]]) -> None:

@@ -37,17 +37,29 @@ class KVMemory:
         """Sizes as llama.cpp: n_ctx_seq cells per stream; the SWA cache holds the window for each
         sequence plus one ubatch (or everything with --swa-full)."""
         n_stream = 1 if cp.kv_unified else cp.n_seq_max
-        args = dict(n_stream=n_stream, n_seq_max=cp.n_seq_max, n_head_kv=hp.n_head_kv,
-                    head_k=hp.n_embd_head_k, head_v=hp.n_embd_head_v, type_k=cp.type_k,
-                    type_v=cp.type_v, device=device)
+        args = dict(
+            n_stream=n_stream,
+            n_seq_max=cp.n_seq_max,
+            n_head_kv=hp.n_head_kv,
+            head_k=hp.n_embd_head_k,
+            head_v=hp.n_embd_head_v,
+            type_k=cp.type_k,
+            type_v=cp.type_v,
+            device=device,
+        )
         if hp.n_swa <= 0:
             return cls([KVCache(list(range(hp.n_layer)), cp.n_ctx_seq, **args)], [0] * hp.n_layer)
         base = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
         swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
-        size_swa = cp.n_ctx_seq if cp.swa_full else round_up(
-            min(cp.n_ctx_seq, hp.n_swa * (cp.n_seq_max if cp.kv_unified else 1) + cp.n_ubatch), 256)
-        caches = [KVCache(base, cp.n_ctx_seq, name="non-SWA", **args),
-                  KVCache(swa, size_swa, n_swa=hp.n_swa, name="SWA", **args)]
+        size_swa = (
+            cp.n_ctx_seq
+            if cp.swa_full
+            else round_up(min(cp.n_ctx_seq, hp.n_swa * (cp.n_seq_max if cp.kv_unified else 1) + cp.n_ubatch), 256)
+        )
+        caches = [
+            KVCache(base, cp.n_ctx_seq, name="non-SWA", **args),
+            KVCache(swa, size_swa, n_swa=hp.n_swa, name="SWA", **args),
+        ]
         return cls(caches, [1 if hp.is_swa(il) else 0 for il in range(hp.n_layer)])
 
     @property
@@ -80,8 +92,10 @@ class KVMemory:
             raise DecodeError(1, str(e)) from None
         if not self.prepare(ubs):
             used = ", ".join(f"{c.name or 'KV'} {c.used}/{c.size * c.n_stream}" for c in self.caches)
-            raise DecodeError(1, f"failed to find a memory slot for batch of size {batch.n_tokens} "
-                                 f"(cells used: {used}); raise -c or free sequences")
+            raise DecodeError(
+                1,
+                f"failed to find a memory slot for batch of size {batch.n_tokens} (cells used: {used}); raise -c or free sequences",
+            )
         return ubs
 
     def prepare(self, ubs: list[UBatch]) -> bool:
@@ -133,8 +147,9 @@ class KVMemory:
             c.pending_copies.clear()
         if any(c.has_shift for c in self.caches):
             if not self.can_shift:
-                raise ContextError("the KV cache cannot shift positions with a sliding-window cache "
-                                   "smaller than the context; use --swa-full")
+                raise ContextError(
+                    "the KV cache cannot shift positions with a sliding-window cache smaller than the context; use --swa-full"
+                )
             for c in self.caches:
                 for s, cells in enumerate(c.streams):
                     idx = np.flatnonzero(cells.shift)

@@ -100,28 +100,37 @@ class Model:
         layers = []
         for il in range(hp.n_layer):
             p = f"blk.{il}."
-            layers.append(LayerWeights(
-                attn_norm=vec(p + "attn_norm.weight", d),
-                wq=qweight(p + "attn_q.weight", (hp.n_head * dk, d)),
-                wk=qweight(p + "attn_k.weight", (hp.n_head_kv * dk, d)),
-                wv=qweight(p + "attn_v.weight", (hp.n_head_kv * dv, d)),
-                wo=qweight(p + "attn_output.weight", (d, hp.n_head * dv)),
-                ffn_norm=vec(p + "ffn_norm.weight", d),
-                ffn_gate=qweight(p + "ffn_gate.weight", (hp.n_ff, d)),
-                ffn_up=qweight(p + "ffn_up.weight", (hp.n_ff, d)),
-                ffn_down=qweight(p + "ffn_down.weight", (d, hp.n_ff)),
-                q_norm=vec(p + "attn_q_norm.weight", dk, required=hp.qk_norm),
-                k_norm=vec(p + "attn_k_norm.weight", dk, required=hp.qk_norm),
-                post_attn_norm=vec(p + "post_attention_norm.weight", d, required=hp.sandwich_norm),
-                post_ffn_norm=vec(p + "post_ffw_norm.weight", d, required=hp.sandwich_norm),
-            ))
+            layers.append(
+                LayerWeights(
+                    attn_norm=vec(p + "attn_norm.weight", d),
+                    wq=qweight(p + "attn_q.weight", (hp.n_head * dk, d)),
+                    wk=qweight(p + "attn_k.weight", (hp.n_head_kv * dk, d)),
+                    wv=qweight(p + "attn_v.weight", (hp.n_head_kv * dv, d)),
+                    wo=qweight(p + "attn_output.weight", (d, hp.n_head * dv)),
+                    ffn_norm=vec(p + "ffn_norm.weight", d),
+                    ffn_gate=qweight(p + "ffn_gate.weight", (hp.n_ff, d)),
+                    ffn_up=qweight(p + "ffn_up.weight", (hp.n_ff, d)),
+                    ffn_down=qweight(p + "ffn_down.weight", (d, hp.n_ff)),
+                    q_norm=vec(p + "attn_q_norm.weight", dk, required=hp.qk_norm),
+                    k_norm=vec(p + "attn_k_norm.weight", dk, required=hp.qk_norm),
+                    post_attn_norm=vec(p + "post_attention_norm.weight", d, required=hp.sandwich_norm),
+                    post_ffn_norm=vec(p + "post_ffw_norm.weight", d, required=hp.sandwich_norm),
+                )
+            )
         tok_embd = qweight("token_embd.weight", (hp.n_vocab, d))
         output = qweight("output.weight", (hp.n_vocab, d)) if "output.weight" in g.tensors else tok_embd
         return cls(
-            path=g.path, gguf=g, hparams=hp, vocab=vocab, tok_embd=tok_embd, output=output,
+            path=g.path,
+            gguf=g,
+            hparams=hp,
+            vocab=vocab,
+            tok_embd=tok_embd,
+            output=output,
             output_norm=vec("output_norm.weight", d),
-            layers=layers, rope_freqs=vec("rope_freqs.weight", hp.n_rot // 2, required=False),
-            device=dev, load_ms=(time.perf_counter() - t0) * 1e3,
+            layers=layers,
+            rope_freqs=vec("rope_freqs.weight", hp.n_rot // 2, required=False),
+            device=dev,
+            load_ms=(time.perf_counter() - t0) * 1e3,
         )
 
     def matrices(self) -> list[QWeight]:

@@ -78,11 +78,26 @@ def derive(p: ContextParams, hp: HParams) -> CParams:
             n_ctx = n_ctx_seq * n_seq_max
             warnings.append(f"n_ctx is not divisible by n_seq_max - rounding down to {n_ctx}")
     if n_ctx_seq > hp.n_ctx_train:
-        warnings.append(f"n_ctx_seq ({n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- possible training context overflow")
+        warnings.append(
+            f"n_ctx_seq ({n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- possible training context overflow"
+        )
     n_threads = p.n_threads
     if n_threads <= 0:
         import os
 
         n_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return CParams(n_ctx, n_ctx_seq, n_batch, n_ubatch, n_seq_max, n_outputs_max, n_threads,
-                   p.type_k, p.type_v, p.kv_unified, p.swa_full, p.causal_attn, warnings)
+    return CParams(
+        n_ctx,
+        n_ctx_seq,
+        n_batch,
+        n_ubatch,
+        n_seq_max,
+        n_outputs_max,
+        n_threads,
+        p.type_k,
+        p.type_v,
+        p.kv_unified,
+        p.swa_full,
+        p.causal_attn,
+        warnings,
+    )

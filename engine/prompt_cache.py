@@ -31,8 +31,7 @@ def pick_slot(slots: Sequence[Slot], prompt: list[int], id_slot: int, similarity
     return min(idle, key=lambda s: s.t_last_used)
 
 
-def reuse_cache(mem: KVMemory, s: Slot, prompt: list[int], cache_prompt: bool, cache_reuse: int,
-                n_swa: int) -> int:
+def reuse_cache(mem: KVMemory, s: Slot, prompt: list[int], cache_prompt: bool, cache_reuse: int, n_swa: int) -> int:
     """Keep what the slot's cells can give the new prompt; returns n_past, the tokens kept.
     The cells after them are removed and `s.cache` is cut to match."""
     n_past = common_prefix(s.cache, prompt) if cache_prompt else 0
@@ -47,8 +46,7 @@ def reuse_cache(mem: KVMemory, s: Slot, prompt: list[int], cache_prompt: bool, c
     return n_past
 
 
-def reuse_chunks(mem: KVMemory, seq_id: int, cache: list[int], prompt: list[int], n_past: int,
-                 min_chunk: int) -> int:
+def reuse_chunks(mem: KVMemory, seq_id: int, cache: list[int], prompt: list[int], n_past: int, min_chunk: int) -> int:
     """--cache-reuse: move matching chunks of the old cache into place with a K-shift."""
     head_c = head_p = n_past
     while head_c < len(cache) and head_p < len(prompt):

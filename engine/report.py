@@ -65,15 +65,31 @@ def memory_plan(ctx: Context) -> MemoryPlan:
     types = sorted({w.ggml_type for w in m.matrices()})
     kernels = {type_name(t): ctx.ops.kernel_path(t) for t in types}
     return MemoryPlan(
-        model_file=str(m.path), arch=m.hparams.arch, n_params=m.n_params, model_bytes=m.size_bytes,
-        backend=ctx.ops.name, backend_bytes=ctx.ops.held_bytes(), kernels=kernels,
-        n_ctx=cp.n_ctx, n_ctx_seq=cp.n_ctx_seq, n_ctx_train=m.hparams.n_ctx_train, n_batch=cp.n_batch,
-        n_ubatch=cp.n_ubatch, n_seq_max=cp.n_seq_max, n_outputs_max=cp.n_outputs_max,
-        kv_unified=cp.kv_unified, kv=[c.info() for c in ctx.memory.caches],
-        compute_bytes=r.bytes, pp_bytes=r.pp_bytes, tg_bytes=r.tg_bytes,
+        model_file=str(m.path),
+        arch=m.hparams.arch,
+        n_params=m.n_params,
+        model_bytes=m.size_bytes,
+        backend=ctx.ops.name,
+        backend_bytes=ctx.ops.held_bytes(),
+        kernels=kernels,
+        n_ctx=cp.n_ctx,
+        n_ctx_seq=cp.n_ctx_seq,
+        n_ctx_train=m.hparams.n_ctx_train,
+        n_batch=cp.n_batch,
+        n_ubatch=cp.n_ubatch,
+        n_seq_max=cp.n_seq_max,
+        n_outputs_max=cp.n_outputs_max,
+        kv_unified=cp.kv_unified,
+        kv=[c.info() for c in ctx.memory.caches],
+        compute_bytes=r.bytes,
+        pp_bytes=r.pp_bytes,
+        tg_bytes=r.tg_bytes,
         output_bytes=m.hparams.n_vocab * ctx.output_rows * 4,
-        worst_case=(r.pp.n_tokens, cp.n_seq_max, r.tg.n_outputs), graph_nodes=r.n_nodes,
-        peak=r.peak, warnings=[*cp.warnings, *ctx.ops.notices])
+        worst_case=(r.pp.n_tokens, cp.n_seq_max, r.tg.n_outputs),
+        graph_nodes=r.n_nodes,
+        peak=r.peak,
+        warnings=[*cp.warnings, *ctx.ops.notices],
+    )
 
 
 def plan_for(model: Model, params: ContextParams) -> MemoryPlan:
@@ -127,4 +143,5 @@ def fit(model: Model, params: ContextParams, budget: int) -> tuple[ContextParams
         f"no plan fits {mib(budget):.1f} MiB: the smallest (-c {smallest.n_ctx} -ub {smallest.n_ubatch} "
         f"-np {smallest.n_seq_max}) needs {mib(smallest.total_bytes):.1f} MiB "
         f"(model {mib(smallest.model_bytes):.1f} + backend weights {mib(smallest.backend_bytes):.1f} + "
-        f"KV/output {mib(smallest.context_bytes):.1f} + compute {mib(smallest.compute_bytes):.1f})")
+        f"KV/output {mib(smallest.context_bytes):.1f} + compute {mib(smallest.compute_bytes):.1f})"
+    )

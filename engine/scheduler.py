@@ -21,7 +21,6 @@ from collections.abc import Callable
 import torch
 
 from .batch import Batch
-from .slot_batch import SlotRows, assemble
 from .context import Context
 from .generation import Generation, GenerationParams
 from .memory import DecodeError
@@ -30,14 +29,23 @@ from .sampling import Sampler
 from .server_stats import IterationRecord, ReleaseRecord, SchedulerStats
 from .server_task import Failed, Final, Partial, RequestError, Task, context_error
 from .slot import Slot, SlotState
+from .slot_batch import SlotRows, assemble
 
 __all__ = ["IterationRecord", "ReleaseRecord", "Scheduler", "SchedulerStats", "Slot", "SlotState"]
 
 
 class Scheduler:
-    def __init__(self, ctx: Context, n_slots: int, *, context_shift: bool = False,
-                 cache_reuse: int = 0, slot_prompt_similarity: float = 0.1,
-                 cont_batching: bool = True, history: int = 256) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        n_slots: int,
+        *,
+        context_shift: bool = False,
+        cache_reuse: int = 0,
+        slot_prompt_similarity: float = 0.1,
+        cont_batching: bool = True,
+        history: int = 256,
+    ) -> None:
         cp, hp = ctx.cparams, ctx.model.hparams
         if not 1 <= n_slots <= cp.n_seq_max:
             raise ValueError(f"n_slots = {n_slots} needs a context with n_seq_max >= {n_slots}")
@@ -47,8 +55,9 @@ class Scheduler:
         self.warnings: list[str] = []
         can_shift = ctx.memory.can_shift
         if (context_shift or cache_reuse) and not can_shift:
-            self.warnings.append("ctx_shift / cache_reuse is not supported by this context (a sliding-"
-                                 "window cache smaller than the context; use --swa-full), disabling")
+            self.warnings.append(
+                "ctx_shift / cache_reuse is not supported by this context (a sliding-window cache smaller than the context; use --swa-full), disabling"
+            )
         self.context_shift = context_shift and can_shift
         self.cache_reuse = cache_reuse if can_shift else 0
         self.similarity = slot_prompt_similarity
@@ -99,8 +108,9 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._stopping and not self._incoming and not self.queue \
-                        and not any(s.busy for s in self.slots):
+                while (
+                    not self._stopping and not self._incoming and not self.queue and not any(s.busy for s in self.slots)
+                ):
                     self._cv.wait()
                 if self._stopping:
                     return
@@ -157,15 +167,23 @@ class Scheduler:
         self._after_decode(parts)
         return rec
 
-    def _record(self, batch: Batch, parts: list[SlotRows], ms: float,
-                retries: int) -> IterationRecord:
+    def _record(self, batch: Batch, parts: list[SlotRows], ms: float, retries: int) -> IterationRecord:
         rows: dict[int, int] = {}
         for s, n, _ in parts:
             rows[s.id] = rows.get(s.id, 0) + n
         n_gen = sum(n for s, n, _ in parts if s.state is SlotState.GENERATING)
-        rec = IterationRecord(self.iteration, batch.n_tokens, sum(batch.logits), rows, n_gen,
-                              batch.n_tokens - n_gen, len(self.ctx.records), ms, retries,
-                              len(self.queue))
+        rec = IterationRecord(
+            self.iteration,
+            batch.n_tokens,
+            sum(batch.logits),
+            rows,
+            n_gen,
+            batch.n_tokens - n_gen,
+            len(self.ctx.records),
+            ms,
+            retries,
+            len(self.queue),
+        )
         self.stats.count_decode(rec, sum(s.busy for s in self.slots))
         self.records.append(rec)
         return rec
@@ -201,8 +219,18 @@ class Scheduler:
         s.t_last = time.perf_counter()
         p = task.params
         if p.stream:
-            task.emit(Partial(task, s.id, step.token, step.text, gen.n_decoded, len(task.prompt), step.prob,
-                              s.timings() if p.timings_per_token else None))
+            task.emit(
+                Partial(
+                    task,
+                    s.id,
+                    step.token,
+                    step.text,
+                    gen.n_decoded,
+                    len(task.prompt),
+                    step.prob,
+                    s.timings() if p.timings_per_token else None,
+                )
+            )
         if step.done:
             self._finish(s)
 
@@ -211,16 +239,31 @@ class Scheduler:
         assert task is not None and gen is not None
         tail = gen.finish()
         content = tail if task.params.stream else gen.text
-        task.emit(Final(task, s.id, content, list(gen.tokens), gen.n_decoded, len(task.prompt),
-                        len(s.cache), s.stop_type, gen.stopping_word, gen.truncated, gen.has_new_line,
-                        s.timings(), gen.probs))
+        task.emit(
+            Final(
+                task,
+                s.id,
+                content,
+                list(gen.tokens),
+                gen.n_decoded,
+                len(task.prompt),
+                len(s.cache),
+                s.stop_type,
+                gen.stopping_word,
+                gen.truncated,
+                gen.has_new_line,
+                s.timings(),
+                gen.probs,
+            )
+        )
         self.stats.generation_done(gen.n_decoded, (s.t_last - s.t_prompt_done) * 1e3)
         self._release(s, s.stop_type)
 
     def _release(self, s: Slot, reason: str) -> None:
         task = s.task
-        self.releases.append(ReleaseRecord(s.id, task.id if task else -1, reason, self.iteration,
-                                           task.cancel_iteration if task else -1))
+        self.releases.append(
+            ReleaseRecord(s.id, task.id if task else -1, reason, self.iteration, task.cancel_iteration if task else -1)
+        )
         s.last_task, s.task = task, None
         s.state = SlotState.IDLE
         s.t_last_used = time.perf_counter()
@@ -284,9 +327,16 @@ class Scheduler:
             return
         s.start(task)
         n_keep = (len(prompt) if p.n_keep < 0 else p.n_keep) + int(self.vocab.add_bos)
-        params = GenerationParams(n_predict=p.n_predict, stop=p.stop, ignore_eos=p.ignore_eos,
-                                  logit_bias=p.logit_bias, n_probs=p.n_probs, ctx_shift=self.context_shift,
-                                  n_keep=min(s.n_ctx - 4, n_keep), n_discard=p.n_discard)
+        params = GenerationParams(
+            n_predict=p.n_predict,
+            stop=p.stop,
+            ignore_eos=p.ignore_eos,
+            logit_bias=p.logit_bias,
+            n_probs=p.n_probs,
+            ctx_shift=self.context_shift,
+            n_keep=min(s.n_ctx - 4, n_keep),
+            n_discard=p.n_discard,
+        )
         s.gen = Generation(self.vocab, Sampler(p.sampling), params, s.n_ctx, s.cache)
         if not prompt:  # llama-server answers an empty prompt at once
             s.t_prompt_done = s.t_last = s.t_start

@@ -49,7 +49,7 @@ class ReferenceText:
     lcpp: dict
 
 
-def load_reference(refdir: "Path") -> list[ReferenceText]:  # noqa: F821
+def load_reference(refdir: Path) -> list[ReferenceText]:  # noqa: F821
     """tests/refdata's logits_ids.json, logits_ref.jsonl and logits_lcpp_vs_ref.json, joined."""
     import json
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .units import tokens_per_second
 from .generation import TokenProb
 from .sampling import SamplerParams
+from .units import tokens_per_second
 
 INT32_MAX = 2**31 - 1
 
@@ -25,8 +25,7 @@ INT32_MAX = 2**31 - 1
 class RequestError(Exception):
     """A request llama-server would answer with an error JSON (4xx unless said otherwise)."""
 
-    def __init__(self, message: str, code: int = 400, type: str = "invalid_request_error",
-                 **extra: Any) -> None:
+    def __init__(self, message: str, code: int = 400, type: str = "invalid_request_error", **extra: Any) -> None:
         super().__init__(message)
         self.message, self.code, self.type, self.extra = message, code, type, extra
 
@@ -57,16 +56,32 @@ class TaskParams:
         """`generation_settings` / `/slots` params with llama.cpp's key names."""
         s = self.sampling
         return {
-            "seed": s.seed, "temperature": s.temp, "top_k": s.top_k, "top_p": s.top_p,
-            "min_p": s.min_p, "typical_p": 1.0, "repeat_last_n": s.repeat_last_n,
-            "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
-            "frequency_penalty": s.frequency_penalty, "stop": list(self.stop),
-            "max_tokens": self.n_predict, "n_predict": self.n_predict, "n_keep": self.n_keep,
-            "n_discard": self.n_discard, "ignore_eos": self.ignore_eos, "stream": self.stream,
-            "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t}  # -inf: JSON null
-                           for t, b in self.logit_bias],
-            "n_probs": self.n_probs, "min_keep": s.min_keep, "cache_prompt": self.cache_prompt,
-            "n_cache_reuse": self.n_cache_reuse, "samplers": _SAMPLERS,
+            "seed": s.seed,
+            "temperature": s.temp,
+            "top_k": s.top_k,
+            "top_p": s.top_p,
+            "min_p": s.min_p,
+            "typical_p": 1.0,
+            "repeat_last_n": s.repeat_last_n,
+            "repeat_penalty": s.repeat_penalty,
+            "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty,
+            "stop": list(self.stop),
+            "max_tokens": self.n_predict,
+            "n_predict": self.n_predict,
+            "n_keep": self.n_keep,
+            "n_discard": self.n_discard,
+            "ignore_eos": self.ignore_eos,
+            "stream": self.stream,
+            "logit_bias": [
+                {"bias": b if math.isfinite(b) else None, "token": t}  # -inf: JSON null
+                for t, b in self.logit_bias
+            ],
+            "n_probs": self.n_probs,
+            "min_keep": s.min_keep,
+            "cache_prompt": self.cache_prompt,
+            "n_cache_reuse": self.n_cache_reuse,
+            "samplers": _SAMPLERS,
             "timings_per_token": self.timings_per_token,
             "post_sampling_probs": self.post_sampling_probs,
         }
@@ -105,10 +120,13 @@ class Timings:
         """llama.cpp's `timings`; the first generated token is excluded from the rate."""
         pn, pms, gn, gms = self.prompt_n, self.prompt_ms, self.predicted_n - 1, self.predicted_ms
         return {
-            "cache_n": self.cache_n, "prompt_n": pn, "prompt_ms": pms,
+            "cache_n": self.cache_n,
+            "prompt_n": pn,
+            "prompt_ms": pms,
             "prompt_per_token_ms": pms / pn if pn else 0.0,
             "prompt_per_second": tokens_per_second(pn, pms),
-            "predicted_n": self.predicted_n, "predicted_ms": gms,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": gms,
             "predicted_per_token_ms": gms / gn if gn > 0 else 0.0,
             "predicted_per_second": tokens_per_second(max(gn, 0), gms),
         }
@@ -168,6 +186,9 @@ def context_error(n_prompt: int, n_ctx: int) -> RequestError | None:
     if n_prompt < n_ctx:
         return None
     return RequestError(
-        f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens), "
-        "try increasing it", 400, "exceed_context_size_error",
-        n_prompt_tokens=n_prompt, n_ctx=n_ctx)
+        f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it",
+        400,
+        "exceed_context_size_error",
+        n_prompt_tokens=n_prompt,
+        n_ctx=n_ctx,
+    )

@@ -67,8 +67,13 @@ class Slot:
 
     def timings(self) -> Timings:
         t_gen = max(self.t_last - self.t_prompt_done, 1e-6) if self.n_decoded else 0.0
-        return Timings(self.n_prompt_cache, self.n_prompt_done, (self.t_prompt_done - self.t_start) * 1e3,
-                       self.n_decoded, t_gen * 1e3)
+        return Timings(
+            self.n_prompt_cache,
+            self.n_prompt_done,
+            (self.t_prompt_done - self.t_start) * 1e3,
+            self.n_decoded,
+            t_gen * 1e3,
+        )
 
     def start(self, task: Task) -> None:
         """Take `task`: the prompt is to be processed; counters of the last task are reset."""

@@ -51,16 +51,16 @@ class Vocab:
     eog: frozenset[int]
 
     @classmethod
-    def from_metadata(cls, metadata: dict[str, Any], source: str = "", *,
-                      use_sentencepiece: bool = True) -> Vocab:
+    def from_metadata(cls, metadata: dict[str, Any], source: str = "", *, use_sentencepiece: bool = True) -> Vocab:
         """Read the tokenizer.ggml.* keys; ModelLoadError (naming `source`) if we cannot."""
         model = metadata.get("tokenizer.ggml.model")
         if model is None:
             raise ModelLoadError(f"{source}: no tokenizer in the file (no tokenizer.ggml.model)")
         if model != "llama":
             kind = f" ({UNSUPPORTED_MODELS[model]})" if model in UNSUPPORTED_MODELS else ""
-            raise ModelLoadError(f"{source}: tokenizer '{model}'{kind} is not supported; only "
-                                 "SentencePiece vocabularies ('llama': Llama 2, Gemma) are")
+            raise ModelLoadError(
+                f"{source}: tokenizer '{model}'{kind} is not supported; only SentencePiece vocabularies ('llama': Llama 2, Gemma) are"
+            )
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not tokens:
             raise ModelLoadError(f"{source}: tokenizer.ggml.tokens is missing or empty")
@@ -70,12 +70,20 @@ class Vocab:
         scores = np.zeros(n, np.float32) if scores is None or len(scores) == 0 else np.asarray(scores, np.float32)
         types = np.full(n, NORMAL) if types is None or len(types) == 0 else np.asarray(types)
         if len(scores) < n or len(types) < n:
-            raise ModelLoadError(f"{source}: tokenizer scores/token_type are shorter than the "
-                                 f"{n} tokens; the file is broken")
+            raise ModelLoadError(
+                f"{source}: tokenizer scores/token_type are shorter than the {n} tokens; the file is broken"
+            )
         return cls(list(tokens), scores[:n], types[:n].tolist(), metadata, source, use_sentencepiece)
 
-    def __init__(self, tokens: list[str], scores: np.ndarray, types: list[int],
-                 metadata: dict[str, Any], source: str, use_sentencepiece: bool) -> None:
+    def __init__(
+        self,
+        tokens: list[str],
+        scores: np.ndarray,
+        types: list[int],
+        metadata: dict[str, Any],
+        source: str,
+        use_sentencepiece: bool,
+    ) -> None:
         n = self.n_tokens = len(tokens)
         self._text = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self._scores = scores
@@ -123,10 +131,14 @@ class Vocab:
         self.nl = self._id.get("<0x0A>", self._id.get("\n", self.pad))
 
         # Special-token list: longest (in bytes) first; ties by id (llama.cpp leaves them open).
-        special = sorted((i for i in range(n) if attr[i] & (HIDDEN_ATTRS | A_USER_DEFINED)),
-                         key=lambda i: -len(self._text[i].encode()))
-        self._specials = {True: _group(special, self._text),
-                          False: _group([i for i in special if not attr[i] & HIDDEN_ATTRS], self._text)}
+        special = sorted(
+            (i for i in range(n) if attr[i] & (HIDDEN_ATTRS | A_USER_DEFINED)),
+            key=lambda i: -len(self._text[i].encode()),
+        )
+        self._specials = {
+            True: _group(special, self._text),
+            False: _group([i for i in special if not attr[i] & HIDDEN_ATTRS], self._text),
+        }
         self._suspects: list[str] = []
         self._sp = self._build_sentencepiece() if use_sentencepiece else None
 
@@ -184,8 +196,7 @@ class Vocab:
             frags = out
         return frags
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False
-                 ) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Ids of `text`. add_special: BOS/EOS as the vocab asks; parse_special: control texts."""
         frags = self._partition(text, parse_special)
         prev_special, raw = True, []
@@ -205,8 +216,7 @@ class Vocab:
         if self._sp is None:
             return [self._merge(t) for t in texts]
         if self._suspects and any(s in t for s in self._suspects for t in texts):
-            return [self._merge(t) if any(s in t for s in self._suspects) else self._sp.encode(t)
-                    for t in texts]
+            return [self._merge(t) if any(s in t for s in self._suspects) else self._sp.encode(t) for t in texts]
         return self._sp.encode(texts)
 
     def _merge(self, text: str) -> list[int]:
@@ -266,8 +276,7 @@ class Vocab:
             return bytes([int(text[3:5], 16)])
         return b""  # unused / undefined types print nothing
 
-    def detokenize(self, ids: Sequence[int], remove_special: bool = False,
-                   unparse_special: bool = False) -> str:
+    def detokenize(self, ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False) -> str:
         """Text of `ids` (llama_detokenize): pieces joined as bytes, decoded once at the end."""
         ids = list(ids)
         strip_space = self.add_space_prefix

@@ -43,7 +43,7 @@ class _FreeList:
 
     def alloc(self, size: int) -> int:
         best = None
-        for i, (off, sz) in enumerate(self.blocks):
+        for i, (_, sz) in enumerate(self.blocks):
             if sz >= size and (best is None or sz < self.blocks[best][1]):
                 best = i
         if best is not None:
@@ -91,8 +91,13 @@ def lay_out(requests: list[Request]) -> Layout:
     for step in steps:
         for r in by_first.get(step, []):
             src = r.inplace_of
-            if (src is not None and src in live and src in dying.get(step, [])
-                    and sizes[src] >= sizes[r.key] and owner.get(src, src) == src):
+            if (
+                src is not None
+                and src in live
+                and src in dying.get(step, [])
+                and sizes[src] >= sizes[r.key]
+                and owner.get(src, src) == src
+            ):
                 offsets[r.key] = offsets[src]
                 owner[src] = r.key  # memory passes to the output; freed when it dies
                 sizes[r.key] = sizes[src]

@@ -33,8 +33,9 @@ def create(name: str = "auto", n_threads: int = 1) -> Ops:
             return _FACTORIES["cpu"](n_threads)
         except OSError as e:
             ops = _FACTORIES["torch"](n_threads)
-            ops.notices.append(f"CPU kernels unavailable ({e}): using the torch reference backend "
-                               f"(dense f32 weights, slower)")
+            ops.notices.append(
+                f"CPU kernels unavailable ({e}): using the torch reference backend (dense f32 weights, slower)"
+            )
             return ops
     if name not in _FACTORIES:
         raise BackendError(f"unknown backend {name!r}; use one of {', '.join(names())}")

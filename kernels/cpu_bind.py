@@ -19,16 +19,18 @@ from .ops import KVTensor
 
 GEMV_MAX_ROWS = 16  # measured: the fused kernel beats dequantise + GEMM up to here
 ATTN_MAX_ROWS = 4  # query rows per group read straight from the cache; more: the chunked GEMMs
-KERNEL_TYPES = frozenset(int(t) for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0,
-                                          T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K))
+KERNEL_TYPES = frozenset(
+    int(t) for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
+)
 
 
 def _f32(*ts: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.is_contiguous() for t in ts)
 
 
-def bind_node(ops: Any, op: str, a: list, out: torch.Tensor | None, scratch: list[torch.Tensor]
-              ) -> Callable[[], Any] | None:
+def bind_node(
+    ops: Any, op: str, a: list, out: torch.Tensor | None, scratch: list[torch.Tensor]
+) -> Callable[[], Any] | None:
     """A zero-argument C call computing the node, or None to keep the Python method."""
     lib, nth, P = ops._lib, ops.n_threads, functools.partial
     if op == "linear":
@@ -36,17 +38,43 @@ def bind_node(ops: Any, op: str, a: list, out: torch.Tensor | None, scratch: lis
         m, (n, k) = x.shape[0], w.shape
         if m == 0:
             return lambda: None
-        if (m > GEMV_MAX_ROWS or w.ggml_type not in KERNEL_TYPES or x.stride(1) != 1
-                or x.stride(0) < k or not out.is_contiguous()):
+        if (
+            m > GEMV_MAX_ROWS
+            or w.ggml_type not in KERNEL_TYPES
+            or x.stride(1) != 1
+            or x.stride(0) < k
+            or not out.is_contiguous()
+        ):
             return None
-        return P(lib.ub_gemv, w.ggml_type, w.raw.data_ptr(), w.row_bytes, n, k, x.data_ptr(), m,
-                 x.stride(0), out.data_ptr(), out.stride(0), nth)
+        return P(
+            lib.ub_gemv,
+            w.ggml_type,
+            w.raw.data_ptr(),
+            w.row_bytes,
+            n,
+            k,
+            x.data_ptr(),
+            m,
+            x.stride(0),
+            out.data_ptr(),
+            out.stride(0),
+            nth,
+        )
     if op == "get_rows":
         w, ids = a
         if w.ggml_type not in KERNEL_TYPES or ids.dtype != torch.int64 or not ids.is_contiguous():
             return None
-        return P(lib.ub_get_rows, w.ggml_type, w.raw.data_ptr(), w.row_bytes, ids.data_ptr(),
-                 ids.numel(), w.shape[1], out.data_ptr(), nth)
+        return P(
+            lib.ub_get_rows,
+            w.ggml_type,
+            w.raw.data_ptr(),
+            w.row_bytes,
+            ids.data_ptr(),
+            ids.numel(),
+            w.shape[1],
+            out.data_ptr(),
+            nth,
+        )
     if op == "rms_norm":
         x, w, eps = a
         if not _f32(x, w, out):
@@ -58,14 +86,24 @@ def bind_node(ops: Any, op: str, a: list, out: torch.Tensor | None, scratch: lis
         if not _f32(x, cos, sin, out):
             return None
         n, h, d = x.shape
-        return P(lib.ub_rope, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, h, d, cos.shape[1],
-                 int(neox), out.data_ptr(), nth)
+        return P(
+            lib.ub_rope,
+            x.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            n,
+            h,
+            d,
+            cos.shape[1],
+            int(neox),
+            out.data_ptr(),
+            nth,
+        )
     if op == "glu":
         gate, up, act = a
         if act not in ("gelu_tanh", "silu") or not _f32(gate, up, out):
             return None
-        return P(lib.ub_glu, gate.data_ptr(), up.data_ptr(), gate.numel(), int(act == "gelu_tanh"),
-                 out.data_ptr(), nth)
+        return P(lib.ub_glu, gate.data_ptr(), up.data_ptr(), gate.numel(), int(act == "gelu_tanh"), out.data_ptr(), nth)
     if op == "add":
         x, y = a
         if not _f32(x, y, out) or x.shape != y.shape:
@@ -94,19 +132,56 @@ def _bind_kv_store(lib: Any, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor)
     if kv.ggml_type not in (T.F32, T.F16) or not _f32(x) or not kv.data.is_contiguous():
         return None
     n = x.shape[0]
-    return functools.partial(lib.ub_kv_store, x.data_ptr(), n, x.numel() // max(n, 1),
-                             cells.data_ptr(), int(kv.ggml_type == T.F16), kv.data.data_ptr())
+    return functools.partial(
+        lib.ub_kv_store,
+        x.data_ptr(),
+        n,
+        x.numel() // max(n, 1),
+        cells.data_ptr(),
+        int(kv.ggml_type == T.F16),
+        kv.data.data_ptr(),
+    )
 
 
-def _bind_attention(lib: Any, nth: int, q: torch.Tensor, k: KVTensor, v: KVTensor,
-                    starts: torch.Tensor, n_kv: int, mask: torch.Tensor, scale: float,
-                    out: torch.Tensor) -> Callable | None:
+def _bind_attention(
+    lib: Any,
+    nth: int,
+    q: torch.Tensor,
+    k: KVTensor,
+    v: KVTensor,
+    starts: torch.Tensor,
+    n_kv: int,
+    mask: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+) -> Callable | None:
     g, t, h, d = q.shape
-    if (t > ATTN_MAX_ROWS or k.ggml_type not in (T.F32, T.F16) or v.ggml_type not in (T.F32, T.F16)
-            or not _f32(q, out) or mask.dtype != torch.float16 or not mask.is_contiguous()):
+    if (
+        t > ATTN_MAX_ROWS
+        or k.ggml_type not in (T.F32, T.F16)
+        or v.ggml_type not in (T.F32, T.F16)
+        or not _f32(q, out)
+        or mask.dtype != torch.float16
+        or not mask.is_contiguous()
+    ):
         return None
-    return functools.partial(lib.ub_attn, q.data_ptr(), g, t, h, d, k.data.data_ptr(),
-                             int(k.ggml_type == T.F16), v.data.data_ptr(), int(v.ggml_type == T.F16),
-                             k.n_head, v.head_dim, starts.data_ptr(), n_kv, mask.data_ptr(), scale,
-                             out.data_ptr(), nth)
-
+    return functools.partial(
+        lib.ub_attn,
+        q.data_ptr(),
+        g,
+        t,
+        h,
+        d,
+        k.data.data_ptr(),
+        int(k.ggml_type == T.F16),
+        v.data.data_ptr(),
+        int(v.ggml_type == T.F16),
+        k.n_head,
+        v.head_dim,
+        starts.data_ptr(),
+        n_kv,
+        mask.data_ptr(),
+        scale,
+        out.data_ptr(),
+        nth,
+    )

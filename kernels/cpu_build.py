@@ -80,9 +80,17 @@ def _build(cc: str, portable: bool) -> tuple[Path, bool, float]:
     except (OSError, subprocess.SubprocessError):
         version = ""
     flags = _flags(portable)
-    key = hashlib.sha256(b"\0".join([src, version.encode(), " ".join(flags).encode(),
-                                     " ".join(sorted(cpu_flags())).encode(),
-                                     platform.machine().encode()])).hexdigest()[:16]
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                src,
+                version.encode(),
+                " ".join(flags).encode(),
+                " ".join(sorted(cpu_flags())).encode(),
+                platform.machine().encode(),
+            ]
+        )
+    ).hexdigest()[:16]
     out = _cache_dir() / f"cpu_kernels-{'portable' if portable else 'native'}-{key}.so"
     if out.exists():
         return out, False, 0.0
@@ -90,8 +98,7 @@ def _build(cc: str, portable: bool) -> tuple[Path, bool, float]:
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     t0 = time.perf_counter()
     sources = [str(f) for f in files if f.suffix == ".c"]
-    r = subprocess.run([cc, *flags, *sources, "-o", str(tmp), "-lm"], capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([cc, *flags, *sources, "-o", str(tmp), "-lm"], capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
         first = (r.stderr.strip().splitlines() or ["no output"])[0]
@@ -115,8 +122,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_rms_norm.restype = None
     lib.ub_rope.argtypes = [c_p, c_p, c_p, c_l, c_l, c_l, c_l, c_i, c_p, c_i]
     lib.ub_rope.restype = None
-    lib.ub_attn.argtypes = [c_p, c_l, c_l, c_l, c_l, c_p, c_i, c_p, c_i, c_l, c_l, c_p, c_l, c_p,
-                            c_f, c_p, c_i]
+    lib.ub_attn.argtypes = [c_p, c_l, c_l, c_l, c_l, c_p, c_i, c_p, c_i, c_l, c_l, c_p, c_l, c_p, c_f, c_p, c_i]
     lib.ub_attn.restype = None
     lib.ub_glu.argtypes = [c_p, c_p, c_l, c_i, c_p, c_i]
     lib.ub_add.argtypes = [c_p, c_p, c_l, c_p]
@@ -143,8 +149,9 @@ def load(portable: bool | None = None) -> CpuLibrary:
             missing = [f for f in FAST_FLAGS if f not in cpu_flags()]
             if missing:
                 portable = True
-                notice = (f"CPU lacks {', '.join(missing)}: using the portable C kernels "
-                          f"(slower; no illegal instructions)")
+                notice = (
+                    f"CPU lacks {', '.join(missing)}: using the portable C kernels (slower; no illegal instructions)"
+                )
         elif platform.machine() not in ("x86_64", "AMD64"):
             portable = True
     if portable in _LOADED:

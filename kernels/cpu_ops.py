@@ -52,8 +52,9 @@ class CpuOps(TorchOps):
         for w in weights:
             if w.ggml_type not in KERNEL_TYPES and w.ggml_type not in self._noticed:
                 self._noticed.add(w.ggml_type)
-                self.notices.append(f"{T(w.ggml_type).name} has no CPU kernel: those tensors are "
-                                    f"dequantised at each use (slower)")
+                self.notices.append(
+                    f"{T(w.ggml_type).name} has no CPU kernel: those tensors are dequantised at each use (slower)"
+                )
 
     def held_bytes(self) -> int:
         return 0
@@ -61,8 +62,7 @@ class CpuOps(TorchOps):
     def kernel_path(self, ggml_type: int) -> str:
         if ggml_type not in KERNEL_TYPES:
             return "dequantise per use + BLAS"
-        return (f"C {self.library.simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows), "
-                f"dequantised tiles + BLAS GEMM (more rows)")
+        return f"C {self.library.simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows), dequantised tiles + BLAS GEMM (more rows)"
 
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
         if m <= GEMV_MAX_ROWS or w.ggml_type == T.F32 or w.ggml_type not in KERNEL_TYPES:
@@ -70,8 +70,9 @@ class CpuOps(TorchOps):
         return [((tile_rows(m, w.shape[0]), w.shape[1]), torch.float32)]
 
     # -- binding: the graph executor asks once per node ------------------------------------------
-    def bind(self, op: str, args: list, out: torch.Tensor | None, scratch: list[torch.Tensor]
-             ) -> Callable[[], Any] | None:
+    def bind(
+        self, op: str, args: list, out: torch.Tensor | None, scratch: list[torch.Tensor]
+    ) -> Callable[[], Any] | None:
         return bind_node(self, op, args, out, scratch)
 
     def _c(self, op: str, args: list, out: torch.Tensor | None, scratch: list[torch.Tensor]) -> bool:
@@ -89,8 +90,9 @@ class CpuOps(TorchOps):
             raise AssertionError("get_rows: unsupported layout")
         return out
 
-    def linear(self, x: torch.Tensor, w: QWeight, out: torch.Tensor,
-               scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, w: QWeight, out: torch.Tensor, scratch: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         m, (n, k) = x.shape[0], w.shape
         if m == 0:
             return out
@@ -114,14 +116,16 @@ class CpuOps(TorchOps):
             torch.mm(tile[:r], x.t(), out=out_t[n0 : n0 + r])
         return out
 
-    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor,
-                 scratch: list[torch.Tensor]) -> torch.Tensor:
+    def rms_norm(
+        self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor, scratch: list[torch.Tensor]
+    ) -> torch.Tensor:
         if not self._c("rms_norm", [x, w, eps], out, scratch):
             super().rms_norm(x, w, eps, out, scratch)
         return out
 
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool,
-             out: torch.Tensor) -> torch.Tensor:
+    def rope(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool, out: torch.Tensor
+    ) -> torch.Tensor:
         if not self._c("rope", [x, cos.contiguous(), sin.contiguous(), neox], out, []):
             super().rope(x, cos, sin, neox, out)
         return out
@@ -131,14 +135,25 @@ class CpuOps(TorchOps):
             super().glu(gate, up, act, out)
         return out
 
-    def kv_store(self, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor,
-                 scratch: list[torch.Tensor] | None = None) -> None:
+    def kv_store(
+        self, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor, scratch: list[torch.Tensor] | None = None
+    ) -> None:
         if not self._c("kv_store", [kv, cells.long().contiguous(), x.contiguous()], None, []):
             super().kv_store(kv, cells, x, scratch)
 
-    def attention(self, q: torch.Tensor, k: KVTensor, v: KVTensor, starts: torch.Tensor, n_kv: int,
-                  mask: torch.Tensor, scale: float, out: torch.Tensor, scratch: list[torch.Tensor],
-                  visible: torch.Tensor | None = None) -> torch.Tensor:
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: KVTensor,
+        v: KVTensor,
+        starts: torch.Tensor,
+        n_kv: int,
+        mask: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,
+        scratch: list[torch.Tensor],
+        visible: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Decode-shaped attention (few rows per group) reads the f16/f32 cells in one C pass;
         prefill keeps the reference's chunked GEMMs, which reuse each K/V chunk for all rows."""
         args = [q, k, v, starts, n_kv, mask, scale, visible]
@@ -147,5 +162,6 @@ class CpuOps(TorchOps):
         return out
 
     def _dequant(self, w: QWeight, r0: int, n: int, tile: torch.Tensor) -> None:
-        self._lib.ub_dequant_rows(w.ggml_type, w.raw.data_ptr(), w.row_bytes, r0, n, w.shape[1],
-                                  tile.data_ptr(), self.n_threads)
+        self._lib.ub_dequant_rows(
+            w.ggml_type, w.raw.data_ptr(), w.row_bytes, r0, n, w.shape[1], tile.data_ptr(), self.n_threads
+        )

@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable
 
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
-
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 
 # Elements dequantised per step: large enough that per-op overhead is negligible, small enough
 # that the uint8/float temporaries of one step stay a few MiB (cache-friendly on the CPU).
@@ -154,14 +154,20 @@ def _q6_k(b: torch.Tensor, out: torch.Tensor) -> None:
 
 
 _KERNELS: dict[int, _Kernel] = {
-    T.Q8_0: _q8_0, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1,
-    T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
+    T.Q8_0: _q8_0,
+    T.Q4_0: _q4_0,
+    T.Q4_1: _q4_1,
+    T.Q5_0: _q5_0,
+    T.Q5_1: _q5_1,
+    T.Q2_K: _q2_k,
+    T.Q3_K: _q3_k,
+    T.Q4_K: _q4_k,
+    T.Q5_K: _q5_k,
+    T.Q6_K: _q6_k,
 }
 # Plain float formats: reinterpret the bytes; f16/bf16 -> f32 conversion is exact (bf16 is
 # literally `u16 << 16`).
-_FLOATS: dict[int, torch.dtype] = {
-    T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16
-}
+_FLOATS: dict[int, torch.dtype] = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 
 SUPPORTED_TYPES: frozenset[int] = frozenset(int(t) for t in (*_FLOATS, *_KERNELS))
 
@@ -178,8 +184,7 @@ def check_supported(ggml_type: int, what: str) -> None:
     if ggml_type not in SUPPORTED_TYPES:
         names = ", ".join(type_name(t) for t in sorted(SUPPORTED_TYPES))
         raise UnsupportedTypeError(
-            f"{what}: tensor type {type_name(ggml_type)} (id {ggml_type}) is not supported; "
-            f"supported: {names}"
+            f"{what}: tensor type {type_name(ggml_type)} (id {ggml_type}) is not supported; supported: {names}"
         )
 
 
@@ -199,8 +204,7 @@ def dequantize(
     n = math.prod(shape)
     if (shape and shape[-1] % block) or raw.numel() != n // block * type_size:
         raise ValueError(
-            f"{type_name(ggml_type)} tensor of shape {tuple(shape)} needs "
-            f"{n // block * type_size} bytes in rows of {block}-element blocks; got {raw.numel()}"
+            f"{type_name(ggml_type)} tensor of shape {tuple(shape)} needs {n // block * type_size} bytes in rows of {block}-element blocks; got {raw.numel()}"
         )
     raw = raw.reshape(-1)
     if ggml_type in _FLOATS:
@@ -214,8 +218,10 @@ def dequantize(
     blocks = raw.view(-1, type_size)
     chunk = _CHUNK_ELEMENTS_CUDA if raw.device.type == "cuda" else CHUNK_ELEMENTS
     step = max(1, chunk // block)
-    scratch = None if dtype == torch.float32 else torch.empty(
-        (min(step, len(blocks)), block), dtype=torch.float32, device=raw.device
+    scratch = (
+        None
+        if dtype == torch.float32
+        else torch.empty((min(step, len(blocks)), block), dtype=torch.float32, device=raw.device)
     )
     for i in range(0, len(blocks), step):
         b = blocks[i : i + step]

@@ -41,16 +41,21 @@ def query_block(t: int, r: int) -> int:
     return max(1, min(t, ATTN_TILE_ROWS // r))
 
 
-def attn_scratch(g: int, t: int, n_head: int, n_head_kv: int, n_kv: int, d: int,
-                 dv: int) -> ScratchSpec:
+def attn_scratch(g: int, t: int, n_head: int, n_head_kv: int, n_kv: int, d: int, dv: int) -> ScratchSpec:
     """Scratch of the attention op: one chunk of K and V in f32, the score tile for one block of
     queries and one chunk of cells, the running max and sum per query row, and for GQA
     (n_head_kv > 1) head-major copies of q and of the output. Nothing grows with the context,
     and the score tile stops growing with the ubatch at ATTN_TILE_ROWS rows."""
     r, c, b = n_head // n_head_kv, min(KV_CHUNK, n_kv), g * n_head_kv
     rows = query_block(t, r) * r
-    out = [((b, c, d), torch.float32), ((b, c, dv), torch.float32), ((b, rows, c), torch.float32),
-           ((b, t * r, 1), torch.float32), ((b, t * r, 1), torch.float32), ((b, rows, 1), torch.float32)]
+    out = [
+        ((b, c, d), torch.float32),
+        ((b, c, dv), torch.float32),
+        ((b, rows, c), torch.float32),
+        ((b, t * r, 1), torch.float32),
+        ((b, t * r, 1), torch.float32),
+        ((b, rows, 1), torch.float32),
+    ]
     if n_head_kv > 1:
         out += [((g, n_head_kv, t, r, d), torch.float32), ((g, n_head_kv, t, r, dv), torch.float32)]
     return out
@@ -69,12 +74,15 @@ class Ops(Protocol):
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec: ...
 
     def get_rows(self, w: QWeight, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
-    def linear(self, x: torch.Tensor, w: QWeight, out: torch.Tensor,
-               scratch: list[torch.Tensor] | None = None) -> torch.Tensor: ...
-    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor,
-                 scratch: list[torch.Tensor]) -> torch.Tensor: ...
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool,
-             out: torch.Tensor) -> torch.Tensor: ...
+    def linear(
+        self, x: torch.Tensor, w: QWeight, out: torch.Tensor, scratch: list[torch.Tensor] | None = None
+    ) -> torch.Tensor: ...
+    def rms_norm(
+        self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor, scratch: list[torch.Tensor]
+    ) -> torch.Tensor: ...
+    def rope(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool, out: torch.Tensor
+    ) -> torch.Tensor: ...
     def scale(self, x: torch.Tensor, s: float, out: torch.Tensor) -> torch.Tensor: ...  # in place ok
     def add(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...  # in place ok
     def glu(self, gate: torch.Tensor, up: torch.Tensor, act: str, out: torch.Tensor) -> torch.Tensor: ...
@@ -82,12 +90,24 @@ class Ops(Protocol):
     def softcap(self, x: torch.Tensor, c: float, out: torch.Tensor) -> torch.Tensor: ...
 
     # the KV cache: rows in the cache's ggml type (f32 / f16 / bf16 / q8_0 / q4_0)
-    def kv_store(self, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor,
-                 scratch: list[torch.Tensor] | None = None) -> None: ...
+    def kv_store(
+        self, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor, scratch: list[torch.Tensor] | None = None
+    ) -> None: ...
     def kv_chunk(self, kv: KVTensor, start: int, n: int, out: torch.Tensor) -> torch.Tensor: ...
     def kv_rows(self, kv: KVTensor, cells: torch.Tensor) -> torch.Tensor: ...
-    def attention(self, q: torch.Tensor, k: KVTensor, v: KVTensor, starts: torch.Tensor, n_kv: int,
-                  mask: torch.Tensor, scale: float, out: torch.Tensor, scratch: list[torch.Tensor],
-                  visible: torch.Tensor | None = None) -> torch.Tensor: ...
-    def rope_cache(self, pos: torch.Tensor, n_rot: int, base: float, scale: float,
-                   freq_factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: KVTensor,
+        v: KVTensor,
+        starts: torch.Tensor,
+        n_kv: int,
+        mask: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,
+        scratch: list[torch.Tensor],
+        visible: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+    def rope_cache(
+        self, pos: torch.Tensor, n_rot: int, base: float, scale: float, freq_factors: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...

@@ -16,17 +16,31 @@ from .ops import Ops
 
 # op method -> category; `linear` with the output matrix is split out as "lm_head"
 OP_CATEGORY = {
-    "linear": "matmul", "attention": "attention", "kv_chunk": "attention",
-    "rms_norm": "norm", "rope": "rope", "rope_cache": "rope",
-    "scale": "elementwise", "add": "elementwise", "glu": "elementwise", "softcap": "elementwise",
-    "get_rows": "rows", "rows": "rows", "kv_store": "kv_write",
+    "linear": "matmul",
+    "attention": "attention",
+    "kv_chunk": "attention",
+    "rms_norm": "norm",
+    "rope": "rope",
+    "rope_cache": "rope",
+    "scale": "elementwise",
+    "add": "elementwise",
+    "glu": "elementwise",
+    "softcap": "elementwise",
+    "get_rows": "rows",
+    "rows": "rows",
+    "kv_store": "kv_write",
 }
-CATEGORIES = ("matmul", "lm_head", "attention", "norm", "rope", "elementwise", "kv_write", "rows",
-              "overhead")
+CATEGORIES = ("matmul", "lm_head", "attention", "norm", "rope", "elementwise", "kv_write", "rows", "overhead")
 CATEGORY_TITLES = {
-    "matmul": "matmul (layers)", "lm_head": "matmul (output)", "attention": "attention",
-    "norm": "norms", "rope": "rope", "elementwise": "act/add/scale", "kv_write": "KV writes",
-    "rows": "embd/rows", "overhead": "Python/graph",
+    "matmul": "matmul (layers)",
+    "lm_head": "matmul (output)",
+    "attention": "attention",
+    "norm": "norms",
+    "rope": "rope",
+    "elementwise": "act/add/scale",
+    "kv_write": "KV writes",
+    "rows": "embd/rows",
+    "overhead": "Python/graph",
 }
 
 

@@ -16,6 +16,7 @@ from .ops import KV_CHUNK, MASKED, KVTensor, ScratchSpec, query_block
 from .quantize import QUANTIZERS
 from .weight import QWeight
 
+
 class TorchOps:
     """Reference implementation: plain torch on any device, weights dequantised once to f32."""
 
@@ -55,12 +56,14 @@ class TorchOps:
     def get_rows(self, w: QWeight, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return torch.index_select(self.dense(w), 0, ids, out=out)
 
-    def linear(self, x: torch.Tensor, w: QWeight, out: torch.Tensor,
-               scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, w: QWeight, out: torch.Tensor, scratch: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         return torch.mm(x, self.dense(w).t(), out=out)
 
-    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor,
-                 scratch: list[torch.Tensor]) -> torch.Tensor:
+    def rms_norm(
+        self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor, scratch: list[torch.Tensor]
+    ) -> torch.Tensor:
         """x / sqrt(mean(x²) + eps) * w, over the last dim; scratch[0] holds one value per row."""
         r = scratch[0]
         torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True, out=r)
@@ -68,8 +71,9 @@ class TorchOps:
         torch.mul(x, r, out=out)
         return out.mul_(w)
 
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool,
-             out: torch.Tensor) -> torch.Tensor:
+    def rope(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool, out: torch.Tensor
+    ) -> torch.Tensor:
         """x (n, heads, d): rotate the first 2·cos.shape[1] dims; NEOX pairs (i, i + half)."""
         half = cos.shape[1]
         c, s = cos[:, None, :], sin[:, None, :]
@@ -104,8 +108,9 @@ class TorchOps:
         torch.div(x, c, out=out)
         return out.tanh_().mul_(c)
 
-    def kv_store(self, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor,
-                 scratch: list[torch.Tensor] | None = None) -> None:
+    def kv_store(
+        self, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor, scratch: list[torch.Tensor] | None = None
+    ) -> None:
         """Write rows x (n, heads, d) at cells; quantised types are quantised as ggml does.
         A half-precision cache casts into `scratch` first (index_copy_ would allocate the cast)."""
         data = kv.data
@@ -131,9 +136,19 @@ class TorchOps:
             return rows.float()
         return dequantize(rows, kv.ggml_type, (cells.numel(), kv.n_head, kv.head_dim))
 
-    def attention(self, q: torch.Tensor, k: KVTensor, v: KVTensor, starts: torch.Tensor, n_kv: int,
-                  mask: torch.Tensor, scale: float, out: torch.Tensor, scratch: list[torch.Tensor],
-                  visible: torch.Tensor | None = None) -> torch.Tensor:
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: KVTensor,
+        v: KVTensor,
+        starts: torch.Tensor,
+        n_kv: int,
+        mask: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,
+        scratch: list[torch.Tensor],
+        visible: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """softmax(scale·q·kᵀ + mask)·v, reading the KV cache 256 cells at a time with an online
         softmax (flash attention's recurrence), so no buffer grows with the context.
 
@@ -148,7 +163,7 @@ class TorchOps:
         n_head_kv, dv = k.n_head, v.head_dim
         r, b = n_head // n_head_kv, g * n_head_kv
         qb = query_block(t, r)  # tokens per score tile: the tile stays cache-sized
-        kc, vc, s, m, l, tmp = scratch[:6]
+        kc, vc, s, m, rowsum, tmp = scratch[:6]
         if n_head_kv == 1:  # MQA: every query head reads the one KV head; no permutes
             qh, acc = q.view(b, t * r, d), out.view(b, t * r, dv)
         else:
@@ -156,7 +171,7 @@ class TorchOps:
             scratch[6].copy_(q.view(g, t, n_head_kv, r, d).permute(0, 2, 1, 3, 4))
             acc = oh.view(b, t * r, dv)
         m.fill_(MASKED)
-        l.zero_()
+        rowsum.zero_()
         acc.zero_()
         for c0 in range(0, n_kv, KV_CHUNK):
             c = min(KV_CHUNK, n_kv - c0)
@@ -171,7 +186,7 @@ class TorchOps:
                 mc = mask[:, t0 : t0 + tb, c0 : c0 + c]
                 rows = slice(t0 * r, (t0 + tb) * r)
                 sv, tv = s[:, : tb * r, :c], tmp[:, : tb * r]
-                mv, lv, av = m[:, rows], l[:, rows], acc[:, rows]
+                mv, lv, av = m[:, rows], rowsum[:, rows], acc[:, rows]
                 torch.bmm(qh[:, rows], kcv.transpose(1, 2), out=sv)
                 if scale != 1.0:
                     sv.mul_(scale)
@@ -186,13 +201,14 @@ class TorchOps:
                 lv.add_(mv)
                 av.baddbmm_(sv, vcv)
                 mv.copy_(tv)
-        acc.div_(l)
+        acc.div_(rowsum)
         if n_head_kv > 1:
             out.view(g, t, n_head_kv, r, dv).copy_(oh.permute(0, 2, 1, 3, 4))
         return out
 
-    def rope_cache(self, pos: torch.Tensor, n_rot: int, base: float, scale: float,
-                   freq_factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_cache(
+        self, pos: torch.Tensor, n_rot: int, base: float, scale: float, freq_factors: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin of θ = p·scale·base^(-2i/n_rot) / f_i for each position in `pos`.
 
         Rows come from a per-(base, scale) table computed in float64 and grown by doubling, so a
@@ -216,5 +232,3 @@ class TorchOps:
         self._rope_tables[key] = (inv, cos, sin)
         idx = pos.long()
         return cos[idx], sin[idx]
-
-

@@ -35,9 +35,26 @@ PROMPT = "The history of the printing press begins"
 
 
 def llama_bench(bin_dir: Path, model: Path, threads: int, reps: int) -> dict[str, float]:
-    out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "512",
-                          "-n", "128", "-r", str(reps), "-o", "json"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [
+            str(bin_dir / "llama-bench"),
+            "-m",
+            str(model),
+            "-t",
+            str(threads),
+            "-p",
+            "512",
+            "-n",
+            "128",
+            "-r",
+            str(reps),
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out)}
 
 
@@ -47,9 +64,28 @@ def ubatch_bench(model: Model, threads: int, reps: int) -> dict[str, float]:
 
 
 def llama_batched(bin_dir: Path, model: Path, threads: int, npl: list[int]) -> dict[int, float]:
-    out = subprocess.run([str(bin_dir / "llama-batched-bench"), "-m", str(model), "-t", str(threads),
-                          "-c", "4096", "-npp", "64", "-ntg", "32", "-npl", ",".join(map(str, npl)),
-                          "--output-format", "jsonl"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            str(bin_dir / "llama-batched-bench"),
+            "-m",
+            str(model),
+            "-t",
+            str(threads),
+            "-c",
+            "4096",
+            "-npp",
+            "64",
+            "-ntg",
+            "32",
+            "-npl",
+            ",".join(map(str, npl)),
+            "--output-format",
+            "jsonl",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rows = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     return {r["pl"]: r["speed_tg"] for r in rows}
 
@@ -62,8 +98,10 @@ def ubatch_batched(model: Model, threads: int, npl: list[int]) -> dict[int, floa
 
 # A tiny launcher (no torch, ~10 MB) forks the measured command: a child forked from this
 # script would inherit this process's RSS in its ru_maxrss before exec.
-_LAUNCH = ("import os,sys\npid=os.fork()\nif pid==0:\n    os.execvp(sys.argv[1],sys.argv[1:])\n"
-           "_,st,ru=os.wait4(pid,0)\nprint(ru.ru_maxrss)\nsys.exit(os.waitstatus_to_exitcode(st))")
+_LAUNCH = (
+    "import os,sys\npid=os.fork()\nif pid==0:\n    os.execvp(sys.argv[1],sys.argv[1:])\n"
+    "_,st,ru=os.wait4(pid,0)\nprint(ru.ru_maxrss)\nsys.exit(os.waitstatus_to_exitcode(st))"
+)
 
 
 def peak_rss_mib(cmd: list[str]) -> float:
@@ -76,7 +114,9 @@ def peak_rss_mib(cmd: list[str]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN", str(Path.home() / ".cache/ubatch-yardstick/build/bin")))
+    ap.add_argument(
+        "--llama-bin", default=os.environ.get("LLAMA_BIN", str(Path.home() / ".cache/ubatch-yardstick/build/bin"))
+    )
     ap.add_argument("-m", "--model")
     ap.add_argument("-t", type=int, default=os.cpu_count() or 1)
     ap.add_argument("-r", type=int, default=3)
@@ -90,8 +130,9 @@ def main() -> None:
     npl = [int(x) for x in a.npl.split(",")]
     lib = load()
     simd = sorted(f for f in cpu_flags() if re.fullmatch(r"avx2|fma|f16c|avx512(f|bw|vl|_bf16|vnni)", f))
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} CPUs; {' '.join(simd)}), threads {a.t}; "
-          f"ubatch kernels: C {lib.simd}; model {path.name}")
+    print(
+        f"CPU: {cpu_model()} ({os.cpu_count()} CPUs; {' '.join(simd)}), threads {a.t}; ubatch kernels: C {lib.simd}; model {path.name}"
+    )
 
     lc: dict[str, list[float]] = {"pp512": [], "tg128": []}
     ub: dict[str, list[float]] = {"pp512": [], "tg128": []}
@@ -105,7 +146,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for k in ("pp512", "tg128"):
         u, lv = max(ub[k]), max(lc[k])
-        gb = (f"{weight_bytes * u / 1e9:.1f} | {weight_bytes * lv / 1e9:.1f}" if k == "tg128" else "- | -")
+        gb = f"{weight_bytes * u / 1e9:.1f} | {weight_bytes * lv / 1e9:.1f}" if k == "tg128" else "- | -"
         print(f"| {k} | {u:.1f} | {lv:.1f} | {u / lv:.2f}x | {gb} |")
     print(f"(best of {a.r}; tg streams {weight_bytes / 2**20:.0f} MiB of stored weights per token)")
 
@@ -115,13 +156,44 @@ def main() -> None:
     for n in npl:
         print(f"| {n} | {ubb[n]:.1f} | {lb[n]:.1f} | {ubb[n] / lb[n]:.2f}x |")
 
-    cli = [sys.executable, "-m", "ubatch.cli.main", "cli", "-m", str(path), "-c", "4096", "-n", "16",
-           "--temp", "0", "-p", PROMPT, "-t", str(a.t)]
-    lcc = [str(bin_dir / "llama-completion"), "-m", str(path), "-c", "4096", "-n", "16", "--temp", "0",
-           "-p", PROMPT, "-t", str(a.t), "-no-cnv"]
+    cli = [
+        sys.executable,
+        "-m",
+        "ubatch.cli.main",
+        "cli",
+        "-m",
+        str(path),
+        "-c",
+        "4096",
+        "-n",
+        "16",
+        "--temp",
+        "0",
+        "-p",
+        PROMPT,
+        "-t",
+        str(a.t),
+    ]
+    lcc = [
+        str(bin_dir / "llama-completion"),
+        "-m",
+        str(path),
+        "-c",
+        "4096",
+        "-n",
+        "16",
+        "--temp",
+        "0",
+        "-p",
+        PROMPT,
+        "-t",
+        str(a.t),
+        "-no-cnv",
+    ]
     ru, rl = peak_rss_mib(cli), peak_rss_mib(lcc)
-    print(f"\npeak RSS, 16-token completion at -c 4096: ubatch {ru:.0f} MiB, llama-completion {rl:.0f} MiB "
-          f"(difference {ru - rl:+.0f} MiB)")
+    print(
+        f"\npeak RSS, 16-token completion at -c 4096: ubatch {ru:.0f} MiB, llama-completion {rl:.0f} MiB (difference {ru - rl:+.0f} MiB)"
+    )
 
 
 if __name__ == "__main__":

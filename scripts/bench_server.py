@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -30,9 +29,16 @@ from typing import Any
 
 import httpx
 
-PROMPTS = ["The capital of France is", "Once upon a time there was", "The best way to learn Python is",
-           "In the year 2050, cities will", "A recipe for pancakes:", "The theory of relativity says",
-           "My favourite animal is the", "The history of the printing press"]
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time there was",
+    "The best way to learn Python is",
+    "In the year 2050, cities will",
+    "A recipe for pancakes:",
+    "The theory of relativity says",
+    "My favourite animal is the",
+    "The history of the printing press",
+]
 
 
 def free_port() -> int:
@@ -51,8 +57,14 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def one_stream(url: str, prompt: str, n: int, start: threading.Barrier, out: list[Any], i: int) -> None:
-    body = {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True, "stream": True,
-            "cache_prompt": False}
+    body = {
+        "prompt": prompt,
+        "n_predict": n,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "cache_prompt": False,
+    }
     start.wait()
     t0, t_first, count = time.perf_counter(), None, 0
     with httpx.stream("POST", url + "/completion", json=body, timeout=600) as r:
@@ -68,8 +80,10 @@ def one_stream(url: str, prompt: str, n: int, start: threading.Barrier, out: lis
 def run_level(url: str, n_streams: int, n_predict: int) -> dict[str, float]:
     out: list[Any] = [None] * n_streams
     start = threading.Barrier(n_streams)
-    threads = [threading.Thread(target=one_stream, args=(url, PROMPTS[i % len(PROMPTS)], n_predict, start, out, i))
-               for i in range(n_streams)]
+    threads = [
+        threading.Thread(target=one_stream, args=(url, PROMPTS[i % len(PROMPTS)], n_predict, start, out, i))
+        for i in range(n_streams)
+    ]
     m0 = metrics(url)
     for t in threads:
         t.start()
@@ -80,10 +94,16 @@ def run_level(url: str, n_streams: int, n_predict: int) -> dict[str, float]:
     tokens = sum(o[3] for o in out)
     n_dec = m1["llamacpp:n_decode_total"] - m0["llamacpp:n_decode_total"]
     rows = m1["ubatch:decode_rows_total"] - m0["ubatch:decode_rows_total"]
-    return {"streams": n_streams, "tokens": tokens, "wall_s": t1 - t0, "agg_tps": tokens / (t1 - t0),
-            "stream_tps": sum(o[3] / (o[2] - o[0]) for o in out) / n_streams,
-            "ttft_ms": 1e3 * sum(o[1] - o[0] for o in out) / n_streams,
-            "rows_per_decode": rows / max(n_dec, 1), "decodes_per_s": n_dec / (t1 - t0)}
+    return {
+        "streams": n_streams,
+        "tokens": tokens,
+        "wall_s": t1 - t0,
+        "agg_tps": tokens / (t1 - t0),
+        "stream_tps": sum(o[3] / (o[2] - o[0]) for o in out) / n_streams,
+        "ttft_ms": 1e3 * sum(o[1] - o[0] for o in out) / n_streams,
+        "rows_per_decode": rows / max(n_dec, 1),
+        "decodes_per_s": n_dec / (t1 - t0),
+    }
 
 
 def measured_peak_gbs() -> float:
@@ -113,8 +133,22 @@ def main() -> None:
     levels = [int(x) for x in args.streams.split(",")]
     n_slots, port = max(levels), free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "ubatch.cli.main", "server", "--port", str(port), "-np", str(n_slots),
-           "-c", str(n_slots * args.ctx_per_slot), "--metrics", "--log-disable", "-t", str(args.threads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ubatch.cli.main",
+        "server",
+        "--port",
+        str(port),
+        "-np",
+        str(n_slots),
+        "-c",
+        str(n_slots * args.ctx_per_slot),
+        "--metrics",
+        "--log-disable",
+        "-t",
+        str(args.threads),
+    ]
     if args.model:
         cmd += ["-m", args.model]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -147,18 +181,24 @@ def main() -> None:
         proc.wait(timeout=30)
     peak = measured_peak_gbs()
     base = rows[0]["agg_tps"]
-    print(f"model: {info['id']} ({info['meta']['n_params'] / 1e6:.0f} M params), -np {n_slots}, "
-          f"{args.n_predict} tokens per stream, greedy, {os.cpu_count()} CPUs, best of {args.repeat}")
+    print(
+        f"model: {info['id']} ({info['meta']['n_params'] / 1e6:.0f} M params), -np {n_slots}, "
+        f"{args.n_predict} tokens per stream, greedy, {os.cpu_count()} CPUs, best of {args.repeat}"
+    )
     print(f"measured copy bandwidth: {peak:.1f} GB/s; weights read per decode: {weight_bytes / 1e9:.2f} GB (as stored)")
-    head = f"{'streams':>7} {'tokens':>6} {'wall s':>7} {'aggregate t/s':>13} {'per stream t/s':>14} " \
-           f"{'x vs 1':>6} {'TTFT ms':>8} {'rows/decode':>11} {'decodes/s':>9} {'weights GB/s':>12}"
+    head = (
+        f"{'streams':>7} {'tokens':>6} {'wall s':>7} {'aggregate t/s':>13} {'per stream t/s':>14} "
+        f"{'x vs 1':>6} {'TTFT ms':>8} {'rows/decode':>11} {'decodes/s':>9} {'weights GB/s':>12}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         gbs = r["decodes_per_s"] * weight_bytes / 1e9
-        print(f"{r['streams']:>7} {r['tokens']:>6} {r['wall_s']:>7.2f} {r['agg_tps']:>13.2f} "
-              f"{r['stream_tps']:>14.2f} {r['agg_tps'] / base:>6.2f} {r['ttft_ms']:>8.0f} "
-              f"{r['rows_per_decode']:>11.2f} {r['decodes_per_s']:>9.2f} {gbs:>7.1f} ({100 * gbs / peak:3.0f}%)")
+        print(
+            f"{r['streams']:>7} {r['tokens']:>6} {r['wall_s']:>7.2f} {r['agg_tps']:>13.2f} "
+            f"{r['stream_tps']:>14.2f} {r['agg_tps'] / base:>6.2f} {r['ttft_ms']:>8.0f} "
+            f"{r['rows_per_decode']:>11.2f} {r['decodes_per_s']:>9.2f} {gbs:>7.1f} ({100 * gbs / peak:3.0f}%)"
+        )
     if args.json:
         for r in rows:
             print(json.dumps(r))

@@ -32,7 +32,9 @@ def main() -> int:
     model = Model.load(a.model or default_model_path())
     ctx = Context(model, ContextParams(n_ctx=1024, n_ubatch=a.ub, type_k=a.ctk, type_v=a.ctv))
     print(f"KV cache K/V = {a.ctk}/{a.ctv}, n_ubatch = {a.ub}")
-    print(f"| text | tokens | ubatch KLD mean | ubatch KLD max | ubatch top-1 | llama.cpp KLD mean (top-32) | llama.cpp top-1 | time |")
+    print(
+        "| text | tokens | ubatch KLD mean | ubatch KLD max | ubatch top-1 | llama.cpp KLD mean (top-32) | llama.cpp top-1 | time |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     worse = 0
     for t, ref in enumerate(load_reference(REFDATA)):
@@ -43,8 +45,10 @@ def main() -> int:
         s = kld_vs_top(lp, ref.top_ids, ref.top_logprobs)
         L = ref.lcpp
         worse += s.kld_top_mean >= L["lcpp_kld_top32_mean"]
-        print(f"| {t} | {len(ids)} | {s.kld_top_mean:.2e} | {s.kld_top_max:.2e} | {100 * s.top1_agree:.1f}% | "
-              f"{L['lcpp_kld_top32_mean']:.2e} | {100 * L['lcpp_top1_agree']:.1f}% | {dt:.2f} s |")
+        print(
+            f"| {t} | {len(ids)} | {s.kld_top_mean:.2e} | {s.kld_top_max:.2e} | {100 * s.top1_agree:.1f}% | "
+            f"{L['lcpp_kld_top32_mean']:.2e} | {100 * L['lcpp_top1_agree']:.1f}% | {dt:.2f} s |"
+        )
     return 1 if worse else 0
 
 

@@ -1,6 +1,6 @@
 """How many greedy tokens match llama.cpp on tests/refdata/greedy.jsonl (up to 32 per prompt).
 
-    python scripts/greedy_report.py [-m MODEL]
+python scripts/greedy_report.py [-m MODEL]
 """
 
 from __future__ import annotations

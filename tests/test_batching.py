@@ -85,13 +85,16 @@ def test_coupled_sequences_need_a_unified_cache(gemma: Model) -> None:
     ctx.decode(b)  # fine with one stream
 
 
-@pytest.mark.parametrize("build, msg", [
-    (lambda b: b.add(7, 0, 5), r"invalid seq_id\[0\]\[0\] = 5 >= 2"),
-    (lambda b: b.add(99999, 0, 0), r"invalid token\[0\] = 99999"),
-    (lambda b: (b.add(7, 0, 0), b.add(7, 2, 0)), "positions are not continuous"),
-    (lambda b: (b.add(7, 1, 0), b.add(7, 0, 0)), "positions are decreasing"),
-    (lambda b: None, "n_tokens == 0"),
-])
+@pytest.mark.parametrize(
+    "build, msg",
+    [
+        (lambda b: b.add(7, 0, 5), r"invalid seq_id\[0\]\[0\] = 5 >= 2"),
+        (lambda b: b.add(99999, 0, 0), r"invalid token\[0\] = 99999"),
+        (lambda b: (b.add(7, 0, 0), b.add(7, 2, 0)), "positions are not continuous"),
+        (lambda b: (b.add(7, 1, 0), b.add(7, 0, 0)), "positions are decreasing"),
+        (lambda b: None, "n_tokens == 0"),
+    ],
+)
 def test_invalid_batches_are_refused_with_llama_cpp_messages(gemma: Model, build, msg: str) -> None:
     ctx = Context(gemma, ContextParams(n_ctx=256, n_seq_max=2, kv_unified=True))
     b = Batch()
@@ -128,6 +131,7 @@ def test_a_full_cache_fails_without_changing_it(gemma: Model) -> None:
 
 def test_outputs_come_back_in_batch_order(gemma: Model) -> None:
     """split_equal regroups slots by sequence; logits rows still follow the batch."""
+
     def run(kvu: bool) -> torch.Tensor:
         ctx = Context(gemma, ContextParams(n_ctx=512, n_seq_max=2, kv_unified=kvu, type_k="f32", type_v="f32"))
         b = Batch()

@@ -16,14 +16,28 @@ from pathlib import Path
 import pytest
 
 from ubatch.cli.bench_format import (
-    LLAMA_BENCH_FIELDS, batched_md_head, batched_md_row, format_csv, format_json, format_jsonl,
-    format_md, format_profile_md,
+    LLAMA_BENCH_FIELDS,
+    batched_md_head,
+    batched_md_row,
+    format_csv,
+    format_json,
+    format_jsonl,
+    format_md,
+    format_profile_md,
 )
 from ubatch.cli.bench_plot import build_figure, sig_label
 from ubatch.cli.bench_target import output_target
 from ubatch.engine.batched_bench import BatchedParams, BatchedResult, n_ctx_required, run_batched_bench
 from ubatch.engine.bench_params import (
-    BenchError, BenchParams, BenchTest, check_tests, expand, int_list, pair_list, parse_int_range, str_list,
+    BenchError,
+    BenchParams,
+    BenchTest,
+    check_tests,
+    expand,
+    int_list,
+    pair_list,
+    parse_int_range,
+    str_list,
 )
 from ubatch.engine.bench_result import BenchResult, TensorShare
 from ubatch.engine.bench_run import run_bench
@@ -34,22 +48,25 @@ M = Path("m.gguf")
 
 # -- list syntax ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,expected", [
-    ("512", [512]),
-    ("512,256,128,64", [512, 256, 128, 64]),
-    ("1-4", [1, 2, 3, 4]),
-    ("0-4096+1024", [0, 1024, 2048, 3072, 4096]),
-    ("64-512*2", [64, 128, 256, 512]),
-    ("64-500*2", [64, 128, 256]),
-    ("1-2,16,32-64*2", [1, 2, 16, 32, 64]),
-    ("7-7", [7]),
-])
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("512", [512]),
+        ("512,256,128,64", [512, 256, 128, 64]),
+        ("1-4", [1, 2, 3, 4]),
+        ("0-4096+1024", [0, 1024, 2048, 3072, 4096]),
+        ("64-512*2", [64, 128, 256, 512]),
+        ("64-500*2", [64, 128, 256]),
+        ("1-2,16,32-64*2", [1, 2, 16, 32, 64]),
+        ("7-7", [7]),
+    ],
+)
 def test_parse_int_range(text: str, expected: list[int]) -> None:
     assert parse_int_range(text, "-ub") == expected
 
 
-@pytest.mark.parametrize("text", ["", "a", "512-", "-5", "1-4+0", "0-8*2", "4-8*1", "512-64", "1,,2",
-                                  "1-4/2", "1.5"])
+@pytest.mark.parametrize("text", ["", "a", "512-", "-5", "1-4+0", "0-8*2", "4-8*1", "512-64", "1,,2", "1-4/2", "1.5"])
 def test_parse_int_range_rejects(text: str) -> None:
     with pytest.raises(BenchError, match="-ub"):
         parse_int_range(text, "-ub")
@@ -68,21 +85,35 @@ def test_lists_concatenate_and_replace_defaults() -> None:
 
 # -- expansion ------------------------------------------------------------------------------------
 
+
 def test_expand_reference_example() -> None:
     """-p 512 -n 128 -ub 512,256,128 -> 6 tests: ub512 pp512, ub512 tg128, ub256 pp512, ..."""
     tests = expand(BenchParams(models=[M], n_ubatch=[512, 256, 128]))
     assert [(t.n_ubatch, t.name) for t in tests] == [
-        (512, "pp512"), (512, "tg128"), (256, "pp512"), (256, "tg128"), (128, "pp512"), (128, "tg128")]
+        (512, "pp512"),
+        (512, "tg128"),
+        (256, "pp512"),
+        (256, "tg128"),
+        (128, "pp512"),
+        (128, "tg128"),
+    ]
 
 
 def test_expand_cross_product_order_and_names() -> None:
-    p = BenchParams(models=[M], n_prompt=[0, 64], n_gen=[0, 16], n_pg=[(32, 8), (0, 0)],
-                    n_depth=[0, 256], n_batch=[128, 256], n_ubatch=[32, 64], type_k=["f16", "q8_0"])
+    p = BenchParams(
+        models=[M],
+        n_prompt=[0, 64],
+        n_gen=[0, 16],
+        n_pg=[(32, 8), (0, 0)],
+        n_depth=[0, 256],
+        n_batch=[128, 256],
+        n_ubatch=[32, 64],
+        type_k=["f16", "q8_0"],
+    )
     tests = expand(p)
     # 2 b x 2 ub x 2 ctk x 2 d, each with pp64, tg16, pp32+tg8 (zeros skipped)
     assert len(tests) == 2 * 2 * 2 * 2 * 3
-    assert [t.name for t in tests[:6]] == ["pp64", "tg16", "pp32+tg8", "pp64 @ d256", "tg16 @ d256",
-                                           "pp32+tg8 @ d256"]
+    assert [t.name for t in tests[:6]] == ["pp64", "tg16", "pp32+tg8", "pp64 @ d256", "tg16 @ d256", "pp32+tg8 @ d256"]
     # n_batch is the outermost parameter, then n_ubatch, then type_k, then depth
     assert [t.n_batch for t in tests] == [128] * 24 + [256] * 24
     assert [t.n_ubatch for t in tests[:24]] == [32] * 12 + [64] * 12
@@ -104,28 +135,58 @@ def test_depth_beyond_context_is_refused() -> None:
 
 # -- formats --------------------------------------------------------------------------------------
 
+
 def _result(test: BenchTest, ts: list[float], ub_eff: int | None = None) -> BenchResult:
     ns = [int(1e9 * (test.n_prompt + test.n_gen) / x) for x in ts]
     return BenchResult(
-        build_commit="0.1.0", build_number=0, cpu_info="cpu", gpu_info="", backends="CPU",
-        model_filename="m.gguf", model_type="gemma3 270M Q4_K - Medium", model_size=253_000_000,
-        model_n_params=268_098_176, n_batch=test.n_batch, n_ubatch=test.n_ubatch, n_threads=2,
-        type_k=test.type_k, type_v=test.type_v, n_gpu_layers=0, flash_attn=1, n_prompt=test.n_prompt,
-        n_gen=test.n_gen, n_depth=test.n_depth, test_time="2026-01-01T00:00:00Z",
-        avg_ns=sum(ns) // len(ns), stddev_ns=1, avg_ts=sum(ts) / len(ts), stddev_ts=1.5, samples_ns=ns,
-        samples_ts=ts, test=test.name, n_ctx=512, n_batch_eff=512,
-        n_ubatch_eff=ub_eff or test.n_ubatch, n_outputs_max=512, compute_buffer_mib=12.5,
-        used_buffer_mib=10.0, kv_mib=6.0, n_ubatches=1,
+        build_commit="0.1.0",
+        build_number=0,
+        cpu_info="cpu",
+        gpu_info="",
+        backends="CPU",
+        model_filename="m.gguf",
+        model_type="gemma3 270M Q4_K - Medium",
+        model_size=253_000_000,
+        model_n_params=268_098_176,
+        n_batch=test.n_batch,
+        n_ubatch=test.n_ubatch,
+        n_threads=2,
+        type_k=test.type_k,
+        type_v=test.type_v,
+        n_gpu_layers=0,
+        flash_attn=1,
+        n_prompt=test.n_prompt,
+        n_gen=test.n_gen,
+        n_depth=test.n_depth,
+        test_time="2026-01-01T00:00:00Z",
+        avg_ns=sum(ns) // len(ns),
+        stddev_ns=1,
+        avg_ts=sum(ts) / len(ts),
+        stddev_ts=1.5,
+        samples_ns=ns,
+        samples_ts=ts,
+        test=test.name,
+        n_ctx=512,
+        n_batch_eff=512,
+        n_ubatch_eff=ub_eff or test.n_ubatch,
+        n_outputs_max=512,
+        compute_buffer_mib=12.5,
+        used_buffer_mib=10.0,
+        kv_mib=6.0,
+        n_ubatches=1,
         buffer_top=[TensorShare("ffn_gate-0", (512, 2048), 4.0)],
         used_top=[TensorShare("ffn_up-0", (512, 2048), 4.0)],
-        profile_ms={"matmul": 10.0, "overhead": 2.0})
+        profile_ms={"matmul": 10.0, "overhead": 2.0},
+    )
 
 
 @pytest.fixture
 def synthetic() -> tuple[BenchParams, list[BenchResult]]:
     p = BenchParams(models=[M], n_ubatch=[512, 64])
-    rs = [_result(t, [100.0 + i, 102.0 + i], ub_eff=128 if t.n_gen and t.n_ubatch == 512 else None)
-          for i, t in enumerate(expand(p))]
+    rs = [
+        _result(t, [100.0 + i, 102.0 + i], ub_eff=128 if t.n_gen and t.n_ubatch == 512 else None)
+        for i, t in enumerate(expand(p))
+    ]
     return p, rs
 
 
@@ -141,8 +202,9 @@ def test_md_has_llama_bench_columns(synthetic) -> None:  # noqa: ANN001
     text = format_md(p, rs)
     head = text.splitlines()[0]
     # llama-bench's header (CPU backend, -ub list), then ubatch's columns
-    assert head.startswith("| model                          |       size |     params | backend    | "
-                           "threads | n_ubatch |            test |                  t/s |")
+    assert head.startswith(
+        "| model                          |       size |     params | backend    | threads | n_ubatch |            test |                  t/s |"
+    )
     rows = _md_rows(text)
     assert [r["test"] for r in rows] == ["pp512", "tg128", "pp512", "tg128"]
     assert [r["n_ubatch"] for r in rows] == ["512", "512", "64", "64"]
@@ -168,13 +230,17 @@ def test_csv_json_jsonl_parse_back(synthetic) -> None:  # noqa: ANN001
     assert float(rows[0]["avg_ts"]) == pytest.approx(101.0) and rows[0]["n_ubatch"] == "512"
     assert rows[0]["compute_buffer_mib"] == "12.5" and rows[0]["profile_matmul_ms"] == "10.0"
     assert format_csv(rs).splitlines()[1].startswith('"0.1.0","0",')  # every value quoted, as llama-bench
-    for objs in (json.loads(format_json(rs)),
-                 [json.loads(line) for line in format_jsonl(rs).splitlines()]):
+    for objs in (json.loads(format_json(rs)), [json.loads(line) for line in format_jsonl(rs).splitlines()]):
         assert len(objs) == 4
         o = objs[2]
         assert set(LLAMA_BENCH_FIELDS) <= set(o) and {"samples_ns", "samples_ts"} <= set(o)
         assert (o["n_ubatch"], o["n_prompt"], o["n_gen"], o["compute_buffer_mib"], o["kv_mib"]) == (
-            64, 512, 0, 12.5, 6.0)
+            64,
+            512,
+            0,
+            12.5,
+            6.0,
+        )
         assert o["samples_ts"] == [102.0, 104.0] and isinstance(o["avg_ns"], int)
         assert o["buffer_top"][0] == {"name": "ffn_gate-0", "shape": [512, 2048], "mib": 4.0}
     assert "Python/graph" in format_profile_md(rs)
@@ -204,11 +270,29 @@ def test_read_only_directory(tmp_path: Path) -> None:
 def test_batched_bench_table_columns() -> None:
     head = batched_md_head().splitlines()
     assert [c.strip() for c in head[0].strip("|").split("|")] == [
-        "PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"]
-    assert head[0] == "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |"
-    assert head[1] == "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|"
+        "PP",
+        "TG",
+        "B",
+        "N_KV",
+        "T_PP s",
+        "S_PP t/s",
+        "T_TG s",
+        "S_TG t/s",
+        "T s",
+        "S t/s",
+    ]
+    assert (
+        head[0]
+        == "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |"
+    )
+    assert (
+        head[1]
+        == "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|"
+    )
     row = batched_md_row(BatchedResult(128, 128, 4, 1024, 0.5, 1024.0, 2.0, 256.0, 2.5, 409.6))
-    assert row == "|   128 |    128 |    4 |   1024 |    0.500 |  1024.00 |    2.000 |   256.00 |    2.500 |   409.60 |\n"
+    assert (
+        row == "|   128 |    128 |    4 |   1024 |    0.500 |  1024.00 |    2.000 |   256.00 |    2.500 |   409.60 |\n"
+    )
     # N_KV as llama-batched-bench computes it (reference: -npp 128 -ntg 128 -npl 1,2,4 -> 256, 512, 1024)
     assert [n_ctx_required(128, 128, pl, False, False) for pl in (1, 2, 4)] == [256, 512, 1024]
     assert n_ctx_required(128, 128, 4, True, False) == 4 * 128 + 4 * 128
@@ -217,10 +301,20 @@ def test_batched_bench_table_columns() -> None:
 
 # -- real runs on a tiny model ---------------------------------------------------------------------
 
+
 def test_python_api_run_is_sane(tiny_gemma: Path) -> None:
     events = []
-    p = BenchParams(models=[tiny_gemma], n_prompt=[64], n_gen=[8], n_pg=[(16, 4)], n_depth=[0, 32],
-                    n_ubatch=[64, 16], n_threads=[1], reps=2, profile=True)
+    p = BenchParams(
+        models=[tiny_gemma],
+        n_prompt=[64],
+        n_gen=[8],
+        n_pg=[(16, 4)],
+        n_depth=[0, 32],
+        n_ubatch=[64, 16],
+        n_threads=[1],
+        reps=2,
+        profile=True,
+    )
     rs = run_bench(p, events.append)
     assert [r.test for r in rs[:3]] == ["pp64", "tg8", "pp16+tg4"] and len(rs) == 12
     assert [(e.test_index, e.rep) for e in events if e.kind == "rep"][:2] == [(1, 1), (1, 2)]
@@ -242,26 +336,30 @@ def test_python_api_run_is_sane(tiny_gemma: Path) -> None:
 
 
 def test_batched_bench_api(tiny_gemma: Path) -> None:
-    header, rows = run_batched_bench(BatchedParams(model=tiny_gemma, n_ctx=1024, n_threads=1,
-                                                   n_pp=[32], n_tg=[4], n_pl=[1, 2, 4]))
+    header, rows = run_batched_bench(
+        BatchedParams(model=tiny_gemma, n_ctx=1024, n_threads=1, n_pp=[32], n_tg=[4], n_pl=[1, 2, 4])
+    )
     assert [(r.pl, r.n_kv) for r in rows] == [(1, 36), (2, 72), (4, 144)]
     assert header.n_kv_max == 1024 and header.compute_buffer_mib > 0
     for r in rows:
         assert r.t == pytest.approx(r.t_pp + r.t_tg)
         assert r.speed_pp == pytest.approx(r.pl * r.pp / r.t_pp)
         assert r.speed == pytest.approx(r.pl * (r.pp + r.tg) / r.t)
-    _, shared = run_batched_bench(BatchedParams(model=tiny_gemma, n_ctx=1024, n_threads=1, n_pp=[32],
-                                                n_tg=[2], n_pl=[2], pps=True))
+    _, shared = run_batched_bench(
+        BatchedParams(model=tiny_gemma, n_ctx=1024, n_threads=1, n_pp=[32], n_tg=[2], n_pl=[2], pps=True)
+    )
     assert shared[0].n_kv == 2 * 32 + 2 * 2
     assert shared[0].speed_pp == pytest.approx(32 / shared[0].t_pp)
 
 
 # -- the CLI, in subprocesses ---------------------------------------------------------------------
 
+
 def ubatch(*args: object) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "ubatch.cli.main", *map(str, args)], capture_output=True,
-                          text=True, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "ubatch.cli.main", *map(str, args)], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -271,14 +369,63 @@ def runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     m = tiny_gemma
     cmds = {
         "json": ["bench", "-m", m, "-p", "16", "-n", "4", "-r", "2", "-t", "1", "-o", "json"],
-        "md": ["bench", "-m", m, "-p", "32", "-n", "0", "-ub", "32,16", "-b", "16", "-r", "1", "-t", "1",
-               "--profile", "--plot", tmp / "sweep.png", "-o", tmp / "out.csv"],
-        "sweep": ["bench", "-m", m, "-p", "16", "--sweep-ub", "4-16*2", "-r", "1", "-t", "1",
-                  "--plot", tmp / "ub.svg", "-o", "jsonl"],
-        "batched": ["batched-bench", "-m", m, "-c", "512", "-npp", "16", "-ntg", "4", "-npl", "1,2",
-                    "-t", "1"],
-        "batched_jsonl": ["batched-bench", "-m", m, "-c", "512", "-npp", "16", "-ntg", "2", "-npl", "2",
-                          "-t", "1", "--output-format", "jsonl"],
+        "md": [
+            "bench",
+            "-m",
+            m,
+            "-p",
+            "32",
+            "-n",
+            "0",
+            "-ub",
+            "32,16",
+            "-b",
+            "16",
+            "-r",
+            "1",
+            "-t",
+            "1",
+            "--profile",
+            "--plot",
+            tmp / "sweep.png",
+            "-o",
+            tmp / "out.csv",
+        ],
+        "sweep": [
+            "bench",
+            "-m",
+            m,
+            "-p",
+            "16",
+            "--sweep-ub",
+            "4-16*2",
+            "-r",
+            "1",
+            "-t",
+            "1",
+            "--plot",
+            tmp / "ub.svg",
+            "-o",
+            "jsonl",
+        ],
+        "batched": ["batched-bench", "-m", m, "-c", "512", "-npp", "16", "-ntg", "4", "-npl", "1,2", "-t", "1"],
+        "batched_jsonl": [
+            "batched-bench",
+            "-m",
+            m,
+            "-c",
+            "512",
+            "-npp",
+            "16",
+            "-ntg",
+            "2",
+            "-npl",
+            "2",
+            "-t",
+            "1",
+            "--output-format",
+            "jsonl",
+        ],
         "depth": ["bench", "-m", m, "-p", "16", "-n", "0", "-d", "4096", "-r", "1"],
         "bad_out": ["bench", "-m", m, "-p", "16", "-n", "0", "-r", "1", "-o", tmp / "nodir" / "x.json"],
         "bad_plot_dir": ["bench", "-m", m, "-p", "16", "-n", "0", "-r", "1", "--plot", tmp / "afile" / "x.png"],
@@ -337,14 +484,17 @@ def test_cli_batched_bench(runs: dict) -> None:
     assert {"t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed", "n_kv_max"} <= set(js[0])
 
 
-@pytest.mark.parametrize("name,message", [
-    ("depth", "needs a context of 4112 tokens"),
-    ("bad_out", "nodir does not exist"),
-    ("bad_plot_dir", "afile is not a directory"),
-    ("bad_plot", "use a .png"),
-    ("bad_range", "range '512-64' is empty"),
-    ("no_model", "model file not found"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("depth", "needs a context of 4112 tokens"),
+        ("bad_out", "nodir does not exist"),
+        ("bad_plot_dir", "afile is not a directory"),
+        ("bad_plot", "use a .png"),
+        ("bad_range", "range '512-64' is empty"),
+        ("no_model", "model file not found"),
+    ],
+)
 def test_cli_bad_input(runs: dict, name: str, message: str) -> None:
     r = runs[name]
     assert r.returncode == 1, (r.stdout, r.stderr)
@@ -354,10 +504,20 @@ def test_cli_bad_input(runs: dict, name: str, message: str) -> None:
 
 # -- the plot -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value,label", [
-    (0.3, "0.300"), (0.0304, "0.0304"), (1.5, "1.50"), (17.134, "17.1"), (9.996, "10.0"),
-    (892.16, "892"), (12345.6, "12346"), (0.0, "0"),
-])
+
+@pytest.mark.parametrize(
+    "value,label",
+    [
+        (0.3, "0.300"),
+        (0.0304, "0.0304"),
+        (1.5, "1.50"),
+        (17.134, "17.1"),
+        (9.996, "10.0"),
+        (892.16, "892"),
+        (12345.6, "12346"),
+        (0.0, "0"),
+    ],
+)
 def test_plot_labels_keep_significant_digits(value: float, label: str) -> None:
     assert sig_label(value) == label
 

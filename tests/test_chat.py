@@ -48,6 +48,7 @@ def in_cache(s: ChatSession) -> int:
 
 # -- ChatSession on the tiny model ----------------------------------------------------------------
 
+
 def test_second_turn_prefills_only_itself(tiny_gemma_model: Model) -> None:
     s = session(tiny_gemma_model)
     v = s.vocab
@@ -61,8 +62,7 @@ def test_second_turn_prefills_only_itself(tiny_gemma_model: Model) -> None:
     "".join(s.respond("the world"))
     t2 = s.last
     assert t2 is not None
-    turn = v.tokenize("<end_of_turn>\n<start_of_turn>user\nthe world<end_of_turn>\n<start_of_turn>model\n",
-                      False, True)
+    turn = v.tokenize("<end_of_turn>\n<start_of_turn>user\nthe world<end_of_turn>\n<start_of_turn>model\n", False, True)
     assert t2.turn_text == "<end_of_turn>\n<start_of_turn>user\nthe world<end_of_turn>\n<start_of_turn>model\n"
     assert t2.n_reused == t1.n_past  # everything the cache held
     assert t2.n_prompt == t2.n_turn == 1 + len(turn)  # the undecoded answer token + the new turn
@@ -159,8 +159,16 @@ def test_context_shift_within_an_answer_keeps_the_token_list_in_step(tiny_gemma_
     ctx = Context(m, ContextParams(n_ctx=256, swa_full=True))  # every cache full-size: K-shift allowed
     # a first prompt of 196 tokens, all kept (--keep -1): the context is full after 59 answer
     # tokens; the shift drops half of those, and 64 tokens end before a second shift
-    s = ChatSession(ctx, ChatTemplate.for_model(m), greedy(), n_predict=64, ignore_eos=True,
-                    ctx_shift=True, system="be brief", keep=-1)
+    s = ChatSession(
+        ctx,
+        ChatTemplate.for_model(m),
+        greedy(),
+        n_predict=64,
+        ignore_eos=True,
+        ctx_shift=True,
+        system="be brief",
+        keep=-1,
+    )
     assert s.shift_in_answer
     "".join(s.respond("hello world " * 85))
     t = s.last
@@ -199,6 +207,7 @@ def test_regenerate(tiny_gemma_model: Model) -> None:
 
 # -- the default model: the reused cache gives the answer a fresh context gives --------------------
 
+
 @pytest.mark.slow
 def test_second_answer_on_reused_cache_equals_fresh_context(default_model: Model) -> None:
     m = default_model
@@ -233,10 +242,17 @@ class Term:
     """A chat in a pty, read as cleaned text; expect() moves past each match."""
 
     def __init__(self, args: list[str], tmp: Path) -> None:
-        env = dict(os.environ, NO_COLOR="1", PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm",
-                   XDG_STATE_HOME=str(tmp), COLUMNS="250")
-        self.child = pexpect.spawn(sys.executable, ["-m", "ubatch.cli.main", "cli", *args], env=env,
-                                   encoding="utf-8", dimensions=(60, 250), timeout=30)
+        env = dict(
+            os.environ, NO_COLOR="1", PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm", XDG_STATE_HOME=str(tmp), COLUMNS="250"
+        )
+        self.child = pexpect.spawn(
+            sys.executable,
+            ["-m", "ubatch.cli.main", "cli", *args],
+            env=env,
+            encoding="utf-8",
+            dimensions=(60, 250),
+            timeout=30,
+        )
         self.raw, self.pos = "", 0
 
     def expect(self, pattern: str, timeout: float = 120) -> re.Match[str]:
@@ -268,8 +284,10 @@ class Term:
 
     def stats(self) -> dict[str, str]:
         self.say("/stats")
-        m = self.expect(r"prompt tokens evaluated last turn: (\d+) · reused from the KV cache: (\d+) · "
-                        r"new turn tokens: (\d+) · generated: (\d+) · stop: (\w+)")
+        m = self.expect(
+            r"prompt tokens evaluated last turn: (\d+) · reused from the KV cache: (\d+) · "
+            r"new turn tokens: (\d+) · generated: (\d+) · stop: (\w+)"
+        )
         self.expect(PROMPT)
         return dict(zip(("evaluated", "reused", "turn", "generated", "stop"), m.groups()))
 
@@ -306,8 +324,12 @@ Q1, Q2 = "What is the capital of France?", "And what about Germany?"
 
 
 @pytest.mark.slow
-def test_chat_two_turns_reuse_the_kv_cache_then_clear(default_model_path: Path, gemma_vocab, term,  # type: ignore[no-untyped-def]
-                                                      tmp_path: Path) -> None:
+def test_chat_two_turns_reuse_the_kv_cache_then_clear(
+    default_model_path: Path,
+    gemma_vocab,
+    term,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     t = term("-cnv", "--temp", "0", "--seed", "1", "-n", "24", "-c", "2048")
     t.expect(r"ubatch chat")  # the startup panel
     t.expect(r"KV cache +non-SWA 2048 cells")
@@ -326,8 +348,9 @@ def test_chat_two_turns_reuse_the_kv_cache_then_clear(default_model_path: Path, 
     t.expect(PROMPT)
     s2 = t.stats()
     # turn 2 evaluates only the new turn: the end of the first answer, the user turn, the model header
-    turn2 = gemma_vocab.tokenize(f"<end_of_turn>\n<start_of_turn>user\n{Q2}<end_of_turn>\n"
-                                 "<start_of_turn>model\n", False, True)
+    turn2 = gemma_vocab.tokenize(
+        f"<end_of_turn>\n<start_of_turn>user\n{Q2}<end_of_turn>\n<start_of_turn>model\n", False, True
+    )
     assert int(s2["evaluated"]) == int(s2["turn"]) == len(turn2) + cut
     assert int(s2["reused"]) == len(first) + int(s1["generated"]) - cut
     # bad input: one line each, and the conversation goes on
@@ -378,14 +401,30 @@ def test_chat_ctrl_c_stops_the_answer_not_the_chat(default_model_path: Path, ter
 
 
 def test_chat_system_prompt_single_turn(tiny_gemma: Path, term) -> None:  # type: ignore[no-untyped-def]
-    t = term("-m", str(tiny_gemma), "-sys", "You are a pirate.", "-p", "Hello", "-st", "--temp", "0",
-             "-n", "8", "-c", "512", "--verbose")
+    t = term(
+        "-m",
+        str(tiny_gemma),
+        "-sys",
+        "You are a pirate.",
+        "-p",
+        "Hello",
+        "-st",
+        "--temp",
+        "0",
+        "-n",
+        "8",
+        "-c",
+        "512",
+        "--verbose",
+    )
     t.expect(r"llama_context: n_ctx += 512")  # --verbose: llama.cpp's startup lines
     t.expect(r"chat template: gemma")
     t.expect(r"> Hello\n")
     # the system prompt is merged into the first user turn (gemma has no system turn)
-    t.expect(r'chat: formatted turn 1: "<start_of_turn>user\\nYou are a pirate\.\\n\\nHello<end_of_turn>'
-             r'\\n<start_of_turn>model\\n"')
+    t.expect(
+        r'chat: formatted turn 1: "<start_of_turn>user\\nYou are a pirate\.\\n\\nHello<end_of_turn>'
+        r'\\n<start_of_turn>model\\n"'
+    )
     t.expect(r"chat: turn 1: \d+ prompt tokens evaluated, 0 reused")
     t.expect(TIMINGS)
     t.expect(r"Exiting\.\.\.")
@@ -417,10 +456,17 @@ def test_line_editing_multiline_and_history(tiny_gemma: Path, term) -> None:  # 
 
 # -- the command line without a terminal (tiny model) ---------------------------------------------
 
+
 def run_cli(*args: object, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "ubatch.cli.main", "cli", *map(str, args)], input=stdin,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "ubatch.cli.main", "cli", *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")

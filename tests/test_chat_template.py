@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from ubatch.engine.chat_template import (ChatTemplate, ChatTemplateError, apply_chat_template,
-                                         detect_template, load_template)
+from ubatch.engine.chat_template import (
+    ChatTemplate,
+    ChatTemplateError,
+    apply_chat_template,
+    detect_template,
+    load_template,
+)
 from ubatch.engine.errors import UbatchError
 
 # Whitespace around the contents shows which formats trim (gemma, llama3) and which do not (chatml).
@@ -24,29 +29,29 @@ FOUR = THREE + [{"role": "user", "content": "What is 2+2?"}]
 
 # -- built-in formats -------------------------------------------------------------------------
 
+
 def test_gemma_three_messages() -> None:
     # system: trimmed, held back, written at the start of the next non-model turn + "\n\n";
     # assistant -> model; every content trimmed; no BOS text (the tokenizer adds <bos>)
     assert apply_chat_template(THREE, "gemma", add_generation_prompt=False) == (
-        "<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n"
-        "<start_of_turn>model\nHello!<end_of_turn>\n")
+        "<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+    )
     assert apply_chat_template(THREE, "gemma") == (
-        "<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n"
-        "<start_of_turn>model\nHello!<end_of_turn>\n"
-        "<start_of_turn>model\n")
+        "<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n<start_of_turn>model\n"
+    )
 
 
 def test_gemma_matches_the_verified_reference_string() -> None:
     assert apply_chat_template(FOUR, "gemma") == (
         "<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\nHello!"
-        "<end_of_turn>\n<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n")
+        "<end_of_turn>\n<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"
+    )
 
 
 def test_chatml_three_messages_not_trimmed() -> None:
     assert apply_chat_template(THREE, "chatml", add_generation_prompt=False) == (
-        "<|im_start|>system\n  Be brief. <|im_end|>\n"
-        "<|im_start|>user\n Hi there\n<|im_end|>\n"
-        "<|im_start|>assistant\nHello! <|im_end|>\n")
+        "<|im_start|>system\n  Be brief. <|im_end|>\n<|im_start|>user\n Hi there\n<|im_end|>\n<|im_start|>assistant\nHello! <|im_end|>\n"
+    )
     assert apply_chat_template(THREE, "chatml").endswith("Hello! <|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -55,51 +60,63 @@ def test_llama3_three_messages() -> None:
         "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
-        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert apply_chat_template(THREE, "llama3", add_generation_prompt=False).endswith("Hello!<|eot_id|>")
 
 
 def test_conversation_of_user_assistant_user() -> None:
-    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
-            {"role": "user", "content": "Bye"}]
+    msgs = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Bye"},
+    ]
     assert apply_chat_template(msgs, "gemma") == (
-        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
-        "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    )
     assert apply_chat_template(msgs, "chatml") == (
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n"
-        "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_gemma_system_prompt_waits_for_a_non_model_turn() -> None:
-    msgs = [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"},
-            {"role": "user", "content": "U"}]
+    msgs = [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"}, {"role": "user", "content": "U"}]
     assert apply_chat_template(msgs, "gemma", add_generation_prompt=False) == (
-        "<start_of_turn>model\nA<end_of_turn>\n<start_of_turn>user\nS\n\nU<end_of_turn>\n")
+        "<start_of_turn>model\nA<end_of_turn>\n<start_of_turn>user\nS\n\nU<end_of_turn>\n"
+    )
 
 
 def test_content_parts_are_joined_text() -> None:
-    msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"},
-                                         {"type": "text", "text": "b"}]}]
+    msgs = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}],
+        }
+    ]
     assert apply_chat_template(msgs, "chatml", False) == "<|im_start|>user\na\nb<|im_end|>\n"
 
 
 # -- detection (llm_chat_detect_template's order) ---------------------------------------------
 
-@pytest.mark.parametrize("source, arch, expected", [
-    (None, "gemma3", "gemma"),  # no template: by architecture (llama.cpp would say chatml)
-    ("", "gemma", "gemma"),
-    (None, "llama", "chatml"),  # llama.cpp's fallback
-    ("gemma", "llama", "gemma"),  # an exact built-in name
-    ("llama3", "gemma3", "llama3"),
-    ("{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}", "llama", "chatml"),
-    ("{{ '<|im_start|>' }}{{ '<|im_sep|>' }}", "llama", "jinja"),  # phi4
-    ("{{ '<start_of_turn>' + role }}", "llama", "gemma"),
-    ("{{ '<|start_header_id|>' + r + '<|end_header_id|>' }}", "gemma3", "llama3"),
-    ("{{ '<|start_header_id|>' }}", "gemma3", "jinja"),  # needs both header tokens
-    ("[INST] {{ m }} [/INST]", "llama", "jinja"),  # mistral / llama2: not a built-in here
-    ("{{ '<|im_start|>' }}{{ '<start_of_turn>' }}", "llama", "chatml"),  # chatml is tested first
-    ("{{ messages }}", "llama", "jinja"),
-])
+
+@pytest.mark.parametrize(
+    "source, arch, expected",
+    [
+        (None, "gemma3", "gemma"),  # no template: by architecture (llama.cpp would say chatml)
+        ("", "gemma", "gemma"),
+        (None, "llama", "chatml"),  # llama.cpp's fallback
+        ("gemma", "llama", "gemma"),  # an exact built-in name
+        ("llama3", "gemma3", "llama3"),
+        ("{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}", "llama", "chatml"),
+        ("{{ '<|im_start|>' }}{{ '<|im_sep|>' }}", "llama", "jinja"),  # phi4
+        ("{{ '<start_of_turn>' + role }}", "llama", "gemma"),
+        ("{{ '<|start_header_id|>' + r + '<|end_header_id|>' }}", "gemma3", "llama3"),
+        ("{{ '<|start_header_id|>' }}", "gemma3", "jinja"),  # needs both header tokens
+        ("[INST] {{ m }} [/INST]", "llama", "jinja"),  # mistral / llama2: not a built-in here
+        ("{{ '<|im_start|>' }}{{ '<start_of_turn>' }}", "llama", "chatml"),  # chatml is tested first
+        ("{{ messages }}", "llama", "jinja"),
+    ],
+)
 def test_detect_template(source: str | None, arch: str, expected: str) -> None:
     assert detect_template(source, arch) == expected
 
@@ -134,21 +151,29 @@ GEMMA3_JINJA = """{{ bos_token }}
 {%- endif -%}
 """
 
-CHATML_JINJA = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-                "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
-                "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CHATML_JINJA = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 # Meta's Llama 3 instruct template
-LLAMA3_JINJA = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-                "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] "
-                "| trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
-                "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
-                "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+LLAMA3_JINJA = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] "
+    "| trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
 
 
 def test_jinja_gemma3_equals_builtin_and_strips_bos() -> None:
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
-            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "What is 2+2?"}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "What is 2+2?"},
+    ]
     out = apply_chat_template(msgs, GEMMA3_JINJA, True, bos_token="<bos>", eos_token="<eos>")
     assert out == apply_chat_template(msgs, "gemma")  # the rendered <bos> is dropped: the tokenizer adds it
     kept = apply_chat_template(msgs, GEMMA3_JINJA, True, bos_token="<bos>", add_bos=False)
@@ -171,20 +196,20 @@ def test_jinja_chatml_and_llama3_equal_the_builtins() -> None:
 
 
 def test_jinja_variables_and_filters() -> None:
-    src = ("{{ bos_token }}|{{ eos_token }}|{{ add_generation_prompt }}|{{ messages | length }}|"
-           "{{ messages[0] | tojson }}|{{ strftime_now('%Y') | length }}")
-    out = apply_chat_template([{"role": "user", "content": "é"}], src, False, bos_token="B",
-                              eos_token="E", add_bos=False)
+    src = "{{ bos_token }}|{{ eos_token }}|{{ add_generation_prompt }}|{{ messages | length }}|{{ messages[0] | tojson }}|{{ strftime_now('%Y') | length }}"
+    out = apply_chat_template(
+        [{"role": "user", "content": "é"}], src, False, bos_token="B", eos_token="E", add_bos=False
+    )
     assert out == 'B|E|False|1|{"role": "user", "content": "é"}|4'
 
 
 def test_jinja_is_sandboxed() -> None:
     with pytest.raises(ChatTemplateError):
-        apply_chat_template([{"role": "user", "content": "x"}],
-                            "{{ messages.__class__.__mro__[1].__subclasses__() }}")
+        apply_chat_template([{"role": "user", "content": "x"}], "{{ messages.__class__.__mro__[1].__subclasses__() }}")
 
 
 # -- loading ------------------------------------------------------------------------------------
+
 
 def test_load_template(tmp_path: Path) -> None:
     assert load_template("gemma") == "gemma"
@@ -194,21 +219,29 @@ def test_load_template(tmp_path: Path) -> None:
     assert load_template(CHATML_JINJA) == CHATML_JINJA  # inline Jinja, as llama.cpp accepts
 
 
-@pytest.mark.parametrize("case, needles", [
-    ("syntax", ("bad.jinja", "invalid Jinja", "line 2")),
-    ("missing", ("nope.jinja", "unknown chat template")),
-    ("latin1", ("latin1.jinja", "UTF-8")),
-    ("empty", ("empty.jinja", "empty")),
-    ("llama2", ("llama2", "does not write")),
-    ("name", ("gemma4", "unknown chat template", "gemma, llama3")),
-])
+@pytest.mark.parametrize(
+    "case, needles",
+    [
+        ("syntax", ("bad.jinja", "invalid Jinja", "line 2")),
+        ("missing", ("nope.jinja", "unknown chat template")),
+        ("latin1", ("latin1.jinja", "UTF-8")),
+        ("empty", ("empty.jinja", "empty")),
+        ("llama2", ("llama2", "does not write")),
+        ("name", ("gemma4", "unknown chat template", "gemma, llama3")),
+    ],
+)
 def test_bad_templates_are_one_line_errors(tmp_path: Path, case: str, needles: tuple[str, ...]) -> None:
     (tmp_path / "bad.jinja").write_text("{% for m in messages %}\n{{ m.content }\n{% endfor %}")
     (tmp_path / "latin1.jinja").write_bytes("caf\xe9 {{ x }}".encode("latin-1"))
     (tmp_path / "empty.jinja").write_text("  \n")
-    arg = {"syntax": tmp_path / "bad.jinja", "missing": tmp_path / "nope.jinja",
-           "latin1": tmp_path / "latin1.jinja", "empty": tmp_path / "empty.jinja",
-           "llama2": "llama2", "name": "gemma4"}[case]
+    arg = {
+        "syntax": tmp_path / "bad.jinja",
+        "missing": tmp_path / "nope.jinja",
+        "latin1": tmp_path / "latin1.jinja",
+        "empty": tmp_path / "empty.jinja",
+        "llama2": "llama2",
+        "name": "gemma4",
+    }[case]
     with pytest.raises(ChatTemplateError) as e:
         load_template(str(arg))
     msg = str(e.value)
@@ -227,6 +260,7 @@ def test_bad_messages() -> None:
 
 
 # -- a model's template -------------------------------------------------------------------------
+
 
 def test_template_from_metadata(tmp_path: Path) -> None:
     t = ChatTemplate.from_metadata({}, "gemma3", bos_token="<bos>")

@@ -27,12 +27,19 @@ Run = subprocess.CompletedProcess
 
 def ubatch(*args: object, stdin: str | None = None, timeout: float = 300) -> Run:
     env = dict(os.environ, COLUMNS="300", NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "ubatch.cli.main", *map(str, args)], input=stdin,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "ubatch.cli.main", *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def ubatch_many(cmds: dict[str, Sequence[object] | tuple[Sequence[object], str]]) -> dict[str, Run]:
     """Run several commands at once: {name: args} or {name: (args, stdin)}."""
+
     def one(spec: Sequence[object] | tuple[Sequence[object], str]) -> Run:
         if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], str):
             return ubatch(*spec[0], stdin=spec[1])
@@ -62,21 +69,24 @@ def assert_user_error(r: Run, *needles: str) -> str:
 
 # -- the default model ----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def default_runs(default_model_path: Path) -> dict[str, Run]:
     refs = [json.loads(x) for x in (REFDATA / "tokenize.jsonl").read_text().splitlines()]
     texts = [r["text"] for r in refs] + ["x<end_of_turn>y"]
     jsonl = "".join(json.dumps(t) + "\n" for t in texts)
     m = ["-m", default_model_path]
-    return ubatch_many({
-        # no -m: the bundled default model
-        "greedy": ["cli", "-p", PROMPT, "-n", 8, "--temp", 0, "-c", 512],
-        "ids": ["tokenize", *m, "-p", "Hello world", "--ids"],
-        "list": ["tokenize", *m, "-p", "Hello world", "--show-count"],
-        "jsonl": (["tokenize", *m, "--jsonl"], jsonl),
-        "jsonl_plain": (["tokenize", *m, "--jsonl", "--no-parse-special"], jsonl),
-        "jsonl_nobos": (["tokenize", *m, "--jsonl", "--no-parse-special", "--no-bos"], jsonl),
-    })
+    return ubatch_many(
+        {
+            # no -m: the bundled default model
+            "greedy": ["cli", "-p", PROMPT, "-n", 8, "--temp", 0, "-c", 512],
+            "ids": ["tokenize", *m, "-p", "Hello world", "--ids"],
+            "list": ["tokenize", *m, "-p", "Hello world", "--show-count"],
+            "jsonl": (["tokenize", *m, "--jsonl"], jsonl),
+            "jsonl_plain": (["tokenize", *m, "--jsonl", "--no-parse-special"], jsonl),
+            "jsonl_nobos": (["tokenize", *m, "--jsonl", "--no-parse-special", "--no-bos"], jsonl),
+        }
+    )
 
 
 @pytest.mark.slow
@@ -86,11 +96,17 @@ def test_cli_greedy_default_model(default_runs: dict[str, Run]) -> None:
     assert r.stdout == PROMPT + GREEDY8 + "\n"
     err = r.stderr
     assert "Traceback" not in err
-    for needle in ("llama_context: n_ctx                 = 512", "llama_context: n_batch               = 512",
-                   "llama_context: n_ubatch              = 512", "llama_kv_cache: size =",
-                   "llama_kv_cache_iswa: creating non-SWA KV cache, size = 512 cells",
-                   "common_perf_print: prompt eval time =", "common_perf_print:        eval time =",
-                   "common_perf_print:    graphs reused =", "common_perf_print:        load time ="):
+    for needle in (
+        "llama_context: n_ctx                 = 512",
+        "llama_context: n_batch               = 512",
+        "llama_context: n_ubatch              = 512",
+        "llama_kv_cache: size =",
+        "llama_kv_cache_iswa: creating non-SWA KV cache, size = 512 cells",
+        "common_perf_print: prompt eval time =",
+        "common_perf_print:        eval time =",
+        "common_perf_print:    graphs reused =",
+        "common_perf_print:        load time =",
+    ):
         assert needle in err, needle
     by_key = {x.split("=")[0].strip(): x for x in err.splitlines() if "=" in x}
     assert "/     6 tokens" in by_key["common_perf_print: prompt eval time"]
@@ -111,15 +127,13 @@ def test_tokenize_ids(default_runs: dict[str, Run]) -> None:
 def test_tokenize_listing_and_count(default_runs: dict[str, Run]) -> None:
     r = default_runs["list"]
     assert r.returncode == 0, r.stderr
-    assert r.stdout == ("     2 -> '<bos>'\n"
-                        "  9259 -> 'Hello'\n"
-                        "  1902 -> ' world'\n"
-                        "Total number of tokens: 3\n")
+    assert r.stdout == ("     2 -> '<bos>'\n  9259 -> 'Hello'\n  1902 -> ' world'\nTotal number of tokens: 3\n")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run, key", [("jsonl", "ids_special"), ("jsonl_plain", "ids_plain"),
-                                      ("jsonl_nobos", "ids_nobos")])
+@pytest.mark.parametrize(
+    "run, key", [("jsonl", "ids_special"), ("jsonl_plain", "ids_plain"), ("jsonl_nobos", "ids_nobos")]
+)
 def test_tokenize_jsonl_matches_llama_cpp(default_runs: dict[str, Run], run: str, key: str) -> None:
     r = default_runs[run]
     assert r.returncode == 0, r.stderr
@@ -138,6 +152,7 @@ def test_tokenize_jsonl_matches_llama_cpp(default_runs: dict[str, Run], run: str
 
 # -- tiny model: output options, sampling, batching -----------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     d = tmp_path_factory.mktemp("cli")
@@ -147,25 +162,41 @@ def tiny_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     hot = ["--temp", 50, "--top-k", 0, "--top-p", 1, "--min-p", 0, "-n", 24]  # nearly uniform
     # every run pays for importing torch: where one run can check several things it does
     # (the batch clamps are read from the logs of the EOS runs, --backend cpu from "plain")
-    return ubatch_many({
-        "plain": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--backend", "cpu"],
-        "no_prompt": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--log-disable",
-                      "--no-display-prompt"],
-        "file": [*base, "-f", d / "prompt.txt", "-n", 4, "--temp", 0, "--log-disable"],
-        "hot42_a": [*base, "-p", "Hello world", *hot, "--seed", 42],
-        "hot42_b": [*base, "-p", "Hello world", *hot, "--seed", 42, "--log-disable"],
-        "hot43": [*base, "-p", "Hello world", *hot, "--seed", 43, "--log-disable"],
-        "escapes": [*base, "-p", r"a\tb\\n\x41 C:\q \x4", "-n", 0, "--log-disable"],
-        "no_escape": [*base, "-p", r"a\tb\x41", "-n", 0, "--log-disable", "--no-escape"],
-        "eos": ["cli", *m, "-p", "Hello<eos>", "-n", 5, "--temp", 0, "-c", 64, "-b", 128, "-ub", 256],
-        "ignore_eos": ["cli", *m, "-p", "Hello<eos>", "-n", 5, "--temp", 0, "--ignore-eos",
-                       "-c", 300, "-b", 1024, "-ub", 64],
-        "torch": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--backend", "torch"],
-        "info_cpu": ["info", *m, "-c", 256, "--json"],
-        "info_torch": ["info", *m, "-c", 256, "--json", "--backend", "torch"],
-        "bad_backend": [*base, "-p", "Hello world", "-n", 1, "--backend", "gpu9"],
-        "help": ["cli", "--help"],
-    })
+    return ubatch_many(
+        {
+            "plain": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--backend", "cpu"],
+            "no_prompt": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--log-disable", "--no-display-prompt"],
+            "file": [*base, "-f", d / "prompt.txt", "-n", 4, "--temp", 0, "--log-disable"],
+            "hot42_a": [*base, "-p", "Hello world", *hot, "--seed", 42],
+            "hot42_b": [*base, "-p", "Hello world", *hot, "--seed", 42, "--log-disable"],
+            "hot43": [*base, "-p", "Hello world", *hot, "--seed", 43, "--log-disable"],
+            "escapes": [*base, "-p", r"a\tb\\n\x41 C:\q \x4", "-n", 0, "--log-disable"],
+            "no_escape": [*base, "-p", r"a\tb\x41", "-n", 0, "--log-disable", "--no-escape"],
+            "eos": ["cli", *m, "-p", "Hello<eos>", "-n", 5, "--temp", 0, "-c", 64, "-b", 128, "-ub", 256],
+            "ignore_eos": [
+                "cli",
+                *m,
+                "-p",
+                "Hello<eos>",
+                "-n",
+                5,
+                "--temp",
+                0,
+                "--ignore-eos",
+                "-c",
+                300,
+                "-b",
+                1024,
+                "-ub",
+                64,
+            ],
+            "torch": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--backend", "torch"],
+            "info_cpu": ["info", *m, "-c", 256, "--json"],
+            "info_torch": ["info", *m, "-c", 256, "--json", "--backend", "torch"],
+            "bad_backend": [*base, "-p", "Hello world", "-n", 1, "--backend", "gpu9"],
+            "help": ["cli", "--help"],
+        }
+    )
 
 
 def test_cli_prompt_then_continuation(tiny_runs: dict[str, Run]) -> None:
@@ -201,7 +232,7 @@ def test_cli_seed_reproducible(tiny_runs: dict[str, Run]) -> None:
     assert "sampler seed: 42" in h1.stderr
     assert h1.stdout == h2.stdout  # the same seed, with and without the logs
     assert h1.stdout != h3.stdout  # 24 nearly uniform draws over 326 tokens
-    assert len(set(h1.stdout[len("Hello world"):])) > 5  # really sampled, not greedy
+    assert len(set(h1.stdout[len("Hello world") :])) > 5  # really sampled, not greedy
 
 
 def log_value(err: str, key: str) -> int:
@@ -262,6 +293,7 @@ def test_console_script_exists() -> None:
 
 # -- bad input: one line on stderr, exit 1, no traceback ------------------------------------------
 
+
 def write_gguf_arch(path: Path, arch: str) -> Path:
     from tiny_vocab import tiny_spm_vocab
 
@@ -318,30 +350,32 @@ def bad_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         write_tiny_with_unsupported_type(d / "iq4nl.gguf", mp)
     (d / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     m = ["-m", tiny_gemma]
-    return ubatch_many({
-        "missing": ["cli", "-m", d / "nope.gguf", "-p", "hi", "-n", 1],
-        "directory": ["cli", "-m", d, "-p", "hi", "-n", 1],
-        "not_gguf": ["cli", "-m", d / "notes.txt", "-p", "hi", "-n", 1],
-        "empty": ["cli", "-m", d / "empty.gguf", "-p", "hi", "-n", 1],
-        "cut_header": ["cli", "-m", d / "head.gguf", "-p", "hi", "-n", 1],
-        "cut_data": ["cli", "-m", d / "tail.gguf", "-p", "hi", "-n", 1],
-        "arch": ["cli", "-m", d / "mamba.gguf", "-p", "hi", "-n", 1],
-        "qtype": ["cli", "-m", d / "iq4nl.gguf", "-p", "hi", "-n", 1],
-        "too_long": ["cli", *m, "-c", 256, "-p", "hello " * 300],
-        "prompt_missing": ["cli", *m, "-f", d / "nope.txt"],
-        "prompt_dir": ["cli", *m, "-f", d],
-        "prompt_bytes": ["cli", *m, "-f", d / "latin1.txt"],
-        "prompt_not_utf8": ["cli", *m, "-p", "caf\udce9", "-n", 1],  # byte 0xE9 on the command line
-        "kv_type": ["cli", *m, "-p", "hi", "-n", 1, "-ctk", "q7_x"],
-        "negative_ctx": ["cli", *m, "-p", "hi", "-n", 1, "-c", -5],
-        "tok_missing": ["tokenize", "-m", d / "nope.gguf", "-p", "hi"],
-        "tok_cut": ["tokenize", "-m", d / "head.gguf", "-p", "hi"],
-        "tok_nothing": ["tokenize", *m],
-        "tok_file": ["tokenize", *m, "-f", d / "nope.txt"],
-        "tok_bad_json": (["tokenize", *m, "--jsonl"], '"fine"\n{not json\n"never reached"\n'),
-        "tok_not_string": (["tokenize", *m, "--jsonl"], '["a list"]\n'),
-        "tok_surrogate": (["tokenize", *m, "--jsonl"], '"a\\ud800b"\n'),  # a lone surrogate
-    })
+    return ubatch_many(
+        {
+            "missing": ["cli", "-m", d / "nope.gguf", "-p", "hi", "-n", 1],
+            "directory": ["cli", "-m", d, "-p", "hi", "-n", 1],
+            "not_gguf": ["cli", "-m", d / "notes.txt", "-p", "hi", "-n", 1],
+            "empty": ["cli", "-m", d / "empty.gguf", "-p", "hi", "-n", 1],
+            "cut_header": ["cli", "-m", d / "head.gguf", "-p", "hi", "-n", 1],
+            "cut_data": ["cli", "-m", d / "tail.gguf", "-p", "hi", "-n", 1],
+            "arch": ["cli", "-m", d / "mamba.gguf", "-p", "hi", "-n", 1],
+            "qtype": ["cli", "-m", d / "iq4nl.gguf", "-p", "hi", "-n", 1],
+            "too_long": ["cli", *m, "-c", 256, "-p", "hello " * 300],
+            "prompt_missing": ["cli", *m, "-f", d / "nope.txt"],
+            "prompt_dir": ["cli", *m, "-f", d],
+            "prompt_bytes": ["cli", *m, "-f", d / "latin1.txt"],
+            "prompt_not_utf8": ["cli", *m, "-p", "caf\udce9", "-n", 1],  # byte 0xE9 on the command line
+            "kv_type": ["cli", *m, "-p", "hi", "-n", 1, "-ctk", "q7_x"],
+            "negative_ctx": ["cli", *m, "-p", "hi", "-n", 1, "-c", -5],
+            "tok_missing": ["tokenize", "-m", d / "nope.gguf", "-p", "hi"],
+            "tok_cut": ["tokenize", "-m", d / "head.gguf", "-p", "hi"],
+            "tok_nothing": ["tokenize", *m],
+            "tok_file": ["tokenize", *m, "-f", d / "nope.txt"],
+            "tok_bad_json": (["tokenize", *m, "--jsonl"], '"fine"\n{not json\n"never reached"\n'),
+            "tok_not_string": (["tokenize", *m, "--jsonl"], '["a list"]\n'),
+            "tok_surrogate": (["tokenize", *m, "--jsonl"], '"a\\ud800b"\n'),  # a lone surrogate
+        }
+    )
 
 
 BAD = {

@@ -15,10 +15,10 @@ import torch
 
 from ubatch.engine.batch import Batch
 from ubatch.engine.context import Context
+from ubatch.engine.generate import complete
 from ubatch.engine.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling import Sampler, SamplerParams
-from ubatch.engine.generate import complete
 from ubatch.engine.scoring import kld_vs_top, load_reference, teacher_forced_logprobs
 
 REF = Path(__file__).parent / "refdata"
@@ -79,6 +79,9 @@ def test_greedy_text_is_the_same_on_every_backend(model: Model) -> None:
     outs = {}
     for backend in ("torch", "cpu"):
         c = Context(model, ContextParams(n_ctx=512, n_outputs_max=1, backend=backend))
-        outs[backend] = [[e.token for e in complete(c, case["prompt_ids"], 16, Sampler(SamplerParams(temp=0)))]
-                         for case in cases if not c.memory.clear()]
+        outs[backend] = [
+            [e.token for e in complete(c, case["prompt_ids"], 16, Sampler(SamplerParams(temp=0)))]
+            for case in cases
+            if not c.memory.clear()
+        ]
     assert outs["cpu"] == outs["torch"]

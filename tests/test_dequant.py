@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as ref_dequantize
 
 import ubatch.kernels.dequant as dq
@@ -13,8 +14,16 @@ from ubatch.kernels.dequant import SUPPORTED_TYPES, UnsupportedTypeError, check_
 
 # byte offsets of the f16 fields (d, dmin / m) inside one block, per quantised type
 F16_FIELDS = {
-    T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2),
-    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.Q8_0: (0,),
+    T.Q4_0: (0,),
+    T.Q4_1: (0, 2),
+    T.Q5_0: (0,),
+    T.Q5_1: (0, 2),
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
 }
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -43,8 +52,21 @@ def assert_bits_equal(got: torch.Tensor, want: np.ndarray) -> None:
 
 def test_supported_types() -> None:
     names = {type_name(t) for t in SUPPORTED_TYPES}
-    assert names == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+    assert names == {
+        "F32",
+        "F16",
+        "BF16",
+        "Q8_0",
+        "Q4_0",
+        "Q4_1",
+        "Q5_0",
+        "Q5_1",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+    }
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -151,13 +173,10 @@ def test_model_one_tensor_per_type(gguf_270m) -> None:
 @pytest.mark.parametrize(
     "name, mean, std, amax, first4",
     [
-        ("blk.0.ffn_down.weight", 4.943995e-06, 2.158547e-02, 0.738770,
-         [0.005212, 0.021715, -0.025190, 0.013898]),
-        ("blk.2.ffn_down.weight", 2.333824e-06, 1.631285e-02, 0.377395,
-         [-0.016777, -0.004513, -0.004513, -0.020865]),
+        ("blk.0.ffn_down.weight", 4.943995e-06, 2.158547e-02, 0.738770, [0.005212, 0.021715, -0.025190, 0.013898]),
+        ("blk.2.ffn_down.weight", 2.333824e-06, 1.631285e-02, 0.377395, [-0.016777, -0.004513, -0.004513, -0.020865]),
         ("blk.0.attn_output.weight", -2.797052e-06, 3.767657e-02, 0.547462, None),
-        ("blk.0.attn_q.weight", -7.887782e-05, 3.955150e-02, 0.859375,
-         [-0.003784, 0.007568, -0.015137, -0.005676]),
+        ("blk.0.attn_q.weight", -7.887782e-05, 3.955150e-02, 0.859375, [-0.003784, 0.007568, -0.015137, -0.005676]),
         ("blk.0.attn_v.weight", 9.487837e-06, 3.952997e-02, 0.271544, None),
     ],
 )

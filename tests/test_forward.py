@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
-
 from tiny_models import TinySpec, write_tiny_model
+
 from ubatch.engine.batch import Batch
 from ubatch.engine.context import Context
 from ubatch.engine.model import Model
@@ -64,7 +64,11 @@ def reference_logits(m: Model, ids: list[int]) -> torch.Tensor:
         x = x + a
         h = rms(x, L.ffn_norm)
         g = h @ L.ffn_gate.dense().T
-        g = torch.nn.functional.gelu(g, approximate="tanh") if hp.ffn_act == "gelu_tanh" else torch.nn.functional.silu(g)
+        g = (
+            torch.nn.functional.gelu(g, approximate="tanh")
+            if hp.ffn_act == "gelu_tanh"
+            else torch.nn.functional.silu(g)
+        )
         f = (g * (h @ L.ffn_up.dense().T)) @ L.ffn_down.dense().T
         if hp.sandwich_norm:
             f = rms(f, L.post_ffn_norm)
@@ -90,8 +94,17 @@ def test_prefill_matches_reference(arch: str, tiny_gemma_model, tiny_llama_model
 
 
 def test_k_quant_model_matches_reference(tmp_path) -> None:
-    spec = TinySpec(arch="llama", n_embd=256, n_ff=512, head_dim=64, n_head=4, n_head_kv=1, n_layer=3,
-                    matrix_types=(T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K, T.BF16), embd_type=T.Q6_K)
+    spec = TinySpec(
+        arch="llama",
+        n_embd=256,
+        n_ff=512,
+        head_dim=64,
+        n_head=4,
+        n_head_kv=1,
+        n_layer=3,
+        matrix_types=(T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K, T.BF16),
+        embd_type=T.Q6_K,
+    )
     m = Model.load(write_tiny_model(tmp_path / "k.gguf", spec))
     torch.testing.assert_close(all_logits(m, IDS[:20]), reference_logits(m, IDS[:20]), atol=2e-4, rtol=1e-4)
 

@@ -41,8 +41,7 @@ def test_context_shift_keeps_the_prefix_and_drops_half(llama: Model) -> None:
     ctx = Context(llama, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     st = CompletionStats()
     n_predict = 256 - len(LONG) + 30  # the context fills after 16 tokens: shift, then 30 more
-    toks = [e.token for e in complete(ctx, LONG, n_predict, Sampler(SamplerParams(temp=0)), st,
-                                      ignore_eos=True, ctx_shift=True, n_keep=4)]
+    list(complete(ctx, LONG, n_predict, Sampler(SamplerParams(temp=0)), st, ignore_eos=True, ctx_shift=True, n_keep=4))
     assert st.stop_reason == "length" and st.n_gen == n_predict and st.n_shifts >= 1
     # the cache now holds: 4 kept tokens, then the tail that survived, at consecutive positions
     cells = ctx.memory.caches[0].streams[0]

@@ -56,9 +56,15 @@ def _alone(model: Model, prompt: list[int], follow: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("kvu", [True, False], ids=["unified", "streams"])
 def test_mixed_prefill_and_decode_rows_match_each_sequence_alone(model: Model, kvu: bool) -> None:
     prompts = [TEXTS[1][:600], TEXTS[0][:40], TEXTS[3][:90], TEXTS[2][:7]]
-    follow = [[TEXTS[1][600 + i] for i in range(3)], [TEXTS[0][40 + i] for i in range(3)],
-              [TEXTS[3][90 + i] for i in range(3)], [TEXTS[2][7 + i] for i in range(3)]]
-    ctx = Context(model, ContextParams(n_ctx=4096, n_seq_max=4, kv_unified=kvu, n_ubatch=512, type_k="f32", type_v="f32"))
+    follow = [
+        [TEXTS[1][600 + i] for i in range(3)],
+        [TEXTS[0][40 + i] for i in range(3)],
+        [TEXTS[3][90 + i] for i in range(3)],
+        [TEXTS[2][7 + i] for i in range(3)],
+    ]
+    ctx = Context(
+        model, ContextParams(n_ctx=4096, n_seq_max=4, kv_unified=kvu, n_ubatch=512, type_k="f32", type_v="f32")
+    )
     # seq 0 is already long (past the window) before the others start
     ctx.decode(Batch.from_tokens(prompts[0], 0, seq_id=0))
     got: dict[int, list[torch.Tensor]] = {0: [ctx.logits[-1].clone()], 1: [], 2: [], 3: []}

@@ -10,13 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from test_dequant import F16_FIELDS, random_rows
 
 from ubatch.kernels import backends
 from ubatch.kernels.cpu_ops import KERNEL_TYPES, CpuOps
 from ubatch.kernels.dequant import dequantize
 from ubatch.kernels.weight import QWeight
-from test_dequant import F16_FIELDS, random_rows
 
 BACKENDS = [b for b in backends.names() if b != "auto"]
 QUANT = [t for t in F16_FIELDS if int(t) in KERNEL_TYPES]
@@ -110,9 +111,17 @@ def test_prefill_tiles_are_bit_exact_dequantisation(t: T, portable: bool) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_v.weight",
-                                  "blk.0.attn_output.weight", "blk.0.ffn_down.weight",
-                                  "blk.3.ffn_down.weight"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "token_embd.weight",
+        "blk.0.attn_q.weight",
+        "blk.0.attn_v.weight",
+        "blk.0.attn_output.weight",
+        "blk.0.ffn_down.weight",
+        "blk.3.ffn_down.weight",
+    ],
+)
 def test_real_tensors_of_the_default_model(default_model, ops, name: str) -> None:
     """Q8_0 (the tied output head), Q5_0, Q4_K and Q6_K exactly as the file stores them."""
     info = default_model.gguf.tensors[name]
@@ -177,8 +186,9 @@ def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cpu-portable"])
-def test_every_backend_runs_the_tiny_models_like_the_reference(tiny_gemma_model, tiny_llama_model,
-                                                               backend: str) -> None:
+def test_every_backend_runs_the_tiny_models_like_the_reference(
+    tiny_gemma_model, tiny_llama_model, backend: str
+) -> None:
     """Prefill (tiles + GEMM) then decode steps (GEMV, C attention) against the torch backend."""
     from ubatch.engine.batch import Batch
     from ubatch.engine.context import Context

@@ -34,8 +34,9 @@ def query(c: KVCache, seq: int, pos: int, n_kv: int = 256) -> np.ndarray:
     return m == 0
 
 
-@pytest.mark.parametrize("used, size, n_kv", [(700, 1024, 768), (1, 1024, 256), (256, 1024, 256),
-                                              (257, 1024, 512), (300, 512, 512)])
+@pytest.mark.parametrize(
+    "used, size, n_kv", [(700, 1024, 768), (1, 1024, 256), (256, 1024, 256), (257, 1024, 512), (300, 512, 512)]
+)
 def test_n_kv_is_padded_to_256(used: int, size: int, n_kv: int) -> None:
     c = cache(size)
     put(c, [([0], p) for p in range(used)])

@@ -16,6 +16,7 @@ GREEDY8 = " the capital of the country of France."  # llama.cpp's greedy 8 token
 
 # -- tiny models: tokenizer round trip and eval/scores --------------------------------------------
 
+
 @pytest.fixture(scope="module", params=["gemma3", "llama"])
 def tiny(request: pytest.FixtureRequest, tiny_gemma: Path, tiny_llama: Path) -> Llama:
     path = tiny_gemma if request.param == "gemma3" else tiny_llama
@@ -133,12 +134,12 @@ def test_completion_ending_at_eog_keeps_held_back_text(tiny: Llama, monkeypatch:
         r = tiny.create_completion("Hello world", max_tokens=10, temperature=0, stop=stop)
         assert r["choices"][0]["text"] == two
         assert r["choices"][0]["finish_reason"] == "stop"
-        chunks = list(tiny.create_completion("Hello world", max_tokens=10, temperature=0, stop=stop,
-                                             stream=True))
+        chunks = list(tiny.create_completion("Hello world", max_tokens=10, temperature=0, stop=stop, stream=True))
         assert "".join(c["choices"][0]["text"] for c in chunks) == two
 
 
 # -- the default model: create_completion --------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def llm(default_model_path: Path) -> Llama:
@@ -214,12 +215,12 @@ def test_completion_logprobs(llm: Llama) -> None:
     assert set(lp) >= {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
     assert "".join(lp["tokens"]) == GREEDY8
     assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == 8
-    for tok, l, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
-        assert l <= 0.0
+    for tok, logprob, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert logprob <= 0.0
         assert 1 <= len(top) <= 2
         best = max(top, key=top.get)
         assert best == tok  # greedy: the chosen token is the most likely
-        assert top[best] == pytest.approx(l)
+        assert top[best] == pytest.approx(logprob)
     assert lp["text_offset"] == sorted(lp["text_offset"])
     assert lp["text_offset"][0] == 0
 

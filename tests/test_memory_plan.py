@@ -38,25 +38,32 @@ def compute_mib(model: Model, **kw) -> float:
 def test_compute_buffer_shrinks_with_ubatch_and_not_with_batch(model: Model) -> None:
     sizes = [compute_mib(model, n_ctx=4096, n_ubatch=ub, n_outputs_max=1) for ub in (512, 256, 128, 64)]
     assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4
-    assert compute_mib(model, n_ctx=4096, n_batch=2048, n_ubatch=256, n_outputs_max=1) == \
-        compute_mib(model, n_ctx=4096, n_batch=512, n_ubatch=256, n_outputs_max=1)
+    assert compute_mib(model, n_ctx=4096, n_batch=2048, n_ubatch=256, n_outputs_max=1) == compute_mib(
+        model, n_ctx=4096, n_batch=512, n_ubatch=256, n_outputs_max=1
+    )
     # -b below -ub: the ubatch follows the batch (the clamp)
-    assert compute_mib(model, n_ctx=4096, n_batch=64, n_ubatch=512, n_outputs_max=1) == \
-        compute_mib(model, n_ctx=4096, n_batch=2048, n_ubatch=64, n_outputs_max=1)
+    assert compute_mib(model, n_ctx=4096, n_batch=64, n_ubatch=512, n_outputs_max=1) == compute_mib(
+        model, n_ctx=4096, n_batch=2048, n_ubatch=64, n_outputs_max=1
+    )
 
 
-@pytest.mark.parametrize("r", json.loads((REF / "lcpp_memory_grid.json").read_text())[::3],
-                         ids=lambda r: f"c{r['c']}-b{r['b']}-ub{r['ub']}-np{r['np']}-fa{r['fa']}")
+@pytest.mark.parametrize(
+    "r",
+    json.loads((REF / "lcpp_memory_grid.json").read_text())[::3],
+    ids=lambda r: f"c{r['c']}-b{r['b']}-ub{r['ub']}-np{r['np']}-fa{r['fa']}",
+)
 def test_all_outputs_reserved_is_within_10pct_of_llama_completion(model: Model, r: dict) -> None:
-    ours = compute_mib(model, n_ctx=r["c"], n_batch=r["b"], n_ubatch=r["ub"], n_seq_max=r["np"],
-                       n_outputs_max=0)
+    ours = compute_mib(model, n_ctx=r["c"], n_batch=r["b"], n_ubatch=r["ub"], n_seq_max=r["np"], n_outputs_max=0)
     # the logits rows dominate both figures (n_ubatch x 262144 x 4 B); llama.cpp also keeps
     # attention/FFN intermediates alive beside them, we reuse their memory for the logits
     assert 0.9 * r["compute_mib"] <= ours <= 1.1 * r["compute_mib"], (ours, r["compute_mib"])
 
 
-@pytest.mark.parametrize("r", json.loads((REF / "lcpp_server_memory.json").read_text()),
-                         ids=lambda r: f"c{r['c']}-ub{r['ub']}-np{r['np']}-kvu{r['kvu']}")
+@pytest.mark.parametrize(
+    "r",
+    json.loads((REF / "lcpp_server_memory.json").read_text()),
+    ids=lambda r: f"c{r['c']}-ub{r['ub']}-np{r['np']}-kvu{r['kvu']}",
+)
 def test_server_settings_never_exceed_llama_server(model: Model, r: dict) -> None:
     np_, kvu = (4, True) if r["np"] == "auto" else (r["np"], bool(r["kvu"]))
     ours = compute_mib(model, n_ctx=r["c"], n_ubatch=r["ub"], n_seq_max=np_, kv_unified=kvu, n_outputs_max=np_)
@@ -69,20 +76,26 @@ def test_fit_picks_the_largest_context_and_trades_ubatch_for_it(model: Model) ->
     params, plan = fit(model, ContextParams(n_ubatch=512, n_outputs_max=1), budget)
     assert plan.total_bytes <= budget
     assert params.n_ctx > 256 and params.n_ctx % 256 == 0
-    bigger = memory_plan(Context(model, ContextParams(n_ctx=params.n_ctx + 256, n_ubatch=params.n_ubatch,
-                                                      n_outputs_max=1)))
+    bigger = memory_plan(
+        Context(model, ContextParams(n_ctx=params.n_ctx + 256, n_ubatch=params.n_ubatch, n_outputs_max=1))
+    )
     assert bigger.total_bytes > budget  # one more step of 256 cells would not fit
     with pytest.raises(ContextError, match="smallest"):
         fit(model, ContextParams(), 100 * MiB)
 
 
 def test_info_command_json_and_fit(default_model_path: Path) -> None:
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ubatch.cli.main", "info", *a],  # noqa: E731
-                                    capture_output=True, text=True, timeout=120)
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ubatch.cli.main", "info", *a], capture_output=True, text=True, timeout=120
+        )
+
     m = str(default_model_path)
     with ThreadPoolExecutor(3) as pool:  # three processes at once: each pays for importing torch
-        json_run, fit_run, too_small = pool.map(lambda a: run(*a), [
-            ("-m", m, "-c", "4096", "--json"), ("-m", m, "--fit", "1.3G"), ("-m", m, "--fit", "10M")])
+        json_run, fit_run, too_small = pool.map(
+            lambda a: run(*a),
+            [("-m", m, "-c", "4096", "--json"), ("-m", m, "--fit", "1.3G"), ("-m", m, "--fit", "10M")],
+        )
     r = json_run
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)

@@ -24,9 +24,30 @@ FINISH = {"length": "length", "context": "length", "eog": "stop", "word": "stop"
 
 
 def via_cli(model: Path, prompt: str, n_predict: int, n_ctx: int) -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-m", "ubatch.cli.main", "cli", "-m", str(model), "-p", prompt,
-                        "-n", str(n_predict), "-c", str(n_ctx), "--temp", "0", "--no-display-prompt",
-                        "-t", "1"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ubatch.cli.main",
+            "cli",
+            "-m",
+            str(model),
+            "-p",
+            prompt,
+            "-n",
+            str(n_predict),
+            "-c",
+            str(n_ctx),
+            "--temp",
+            "0",
+            "--no-display-prompt",
+            "-t",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     m = re.search(r"generation stopped: (\w+), (\d+) tokens sampled", r.stderr)
     assert m, r.stderr
@@ -47,12 +68,16 @@ def via_server(model: Path, prompt: str, n_predict: int, n_ctx: int) -> dict[str
     sch.start()
     live = Live(create_app(sch, ServerOptions()))
     try:
-        r = httpx.post(live.url + "/completion", json={"prompt": prompt, "n_predict": n_predict,
-                                                       "temperature": 0}, timeout=300).json()
+        r = httpx.post(
+            live.url + "/completion", json={"prompt": prompt, "n_predict": n_predict, "temperature": 0}, timeout=300
+        ).json()
         chunks = []
-        with httpx.stream("POST", live.url + "/completion", timeout=300,
-                          json={"prompt": prompt, "n_predict": n_predict, "temperature": 0, "stream": True,
-                                "cache_prompt": False}) as s:
+        with httpx.stream(
+            "POST",
+            live.url + "/completion",
+            timeout=300,
+            json={"prompt": prompt, "n_predict": n_predict, "temperature": 0, "stream": True, "cache_prompt": False},
+        ) as s:
             for line in s.iter_lines():
                 if line.startswith("data: "):
                     chunks.append(httpx.Response(200, content=line[6:]).json()["content"])
@@ -60,8 +85,7 @@ def via_server(model: Path, prompt: str, n_predict: int, n_ctx: int) -> dict[str
         live.close()
         sch.stop()
     assert "".join(chunks) == r["content"]  # streamed or not, the same text
-    return {"text": r["content"], "stop_type": r["stop_type"], "truncated": r["truncated"],
-            "n": r["tokens_predicted"]}
+    return {"text": r["content"], "stop_type": r["stop_type"], "truncated": r["truncated"], "n": r["tokens_predicted"]}
 
 
 def check_same(model: Path, prompt: str, n_predict: int, n_ctx: int) -> tuple[dict, dict, dict]:

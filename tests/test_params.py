@@ -31,8 +31,7 @@ def hp(default_model_path: Path) -> HParams:
 def server_params(r: dict) -> ContextParams:
     """llama-server: -np auto = 4 slots + unified KV; n_outputs_max = n_parallel."""
     np_, kvu = (4, True) if r["np"] == "auto" else (r["np"], bool(r["kvu"]))
-    return ContextParams(n_ctx=r["c"], n_batch=2048, n_ubatch=r["ub"], n_seq_max=np_, kv_unified=kvu,
-                         n_outputs_max=np_)
+    return ContextParams(n_ctx=r["c"], n_batch=2048, n_ubatch=r["ub"], n_seq_max=np_, kv_unified=kvu, n_outputs_max=np_)
 
 
 def check_kv(mem: KVMemory, expected: list[dict]) -> None:
@@ -48,10 +47,16 @@ def check_kv(mem: KVMemory, expected: list[dict]) -> None:
 
 @pytest.mark.parametrize("r", GRID, ids=lambda r: f"c{r['c']}-b{r['b']}-ub{r['ub']}-np{r['np']}-fa{r['fa']}")
 def test_completion_grid(hp: HParams, r: dict) -> None:
-    cp = derive(ContextParams(n_ctx=r["c"], n_batch=r["b"], n_ubatch=r["ub"], n_seq_max=r["np"],
-                              kv_unified=r["kvu"]), hp)
+    cp = derive(
+        ContextParams(n_ctx=r["c"], n_batch=r["b"], n_ubatch=r["ub"], n_seq_max=r["np"], kv_unified=r["kvu"]), hp
+    )
     assert (cp.n_seq_max, cp.n_ctx, cp.n_ctx_seq, cp.n_batch, cp.n_ubatch) == (
-        r["eff_n_seq_max"], r["eff_n_ctx"], r["eff_n_ctx_seq"], r["eff_n_batch"], r["eff_n_ubatch"])
+        r["eff_n_seq_max"],
+        r["eff_n_ctx"],
+        r["eff_n_ctx_seq"],
+        r["eff_n_batch"],
+        r["eff_n_ubatch"],
+    )
     assert [w for w in cp.warnings if "divisible" in w] == r["warnings"]
     check_kv(KVMemory.build(hp, cp), r["kv"])
 
@@ -59,10 +64,23 @@ def test_completion_grid(hp: HParams, r: dict) -> None:
 @pytest.mark.parametrize("r", SERVER, ids=lambda r: f"c{r['c']}-ub{r['ub']}-np{r['np']}-kvu{r['kvu']}")
 def test_server_grid(hp: HParams, r: dict) -> None:
     cp = derive(server_params(r), hp)
-    assert (str(cp.n_seq_max), str(cp.n_ctx), str(cp.n_ctx_seq), str(cp.n_batch), str(cp.n_ubatch),
-            str(cp.n_outputs_max), str(cp.kv_unified).lower()) == (
-        r["eff_n_seq_max"], r["eff_n_ctx"], r["eff_n_ctx_seq"], r["eff_n_batch"], r["eff_n_ubatch"],
-        r["eff_n_outputs_max"], r["eff_kv_unified"])
+    assert (
+        str(cp.n_seq_max),
+        str(cp.n_ctx),
+        str(cp.n_ctx_seq),
+        str(cp.n_batch),
+        str(cp.n_ubatch),
+        str(cp.n_outputs_max),
+        str(cp.kv_unified).lower(),
+    ) == (
+        r["eff_n_seq_max"],
+        r["eff_n_ctx"],
+        r["eff_n_ctx_seq"],
+        r["eff_n_batch"],
+        r["eff_n_ubatch"],
+        r["eff_n_outputs_max"],
+        r["eff_kv_unified"],
+    )
     check_kv(KVMemory.build(hp, cp), r["kv"])
 
 
@@ -92,11 +110,14 @@ def test_kv_types_scale_the_cache(hp: HParams) -> None:
     assert mib("q4_0") == pytest.approx(27.0 * 18 / 64)
 
 
-@pytest.mark.parametrize("kw, msg", [
-    (dict(n_batch=0, n_ubatch=0), "cannot both be zero"),
-    (dict(n_seq_max=257), "n_seq_max"),
-    (dict(type_k="q5_k"), "KV cache type"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        (dict(n_batch=0, n_ubatch=0), "cannot both be zero"),
+        (dict(n_seq_max=257), "n_seq_max"),
+        (dict(type_k="q5_k"), "KV cache type"),
+    ],
+)
 def test_bad_parameters_are_refused(hp: HParams, kw: dict, msg: str) -> None:
     with pytest.raises(ContextError, match=msg):
         derive(ContextParams(**kw), hp)

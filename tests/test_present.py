@@ -17,15 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
-from ubatch.cli.memory_view import (
-    breakdown_table,
-    llama_lines,
-    plan_json,
-    plan_table,
-    size,
-    summary_rows,
-    total_row,
-)
+
+from ubatch.cli.memory_view import breakdown_table, llama_lines, plan_json, plan_table, size, summary_rows, total_row
 from ubatch.engine.context import Context
 from ubatch.engine.model import Model
 from ubatch.engine.params import ContextParams
@@ -46,18 +39,22 @@ def rendered(table: object) -> str:
 
 # -- one MemoryPlan, one renderer -----------------------------------------------------------------
 
+
 def test_every_view_of_the_plan_says_the_same_sizes(ctx: Context) -> None:
     from ubatch.cli.present import startup_lines
 
     p = memory_plan(ctx)
     lines = llama_lines(p)
-    assert startup_lines(ctx, p)[-len(lines):] == lines  # the startup log ends with the plan's lines
+    assert startup_lines(ctx, p)[-len(lines) :] == lines  # the startup log ends with the plan's lines
     assert f"sched_reserve:        CPU compute buffer size = {mib(p.compute_bytes):8.2f} MiB" in lines
     kv = [x for x in lines if x.startswith("llama_kv_cache: size =")]
     assert len(kv) == len(p.kv) == 2  # gemma3: the non-SWA and the SWA cache
     d = json.loads(json.dumps(plan_json(p)))
-    assert d["total_bytes"] == p.total_bytes == d["model_bytes"] + d["backend_bytes"] + d["context_bytes"] \
-        + d["compute_bytes"]
+    assert (
+        d["total_bytes"]
+        == p.total_bytes
+        == d["model_bytes"] + d["backend_bytes"] + d["context_bytes"] + d["compute_bytes"]
+    )
     assert d["kv_bytes"] == sum(c["k_bytes"] + c["v_bytes"] for c in d["kv"])
     assert d["n_ctx_train"] == 2048 and d["peak"][0]["bytes"] == p.peak[0][2]
     label, text = total_row(p)
@@ -87,9 +84,29 @@ PERF = re.compile(r"common_perf_print: +([a-z ]+?) time = +(-?[0-9.]+) ms")
 
 def test_perf_summary_adds_up_to_the_total(tiny_gemma: Path) -> None:
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    r = subprocess.run([sys.executable, "-m", "ubatch.cli.main", "cli", "-m", str(tiny_gemma), "-c", "256",
-                        "-p", "Hello world", "-n", "24", "--temp", "0"],
-                       capture_output=True, text=True, timeout=300, env=env, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ubatch.cli.main",
+            "cli",
+            "-m",
+            str(tiny_gemma),
+            "-c",
+            "256",
+            "-p",
+            "Hello world",
+            "-n",
+            "24",
+            "--temp",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     t = {k: float(v) for k, v in PERF.findall(r.stderr)}
     assert set(t) == {"sampling", "load", "prompt eval", "eval", "total", "unaccounted"}, r.stderr
@@ -102,6 +119,7 @@ def test_perf_summary_adds_up_to_the_total(tiny_gemma: Path) -> None:
 
 
 # -- the default model's first assembly -----------------------------------------------------------
+
 
 @pytest.fixture
 def fake_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
@@ -142,8 +160,9 @@ def test_wrong_checksum_leaves_no_file(fake_package: types.ModuleType) -> None:
     assert list(cache_dir().iterdir()) == []
 
 
-def test_cli_draws_the_bar_only_while_assembling(fake_package: types.ModuleType,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_draws_the_bar_only_while_assembling(
+    fake_package: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ubatch.cli import common
 
     buf = io.StringIO()

@@ -34,6 +34,7 @@ def draw_counts(s: Sampler, logits: torch.Tensor, n: int) -> Counter[int]:
 
 # -- the random stream ----------------------------------------------------------------------------
 
+
 def test_randomstate_is_std_mt19937() -> None:
     # the C++ standard fixes these: mt19937 with the default seed 5489 gives 3499211612 first and
     # 4123659995 as its 10000th output
@@ -65,6 +66,7 @@ def test_seed_is_kept_and_default_seed_is_random() -> None:
 
 # -- greedy ---------------------------------------------------------------------------------------
 
+
 def test_greedy_takes_first_maximum() -> None:
     x = torch.tensor([1.0, 5.0, -3.0, 5.0, 4.9])
     for temp in (0.0, -1.0):
@@ -78,8 +80,13 @@ def test_greedy_takes_first_maximum() -> None:
 
 def test_greedy_does_not_depend_on_seed_or_filters() -> None:
     x = torch.tensor([0.3, 2.0, 1.9, -1.0])
-    picks = {sampler(temp=0.0, seed=sd, top_k=tk, top_p=tp, min_p=mp).sample(x)
-             for sd in (1, 2, 3) for tk in (0, 1, 40) for tp in (0.1, 1.0) for mp in (0.0, 0.9)}
+    picks = {
+        sampler(temp=0.0, seed=sd, top_k=tk, top_p=tp, min_p=mp).sample(x)
+        for sd in (1, 2, 3)
+        for tk in (0, 1, 40)
+        for tp in (0.1, 1.0)
+        for mp in (0.0, 0.9)
+    }
     assert picks == {1}
 
 
@@ -151,14 +158,17 @@ def test_top_k_keeps_k_best(top_k: int, kept: set[int]) -> None:
     assert set(c) == {perm[i] for i in kept}
 
 
-@pytest.mark.parametrize("top_p, kept", [
-    (0.05, {0}),
-    (0.35, {0}),
-    (0.65, {0, 1}),  # cumulative 0.4, 0.7: the token that reaches p is kept, nothing after it
-    (0.85, {0, 1, 2}),
-    (0.95, {0, 1, 2, 3}),
-    (0.99, {0, 1, 2, 3, 4}),
-])
+@pytest.mark.parametrize(
+    "top_p, kept",
+    [
+        (0.05, {0}),
+        (0.35, {0}),
+        (0.65, {0, 1}),  # cumulative 0.4, 0.7: the token that reaches p is kept, nothing after it
+        (0.85, {0, 1, 2}),
+        (0.95, {0, 1, 2, 3}),
+        (0.99, {0, 1, 2, 3, 4}),
+    ],
+)
 def test_top_p_keeps_smallest_prefix_reaching_p(top_p: float, kept: set[int]) -> None:
     c = draw_counts(sampler(temp=1.0, top_k=0, top_p=top_p, min_p=0.0, seed=2), logits_of(P5), 3000)
     assert set(c) == kept, c
@@ -169,13 +179,16 @@ def test_top_p_renormalises_over_kept() -> None:
     assert abs(c[0] / 6000 - 0.4 / 0.7) < 0.03
 
 
-@pytest.mark.parametrize("min_p, kept", [
-    (0.05, {0, 1, 2, 3, 4}),  # threshold 0.020
-    (0.12, {0, 1, 2, 3}),  # threshold 0.048: 0.06 stays, 0.04 goes
-    (0.20, {0, 1, 2}),  # threshold 0.080
-    (0.60, {0, 1}),  # threshold 0.240
-    (0.90, {0}),  # threshold 0.360
-])
+@pytest.mark.parametrize(
+    "min_p, kept",
+    [
+        (0.05, {0, 1, 2, 3, 4}),  # threshold 0.020
+        (0.12, {0, 1, 2, 3}),  # threshold 0.048: 0.06 stays, 0.04 goes
+        (0.20, {0, 1, 2}),  # threshold 0.080
+        (0.60, {0, 1}),  # threshold 0.240
+        (0.90, {0}),  # threshold 0.360
+    ],
+)
 def test_min_p_keeps_tokens_above_fraction_of_max(min_p: float, kept: set[int]) -> None:
     c = draw_counts(sampler(temp=1.0, top_k=0, top_p=1.0, min_p=min_p, seed=4), logits_of(P5), 3000)
     assert set(c) == kept, c
@@ -191,6 +204,7 @@ def test_filters_apply_before_temperature() -> None:
 
 
 # -- penalties ------------------------------------------------------------------------------------
+
 
 def greedy(**kw: float) -> Sampler:
     return sampler(temp=0.0, **kw)
@@ -264,6 +278,7 @@ def test_frequency_and_presence_penalties() -> None:
 
 # -- the whole chain against a re-implementation of llama.cpp's loops ----------------------------
 
+
 def ref_chain(logits: np.ndarray, p: SamplerParams, stream: list[int]) -> int:
     """llama.cpp's top_k -> top_p -> min_p -> temp -> dist on float32, one step; pops 2 outputs."""
     f32 = np.float32
@@ -302,11 +317,14 @@ def ref_chain(logits: np.ndarray, p: SamplerParams, stream: list[int]) -> int:
     return cand[-1][1]
 
 
-@pytest.mark.parametrize("kw", [
-    dict(),  # llama.cpp's defaults: top_k 40, top_p 0.95, min_p 0.05, temp 0.8
-    dict(temp=1.3, top_k=0, top_p=0.9, min_p=0.0),
-    dict(temp=0.7, top_k=100, top_p=1.0, min_p=0.02),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),  # llama.cpp's defaults: top_k 40, top_p 0.95, min_p 0.05, temp 0.8
+        dict(temp=1.3, top_k=0, top_p=0.9, min_p=0.0),
+        dict(temp=0.7, top_k=100, top_p=1.0, min_p=0.02),
+    ],
+)
 def test_chain_matches_llama_cpp_draw_by_draw(kw: dict) -> None:
     rng = np.random.default_rng(2024)
     p = SamplerParams(seed=1234, **kw)

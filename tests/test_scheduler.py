@@ -29,8 +29,16 @@ def llama(tiny_llama_model: Model) -> Model:
 
 def make(model: Model, n_slots: int = 4, n_ctx: int = 1024, **kw: object) -> Scheduler:
     unified = bool(kw.pop("kv_unified", False))
-    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_slots, n_outputs_max=n_slots,
-                                       kv_unified=unified, n_batch=int(kw.pop("n_batch", 2048))))
+    ctx = Context(
+        model,
+        ContextParams(
+            n_ctx=n_ctx,
+            n_seq_max=n_slots,
+            n_outputs_max=n_slots,
+            kv_unified=unified,
+            n_batch=int(kw.pop("n_batch", 2048)),
+        ),
+    )
     return Scheduler(ctx, n_slots, **kw)  # type: ignore[arg-type]
 
 
@@ -192,8 +200,7 @@ def test_cancel_frees_the_slot_and_its_cells_within_one_iteration(gemma: Model) 
     rel = next(r for r in sch.releases if r.task == t.id)
     assert rel.reason == "cancelled" and rel.iteration - rel.cancel_iteration == 1
     drain(sch)
-    assert isinstance(col.final(other), Final) and not any(
-        isinstance(e, Final) and e.task is t for e in col.events)
+    assert isinstance(col.final(other), Final) and not any(isinstance(e, Final) and e.task is t for e in col.events)
 
 
 def test_stop_string_cuts_the_text_and_withholds_partial_matches(gemma: Model) -> None:

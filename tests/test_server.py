@@ -42,8 +42,7 @@ class Live:
         sock.bind(("127.0.0.1", 0))
         sock.listen(128)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                                    lifespan="off"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + 10
@@ -130,15 +129,19 @@ def test_health_is_503_while_the_model_loads(tiny: tuple[str, Scheduler]) -> Non
 def test_openai_text_completion_matches_native_completion(tiny: tuple[str, Scheduler]) -> None:
     url, _ = tiny
     client = oai(url)
-    r = client.completions.create(model="any", prompt="hello world", max_tokens=8, temperature=0,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="any", prompt="hello world", max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert r.object == "text_completion" and r.model == "any"
     assert (r.usage.completion_tokens, r.usage.prompt_tokens) == (8, 4)
     assert r.choices[0].finish_reason == "length"
     native = post(url, "/completion", {"prompt": "hello world", "n_predict": 8, **GREEDY}).json()
     assert native["content"] == r.choices[0].text and native["tokens_predicted"] == 8
-    chunks = list(client.completions.create(model="any", prompt="hello world", max_tokens=8,
-                                            temperature=0, stream=True, extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model="any", prompt="hello world", max_tokens=8, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
     assert chunks[-1].choices[0].finish_reason == "length"
 
@@ -149,15 +152,28 @@ def test_openai_chat_uses_the_gemma_template(tiny: tuple[str, Scheduler]) -> Non
     prompt = post(url, "/apply-template", {"messages": msgs}).json()["prompt"]
     assert prompt == "<start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\n"
     client = oai(url)
-    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0,  # type: ignore[arg-type]
-                                       extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        max_tokens=6,
+        temperature=0,  # type: ignore[arg-type]
+        extra_body={"ignore_eos": True},
+    )
     n_prompt = len(sch.vocab.tokenize(prompt, True, True))
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, 6)
     native = post(url, "/completion", {"prompt": prompt, "n_predict": 6, **GREEDY}).json()
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == native["content"]
-    stream = list(client.chat.completions.create(
-        model="tiny", messages=msgs, max_tokens=6, temperature=0, stream=True,  # type: ignore[arg-type]
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    stream = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=msgs,
+            max_tokens=6,
+            temperature=0,
+            stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert stream[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == native["content"]
     assert [c.choices[0].finish_reason for c in stream if c.choices][-1] == "length"
@@ -169,10 +185,30 @@ def test_native_completion_fields_stream_and_prompt_cache(tiny: tuple[str, Sched
     body = {"prompt": "the world is", "n_predict": 5, **GREEDY}
     full = post(url, "/completion", body).json()
     n_prompt = full["tokens_evaluated"]
-    assert {"index", "content", "tokens", "id_slot", "stop", "model", "tokens_predicted",
-            "tokens_evaluated", "generation_settings", "prompt", "has_new_line", "truncated",
-            "stop_type", "stopping_word", "tokens_cached", "timings"} <= set(full)
-    assert (full["stop"], full["stop_type"], full["truncated"], full["prompt"]) == (True, "limit", False, "the world is")
+    assert {
+        "index",
+        "content",
+        "tokens",
+        "id_slot",
+        "stop",
+        "model",
+        "tokens_predicted",
+        "tokens_evaluated",
+        "generation_settings",
+        "prompt",
+        "has_new_line",
+        "truncated",
+        "stop_type",
+        "stopping_word",
+        "tokens_cached",
+        "timings",
+    } <= set(full)
+    assert (full["stop"], full["stop_type"], full["truncated"], full["prompt"]) == (
+        True,
+        "limit",
+        False,
+        "the world is",
+    )
     assert full["tokens_cached"] == n_prompt + 5 - 1
     assert full["generation_settings"]["n_predict"] == 5
     events = sse_events(url, "/completion", {**body, "stream": True})
@@ -192,40 +228,58 @@ def test_stop_strings(tiny: tuple[str, Scheduler]) -> None:
     text = post(url, "/completion", {"prompt": "a b c", "n_predict": 12, **GREEDY}).json()["content"]
     word = text[len(text) // 2 : len(text) // 2 + 2]
     cut = text[: text.find(word)]
-    r = oai(url).completions.create(model="t", prompt="a b c", max_tokens=12, temperature=0, stop=[word],
-                                    extra_body={"ignore_eos": True})
+    r = oai(url).completions.create(
+        model="t", prompt="a b c", max_tokens=12, temperature=0, stop=[word], extra_body={"ignore_eos": True}
+    )
     assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
     native = post(url, "/completion", {"prompt": "a b c", "n_predict": 12, "stop": word, **GREEDY}).json()
     assert (native["content"], native["stop_type"], native["stopping_word"]) == (cut, "word", word)
-    events = sse_events(url, "/completion", {"prompt": "a b c", "n_predict": 12, "stop": [word], "stream": True, **GREEDY})
+    events = sse_events(
+        url, "/completion", {"prompt": "a b c", "n_predict": 12, "stop": [word], "stream": True, **GREEDY}
+    )
     assert "".join(e["content"] for e in events) == cut
 
 
 def test_logprobs(tiny: tuple[str, Scheduler]) -> None:
     url, _ = tiny
-    r = oai(url).chat.completions.create(model="t", messages=[{"role": "user", "content": "hi"}],
-                                         max_tokens=4, temperature=0, logprobs=True, top_logprobs=3,
-                                         extra_body={"ignore_eos": True})
+    r = oai(url).chat.completions.create(
+        model="t",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
     content = r.choices[0].logprobs.content  # type: ignore[union-attr]
     assert len(content) == 4 and all(len(c.top_logprobs) == 3 for c in content)
     assert all(c.logprob == c.top_logprobs[0].logprob <= 0 for c in content)  # greedy: the argmax
     assert b"".join(bytes(c.bytes) for c in content).decode("utf-8", "replace") == r.choices[0].message.content
     native = post(url, "/completion", {"prompt": "hi", "n_predict": 3, "n_probs": 2, **GREEDY}).json()
     probs = native["completion_probabilities"]
-    assert len(probs) == 3 and all(len(p["top_logprobs"]) == 2 and {"id", "token", "bytes", "logprob"} <= set(p)
-                                   for p in probs)
+    assert len(probs) == 3 and all(
+        len(p["top_logprobs"]) == 2 and {"id", "token", "bytes", "logprob"} <= set(p) for p in probs
+    )
     cmpl = post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 3, "logprobs": 2, **GREEDY}).json()
     assert len(cmpl["choices"][0]["logprobs"]["content"]) == 3
 
 
 def test_seed_and_several_choices(tiny: tuple[str, Scheduler]) -> None:
     url, sch = tiny
-    body = {"prompt": "hello", "n_predict": 8, "temperature": 5.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
-            "ignore_eos": True}
+    body = {
+        "prompt": "hello",
+        "n_predict": 8,
+        "temperature": 5.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "ignore_eos": True,
+    }
     a, b, c = (post(url, "/completion", {**body, "seed": s}).json()["content"] for s in (42, 42, 7))
     assert a == b != c
-    r = oai(url).completions.create(model="t", prompt="hello", max_tokens=3, temperature=0, n=2,
-                                    extra_body={"ignore_eos": True})
+    r = oai(url).completions.create(
+        model="t", prompt="hello", max_tokens=3, temperature=0, n=2, extra_body={"ignore_eos": True}
+    )
     assert [x.index for x in r.choices] == [0, 1] and r.choices[0].text == r.choices[1].text
     assert (r.usage.completion_tokens, r.usage.prompt_tokens) == (6, len(sch.vocab.tokenize("hello", True, True)))
     many = post(url, "/completion", {"prompt": ["hello", "world"], "n_predict": 2, **GREEDY}).json()
@@ -245,9 +299,15 @@ def test_exceed_context_size(tiny: tuple[str, Scheduler]) -> None:
     url, _ = tiny
     r = post(url, "/completion", {"prompt": [2] * 256, "n_predict": 4})
     assert r.status_code == 400
-    assert r.json() == {"error": {
-        "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 256, "n_ctx": 256,
-        "message": "request (256 tokens) exceeds the available context size (256 tokens), try increasing it"}}
+    assert r.json() == {
+        "error": {
+            "code": 400,
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 256,
+            "n_ctx": 256,
+            "message": "request (256 tokens) exceeds the available context size (256 tokens), try increasing it",
+        }
+    }
     with pytest.raises(openai.BadRequestError):
         oai(url).completions.create(model="t", prompt=[2] * 300, max_tokens=2)
     ok = post(url, "/completion", {"prompt": [2] * 255, "n_predict": 4}).json()
@@ -269,8 +329,13 @@ BAD = [  # path, body, status, error type, message fragment
     ("/completion", b"[1, 2]", 400, "invalid_request_error", "prompt"),
     ("/completion", {"n_predict": 4}, 400, "invalid_request_error", "prompt"),
     ("/completion", {"prompt": 5}, 400, "invalid_request_error", "prompt"),
-    ("/completion", {"prompt": "x", "n_predict": -5}, 400, "invalid_request_error",
-     "Field 'n_predict': Value must be between -1 <= value <= 2147483647, but got -5"),
+    (
+        "/completion",
+        {"prompt": "x", "n_predict": -5},
+        400,
+        "invalid_request_error",
+        "Field 'n_predict': Value must be between -1 <= value <= 2147483647, but got -5",
+    ),
     ("/completion", {"prompt": "x", "n_predict": 1e12}, 400, "invalid_request_error", "n_predict"),
     ("/completion", {"prompt": "x", "n_predict": "10"}, 400, "invalid_request_error", "n_predict"),
     ("/completion", {"prompt": "x", "temperature": "hot"}, 400, "invalid_request_error", "temperature"),
@@ -289,12 +354,27 @@ BAD = [  # path, body, status, error type, message fragment
     ("/v1/chat/completions", {"messages": "hi"}, 400, "invalid_request_error", "messages"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "invalid_request_error", "role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "invalid_request_error", "content"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     400, "invalid_request_error", "image_url"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
-     400, "invalid_request_error", "top_logprobs requires logprobs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
-     400, "invalid_request_error", "tools"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "invalid_request_error",
+        "image_url",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+        400,
+        "invalid_request_error",
+        "top_logprobs requires logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+        400,
+        "invalid_request_error",
+        "tools",
+    ),
     ("/tokenize", {"content": 5}, 400, "invalid_request_error", "content"),
     ("/detokenize", {"tokens": ["a"]}, 400, "invalid_request_error", "tokens"),
     ("/detokenize", {"tokens": [999999]}, 400, "invalid_request_error", "tokens"),
@@ -303,8 +383,9 @@ BAD = [  # path, body, status, error type, message fragment
 
 
 @pytest.mark.parametrize("path,body,status,kind,fragment", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
-def test_bad_input_is_a_4xx_with_llama_cpp_error_json(tiny: tuple[str, Scheduler], path: str, body: Any,
-                                                      status: int, kind: str, fragment: str) -> None:
+def test_bad_input_is_a_4xx_with_llama_cpp_error_json(
+    tiny: tuple[str, Scheduler], path: str, body: Any, status: int, kind: str, fragment: str
+) -> None:
     r = post(tiny[0], path, body)
     assert r.status_code == status
     err = r.json()["error"]
@@ -354,8 +435,14 @@ def _stream_text(url: str, prompt: str, n: int, barrier: threading.Barrier | Non
     client = oai(url)
     if barrier is not None:
         barrier.wait()
-    chunks = client.completions.create(model="t", prompt=prompt, max_tokens=n, temperature=0, stream=True,
-                                       extra_body={"ignore_eos": True, "cache_prompt": barrier is not None})
+    chunks = client.completions.create(
+        model="t",
+        prompt=prompt,
+        max_tokens=n,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, "cache_prompt": barrier is not None},
+    )
     out[i] = "".join(c.choices[0].text for c in chunks)
 
 
@@ -381,8 +468,10 @@ def test_four_concurrent_streams_share_each_decode(tiny: tuple[str, Scheduler]) 
 def test_sixteen_clients_against_four_slots(tiny: tuple[str, Scheduler]) -> None:
     url, _ = tiny
     prompts = [f"hello {'world ' * (i % 5)}{chr(97 + i)}" for i in range(16)]
-    ref = [post(url, "/completion", {"prompt": p, "n_predict": 10, "cache_prompt": False, **GREEDY}).json()
-           for p in prompts]
+    ref = [
+        post(url, "/completion", {"prompt": p, "n_predict": 10, "cache_prompt": False, **GREEDY}).json()
+        for p in prompts
+    ]
     first_iter = httpx.get(url + "/iterations").json()["iteration"]
     results: list[Any] = [None] * 16
     barrier = threading.Barrier(16)
@@ -392,12 +481,20 @@ def test_sixteen_clients_against_four_slots(tiny: tuple[str, Scheduler]) -> None
         barrier.wait()
         if i % 2:
             events = sse_events(url, "/completion", {**body, "stream": True})
-            results[i] = {"content": "".join(e["content"] for e in events), "n": events[-1]["tokens_predicted"],
-                          "n_prompt": events[-1]["tokens_evaluated"], "finals": sum(e["stop"] for e in events)}
+            results[i] = {
+                "content": "".join(e["content"] for e in events),
+                "n": events[-1]["tokens_predicted"],
+                "n_prompt": events[-1]["tokens_evaluated"],
+                "finals": sum(e["stop"] for e in events),
+            }
         else:
             r = post(url, "/completion", body).json()
-            results[i] = {"content": r["content"], "n": r["tokens_predicted"], "n_prompt": r["tokens_evaluated"],
-                          "finals": 1}
+            results[i] = {
+                "content": r["content"],
+                "n": r["tokens_predicted"],
+                "n_prompt": r["tokens_evaluated"],
+                "finals": 1,
+            }
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
     for t in threads:
@@ -407,7 +504,11 @@ def test_sixteen_clients_against_four_slots(tiny: tuple[str, Scheduler]) -> None
     for i, r in enumerate(results):
         assert r is not None, f"client {i} got no response"
         assert (r["content"], r["n"], r["n_prompt"], r["finals"]) == (
-            ref[i]["content"], 10, ref[i]["tokens_evaluated"], 1)
+            ref[i]["content"],
+            10,
+            ref[i]["tokens_evaluated"],
+            1,
+        )
     info = httpx.get(url + "/iterations").json()
     records = [r for r in info["records"] if r["index"] > first_iter]
     assert max(r["n_queued"] for r in records) > 0  # requests waited for a slot
@@ -422,8 +523,9 @@ def test_disconnect_mid_stream_frees_the_slot(tiny: tuple[str, Scheduler]) -> No
     url, _ = tiny
     cancelled = metric(url, "ubatch:requests_cancelled_total")
     with httpx.Client(timeout=30) as client:
-        with client.stream("POST", url + "/completion",
-                           json={"prompt": "hello", "n_predict": 200, "stream": True, **GREEDY}) as r:
+        with client.stream(
+            "POST", url + "/completion", json={"prompt": "hello", "n_predict": 200, "stream": True, **GREEDY}
+        ) as r:
             lines = r.iter_lines()
             first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
             slot = first["id_slot"]
@@ -442,8 +544,27 @@ def test_disconnect_mid_stream_frees_the_slot(tiny: tuple[str, Scheduler]) -> No
 
 
 def test_cli_server_subprocess(tiny_gemma: Path) -> None:
-    cmd = [sys.executable, "-m", "ubatch.cli.main", "server", "-m", str(tiny_gemma), "-np", "2",
-           "-c", "512", "--port", "0", "--api-key", "k1", "--metrics", "-a", "tiny", "-t", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ubatch.cli.main",
+        "server",
+        "-m",
+        str(tiny_gemma),
+        "-np",
+        "2",
+        "-c",
+        "512",
+        "--port",
+        "0",
+        "--api-key",
+        "k1",
+        "--metrics",
+        "-a",
+        "tiny",
+        "-t",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
@@ -468,8 +589,13 @@ def test_cli_server_subprocess(tiny_gemma: Path) -> None:
         auth = {"Authorization": "Bearer k1"}
         props = httpx.get(url + "/props", headers=auth).json()
         assert (props["total_slots"], props["default_generation_settings"]["n_ctx"]) == (2, 256)
-        r = oai(url, "k1").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                    max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+        r = oai(url, "k1").chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         assert r.usage.completion_tokens == 3 and r.model == "tiny"
         assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "tiny"
         assert "llamacpp:n_decode_total" in httpx.get(url + "/metrics", headers=auth).text
@@ -484,8 +610,9 @@ def test_cli_server_subprocess(tiny_gemma: Path) -> None:
 
 
 def test_cli_rejects_zero_slots() -> None:
-    r = subprocess.run([sys.executable, "-m", "ubatch.cli.main", "server", "-np", "0"], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "ubatch.cli.main", "server", "-np", "0"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1 and "invalid value for n_parallel" in r.stderr
 
 
@@ -512,7 +639,9 @@ def test_default_model_chat_end_to_end(default_model_path: Path) -> None:
         assert r.choices[0].message.content == ref and r.usage.prompt_tokens == len(ids)
         out, barrier = ["", ""], threading.Barrier(2)
         prompts = ["The capital of France is", "Once upon a time"]
-        threads = [threading.Thread(target=_stream_text, args=(url, p, 6, barrier, out, i)) for i, p in enumerate(prompts)]
+        threads = [
+            threading.Thread(target=_stream_text, args=(url, p, 6, barrier, out, i)) for i, p in enumerate(prompts)
+        ]
         for t in threads:
             t.start()
         for t in threads:

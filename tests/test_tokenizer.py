@@ -9,16 +9,16 @@ from pathlib import Path
 
 import gguf
 import pytest
+from tiny_vocab import BOS, BYTE0, END_OF_TURN, EOS, NEWLINE, START_OF_TURN, UNK, piece_id, tiny_spm_vocab
 
-from tiny_vocab import BOS, BYTE0, END_OF_TURN, EOS, NEWLINE, START_OF_TURN, UNK, piece_id
-from tiny_vocab import tiny_spm_vocab
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.gguf_file import open_gguf
 from ubatch.engine.token_stream import TokenStreamer
 from ubatch.engine.vocab import Vocab
 
-REF_ROWS = [json.loads(line) for line in
-            (Path(__file__).parent / "refdata" / "tokenize.jsonl").read_text().splitlines()]
+REF_ROWS = [
+    json.loads(line) for line in (Path(__file__).parent / "refdata" / "tokenize.jsonl").read_text().splitlines()
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,11 @@ def test_every_reference_string_matches_llama_cpp(gemma: Vocab, variant: str) ->
     def ours(text: str, ids_nobos: list[int]) -> object:
         if variant == "detok":
             return gemma.detokenize(ids_nobos)
-        add_special, parse_special = {"ids_special": (True, True), "ids_plain": (True, False),
-                                      "ids_nobos": (False, False)}[variant]
+        add_special, parse_special = {
+            "ids_special": (True, True),
+            "ids_plain": (True, False),
+            "ids_nobos": (False, False),
+        }[variant]
         return gemma.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     bad = [r["text"] for r in REF_ROWS if ours(r["text"], r["ids_nobos"]) != r[variant]]
@@ -54,8 +57,7 @@ TABLE = [  # reference/gguf-models.md §7 (BOS on, parse_special on unless state
     ("Hello  world", True, True, [2, 9259, 138, 12392]),
     ("Hello   world\n\nBye", True, True, [2, 9259, 139, 12392, 108, 98874]),
     ("The capital of France is", True, True, [2, 818, 5279, 529, 7001, 563]),
-    ("1234567890", True, True,
-     [2, 236770, 236778, 236800, 236812, 236810, 236825, 236832, 236828, 236819, 236771]),
+    ("1234567890", True, True, [2, 236770, 236778, 236800, 236812, 236810, 236825, 236832, 236828, 236819, 236771]),
     ("naïve café 日本語 🙂", True, True, [2, 1789, 238527, 560, 33443, 33375, 238582, 57235]),
     ("\t\tindent", True, True, [2, 255969, 32699]),
     ("a\nb\n\n\nc", True, True, [2, 236746, 107, 236763, 109, 236755]),
@@ -63,13 +65,19 @@ TABLE = [  # reference/gguf-models.md §7 (BOS on, parse_special on unless state
     (" ", True, True, [2, 236743]),
     ("\x00\x01", True, True, [2, 238, 249732]),
     ("x<end_of_turn>y", True, True, [2, 236781, 106, 236762]),
-    ("x<end_of_turn>y", False, False,
-     [236781, 236820, 643, 236779, 1340, 236779, 887, 236813, 236762]),
-    ("<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n", True, True,
-     [2, 105, 2364, 107, 3689, 563, 236743, 236778, 236862, 236778, 236881, 106, 107, 105, 4368,
-      107]),
-    ("<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\n", True, True,
-     [2, 105, 2364, 107, 3912, 8652, 236761, 108, 10979, 993, 106, 107, 105, 4368, 107]),
+    ("x<end_of_turn>y", False, False, [236781, 236820, 643, 236779, 1340, 236779, 887, 236813, 236762]),
+    (
+        "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+        True,
+        True,
+        [2, 105, 2364, 107, 3689, 563, 236743, 236778, 236862, 236778, 236881, 106, 107, 105, 4368, 107],
+    ),
+    (
+        "<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\n",
+        True,
+        True,
+        [2, 105, 2364, 107, 3912, 8652, 236761, 108, 10979, 993, 106, 107, 105, 4368, 107],
+    ),
     ("<start_of_turn>", False, False, [236820, 3041, 236779, 1340, 236779, 887, 236813]),
     ("</s>", True, True, [2, 212]),
     ("</s>", False, False, [954, 236751, 236813]),
@@ -79,8 +87,7 @@ TABLE = [  # reference/gguf-models.md §7 (BOS on, parse_special on unless state
 
 @pytest.mark.slow
 @pytest.mark.parametrize("text, add_special, parse_special, ids", TABLE)
-def test_reference_table(gemma: Vocab, text: str, add_special: bool, parse_special: bool,
-                         ids: list[int]) -> None:
+def test_reference_table(gemma: Vocab, text: str, add_special: bool, parse_special: bool, ids: list[int]) -> None:
     assert gemma.tokenize(text, add_special, parse_special) == ids
 
 
@@ -121,8 +128,7 @@ def test_streamer_holds_back_characters_split_over_byte_tokens(gemma: Vocab) -> 
 def test_python_merge_loop_agrees_with_sentencepiece(gemma: Vocab, gemma_metadata: dict) -> None:
     py = Vocab.from_metadata(gemma_metadata, "gemma-3-270m", use_sentencepiece=False)
     rng = random.Random(0)
-    mixed = "".join(rng.choice(["the", " ", "  ", "\n", "日本", "🙂", "<end_of_turn>", "é", "x"])
-                    for _ in range(3000))
+    mixed = "".join(rng.choice(["the", " ", "  ", "\n", "日本", "🙂", "<end_of_turn>", "é", "x"]) for _ in range(3000))
     for text in [r["text"] for r in REF_ROWS] + [mixed]:
         for flags in [(True, True), (False, False)]:
             assert py.tokenize(text, *flags) == gemma.tokenize(text, *flags), text
@@ -130,8 +136,9 @@ def test_python_merge_loop_agrees_with_sentencepiece(gemma: Vocab, gemma_metadat
 
 @pytest.mark.slow
 def test_a_5000_token_prompt_tokenizes_quickly(gemma: Vocab) -> None:
-    text = "".join(f"<start_of_turn>user\nItem {i}: the number {i} squared is {i * i}.\n"
-                   f"<end_of_turn>\n" for i in range(250))
+    text = "".join(
+        f"<start_of_turn>user\nItem {i}: the number {i} squared is {i * i}.\n<end_of_turn>\n" for i in range(250)
+    )
     t0 = time.perf_counter()
     ids = gemma.tokenize(text, parse_special=True)
     assert len(ids) > 5000 and time.perf_counter() - t0 < 0.25
@@ -140,8 +147,7 @@ def test_a_5000_token_prompt_tokenizes_quickly(gemma: Vocab) -> None:
 # ---- a tiny vocabulary worked by hand ----------------------------------------------------------
 
 
-def write_vocab(path: Path, model: str = "llama", add_space_prefix: bool = True,
-                drop_bytes: bool = False) -> Path:
+def write_vocab(path: Path, model: str = "llama", add_space_prefix: bool = True, drop_bytes: bool = False) -> Path:
     tokens, scores, types = tiny_spm_vocab()
     if drop_bytes:
         keep = [i for i, t in enumerate(types) if t != 6]
@@ -184,8 +190,7 @@ def test_tiny_vocab_special_tokens_and_space_prefix(tmp_path: Path) -> None:
     v, p = tiny(tmp_path), piece_id
     text = "<start_of_turn>the<end_of_turn>\nhello"
     # a space is prefixed at the start and after every special token, "\n" (user-defined) too
-    assert v.tokenize(text, parse_special=True) == [
-        BOS, START_OF_TURN, p("▁the"), END_OF_TURN, NEWLINE, p("▁hello")]
+    assert v.tokenize(text, parse_special=True) == [BOS, START_OF_TURN, p("▁the"), END_OF_TURN, NEWLINE, p("▁hello")]
     plain = v.tokenize(text, parse_special=False)
     assert START_OF_TURN not in plain and END_OF_TURN not in plain and NEWLINE in plain
     assert (v.eot, v.eog) == (END_OF_TURN, {EOS, END_OF_TURN})
@@ -225,8 +230,7 @@ def test_vocab_without_byte_tokens_uses_the_python_loop(tmp_path: Path) -> None:
     assert ids == [p("▁the") - 256, p("▁world") - 256, p("▁") - 256, unk, unk]
 
 
-@pytest.mark.parametrize("model, words", [("gpt2", "BPE"), ("bert", "WordPiece"),
-                                          ("t5", "Unigram"), ("rwkv", "RWKV")])
+@pytest.mark.parametrize("model, words", [("gpt2", "BPE"), ("bert", "WordPiece"), ("t5", "Unigram"), ("rwkv", "RWKV")])
 def test_unsupported_tokenizer_is_a_load_error(tmp_path: Path, model: str, words: str) -> None:
     with pytest.raises(ModelLoadError, match=rf"tiny\.gguf: tokenizer '{model}' \({words}\)"):
         tiny(tmp_path, model=model)

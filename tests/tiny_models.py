@@ -11,7 +11,6 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
-
 from tiny_vocab import tiny_spm_vocab
 
 K_TYPES = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
@@ -116,10 +115,15 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     for il in range(s.n_layer):
         p = f"blk.{il}."
         w.add_tensor(p + "attn_norm.weight", norm(s.n_embd))
-        for name, (r, c) in {"attn_q": (qd, s.n_embd), "attn_k": (kvd, s.n_embd),
-                             "attn_v": (kvd, s.n_embd), "attn_output": (s.n_embd, qd),
-                             "ffn_gate": (s.n_ff, s.n_embd), "ffn_up": (s.n_ff, s.n_embd),
-                             "ffn_down": (s.n_embd, s.n_ff)}.items():
+        for name, (r, c) in {
+            "attn_q": (qd, s.n_embd),
+            "attn_k": (kvd, s.n_embd),
+            "attn_v": (kvd, s.n_embd),
+            "attn_output": (s.n_embd, qd),
+            "ffn_gate": (s.n_ff, s.n_embd),
+            "ffn_up": (s.n_ff, s.n_embd),
+            "ffn_down": (s.n_embd, s.n_ff),
+        }.items():
             _tensor(w, p + name + ".weight", mat(r, c), next_type(c), rng)
         w.add_tensor(p + "ffn_norm.weight", norm(s.n_embd))
         if s.arch == "gemma3":

@@ -12,11 +12,17 @@ BYTE0 = 7
 # GGUF token types
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 
-SPECIALS = [("<pad>", CONTROL), ("<eos>", CONTROL), ("<bos>", CONTROL), ("<unk>", UNKNOWN),
-            ("<start_of_turn>", CONTROL), ("<end_of_turn>", CONTROL), ("\n", USER_DEFINED)]
+SPECIALS = [
+    ("<pad>", CONTROL),
+    ("<eos>", CONTROL),
+    ("<bos>", CONTROL),
+    ("<unk>", UNKNOWN),
+    ("<start_of_turn>", CONTROL),
+    ("<end_of_turn>", CONTROL),
+    ("\n", USER_DEFINED),
+]
 # Multi-character pieces, best first: "▁the" needs "▁t" + "he"; "▁world" needs "▁wor" + "ld".
-MERGED = ["▁t", "he", "▁the", "▁a", "in", "er", "▁w", "or", "ld", "▁wor", "▁world",
-          "ll", "▁h", "▁he", "llo", "▁hello"]
+MERGED = ["▁t", "he", "▁the", "▁a", "in", "er", "▁w", "or", "ld", "▁wor", "▁world", "ll", "▁h", "▁he", "llo", "▁hello"]
 SINGLE = ["▁", *"abcdefghijklmnopqrstuvwxyz", *".,!?'-_<>/0123456789"]
 
 

@@ -28,18 +28,38 @@ from .engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
 
 
 class Llama:
-    def __init__(self, model_path: str | Path | None = None, *, n_ctx: int = 512, n_batch: int = 512,
-                 n_ubatch: int = 512, n_seq_max: int = 1, n_threads: int | None = None,
-                 seed: int = LLAMA_DEFAULT_SEED, logits_all: bool = False, type_k: str = "f16",
-                 type_v: str = "f16", verbose: bool = False, backend: str = "auto",
-                 **_ignored: Any) -> None:
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        n_ctx: int = 512,
+        n_batch: int = 512,
+        n_ubatch: int = 512,
+        n_seq_max: int = 1,
+        n_threads: int | None = None,
+        seed: int = LLAMA_DEFAULT_SEED,
+        logits_all: bool = False,
+        type_k: str = "f16",
+        type_v: str = "f16",
+        verbose: bool = False,
+        backend: str = "auto",
+        **_ignored: Any,
+    ) -> None:
         self.model_path = str(model_path or default_model_path())
         self.model = Model.load(self.model_path)
         self.vocab = self.model.vocab
         # n_outputs_max as llama-server sets it: every row only when all logits are wanted
-        params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
-                               n_threads=n_threads or 0, type_k=type_k, type_v=type_v,
-                               n_outputs_max=0 if logits_all else n_seq_max, backend=backend)
+        params = ContextParams(
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_ubatch=n_ubatch,
+            n_seq_max=n_seq_max,
+            n_threads=n_threads or 0,
+            type_k=type_k,
+            type_v=type_v,
+            n_outputs_max=0 if logits_all else n_seq_max,
+            backend=backend,
+        )
         self.ctx = Context(self.model, params)
         self.ctx.warmup()
         self.seed = seed
@@ -67,8 +87,7 @@ class Llama:
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         return self.vocab.tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
 
-    def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None,
-                   special: bool = False) -> bytes:
+    def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes:
         out = b"".join(self.vocab.token_to_piece(t, special) for t in tokens)
         # as llama-cpp-python: a leading BOS drops the space an SPM tokenizer put before the text
         if tokens and tokens[0] == self.vocab.bos and out[:1] == b" ":
@@ -105,15 +124,41 @@ class Llama:
         self.n_tokens = common
         self.eval(prompt[common:])
 
-    def create_completion(self, prompt: str | list[int], suffix: str | None = None,
-                          max_tokens: int | None = 16, temperature: float = 0.8, top_p: float = 0.95,
-                          min_p: float = 0.05, typical_p: float = 1.0, logprobs: int | None = None,
-                          echo: bool = False, stop: str | list[str] | None = None,
-                          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                          repeat_penalty: float = 1.0, top_k: int = 40, stream: bool = False,
-                          seed: int | None = None, **_ignored: Any) -> Any:
-        chunks = self._completion(prompt, max_tokens, temperature, top_p, min_p, logprobs, echo, stop,
-                                  frequency_penalty, presence_penalty, repeat_penalty, top_k, seed)
+    def create_completion(
+        self,
+        prompt: str | list[int],
+        suffix: str | None = None,
+        max_tokens: int | None = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        logprobs: int | None = None,
+        echo: bool = False,
+        stop: str | list[str] | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        top_k: int = 40,
+        stream: bool = False,
+        seed: int | None = None,
+        **_ignored: Any,
+    ) -> Any:
+        chunks = self._completion(
+            prompt,
+            max_tokens,
+            temperature,
+            top_p,
+            min_p,
+            logprobs,
+            echo,
+            stop,
+            frequency_penalty,
+            presence_penalty,
+            repeat_penalty,
+            top_k,
+            seed,
+        )
         if stream:
             return chunks
         text, lps, final = "", [], None
@@ -131,36 +176,62 @@ class Llama:
 
     __call__ = create_completion
 
-    def _completion(self, prompt: str | list[int], max_tokens: int | None, temperature: float,
-                    top_p: float, min_p: float, logprobs: int | None, echo: bool,
-                    stop: str | list[str] | None, frequency_penalty: float, presence_penalty: float,
-                    repeat_penalty: float, top_k: int, seed: int | None) -> Iterator[dict[str, Any]]:
+    def _completion(
+        self,
+        prompt: str | list[int],
+        max_tokens: int | None,
+        temperature: float,
+        top_p: float,
+        min_p: float,
+        logprobs: int | None,
+        echo: bool,
+        stop: str | list[str] | None,
+        frequency_penalty: float,
+        presence_penalty: float,
+        repeat_penalty: float,
+        top_k: int,
+        seed: int | None,
+    ) -> Iterator[dict[str, Any]]:
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         ids = prompt if isinstance(prompt, list) else self.vocab.tokenize(prompt, True, True)
         check_prompt_fits(self.ctx, len(ids))
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         limit = -1 if max_tokens is None or max_tokens <= 0 else max_tokens  # -1: until the context is full
-        sampler = Sampler(SamplerParams(temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                        seed=self.seed if seed is None else seed,
-                                        repeat_penalty=repeat_penalty,
-                                        frequency_penalty=frequency_penalty,
-                                        presence_penalty=presence_penalty))
+        sampler = Sampler(
+            SamplerParams(
+                temp=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                min_p=min_p,
+                seed=self.seed if seed is None else seed,
+                repeat_penalty=repeat_penalty,
+                frequency_penalty=frequency_penalty,
+                presence_penalty=presence_penalty,
+            )
+        )
         self._prefix_eval(ids)
 
         def chunk(text: str, finish: str | None, lp: dict[str, Any] | None = None) -> dict[str, Any]:
-            return {"id": cid, "object": "text_completion", "created": created,
-                    "model": self.model_path,
-                    "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}],
-                    "usage": {"prompt_tokens": len(ids), "completion_tokens": n_gen,
-                              "total_tokens": len(ids) + n_gen}}
+            return {
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": self.model_path,
+                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": n_gen, "total_tokens": len(ids) + n_gen},
+            }
 
         n_gen, emitted = 0, 0
         if echo:
             yield chunk(self.vocab.detokenize(ids), None)
         cache = self.input_ids[: self.n_tokens].tolist()
-        gen = Generation(self.vocab, sampler, GenerationParams(n_predict=limit, stop=stops,
-                                                               n_probs=0 if logprobs is None else max(logprobs, 1)),
-                         self.ctx.n_ctx, cache)
+        gen = Generation(
+            self.vocab,
+            sampler,
+            GenerationParams(n_predict=limit, stop=stops, n_probs=0 if logprobs is None else max(logprobs, 1)),
+            self.ctx.n_ctx,
+            cache,
+        )
         gen.accept_prompt(ids)
         while True:
             step = gen.sample(self._last_logits)
@@ -182,8 +253,13 @@ class Llama:
 
     def _logprobs(self, prob: TokenProb, offset: int) -> dict[str, Any]:
         """One token's entry of llama-cpp-python's `logprobs` (text pieces, not token ids)."""
+
         def text(piece: bytes) -> str:
             return piece.decode("utf-8", errors="replace")
 
-        return {"tokens": [text(prob.piece)], "token_logprobs": [prob.logprob],
-                "top_logprobs": [{text(p): lp for _, p, lp in prob.top}], "text_offset": [offset]}
+        return {
+            "tokens": [text(prob.piece)],
+            "token_logprobs": [prob.logprob],
+            "top_logprobs": [{text(p): lp for _, p, lp in prob.top}],
+            "text_offset": [offset],
+        }
