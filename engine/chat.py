@@ -17,9 +17,8 @@ cache does not hold yet are decoded:
 * A sliding-window cache may have overwritten the cells a shortened prefix needs; then the
   whole conversation is prefilled again (llama-server: "forcing full prompt re-processing").
 
-When the conversation no longer fits: with ctx_shift, the oldest exchanges are dropped (the
-system prompt stays) and, within an answer, llama.cpp's context shift runs where the cache
-allows it (every cache full-size); without it, the turn is refused with a ContextFullError.
+A conversation that no longer fits is refused (ContextFullError), or with ctx_shift loses its
+oldest exchanges (and shifts within an answer where every cache is full-size).
 """
 
 from __future__ import annotations
@@ -65,9 +64,7 @@ class ChatSession:
         self._stream: list[int] | None = None  # conversation tokens: cache + pending; None: re-render
         self._pending = 0  # sampled answer tokens at the end of _stream that are not decoded
         self._prev_text: str | None = None  # the formatted prompt of the last turn
-        self._n_keep_first = 0
-        self._dirty = False
-        self._undo: tuple[Any, ...] | None = None
+        self._n_keep_first, self._dirty, self._undo = 0, False, None  # _undo: state before /regen
         self.clear()
 
     @property
@@ -104,17 +101,17 @@ class ChatSession:
         self.tokens = self.tokens[:n]
         return n
 
-    # -- planning a turn ----------------------------------------------------------------------
+    # -- what a turn brings into the cache --------------------------------------------------------
     def _tokenize(self, text: str, add_special: bool) -> list[int]:
         return self.vocab.tokenize(text, add_special=add_special, parse_special=True)
 
-    def _plan(self, text: str) -> TurnInput:
+    def _turn_input(self, text: str) -> TurnInput:
         if not text.strip():
             raise ChatInputError("empty message: type something (or /exit to leave)")
         user = {"role": "user", "content": text}
         msgs = self.messages + [user]
         full = self.template.apply(msgs, True)
-        plan = None
+        turn = None
         reprocess = "" if self._stream is None and not self.tokens else "the conversation was re-rendered"
         if (
             self._stream is not None
@@ -127,21 +124,21 @@ class ChatSession:
             if s.count(SENTINEL) == 1 and s[:i] == self._prev_text:
                 tail = s[i + len(SENTINEL) :]
                 new = self._tokenize(tail, add_special=False)
-                plan = TurnInput(msgs, full, self._stream + new, self._pending + len(new), tail)
+                turn = TurnInput(msgs, full, self._stream + new, self._pending + len(new), tail)
             else:
                 reprocess = "the template renders the history differently now"
-        if plan is None:
+        if turn is None:
             toks = self._tokenize(full, add_special=True)
-            plan = TurnInput(msgs, full, toks, len(toks), full, reprocess)
-        if len(plan.target) > self.n_ctx - 4:
-            plan = self._make_room(user, plan)
-        return plan
+            turn = TurnInput(msgs, full, toks, len(toks), full, reprocess)
+        if len(turn.target) > self.n_ctx - 4:
+            turn = self._make_room(user, turn)
+        return turn
 
-    def _make_room(self, user: dict[str, Any], plan: TurnInput) -> TurnInput:
+    def _make_room(self, user: dict[str, Any], turn: TurnInput) -> TurnInput:
         n_ctx = self.n_ctx
         if not self.ctx_shift:
             raise ContextFullError(
-                f"the conversation would take {len(plan.target)} tokens but the context holds {n_ctx}: "
+                f"the conversation would take {len(turn.target)} tokens but the context holds {n_ctx}: "
                 "/clear to start over, or restart with a larger -c or with --context-shift"
             )
         head = self.messages[:1] if self.messages and self.messages[0]["role"] == "system" else []
@@ -167,7 +164,7 @@ class ChatSession:
             toks,
             len(toks),
             text,
-            f"dropped the {dropped} oldest messages to make room" if dropped else plan.reprocess,
+            f"dropped the {dropped} oldest messages to make room" if dropped else turn.reprocess,
             dropped,
         )
 
@@ -184,16 +181,16 @@ class ChatSession:
         if self._dirty:  # an earlier turn was cut off during its own bookkeeping
             self._reset_cache()
             self._stream = None
-        plan = self._plan(text)
-        return self._run(plan, progress)
+        turn = self._turn_input(text)
+        return self._run(turn, progress)
 
-    def _run(self, plan: TurnInput, progress: Callable[[int, int], None] | None) -> Iterator[str]:
-        n_common = min(common_prefix(self.tokens, plan.target), len(plan.target) - 1)
+    def _run(self, turn: TurnInput, progress: Callable[[int, int], None] | None) -> Iterator[str]:
+        n_common = min(common_prefix(self.tokens, turn.target), len(turn.target) - 1)
         kept = self._truncate(n_common)
         if kept < n_common:
-            plan.reprocess = "the sliding-window cache no longer holds the tokens the prefix needs"
+            turn.reprocess = "the sliding-window cache no longer holds the tokens the prefix needs"
         if self.keep < 0:
-            n_keep = len(plan.target) if self.turns == 0 else self._n_keep_first
+            n_keep = len(turn.target) if self.turns == 0 else self._n_keep_first
         else:
             n_keep = self.keep + int(self.vocab.add_bos)
         n_keep = min(n_keep, self.n_ctx - 4)
@@ -202,15 +199,15 @@ class ChatSession:
         self.turns += 1
         self.last = TurnStats(
             turn=self.turns,
-            n_turn=plan.n_turn,
+            n_turn=turn.n_turn,
             n_reused=kept,
-            n_dropped=plan.n_dropped,
-            reprocess=plan.reprocess,
-            prompt_text=plan.text,
-            turn_text=plan.turn_text,
+            n_dropped=turn.n_dropped,
+            reprocess=turn.reprocess,
+            prompt_text=turn.text,
+            turn_text=turn.turn_text,
         )
         st = CompletionStats()
-        cache = list(plan.target[:kept])  # kept equal to the sequence's cells by the generation
+        cache = list(turn.target[:kept])  # kept equal to the sequence's cells by the generation
         sampled: list[int] = []
         pieces: list[str] = []
         completed = False
@@ -218,7 +215,7 @@ class ChatSession:
         try:
             for ev in complete(
                 self.ctx,
-                plan.target[kept:],
+                turn.target[kept:],
                 self.n_predict,
                 self.sampler,
                 st,
@@ -237,11 +234,11 @@ class ChatSession:
                     yield ev.text
             completed = True
         finally:
-            self._finish(plan, kept, st, cache, sampled, "".join(pieces), completed)
+            self._finish(turn, kept, st, cache, sampled, "".join(pieces), completed)
 
     def _finish(
         self,
-        plan: TurnInput,
+        turn: TurnInput,
         kept: int,
         st: CompletionStats,
         seq: list[int],
@@ -256,7 +253,7 @@ class ChatSession:
         ts.stop_reason = st.stop_reason if completed else "interrupted"
         undo, self._undo = self._undo, None
         if st.n_past == 0:  # stopped before the prompt was in: the turn did not happen
-            self.tokens = plan.target[:kept]
+            self.tokens = turn.target[:kept]
             self._truncate(kept)
             ts.n_prompt, ts.n_past = 0, len(self.tokens)
             self.turns -= 1
@@ -277,8 +274,8 @@ class ChatSession:
         else:  # the cache state is unknown: start the next turn from an empty cache
             self.ctx.memory.seq_rm(self.seq_id, -1, -1)
             self.tokens, self._stream, self._pending = [], None, 0
-        self.messages = plan.messages + [{"role": "assistant", "content": answer}]
-        self._prev_text = plan.text
+        self.messages = turn.messages + [{"role": "assistant", "content": answer}]
+        self._prev_text = turn.text
         ts.n_gen, ts.n_past, ts.answer = len(sampled), len(self.tokens), answer
         self.n_generated += len(sampled)
         self._dirty = False

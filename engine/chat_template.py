@@ -28,47 +28,12 @@ BUILTIN_TEMPLATES = ("chatml", "gemma", "llama3")
 JINJA = "jinja"  # detect_template's answer for a template only Jinja can render
 
 # llama.cpp's other built-in names (src/llama-chat.cpp): recognised, so the error can say so
-_LLAMA_CPP_ONLY = (
-    "llama2",
-    "llama2-sys",
-    "llama2-sys-bos",
-    "llama2-sys-strip",
-    "mistral-v1",
-    "mistral-v3",
-    "mistral-v3-tekken",
-    "mistral-v7",
-    "mistral-v7-tekken",
-    "phi3",
-    "phi4",
-    "falcon3",
-    "zephyr",
-    "monarch",
-    "orion",
-    "openchat",
-    "vicuna",
-    "vicuna-orca",
-    "deepseek",
-    "deepseek2",
-    "deepseek3",
-    "command-r",
-    "chatglm3",
-    "chatglm4",
-    "glmedge",
-    "minicpm",
-    "exaone3",
-    "exaone4",
-    "rwkv-world",
-    "granite",
-    "gigachat",
-    "megrez",
-    "yandex",
-    "bailing",
-    "llama4",
-    "smolvlm",
-    "hunyuan-moe",
-    "gpt-oss",
-    "kimi-k2",
-    "seed_oss",
+_LLAMA_CPP_ONLY = tuple(
+    "llama2 llama2-sys llama2-sys-bos llama2-sys-strip mistral-v1 mistral-v3 mistral-v3-tekken "
+    "mistral-v7 mistral-v7-tekken phi3 phi4 falcon3 zephyr monarch orion openchat vicuna vicuna-orca "
+    "deepseek deepseek2 deepseek3 command-r chatglm3 chatglm4 glmedge minicpm exaone3 exaone4 "
+    "rwkv-world granite gigachat megrez yandex bailing llama4 smolvlm hunyuan-moe gpt-oss kimi-k2 "
+    "seed_oss".split()
 )
 
 

@@ -13,7 +13,6 @@ Nothing here prints: callers read events, `records` (per iteration) and `stats`.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import torch
 
 from .batch import Batch
 from .context import Context
+from .engine_thread import EngineThread
 from .generation import Generation, GenerationParams
 from .memory import DecodeError
 from .prompt_cache import pick_slot, reuse_cache
@@ -29,12 +29,12 @@ from .sampling import Sampler
 from .server_stats import IterationRecord, ReleaseRecord, SchedulerStats
 from .server_task import Failed, Final, Partial, RequestError, Task, context_error
 from .slot import Slot, SlotState
-from .slot_batch import SlotRows, assemble
+from .slot_batch import SlotRows, assemble, record_of
 
 __all__ = ["IterationRecord", "ReleaseRecord", "Scheduler", "SchedulerStats", "Slot", "SlotState"]
 
 
-class Scheduler:
+class Scheduler(EngineThread):
     def __init__(
         self,
         ctx: Context,
@@ -65,61 +65,9 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.releases: deque[ReleaseRecord] = deque(maxlen=history)
-        self.iteration = 0
-        self.queue: deque[Task] = deque()  # accepted, waiting for a slot (only the loop touches it)
-        self._incoming: deque[Task] = deque()
-        self._cv = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
+        EngineThread.__init__(self)
         # called on the engine thread as listener("launch" | "release", slot): for logging only
         self.listener: Callable[[str, Slot], None] | None = None
-
-    # -- thread API ----------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ubatch-scheduler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def submit(self, task: Task) -> None:
-        with self._cv:
-            self.stats.n_requests += 1
-            self._incoming.append(task)
-            self._cv.notify()
-
-    def cancel(self, task: Task) -> None:
-        """The client went away: its slot and cells are freed at the start of the next iteration."""
-        if task.cancelled:
-            return
-        with self._cv:
-            task.cancel_iteration = self.iteration
-            task.cancelled = True
-            self._cv.notify()
-
-    @property
-    def n_deferred(self) -> int:
-        return len(self.queue) + len(self._incoming)
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while (
-                    not self._stopping and not self._incoming and not self.queue and not any(s.busy for s in self.slots)
-                ):
-                    self._cv.wait()
-                if self._stopping:
-                    return
-            try:
-                self.step()
-            except Exception as e:  # a bug in an iteration fails its requests, not the server
-                for s in self.slots:
-                    if s.busy:
-                        self._fail(s, RequestError(f"internal error: {e}", 500, "server_error"))
 
     # -- one iteration ---------------------------------------------------------------------------
     def step(self) -> IterationRecord | None:
@@ -168,22 +116,7 @@ class Scheduler:
         return rec
 
     def _record(self, batch: Batch, parts: list[SlotRows], ms: float, retries: int) -> IterationRecord:
-        rows: dict[int, int] = {}
-        for s, n, _ in parts:
-            rows[s.id] = rows.get(s.id, 0) + n
-        n_gen = sum(n for s, n, _ in parts if s.state is SlotState.GENERATING)
-        rec = IterationRecord(
-            self.iteration,
-            batch.n_tokens,
-            sum(batch.logits),
-            rows,
-            n_gen,
-            batch.n_tokens - n_gen,
-            len(self.ctx.records),
-            ms,
-            retries,
-            len(self.queue),
-        )
+        rec = record_of(parts, self.iteration, batch, len(self.ctx.records), ms, retries, len(self.queue))
         self.stats.count_decode(rec, sum(s.busy for s in self.slots))
         self.records.append(rec)
         return rec
@@ -309,6 +242,13 @@ class Scheduler:
         return True
 
     # -- starting a task ----------------------------------------------------------------------------
+    def _busy(self) -> bool:
+        return any(s.busy for s in self.slots)
+
+    def _fail_all(self, e: Exception) -> None:
+        for s in self.slots:
+            self._fail(s, RequestError(f"internal error: {e}", 500, "server_error"))
+
     def _launch_queued(self) -> None:
         waiting: deque[Task] = deque()
         while self.queue:

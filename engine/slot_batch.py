@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from .batch import Batch
+from .server_stats import IterationRecord
 from .slot import Slot, SlotState
 
 
@@ -40,3 +41,25 @@ def assemble(slots: Sequence[Slot], budget: int, cont_batching: bool = True) -> 
             b.add(prompt[s.i_prompt + j], pos0 + j, s.id, last and j == n - 1)
         parts.append(SlotRows(s, n, b.n_tokens - 1 if last else -1))
     return b, parts
+
+
+def record_of(
+    parts: list[SlotRows], iteration: int, batch: Batch, n_ubatch: int, ms: float, retries: int, n_queued: int
+) -> IterationRecord:
+    """What the decode call carried, per sequence and by kind of row, for /iterations and /metrics."""
+    rows: dict[int, int] = {}
+    for s, n, _ in parts:
+        rows[s.id] = rows.get(s.id, 0) + n
+    n_gen = sum(n for s, n, _ in parts if s.state is SlotState.GENERATING)
+    return IterationRecord(
+        iteration,
+        batch.n_tokens,
+        sum(batch.logits),
+        rows,
+        n_gen,
+        batch.n_tokens - n_gen,
+        n_ubatch,
+        ms,
+        retries,
+        n_queued,
+    )

@@ -9,13 +9,13 @@ sentencepiece cannot express (no byte tokens, no unknown token). Detokenisation 
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .errors import ModelLoadError
+from .spm_merge import spm_merge
 from .vocab_tables import (
     A_BYTE,
     A_CONTROL,
@@ -220,36 +220,8 @@ class Vocab:
         return self._sp.encode(texts)
 
     def _merge(self, text: str) -> list[int]:
-        """llama.cpp's llm_tokenizer_spm_session::tokenize on one raw fragment (pure Python)."""
-        sym = list(text.replace(" ", SPM_SPACE))  # symbols start as single characters
-        end = len(sym)
-        nxt, prv = list(range(1, end + 1)), list(range(-1, end - 1))
-        heap: list[tuple[float, int, int, int]] = []
-        ids, scores = self._id, self._scores
-
-        def push(left: int, right: int) -> None:
-            if left >= 0 and right < end and (tok := ids.get(sym[left] + sym[right])) is not None:
-                size = len(sym[left]) + len(sym[right])
-                heapq.heappush(heap, (-float(scores[tok]), left, right, size))  # best score, leftmost
-
-        for i in range(1, end):
-            push(i - 1, i)
-        while heap:
-            _, left, right, size = heapq.heappop(heap)
-            if not sym[left] or not sym[right] or len(sym[left]) + len(sym[right]) != size:
-                continue  # stale: a side was merged since this pair was queued
-            sym[left], sym[right] = sym[left] + sym[right], ""
-            nxt[left] = nxt[right]
-            if nxt[right] < end:
-                prv[nxt[right]] = left
-            push(prv[left], left)
-            push(left, nxt[left])
-        out, i = [], 0
-        while i < end:
-            tok = ids.get(sym[i])
-            out.extend([tok] if tok is not None else [self._byte(b) for b in sym[i].encode()])
-            i = nxt[i]
-        return out
+        """llama.cpp's SPM merge loop on one raw fragment, in pure Python (the fallback)."""
+        return spm_merge(text, self._id, self._scores, self._byte)
 
     def _byte(self, b: int) -> int:
         tok = self._id.get(BYTE_TEXTS[b], self._id.get(chr(b)) if b < 0x80 else None)
