@@ -235,7 +235,7 @@ def batched_bench(
     from ..engine.batched_bench import BatchedParams, run_batched_bench
     from ..engine.bench_params import BenchError, int_list
     from ..engine.kv_cache import KV_TYPES
-    from .bench_format import batched_header_line, batched_jsonl_row, batched_md_head, batched_md_row
+    from .batched_format import batched_header_line, batched_jsonl_row, batched_md_head, batched_md_row
 
     if output_format not in ("md", "jsonl"):
         raise BenchError(f"--output-format {output_format!r}: use md or jsonl")

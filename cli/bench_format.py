@@ -1,9 +1,9 @@
-"""How `ubatch bench` and `ubatch batched-bench` print their results.
+"""How `ubatch bench` prints its results: llama-bench's md, csv, json and jsonl.
 
-llama-bench's md/csv/json/jsonl and llama-batched-bench's table/jsonl are reproduced column for
-column so that scripts written for llama.cpp's output can read ubatch's; ubatch's own columns
-(compute buffer reserved vs used, KV cache) and sections (op profile, buffer contents) come
-after llama.cpp's.
+They are reproduced column for column so that scripts written for llama-bench's output can read
+ubatch's; ubatch's own columns (compute buffer reserved vs used, KV cache) come after
+llama.cpp's. The --profile sections are in cli/bench_profile_format.py, llama-batched-bench's
+output in cli/batched_format.py.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..engine.batched_bench import BatchedHeader, BatchedResult
 from ..engine.bench_params import BenchParams
 from ..engine.bench_result import BenchResult
 from ..engine.units import MiB
-from ..kernels.profiling import CATEGORIES, CATEGORY_TITLES
+from ..kernels.profiling import CATEGORIES
+from .bench_profile_format import format_profile_md
 
 FORMATS = ("md", "csv", "json", "jsonl")
 
@@ -222,132 +222,6 @@ def format_results(fmt: str, p: BenchParams, results: Sequence[BenchResult], ext
     return {"csv": format_csv, "json": format_json, "jsonl": format_jsonl}[fmt](results)
 
 
-# -- ubatch's sections: where the time goes, what the buffer holds -----------------------------
-
-
-def format_profile_md(results: Sequence[BenchResult]) -> str:
-    """Per test: time per repetition by op category (ms and share), and the compute buffer's
-    largest tensors at the reserved peak and at the peak of the largest graph that ran."""
-    lines: list[str] = []
-    prof = [r for r in results if r.profile_ms]
-    if prof:
-        cats = list(CATEGORIES)
-        lines.append("where the time goes (ms per repetition, share of the timed run):")
-        lines.append("")
-        head = ["test", "n_ubatch", "ubatches", "ms"] + [CATEGORY_TITLES[c] for c in cats]
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|")
-        for r in prof:
-            total = sum(r.profile_ms.values()) or 1.0
-            cells = [r.test, str(r.n_ubatch_eff), str(r.n_ubatches), f"{total:.1f}"]
-            cells += [f"{r.profile_ms.get(c, 0.0):.1f} ({100 * r.profile_ms.get(c, 0.0) / total:.0f}%)" for c in cats]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-    seen: set[tuple] = set()
-    rows = []
-    for r in results:
-        key = (r.model_filename, r.n_ctx, r.n_batch_eff, r.n_ubatch_eff, r.n_outputs_max, r.type_k, r.type_v)
-        if key in seen:
-            continue
-        seen.add(key)
-        rows.append(r)
-    lines.append(
-        "compute buffer: reserved (worst case the context plans for) vs used (largest graph that ran), and the largest tensors alive at each peak (MiB):"
-    )
-    lines.append("")
-    lines.append("| test | n_ubatch | n_outputs_max | reserved | used | reserved peak holds | used peak holds |")
-    lines.append("|---|---:|---:|---:|---:|---|---|")
-    for r in rows:
-
-        def top(ts: list, n: int = 4) -> str:
-            return ", ".join(f"{t.name} {'x'.join(map(str, t.shape))} {t.mib:.2f}" for t in ts[:n])
-
-        lines.append(
-            f"| {r.test} | {r.n_ubatch_eff} | {r.n_outputs_max} | {r.compute_buffer_mib:.2f} | "
-            f"{r.used_buffer_mib:.2f} | {top(r.buffer_top)} | {top(r.used_top)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-# -- llama-batched-bench --------------------------------------------------------------------------
-
-
-def batched_header_line(h: BatchedHeader) -> str:
-    return (
-        f"llama_batched_bench: n_kv_max = {h.n_kv_max}, n_batch = {h.n_batch}, n_ubatch = {h.n_ubatch}, "
-        f"flash_attn = {h.flash_attn}, is_pp_shared = {h.is_pp_shared}, is_tg_separate = "
-        f"{h.is_tg_separate}, n_gpu_layers = {h.n_gpu_layers}, n_threads = {h.n_threads}, "
-        f"n_threads_batch = {h.n_threads_batch}"
-    )
-
-
-def batched_md_head() -> str:
-    return "|%6s | %6s | %4s | %6s | %8s | %8s | %8s | %8s | %8s | %8s |\n" % (
-        "PP",
-        "TG",
-        "B",
-        "N_KV",
-        "T_PP s",
-        "S_PP t/s",
-        "T_TG s",
-        "S_TG t/s",
-        "T s",
-        "S t/s",
-    ) + "|%6s-|-%6s-|-%4s-|-%6s-|-%8s-|-%8s-|-%8s-|-%8s-|-%8s-|-%8s-|\n" % (
-        "------",
-        "------",
-        "----",
-        "------",
-        "--------",
-        "--------",
-        "--------",
-        "--------",
-        "--------",
-        "--------",
-    )
-
-
-def batched_md_row(r: BatchedResult) -> str:
-    return "|%6d | %6d | %4d | %6d | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |\n" % (
-        r.pp,
-        r.tg,
-        r.pl,
-        r.n_kv,
-        r.t_pp,
-        r.speed_pp,
-        r.t_tg,
-        r.speed_tg,
-        r.t,
-        r.speed,
-    )
-
-
-def batched_jsonl_row(h: BatchedHeader, r: BatchedResult) -> str:
-    d = {
-        "n_kv_max": h.n_kv_max,
-        "n_batch": h.n_batch,
-        "n_ubatch": h.n_ubatch,
-        "flash_attn": h.flash_attn,
-        "is_pp_shared": h.is_pp_shared,
-        "n_gpu_layers": h.n_gpu_layers,
-        "n_threads": h.n_threads,
-        "n_threads_batch": h.n_threads_batch,
-        "pp": r.pp,
-        "tg": r.tg,
-        "pl": r.pl,
-        "n_kv": r.n_kv,
-        "t_pp": r.t_pp,
-        "speed_pp": r.speed_pp,
-        "t_tg": r.t_tg,
-        "speed_tg": r.speed_tg,
-        "t": r.t,
-        "speed": r.speed,
-        "compute_buffer_mib": h.compute_buffer_mib,
-        "kv_mib": h.kv_mib,
-    }
-    return json.dumps(d) + "\n"
-
-
 __all__ = [
     "FORMATS",
     "LLAMA_BENCH_FIELDS",
@@ -358,9 +232,4 @@ __all__ = [
     "format_json",
     "format_jsonl",
     "format_results",
-    "format_profile_md",
-    "batched_header_line",
-    "batched_md_head",
-    "batched_md_row",
-    "batched_jsonl_row",
 ]

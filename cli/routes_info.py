@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from ..engine.server_task import RequestError, TaskParams
 from . import server_json as sj
+from . import server_metrics
 from .server_http import api
 from .server_state import ServerState
 
@@ -128,7 +129,7 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
         s = st.sch()
         if request.query_params.get("fail_on_no_slot") not in (None, "", "0", "false") and all(x.busy for x in s.slots):
             raise RequestError("no slot available", 503, "unavailable_error")
-        return JSONResponse([sj.slot_json(x, s.vocab.detokenize) for x in s.slots])
+        return JSONResponse([server_metrics.slot_json(x, s.vocab.detokenize) for x in s.slots])
 
     @app.get("/iterations")
     @api
@@ -176,7 +177,7 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
             )
         s = st.sch()
         return PlainTextResponse(
-            sj.metrics_text(s),
+            server_metrics.metrics_text(s),
             media_type="text/plain; version=0.0.4",
             headers={"Process-Start-Time-Unix": str(int(s.stats.t_start))},
         )

@@ -1,56 +1,21 @@
-"""`ubatch server`: llama-server's flags and defaults; the HTTP layer is cli/server_app.py.
+"""`ubatch server`: llama-server's flags and defaults, checked and turned into settings.
 
-The socket is bound first and answers 503 ("Loading model") while a thread loads the model,
-builds the context (-np sequences, -c split across them unless unified) and starts the
-scheduler; then every route serves.
+This module is the command line only: the options (grouped as llama-server's help groups
+them), the checks that must fail before anything loads, and the server-wide settings. Binding,
+loading the model and running uvicorn are in cli/server_run.py; the HTTP layer is
+cli/server_app.py.
 """
 
 from __future__ import annotations
 
-import signal
-import socket
-import threading
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from .common import backend_option, err_console, fail, read_text_file, resolve_model, user_errors
+from .common import backend_option, fail, read_text_file, user_errors
 
 MODEL, SERVER, CTX, BATCH, SAMPLING = "Model", "Server", "Context", "Batching", "Sampling"
-
-
-def log(line: str) -> None:
-    err_console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def _quiet_server(config: Any) -> Any:
-    """uvicorn's Server, except that Ctrl+C / SIGTERM end it cleanly (exit 0), as llama-server,
-    instead of being re-raised once it has shut down."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
-            else:
-                self.should_exit = True
-
-    return Server(config)
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """Bind before loading, as llama-server does: a busy port fails at once."""
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(2048)
-    except OSError as e:
-        fail(f"couldn't bind HTTP server socket, hostname: {host}, port: {port} ({e.strerror or e})")
-    sock.set_inheritable(True)
-    return sock
 
 
 @user_errors
@@ -191,13 +156,10 @@ def server(
     if api_key_file is not None:
         keys += [k.strip() for k in read_text_file(api_key_file, "API key file").splitlines() if k.strip()]
 
-    import uvicorn
-
     from ..engine.sampling import LLAMA_DEFAULT_SEED, SamplerParams
-    from .server_app import ServerOptions, ServerState, create_app
+    from .server_app import ServerOptions
+    from .server_run import load_scheduler, serve
 
-    sock = bind(host, port)
-    bound_port = sock.getsockname()[1]
     options = ServerOptions(
         api_keys=tuple(keys),
         metrics=metrics,
@@ -217,159 +179,26 @@ def server(
             repeat_last_n=repeat_last_n,
         ),
     )
-    state = ServerState(options)
-    app = create_app(state=state)
-    srv = _quiet_server(
-        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=timeout)
-    )
-    url = f"http://{host}:{bound_port}"
-    if not log_disable:
-        log(f"main: HTTP server is listening, hostname: {host}, port: {bound_port}, http threads: 1")
-        log("main: loading model")
-    result: dict[str, Any] = {}
 
-    def load() -> None:
-        try:
-            sch = _load(
-                model,
-                n_parallel,
-                ctx_size,
-                batch_size,
-                ubatch_size,
-                kv_unified,
-                ctk,
-                ctv,
-                swa_full,
-                threads,
-                no_warmup,
-                context_shift,
-                cache_reuse,
-                slot_prompt_similarity,
-                cont_batching,
-                log_disable,
-                backend,
-            )
-            result["scheduler"] = sch
-            try:
-                state.attach(sch)
-            except Exception:
-                sch.stop()
-                raise
-            if not log_disable:
-                assert state.chat is not None
-                log(f"srv  init: chat template: {state.chat.describe}")
-                log("main: model loaded")
-                log(f"main: server is listening on {url} - starting the main loop")
-                log("srv  update_slots: all slots are idle")
-        except Exception as e:  # a bad model or flag: one line, exit 1
-            result["error"] = str(e)
-            srv.should_exit = True
-
-    loader = threading.Thread(target=load, name="ubatch-load", daemon=True)
-    loader.start()
-    try:
-        srv.run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
-    finally:
-        sch = result.get("scheduler")
-        if sch is not None:
-            sch.stop()
-    if "error" in result:
-        fail(result["error"].replace("[", r"\["))
-
-
-def _load(
-    model: Path | None,
-    n_parallel: int,
-    ctx_size: int,
-    batch_size: int,
-    ubatch_size: int,
-    kv_unified: bool,
-    ctk: str,
-    ctv: str,
-    swa_full: bool,
-    threads: int,
-    no_warmup: bool,
-    context_shift: bool,
-    cache_reuse: int,
-    sps: float,
-    cont_batching: bool,
-    quiet: bool,
-    backend: str = "auto",
-) -> Any:
-    from ..engine.context import Context
-    from ..engine.model import Model
-    from ..engine.params import ContextParams
-    from ..engine.scheduler import Scheduler
-
-    m = Model.load(resolve_model(model))
-    # llama-server: one sequence per slot; one output row per slot and iteration
-    params = ContextParams(
-        n_ctx=ctx_size,
-        n_batch=batch_size,
-        n_ubatch=ubatch_size,
-        n_seq_max=n_parallel,
-        n_threads=threads if threads > 0 else 0,
-        n_outputs_max=n_parallel,
-        type_k=ctk,
-        type_v=ctv,
-        kv_unified=kv_unified,
-        swa_full=swa_full,
-        backend=backend,
-    )
-    ctx = Context(m, params)
-    if not no_warmup:
-        ctx.warmup()
-    sch = Scheduler(
-        ctx,
-        n_parallel,
-        context_shift=context_shift,
-        cache_reuse=cache_reuse,
-        slot_prompt_similarity=sps,
-        cont_batching=cont_batching,
-    )
-    if not quiet:
-        from .present import startup_lines
-
-        for line in startup_lines(ctx):
-            log(line)
-        for w in sch.warnings:
-            log(f"srv  load_model: WARN {w}")
-        if sch.n_ctx_slot < ctx.cparams.n_ctx_seq:
-            log(
-                f"srv  load_model: WARN the slot context ({ctx.cparams.n_ctx_seq}) exceeds the training "
-                f"context of the model ({m.hparams.n_ctx_train}) - capping"
-            )
-        log(
-            f"srv  init: initializing slots, n_slots = {n_parallel}, n_ctx_slot = {sch.n_ctx_slot}, kv_unified = '{str(ctx.cparams.kv_unified).lower()}'"
-        )
-        sch.listener = _slot_logger(sch)
-    sch.start()
-    return sch
-
-
-def _slot_logger(sch: Any) -> Any:
-    """llama-server's per-slot INFO lines, printed from the engine thread."""
-
-    def on(kind: str, s: Any) -> None:
-        if kind == "launch":
-            t = s.task
-            log(
-                f"slot launch_slot_: id {s.id:2d} | task {t.id} | processing task, n_prompt = {len(t.prompt)}, n_cached = {s.n_prompt_cache}"
-            )
-            return
-        t, rec = s.last_task, sch.releases[-1]
-        if rec.reason in ("cancelled", "error"):
-            log(f"slot      release: id {s.id:2d} | task {rec.task} | {rec.reason} at iteration {rec.iteration}")
-            return
-        tm = s.timings().to_json()
-        log(
-            f"slot print_timing: id {s.id:2d} | task {t.id} | prompt eval time = {tm['prompt_ms']:10.2f} ms / "
-            f"{tm['prompt_n']:5d} tokens ({tm['prompt_per_token_ms']:8.2f} ms per token, "
-            f"{tm['prompt_per_second']:8.2f} tokens per second) | eval time = {tm['predicted_ms']:10.2f} ms / "
-            f"{tm['predicted_n']:5d} tokens ({tm['predicted_per_second']:8.2f} tokens per second) | "
-            f"stop = {s.stop_type}, truncated = {int(s.truncated)}, n_tokens = {len(s.cache)}"
+    def load() -> Any:
+        return load_scheduler(
+            model,
+            n_parallel,
+            ctx_size,
+            batch_size,
+            ubatch_size,
+            kv_unified,
+            ctk,
+            ctv,
+            swa_full,
+            threads,
+            no_warmup,
+            context_shift,
+            cache_reuse,
+            slot_prompt_similarity,
+            cont_batching,
+            log_disable,
+            backend,
         )
 
-    return on
+    serve(host, port, options, load, timeout=timeout, log_disable=log_disable)

@@ -15,17 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ubatch.cli.bench_format import (
-    LLAMA_BENCH_FIELDS,
-    batched_md_head,
-    batched_md_row,
-    format_csv,
-    format_json,
-    format_jsonl,
-    format_md,
-    format_profile_md,
-)
+from ubatch.cli.batched_format import batched_md_head, batched_md_row
+from ubatch.cli.bench_format import LLAMA_BENCH_FIELDS, format_csv, format_json, format_jsonl, format_md
 from ubatch.cli.bench_plot import build_figure, sig_label
+from ubatch.cli.bench_profile_format import format_profile_md
 from ubatch.cli.bench_target import output_target
 from ubatch.engine.batched_bench import BatchedParams, BatchedResult, n_ctx_required, run_batched_bench
 from ubatch.engine.bench_params import (
