@@ -8,6 +8,7 @@ is the reference for dequantisation.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .errors import ModelLoadError
+from .metadata import bad_value, is_int
 
 GGUF_MAGIC = b"GGUF"
 
@@ -109,6 +111,8 @@ class _Cursor:
             return self.string()
         if vtype == _ARRAY:
             etype, count = self.take("<I", 4), self.take("<Q", 8)
+            if count * (8 if etype == _STRING else 1) > len(self.buf) - self.pos:
+                raise EOFError  # bounded by the bytes left before anything is read or built
             if etype == _STRING:
                 return [self.string() for _ in range(count)]
             if etype in _NP_SCALARS:
@@ -149,19 +153,28 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         if version not in (2, 3):
             raise ModelLoadError(f"{p}: unsupported GGUF version {version}; convert it with a current llama.cpp")
         n_tensors, n_kv = cur.take("<q", 8), cur.take("<q", 8)
-        if n_tensors < 0 or n_kv < 0 or n_tensors > 1 << 20 or n_kv > 1 << 20:
-            raise ValueError(f"implausible counts ({n_tensors} tensors, {n_kv} keys)")
+        # a key takes at least 13 bytes (name length, type, a 1-byte value), a tensor info 32
+        if not 0 <= n_kv <= (size - cur.pos) // 13 or not 0 <= n_tensors <= (size - cur.pos) // 32:
+            raise ValueError(f"implausible counts ({n_tensors:,} tensors, {n_kv:,} keys) for a {size:,}-byte file")
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
+            if key in metadata:
+                raise ValueError(f"duplicate key {key!r}")
             metadata[key] = cur.value(cur.take("<I", 4))
         infos = []
+        names: set[str] = set()
         for _ in range(n_tensors):
             name = cur.string()
+            if name in names:
+                raise ValueError(f"duplicate tensor {name!r}")
+            names.add(name)
             n_dims = cur.take("<I", 4)
-            if n_dims > 4:
-                raise ValueError(f"tensor {name!r} has {n_dims} dimensions")
+            if not 1 <= n_dims <= 4:
+                raise ValueError(f"tensor {name!r} has {n_dims} dimensions (1 to 4 allowed)")
             ne = [cur.take("<q", 8) for _ in range(n_dims)]
+            if any(x < 0 for x in ne):
+                raise ValueError(f"tensor {name!r} has a negative dimension {ne}")
             infos.append((name, ne, cur.take("<I", 4), cur.take("<Q", 8)))
     except ModelLoadError:
         raise
@@ -170,19 +183,27 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{p}: corrupt GGUF header ({e}); re-download the file") from None
 
-    alignment = int(metadata.get("general.alignment", 32))
-    if alignment <= 0 or alignment & (alignment - 1):
-        raise ModelLoadError(f"{p}: corrupt GGUF header (alignment {alignment} is not a power of two)")
+    alignment = metadata.get("general.alignment", 32)
+    if not is_int(alignment) or alignment <= 0 or alignment & (alignment - 1):
+        raise bad_value(str(p), "general.alignment", alignment, "a power of two")
     data_offset = -(-cur.pos // alignment) * alignment
     tensors: dict[str, TensorInfo] = {}
     for name, ne, ttype, offset in infos:
         if ttype not in GGML_QUANT_SIZES:
             raise ModelLoadError(f"{p}: tensor {name!r} has unknown ggml type {ttype}")
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
-        n_el = int(np.prod(ne)) if ne else 1
+        n_el = math.prod(ne)
         if ne and ne[0] % block:
             raise ModelLoadError(f"{p}: tensor {name!r}: row length {ne[0]} is not a multiple of {block}")
         n_bytes = n_el // block * type_size
+        if n_bytes > size:
+            raise ModelLoadError(
+                f"{p}: tensor {name!r} of shape {tuple(reversed(ne))} would take {n_bytes:,} bytes, more than the whole file ({size:,}); the file is corrupt"
+            )
+        if offset % alignment:
+            raise ModelLoadError(
+                f"{p}: tensor {name!r}: data offset {offset} is not a multiple of {alignment}; the file is corrupt"
+            )
         start = data_offset + offset
         if start + n_bytes > size:
             raise ModelLoadError(

@@ -35,6 +35,63 @@ class LayerWeights:
     post_ffn_norm: torch.Tensor | None = None
 
 
+def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """Every tensor the forward pass reads: name -> (shape the hparams imply, required)."""
+    d, dk, dv, v = hp.n_embd, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_vocab
+    out = {
+        "token_embd.weight": ((v, d), True),
+        "output.weight": ((v, d), False),
+        "output_norm.weight": ((d,), True),
+        "rope_freqs.weight": ((hp.n_rot // 2,), False),
+    }
+    for il in range(hp.n_layer):
+        p = f"blk.{il}."
+        out |= {
+            p + "attn_norm.weight": ((d,), True),
+            p + "attn_q.weight": ((hp.n_head * dk, d), True),
+            p + "attn_k.weight": ((hp.n_head_kv * dk, d), True),
+            p + "attn_v.weight": ((hp.n_head_kv * dv, d), True),
+            p + "attn_output.weight": ((d, hp.n_head * dv), True),
+            p + "ffn_norm.weight": ((d,), True),
+            p + "ffn_gate.weight": ((hp.n_ff, d), True),
+            p + "ffn_up.weight": ((hp.n_ff, d), True),
+            p + "ffn_down.weight": ((d, hp.n_ff), True),
+            p + "attn_q_norm.weight": ((dk,), hp.qk_norm),
+            p + "attn_k_norm.weight": ((dk,), hp.qk_norm),
+            p + "post_attention_norm.weight": ((d,), hp.sandwich_norm),
+            p + "post_ffw_norm.weight": ((d,), hp.sandwich_norm),
+        }
+    return out
+
+
+def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
+    """The tensor table against the hparams, before any tensor is made: counts, names, shapes, types."""
+    a = hp.arch
+    layers = {int(n.split(".")[1]) for n in g.tensors if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    n_present = max(layers) + 1 if layers else 0
+    if n_present != hp.n_layer:
+        raise ModelLoadError(
+            f"{src}: metadata {a}.block_count = {hp.n_layer} but the file has tensors for {n_present} layers; the file is corrupt"
+        )
+    if "blk.0.attn_qkv.weight" in g.tensors:
+        raise ModelLoadError(f"{src}: fused attn_qkv tensors are not supported")
+    tokens = g.metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and len(tokens) != hp.n_vocab:
+        raise ModelLoadError(f"{src}: metadata {a}.vocab_size = {hp.n_vocab} differs from {len(tokens)} tokens")
+    for name, (shape, required) in expected_tensors(hp).items():
+        t = g.tensors.get(name)
+        if t is None:
+            if required:
+                raise ModelLoadError(f"{src}: tensor {name!r} is missing; the file is incomplete or not {a}")
+            continue
+        if t.shape != shape:
+            raise ModelLoadError(f"{src}: tensor {name!r} has shape {t.shape}, expected {shape} from the metadata")
+        try:
+            check_supported(t.ggml_type, f"{src}: tensor {name!r}")
+        except UnsupportedTypeError as e:
+            raise ModelLoadError(str(e)) from None
+
+
 @dataclass(slots=True)
 class Model:
     path: Path
@@ -67,6 +124,7 @@ class Model:
         g = open_gguf(path)
         src = str(g.path)
         hp = hparams_from_metadata(g.metadata, src)
+        check_tensors(g, hp, src)
         vocab = Vocab.from_metadata(g.metadata, src)
         dev = torch.device(device)
 
@@ -91,8 +149,6 @@ class Model:
                 return None
             return qweight(name, (n,)).dense(torch.float32).to(dev)
 
-        if "blk.0.attn_qkv.weight" in g.tensors:
-            raise ModelLoadError(f"{src}: fused attn_qkv tensors are not supported")
         if hp.n_vocab != vocab.n_tokens:
             hp_vocab = hp.n_vocab
             raise ModelLoadError(f"{src}: vocab_size {hp_vocab} differs from {vocab.n_tokens} tokens")

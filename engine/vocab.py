@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ModelLoadError
+from .metadata import bad_value, is_int, meta_bool
 from .spm_merge import spm_merge
 from .vocab_tables import (
     A_BYTE,
@@ -33,6 +34,17 @@ from .vocab_tables import (
     UNKNOWN,
     UNSUPPORTED_MODELS,
 )
+
+
+def _numbers(metadata: dict[str, Any], key: str, n: int, dtype: type, source: str) -> np.ndarray | None:
+    """A per-token numeric array (scores, types): absent or empty is None, else exactly n numbers."""
+    v = metadata.get(key)
+    if v is None or (isinstance(v, (list, np.ndarray)) and len(v) == 0):
+        return None
+    arr = np.asarray(v) if isinstance(v, (list, np.ndarray)) else None
+    if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iuf" or len(arr) != n:
+        raise bad_value(source, key, v, f"an array of {n} numbers, one per token")
+    return arr.astype(dtype)
 
 
 class Vocab:
@@ -56,24 +68,22 @@ class Vocab:
         model = metadata.get("tokenizer.ggml.model")
         if model is None:
             raise ModelLoadError(f"{source}: no tokenizer in the file (no tokenizer.ggml.model)")
+        if not isinstance(model, str):
+            raise bad_value(source, "tokenizer.ggml.model", model, "a tokenizer name such as 'llama'")
         if model != "llama":
             kind = f" ({UNSUPPORTED_MODELS[model]})" if model in UNSUPPORTED_MODELS else ""
             raise ModelLoadError(
                 f"{source}: tokenizer '{model}'{kind} is not supported; only SentencePiece vocabularies ('llama': Llama 2, Gemma) are"
             )
         tokens = metadata.get("tokenizer.ggml.tokens")
-        if not tokens:
-            raise ModelLoadError(f"{source}: tokenizer.ggml.tokens is missing or empty")
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+            raise bad_value(source, "tokenizer.ggml.tokens", tokens, "a non-empty array of strings")
         n = len(tokens)
-        scores = metadata.get("tokenizer.ggml.scores")
-        types = metadata.get("tokenizer.ggml.token_type")
-        scores = np.zeros(n, np.float32) if scores is None or len(scores) == 0 else np.asarray(scores, np.float32)
-        types = np.full(n, NORMAL) if types is None or len(types) == 0 else np.asarray(types)
-        if len(scores) < n or len(types) < n:
-            raise ModelLoadError(
-                f"{source}: tokenizer scores/token_type are shorter than the {n} tokens; the file is broken"
-            )
-        return cls(list(tokens), scores[:n], types[:n].tolist(), metadata, source, use_sentencepiece)
+        scores = _numbers(metadata, "tokenizer.ggml.scores", n, np.float32, source)
+        types = _numbers(metadata, "tokenizer.ggml.token_type", n, np.int64, source)
+        scores = np.zeros(n, np.float32) if scores is None else scores
+        types = np.full(n, NORMAL) if types is None else types
+        return cls(list(tokens), scores, types.tolist(), metadata, source, use_sentencepiece)
 
     def __init__(
         self,
@@ -95,6 +105,8 @@ class Vocab:
 
         def key(name: str, default: int | None) -> int | None:
             v = metadata.get(f"tokenizer.ggml.{name}")  # out-of-range ids ignored, as llama.cpp
+            if v is not None and not is_int(v):
+                raise bad_value(source, f"tokenizer.ggml.{name}", v, "a token id")
             tok = v if isinstance(v, int) and 0 <= v < n else default
             return tok if tok is not None and 0 <= tok < n else None
 
@@ -102,9 +114,9 @@ class Vocab:
         if bos is None or eos is None or unk is None:
             raise ModelLoadError(f"{source}: the tokenizer has no valid bos/eos/unknown token id")
         self.bos, self.eos, self.unk, self.pad = bos, eos, unk, key("padding_token_id", None)
-        self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", True))
-        self.add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
-        self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+        self.add_bos = meta_bool(metadata, "tokenizer.ggml.add_bos_token", source, True)
+        self.add_eos = meta_bool(metadata, "tokenizer.ggml.add_eos_token", source, False)
+        self.add_space_prefix = meta_bool(metadata, "tokenizer.ggml.add_space_prefix", source, True)
 
         def force_control(tok: int) -> int:
             attr[tok] |= A_CONTROL  # llama.cpp: "control-looking token ... will be overridden"
