@@ -21,10 +21,10 @@ from .batch import Batch
 from .errors import ContextError, allocate
 from .forward import GraphShape, build_forward, ubatch_inputs
 from .graph import Graph, run_graph
-from .kv_cache import round_up
 from .memory import DecodeError, KVMemory
 from .model import Model
 from .params import ContextParams, derive
+from .reserve import Reservation, check_fits, plan_sizes, reserve
 
 
 @dataclass(slots=True)
@@ -57,33 +57,12 @@ class UBatchRecord:
     ms: float
 
 
-RESERVE_ALIGN = 64 << 10
-
-
 def make_backend(name: str, n_threads: int) -> Ops:
     """The op backend a context computes with, from the registry (errors as one line)."""
     try:
         return backends.create(name, n_threads)
     except backends.BackendError as e:
         raise ContextError(str(e)) from None
-
-
-@dataclass(slots=True)
-class Reservation:
-    """The workspace sized up front for the largest graphs this context may run."""
-
-    pp: GraphShape
-    tg: GraphShape
-    pp_bytes: int
-    tg_bytes: int
-    n_nodes: tuple[int, int]
-    peak: list[tuple[str, tuple[int, ...], int]]  # largest live tensors of the larger graph
-
-    @property
-    def bytes(self) -> int:
-        # best-fit placement is not monotone in the shape: a smaller ubatch can fragment a few
-        # KiB worse than the worst-case plan, so the buffer is rounded up to 64 KiB
-        return -(-max(self.pp_bytes, self.tg_bytes) // RESERVE_ALIGN) * RESERVE_ALIGN
 
 
 class Context:
@@ -94,6 +73,9 @@ class Context:
         torch.set_num_threads(self.cparams.n_threads)
         self.ops = ops or make_backend(self.params.backend, self.cparams.n_threads)
         self.ops.prepare_weights(model.matrices())
+        # sized first, from shapes alone; refused in one line if the machine cannot hold it
+        _, self.reservation, self.sizes = plan_sizes(model, self.cparams, self.ops)
+        check_fits(self.sizes, self.cparams, model.device)
         self.memory = KVMemory.build(model.hparams, self.cparams, model.device)
         self.perf = PerfCounters()
         self.logits = torch.empty(0, model.hparams.n_vocab)
@@ -101,7 +83,6 @@ class Context:
         self.records: list[UBatchRecord] = []  # ubatches of the last decode
         self._prev_shape: dict[bool, GraphShape] = {}  # llama.cpp keeps one graph with outputs, one without
         self._graphs: OrderedDict[GraphShape, Graph] = OrderedDict()
-        self.reservation = self.reserve()
         self.workspace = allocate(
             "compute buffer",
             self.reservation.bytes,
@@ -192,20 +173,8 @@ class Context:
         return g
 
     def reserve(self) -> Reservation:
-        """Plan the worst-case graphs as llama.cpp's sched_reserve: a prompt ubatch of
-        min(n_ctx, n_ubatch) tokens over n_seq_max sequences, and a one-token-per-sequence
-        generation ubatch, both against full caches."""
-        cp = self.cparams
-        n_seqs = cp.n_seq_max
-        n_tokens = round_up(min(cp.n_ctx, cp.n_ubatch), n_seqs)
-        groups = tuple(1 if c.n_stream == 1 else n_seqs for c in self.memory.caches)
-        n_kv = tuple(c.size for c in self.memory.caches)
-        pp = GraphShape(n_tokens, min(n_tokens, cp.n_outputs_max), groups, n_kv)
-        tg = GraphShape(n_seqs, min(n_seqs, cp.n_outputs_max), groups, n_kv)
-        gp = build_forward(self.model, self.memory, pp, self.ops)
-        gt = build_forward(self.model, self.memory, tg, self.ops)
-        big = gp if gp.size >= gt.size else gt
-        return Reservation(pp, tg, gp.size, gt.size, (len(gp.nodes), len(gt.nodes)), big.describe_peak())
+        """The worst-case graphs of this context's shapes (engine/reserve.py)."""
+        return reserve(self.model, self.memory, self.cparams, self.ops)
 
     def decode(self, batch: Batch) -> None:
         """Run a batch; afterwards `self.logits[i]` holds the i-th output slot's logits, a view of

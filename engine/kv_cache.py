@@ -89,6 +89,7 @@ class KVCache:
         n_swa: int = 0,
         device: torch.device | str = "cpu",
         name: str = "",
+        cells: bool = True,  # False: sizes only (device "meta"), nothing to place into
     ) -> None:
         for t in (type_k, type_v):
             if t not in KV_TYPES:
@@ -96,7 +97,7 @@ class KVCache:
         self.name, self.layers, self.size, self.n_stream = name, layers, size, n_stream
         self.n_seq_max, self.n_swa, self.type_k, self.type_v = n_seq_max, n_swa, type_k, type_v
         self.head_k, self.head_v, self.n_head_kv = head_k, head_v, n_head_kv
-        self.streams = [KVCells(size, n_seq_max) for _ in range(n_stream)]
+        self.streams = [KVCells(size, n_seq_max) for _ in range(n_stream)] if cells else []
         n = size * n_stream
         self.k = {il: KVStore(n, n_head_kv, head_k, type_k, device) for il in layers}
         self.v = {il: KVStore(n, n_head_kv, head_v, type_v, device) for il in layers}

@@ -33,11 +33,15 @@ class KVMemory:
         self._planned: list[tuple[UBatch, list[np.ndarray]]] = []  # prepared, not yet placed
 
     @classmethod
-    def build(cls, hp: HParams, cp: CParams, device: torch.device | str = "cpu") -> KVMemory:
+    def build(cls, hp: HParams, cp: CParams, device: torch.device | str = "cpu", sizes_only: bool = False) -> KVMemory:
         """Sizes as llama.cpp: n_ctx_seq cells per stream; the SWA cache holds the window for each
-        sequence plus one ubatch (or everything with --swa-full)."""
+        sequence plus one ubatch (or everything with --swa-full). `sizes_only`: shapes without
+        storage or cells, for planning (engine/reserve.py)."""
         n_stream = 1 if cp.kv_unified else cp.n_seq_max
+        if sizes_only:
+            device = "meta"
         args = dict(
+            cells=not sizes_only,
             n_stream=n_stream,
             n_seq_max=cp.n_seq_max,
             n_head_kv=hp.n_head_kv,

@@ -12,8 +12,10 @@ from .kv_cache import KVCacheInfo
 from .units import mib
 
 if TYPE_CHECKING:  # at run time fit() imports what it needs, late (no import cycle)
+    from ..kernels.ops import Ops
     from .model import Model
-    from .params import ContextParams
+    from .params import ContextParams, CParams
+    from .reserve import Reservation
 
 
 @dataclass(slots=True)
@@ -61,16 +63,36 @@ class MemoryPlan:
 
 
 def memory_plan(ctx: Context) -> MemoryPlan:
-    m, cp, r = ctx.model, ctx.cparams, ctx.reservation
+    """The plan of a context that exists: read from the objects that hold the memory."""
+    return _plan(
+        ctx.model, ctx.cparams, ctx.ops, [c.info() for c in ctx.memory.caches], ctx.reservation, ctx.output_rows
+    )
+
+
+def plan_for(model: Model, params: ContextParams) -> MemoryPlan:
+    """The memory plan of a configuration without allocating it: the same numbers a Context of
+    these parameters reports (tests/test_memory_plan.py), from shapes alone (engine/reserve.py)."""
+    from .context import make_backend
+    from .params import derive
+    from .reserve import plan_sizes
+
+    cp = derive(params, model.hparams)
+    ops = make_backend(params.backend, cp.n_threads)
+    ops.prepare_weights(model.matrices())
+    shadow, r, _ = plan_sizes(model, cp, ops)
+    return _plan(model, cp, ops, [c.info() for c in shadow.caches], r, cp.n_seq_max)
+
+
+def _plan(m: Model, cp: CParams, ops: Ops, kv: list[KVCacheInfo], r: Reservation, output_rows: int) -> MemoryPlan:
     types = sorted({w.ggml_type for w in m.matrices()})
-    kernels = {type_name(t): ctx.ops.kernel_path(t) for t in types}
+    kernels = {type_name(t): ops.kernel_path(t) for t in types}
     return MemoryPlan(
         model_file=str(m.path),
         arch=m.hparams.arch,
         n_params=m.n_params,
         model_bytes=m.size_bytes,
-        backend=ctx.ops.name,
-        backend_bytes=ctx.ops.held_bytes(),
+        backend=ops.name,
+        backend_bytes=ops.held_bytes(),
         kernels=kernels,
         n_ctx=cp.n_ctx,
         n_ctx_seq=cp.n_ctx_seq,
@@ -80,22 +102,16 @@ def memory_plan(ctx: Context) -> MemoryPlan:
         n_seq_max=cp.n_seq_max,
         n_outputs_max=cp.n_outputs_max,
         kv_unified=cp.kv_unified,
-        kv=[c.info() for c in ctx.memory.caches],
+        kv=kv,
         compute_bytes=r.bytes,
         pp_bytes=r.pp_bytes,
         tg_bytes=r.tg_bytes,
-        output_bytes=m.hparams.n_vocab * ctx.output_rows * 4,
+        output_bytes=m.hparams.n_vocab * output_rows * 4,
         worst_case=(r.pp.n_tokens, cp.n_seq_max, r.tg.n_outputs),
         graph_nodes=r.n_nodes,
         peak=r.peak,
-        warnings=[*cp.warnings, *ctx.ops.notices],
+        warnings=[*cp.warnings, *ops.notices],
     )
-
-
-def plan_for(model: Model, params: ContextParams) -> MemoryPlan:
-    """The memory plan of a configuration: builds the context's caches and reservation (both are
-    lazily committed by the OS, so planning a large context costs no real memory)."""
-    return memory_plan(Context(model, params))
 
 
 def fit(model: Model, params: ContextParams, budget: int) -> tuple[ContextParams, MemoryPlan]:
