@@ -7,6 +7,7 @@ differs only in how the body is read and how the results are written, so they sh
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..engine.server_task import Failed, Final, RequestError, Task, context_error
 from . import server_json as sj
-from .server_http import api, error_response, read_json
+from .server_http import api, error_response, internal_error, read_json
 from .server_oai import oai_chat_body, oai_completion_body
 from .server_params import parse_params, split_prompts
 from .server_state import ServerState
@@ -44,12 +45,22 @@ async def complete(st: ServerState, request: Request, kind: str) -> Response:
             raise err
     model = body["model"] if isinstance(body.get("model"), str) else st.model_id
     reader = Reader(s, request.receive)
-    n = params.n_cmpl
-    for i, (p, toks) in enumerate(zip(prompts, token_lists)):
-        text = p[0] if len(p) == 1 and isinstance(p[0], str) else vocab.detokenize(toks)
-        reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text) for j in range(n)]
-    for t in reader.tasks:
-        s.submit(t)
+    try:
+        n = params.n_cmpl
+        for i, (p, toks) in enumerate(zip(prompts, token_lists)):
+            text = p[0] if len(p) == 1 and isinstance(p[0], str) else vocab.detokenize(toks)
+            reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text) for j in range(n)]
+        for t in reader.tasks:
+            s.submit(t)
+        return await _respond(reader, params.stream, kind, model)
+    except BaseException:  # a bug (or a cancelled handler): free the slots, then the 500 of `api`
+        reader.disconnect()
+        reader.close()
+        raise
+
+
+async def _respond(reader: Reader, stream: bool, kind: str, model: str) -> Response:
+    """Await the request's events: the SSE stream, or every task's Final as one JSON body."""
     first = await reader.get()
     if first is Reader.GONE:
         reader.close()
@@ -59,8 +70,8 @@ async def complete(st: ServerState, request: Request, kind: str) -> Response:
         reader.close()
         return error_response(first.error)
     cid = sj.new_id("chatcmpl-" if kind == "chat" else "cmpl-")
-    if params.stream:
-        return EventStream(sse_events(reader, first, kind, cid, model), reader)
+    if stream:
+        return EventStream(guarded(sse_events(reader, first, kind, cid, model), reader), reader)
     finals: list[Final] = []
     ev = first
     while True:
@@ -83,6 +94,19 @@ async def complete(st: ServerState, request: Request, kind: str) -> Response:
         return JSONResponse(sj.oai_completion(finals, cid, model))
     res = [sj.native_final(f, model) for f in sorted(finals, key=lambda f: f.task.index)]
     return JSONResponse(res[0] if len(res) == 1 else res)
+
+
+async def guarded(chunks: AsyncIterator[bytes], reader: Reader) -> AsyncIterator[bytes]:
+    """A stream that cannot die mid-body: an exception while making a chunk cancels the
+    request's tasks (their slots are freed at the next iteration) and ends the stream with
+    llama-server's error event, as when a task fails; never an ASGI traceback."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as e:
+        reader.disconnect()
+        err = internal_error(e)
+        yield sj.sse(sj.error_json(err.code, err.message, err.type))
 
 
 def add_completion_routes(app: FastAPI, st: ServerState) -> None:

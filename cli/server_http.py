@@ -19,22 +19,72 @@ from . import server_json as sj
 
 
 def error_response(e: RequestError) -> JSONResponse:
-    return JSONResponse(sj.error_json(e.code, e.message, e.type, **e.extra), status_code=e.code)
+    return JSONResponse(sj.error_json(e.code, _shown(e.message), e.type, **e.extra), status_code=e.code)
+
+
+def internal_error(e: Exception) -> RequestError:
+    """An exception that is not the client's fault: llama-server's 500 server_error."""
+    return e if isinstance(e, RequestError) else RequestError(f"{type(e).__name__}: {e}", 500, "server_error")
 
 
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _is_text(s: str) -> bool:
+    """False for a str holding a lone UTF-16 surrogate (the JSON escape "\\ud800" decodes to
+    one: a str that is not Unicode text and cannot be written as UTF-8)."""
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(s: str) -> str:
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def lone_surrogate_at(body: Any) -> str | None:
+    """The path of the first string or key in a parsed body that holds a lone surrogate, or None.
+    The decoder joins a valid pair into one code point, so any surrogate left is lone."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, str) and not _is_text(x):
+            return where or "(body)"
+        if isinstance(x, dict):
+            for k, y in x.items():
+                name = f"{where}.{_shown(k)}" if where else _shown(k)
+                if not _is_text(k):
+                    return name
+                stack.append((name, y))
+        elif isinstance(x, list):
+            stack.extend((f"{where}[{i}]", y) for i, y in enumerate(x))
+    return None
+
+
 async def read_json(request: Request) -> Any:
-    """The request body as JSON; an empty body is `{}`, NaN and Infinity are rejected."""
+    """The request body as JSON text in UTF-8 (RFC 8259; llama-server reads nothing else); an
+    empty body is `{}`. Invalid UTF-8, NaN, Infinity and lone UTF-16 surrogates are a 400,
+    wherever they are: llama-server's parser refuses them too, and text that is not Unicode
+    would otherwise fail later, in the tokenizer, the response or /slots (which shows the prompt)."""
     raw = await request.body()
     if not raw.strip():
         return {}
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
+        text = raw.decode("utf-8-sig")
+        body = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(f"Invalid JSON in the request body: {e}") from None
+    if "\\u" in text and (where := lone_surrogate_at(body)) is not None:
+        raise RequestError(
+            f"Invalid JSON in the request body: field '{where}' holds a lone UTF-16 surrogate"
+            " (not Unicode text); send UTF-8 or a complete surrogate pair"
+        )
+    return body
 
 
 def api(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
@@ -44,9 +94,7 @@ def api(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awa
     async def wrapper(request: Request) -> Response:
         try:
             return await fn(request)
-        except RequestError as e:
-            return error_response(e)
         except Exception as e:  # never a dead server: report it and keep serving
-            return error_response(RequestError(f"{type(e).__name__}: {e}", 500, "server_error"))
+            return error_response(internal_error(e))
 
     return wrapper

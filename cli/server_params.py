@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.generation import N_PROBS_MAX
 from ..engine.sampling import LLAMA_DEFAULT_SEED, SamplerParams
 from ..engine.server_task import INT32_MAX, RequestError, TaskParams
 
@@ -129,6 +130,7 @@ def parse_params(
     n_probs = get_int(body, "n_probs", 0, 0, INT32_MAX)
     if n_probs == 0 and isinstance(body.get("logprobs"), int) and not isinstance(body["logprobs"], bool):
         n_probs = get_int(body, "logprobs", 0, 0, INT32_MAX)
+    n_probs = min(n_probs, N_PROBS_MAX, d.n_vocab or N_PROBS_MAX)  # silently, as llama.cpp clamps to the vocab
     stream_opts = body.get("stream_options")
     if stream_opts is not None and not isinstance(stream_opts, dict):
         raise RequestError("Field 'stream_options': expected an object")
@@ -136,13 +138,13 @@ def parse_params(
         n_predict=get_int(body, ("n_predict", "max_completion_tokens", "max_tokens"), d.n_predict, -1, INT32_MAX),
         sampling=sp,
         stop=get_stop(body, d.stop),
-        n_probs=min(n_probs, d.n_vocab) if d.n_vocab else n_probs,
+        n_probs=n_probs,
         post_sampling_probs=get_bool(body, "post_sampling_probs", False),
         ignore_eos=get_bool(body, "ignore_eos", False),
         stream=get_bool(body, "stream", False),
         include_usage=get_bool(stream_opts or {}, "include_usage", False),
         cache_prompt=get_bool(body, "cache_prompt", d.cache_prompt),
-        id_slot=get_int(body, "id_slot", -1, -1, INT32_MAX),
+        id_slot=get_int(body, "id_slot", -1, -1, max(d.n_parallel, 1) - 1),
         n_keep=get_int(body, "n_keep", 0, -1, INT32_MAX),
         n_discard=get_int(body, "n_discard", 0, 0, INT32_MAX),
         n_cache_reuse=get_int(body, "n_cache_reuse", d.n_cache_reuse, 0, INT32_MAX),

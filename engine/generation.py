@@ -21,6 +21,11 @@ from .sampling import Sampler
 from .token_stream import TokenStreamer
 from .vocab import Vocab
 
+# The most top candidates reported per token. llama.cpp reports up to the whole vocabulary, which
+# for a 262k vocabulary is a full sort and ~25 MB of JSON per token, and the engine thread that pays
+# for it is every slot's. Five times OpenAI's top_logprobs limit (20) keeps every request's cost small.
+N_PROBS_MAX = 100
+
 
 @dataclass(slots=True)
 class GenerationParams:
@@ -30,7 +35,7 @@ class GenerationParams:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
-    n_probs: int = 0  # top candidates reported per token (0: no log-probabilities)
+    n_probs: int = 0  # top candidates reported per token (0: no log-probabilities; at most N_PROBS_MAX)
     ctx_shift: bool = False  # when the context fills: shift (True) or stop (False)
     n_keep: int = 0  # tokens a shift keeps at the start (BOS included; the caller resolves -1)
     n_discard: int = 0  # tokens a shift drops; 0: half of those not kept
@@ -142,8 +147,8 @@ class Generation:
         tok = self.sampler.sample(x)
         self.sampler.accept(tok)
         prob = None
-        if lp is not None:
-            top = torch.topk(lp, min(p.n_probs, lp.numel()))
+        if lp is not None:  # a partial selection of k: O(V) per token whatever n_probs asked for
+            top = torch.topk(lp, min(p.n_probs, N_PROBS_MAX, lp.numel()))
             piece = self.vocab.token_to_piece
             prob = TokenProb(
                 tok,

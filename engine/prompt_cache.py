@@ -13,9 +13,11 @@ from .slot import Slot
 
 def pick_slot(slots: Sequence[Slot], prompt: list[int], id_slot: int, similarity: float) -> Slot | None:
     """The requested slot, else the idle slot whose cache shares the largest fraction of the
-    prompt (above `similarity`), else the least recently used idle slot; None when all are busy."""
+    prompt (above `similarity`), else the least recently used idle slot; None when all are busy.
+    An `id_slot` past the last slot is refused when the request is read (llama-server wraps it
+    around, which silently runs the request on a slot nobody asked for)."""
     if id_slot >= 0:
-        s = slots[id_slot % len(slots)]
+        s = slots[id_slot]
         return None if s.busy else s
     idle = [s for s in slots if not s.busy]
     if not idle:
