@@ -155,7 +155,9 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         n_tensors, n_kv = cur.take("<q", 8), cur.take("<q", 8)
         # a key takes at least 13 bytes (name length, type, a 1-byte value), a tensor info 32
         if not 0 <= n_kv <= (size - cur.pos) // 13 or not 0 <= n_tensors <= (size - cur.pos) // 32:
-            raise ValueError(f"implausible counts ({n_tensors:,} tensors, {n_kv:,} keys) for a {size:,}-byte file")
+            raise ModelLoadError(
+                f"{p}: truncated or corrupt GGUF header ({n_tensors:,} tensors and {n_kv:,} keys cannot fit in {size:,} bytes); re-download the file"
+            )
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
@@ -196,18 +198,14 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         if ne and ne[0] % block:
             raise ModelLoadError(f"{p}: tensor {name!r}: row length {ne[0]} is not a multiple of {block}")
         n_bytes = n_el // block * type_size
-        if n_bytes > size:
-            raise ModelLoadError(
-                f"{p}: tensor {name!r} of shape {tuple(reversed(ne))} would take {n_bytes:,} bytes, more than the whole file ({size:,}); the file is corrupt"
-            )
         if offset % alignment:
             raise ModelLoadError(
                 f"{p}: tensor {name!r}: data offset {offset} is not a multiple of {alignment}; the file is corrupt"
             )
         start = data_offset + offset
-        if start + n_bytes > size:
+        if start + n_bytes > size:  # also what bounds absurd dimensions: nothing is sized from them
             raise ModelLoadError(
-                f"{p}: truncated file: tensor {name!r} needs bytes up to {start + n_bytes:,} but the file has {size:,}; re-download or re-assemble it"
+                f"{p}: truncated or corrupt file: tensor {name!r} of shape {tuple(reversed(ne))} needs bytes up to {start + n_bytes:,} but the file has {size:,}; re-download or re-assemble it"
             )
         shape = tuple(int(x) for x in reversed(ne))
         tensors[name] = TensorInfo(name, ttype, shape, mm[start : start + n_bytes], n_bytes)

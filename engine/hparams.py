@@ -79,7 +79,7 @@ def hparams_from_metadata(meta: dict[str, Any], source: str = "model") -> HParam
     arch = meta.get("general.architecture", "")
     if arch not in SUPPORTED_ARCHS:
         raise ModelLoadError(
-            f"{source}: unsupported architecture {show(arch)}; ubatch runs {', '.join(SUPPORTED_ARCHS)}"
+            f"{source}: general.architecture {show(arch)} is not supported; ubatch runs {', '.join(SUPPORTED_ARCHS)}"
         )
     a = f"{arch}."
     n_layer = meta_int(meta, a + "block_count", source, hi=LLAMA_MAX_LAYERS)

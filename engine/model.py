@@ -124,8 +124,8 @@ class Model:
         g = open_gguf(path)
         src = str(g.path)
         hp = hparams_from_metadata(g.metadata, src)
-        check_tensors(g, hp, src)
         vocab = Vocab.from_metadata(g.metadata, src)
+        check_tensors(g, hp, src)
         dev = torch.device(device)
 
         def info(name: str) -> TensorInfo | None:

@@ -19,7 +19,7 @@ from ubatch.engine.context import Context
 from ubatch.engine.errors import ContextError
 from ubatch.engine.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.report import fit, memory_plan
+from ubatch.engine.report import fit, memory_plan, plan_for
 
 REF = Path(__file__).parent / "refdata"
 MiB = 2**20
@@ -105,3 +105,32 @@ def test_info_command_json_and_fit(default_model_path: Path) -> None:
     assert r.returncode == 0 and "fit 1.3G: -c" in r.stdout
     r = too_small
     assert r.returncode == 1 and "smallest" in r.stderr and "Traceback" not in r.stderr
+
+
+PLAN_CONFIGS = [
+    dict(n_ctx=4096, n_outputs_max=1),
+    dict(n_ctx=8192, n_ubatch=256, n_seq_max=4, n_outputs_max=4),
+    dict(n_ctx=2048, n_seq_max=3, kv_unified=True, type_k="q8_0", type_v="q4_0"),
+    dict(n_ctx=1024, swa_full=True, n_batch=64, backend="torch"),
+]
+
+
+@pytest.mark.parametrize("kw", PLAN_CONFIGS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_the_plan_without_a_context_is_the_plan_of_the_context(model: Model, tiny_llama_model: Model, kw) -> None:
+    """`plan_for` sizes from shapes alone (nothing allocated); its numbers are the real context's."""
+    for m in (model, tiny_llama_model):
+        params = ContextParams(**kw)
+        assert plan_for(m, params) == memory_plan(Context(m, params))
+
+
+def test_a_context_larger_than_the_machine_is_refused_before_allocating(tiny_gemma_model: Model) -> None:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ContextError) as e:
+        Context(tiny_gemma_model, ContextParams(n_ctx=2_000_000_000))  # ~1 TB of KV cache
+    msg = str(e.value)
+    assert "\n" not in msg and "needs" in msg and "available" in msg and "-c" in msg, msg
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB: nothing was made
+    plan = plan_for(tiny_gemma_model, ContextParams(n_ctx=2_000_000_000))  # planning it is fine
+    assert plan.kv_bytes > 2**39
