@@ -1,9 +1,9 @@
 """The HTTP layer of `ubatch server`: llama-server's routes on FastAPI over the engine's Scheduler.
 
 This module wires the app together: the Gate (503 while loading, then the API key), CORS,
-llama-server's 404 body, and the route families from cli/routes_*.py. A client that
-disconnects (stream or not) cancels its tasks at once; the scheduler frees the slot at its
-next iteration.
+llama-server's 404 body, the access log (cli/server_log.py) and the route families from
+cli/routes_*.py. A client that disconnects (stream or not) cancels its tasks at once; the
+scheduler frees the slot at its next iteration. After shutdown began, new requests get 503.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
+from ..engine.engine_thread import shutdown_error
 from ..engine.scheduler import Scheduler
 from ..engine.server_task import RequestError
 from .routes_completion import add_completion_routes
 from .routes_info import add_info_routes
 from .routes_tokens import add_token_routes
 from .server_http import error_response
+from .server_log import LOG_LEVEL_INFO, AccessLog
 from .server_state import ServerOptions, ServerState
 
 __all__ = ["PUBLIC_PATHS", "Gate", "ServerOptions", "ServerState", "create_app"]
@@ -37,8 +39,11 @@ class Gate:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             err = None
-            if self.state.scheduler is None:
+            sch = self.state.scheduler
+            if sch is None:
                 err = RequestError("Loading model", 503, "unavailable_error")
+            elif sch.shutting_down:  # a keep-alive connection after SIGTERM: no new work
+                err = shutdown_error()
             elif self.state.options.api_keys and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
                 h = {k.lower(): v.decode("latin-1") for k, v in scope["headers"]}
                 auth = h.get(b"authorization", "")
@@ -52,10 +57,14 @@ class Gate:
 
 
 def create_app(
-    scheduler: Scheduler | None = None, options: ServerOptions | None = None, state: ServerState | None = None
+    scheduler: Scheduler | None = None,
+    options: ServerOptions | None = None,
+    state: ServerState | None = None,
+    log_verbosity: int | None = LOG_LEVEL_INFO,
 ) -> FastAPI:
     """The FastAPI app. Pass a started scheduler, or a `state` whose scheduler is attached
-    later (the CLI serves /health = 503 while the model loads)."""
+    later (the CLI serves /health = 503 while the model loads). `log_verbosity` is -lv
+    (None: --log-disable)."""
     st = state or ServerState(options)
     if scheduler is not None:
         st.attach(scheduler)
@@ -63,6 +72,7 @@ def create_app(
     app.state.server = st
     app.add_middleware(Gate, state=st)
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(AccessLog, verbosity=log_verbosity)  # outermost: sees every answer, even the Gate's
 
     @app.exception_handler(StarletteHTTPException)
     async def not_found(request: Request, exc: StarletteHTTPException) -> JSONResponse:

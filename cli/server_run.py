@@ -3,38 +3,48 @@
 Startup has an order that llama-server users can see: the socket is bound first, so a busy
 port fails at once, and answers 503 ("Loading model") while a thread loads the model, builds
 the context (-np sequences, -c split across them unless unified) and starts the scheduler;
-then every route serves. Ctrl+C / SIGTERM stop uvicorn and the scheduler and exit 0. The
-startup and per-slot log lines are llama-server's.
+then every route serves. SIGTERM / Ctrl+C shut down gracefully within a few seconds whatever
+`n_predict` is (see `_quiet_server`): a generating request ends with its text so far and
+`stop_type` "limit" (`finish_reason` "length"), streamed or not; one not yet generating gets
+503; the process exits 0. A second signal exits at once. The startup and per-slot log lines are
+llama-server's.
 """
 
 from __future__ import annotations
 
-import signal
+import os
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .common import err_console, fail, resolve_model
+from .common import fail, resolve_model
 from .server_app import ServerOptions, ServerState, create_app
+from .server_log import LOG_LEVEL_INFO, log
+
+GRACEFUL_SHUTDOWN_S = 5  # how long a stopping server waits for clients to take their last bytes
 
 
-def log(line: str) -> None:
-    err_console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def _quiet_server(config: Any) -> Any:
-    """uvicorn's Server, except that Ctrl+C / SIGTERM end it cleanly (exit 0), as llama-server,
-    instead of being re-raised once it has shut down."""
+def _quiet_server(config: Any, on_shutdown: Callable[[], None]) -> Any:
+    """uvicorn's Server, stopping as llama-server does. The first SIGTERM / SIGINT stops
+    accepting and calls `on_shutdown` (the engine ends every running generation with a final
+    event and answers queued requests 503), then uvicorn waits for the responses to go out, at
+    most GRACEFUL_SHUTDOWN_S, and the process exits 0; a second signal exits at once (1)."""
     import uvicorn
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
-            else:
-                self.should_exit = True
+            if self.should_exit:
+                log("srv    operator(): received a second signal, terminating immediately")
+                sys.stderr.flush()
+                os._exit(1)
+            self.should_exit = True  # not re-raised after shutdown, unlike uvicorn's: exit 0
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            on_shutdown()  # in the event loop, not in the signal handler: it takes the engine's lock
+            await super().shutdown(sockets)
 
     return Server(config)
 
@@ -54,7 +64,14 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(
-    host: str, port: int, options: ServerOptions, make_scheduler: Callable[[], Any], *, timeout: int, log_disable: bool
+    host: str,
+    port: int,
+    options: ServerOptions,
+    make_scheduler: Callable[[], Any],
+    *,
+    timeout: int,
+    log_disable: bool,
+    log_verbosity: int = LOG_LEVEL_INFO,
 ) -> None:
     """Bind, serve 503 while `make_scheduler` runs in a thread, then serve until stopped; a
     failed load ends the server with its one-line error."""
@@ -63,15 +80,29 @@ def serve(
     sock = bind(host, port)
     bound_port = sock.getsockname()[1]
     state = ServerState(options)
-    app = create_app(state=state)
-    srv = _quiet_server(
-        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=timeout)
+    app = create_app(state=state, log_verbosity=None if log_disable else log_verbosity)
+    result: dict[str, Any] = {}
+
+    def on_shutdown() -> None:
+        sch = result.get("scheduler")
+        if sch is not None and not sch.shutting_down:
+            if not log_disable:
+                log("srv    operator(): cleaning up before exit...")
+            sch.shutdown()
+
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=timeout,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
+    srv = _quiet_server(config, on_shutdown)
     url = f"http://{host}:{bound_port}"
     if not log_disable:
         log(f"main: HTTP server is listening, hostname: {host}, port: {bound_port}, http threads: 1")
         log("main: loading model")
-    result: dict[str, Any] = {}
 
     def load() -> None:
         try:
@@ -198,7 +229,7 @@ def _slot_logger(sch: Any) -> Any:
             f"{tm['prompt_n']:5d} tokens ({tm['prompt_per_token_ms']:8.2f} ms per token, "
             f"{tm['prompt_per_second']:8.2f} tokens per second) | eval time = {tm['predicted_ms']:10.2f} ms / "
             f"{tm['predicted_n']:5d} tokens ({tm['predicted_per_second']:8.2f} tokens per second) | "
-            f"stop = {s.stop_type}, truncated = {int(s.truncated)}, n_tokens = {len(s.cache)}"
+            f"stop = {rec.reason}, truncated = {int(s.truncated)}, n_tokens = {len(s.cache)}"
         )
 
     return on

@@ -17,11 +17,13 @@ from starlette.responses import Response
 from ..engine.scheduler import Scheduler
 from ..engine.server_task import Failed, Final, Partial, Task
 from . import server_json as sj
+from .server_log import current
 
 
 class Reader:
     """One request's events, moved from the engine thread onto the event loop; watches for the
-    client going away and then cancels the request's tasks."""
+    client going away and then cancels the request's tasks. A shutdown reaches it as ordinary
+    events: a Final for a generating task, a 503 Failed for one that had not started."""
 
     GONE = object()
 
@@ -29,6 +31,7 @@ class Reader:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.scheduler, self.tasks, self.gone = scheduler, list[Task](), False
+        self.record = current()  # this request's access-log line
         self._watcher = asyncio.ensure_future(self._watch(receive))
 
     def sink(self, event: Any) -> None:  # called on the engine thread
@@ -53,7 +56,16 @@ class Reader:
         self._watcher.cancel()
 
     async def get(self) -> Any:
-        return await self.queue.get()
+        """The next event; what it tells the access log (tokens, a failure) is noted on the way."""
+        ev = await self.queue.get()
+        if self.record is not None:
+            if isinstance(ev, Final):
+                self.record.add_final(ev.n_prompt, ev.n_decoded)
+            elif isinstance(ev, Failed):
+                self.record.fail(ev.error.message)
+            elif ev is Reader.GONE:
+                self.record.note = "client disconnected"
+        return ev
 
 
 class EventStream(Response):

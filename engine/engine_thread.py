@@ -2,8 +2,14 @@
 
 HTTP handlers submit and cancel tasks from the event loop's thread while one engine thread owns
 the context: every decode, every KV-cache change and every slot happen there, so the engine
-needs no locks of its own. This base class is that door (`submit`, `cancel`, `start`, `stop`);
-the scheduler supplies `step`, one iteration of work.
+needs no locks of its own. This base class is that door (`submit`, `cancel`, `start`,
+`shutdown`, `stop`); the scheduler supplies `step`, one iteration of work, and `_drain`, what
+shutting down does to the work in progress.
+
+Shutdown (llama-server's terminate on SIGTERM / SIGINT) is one more event through the same
+door: from then on `submit` answers 503 at once, and the engine thread, between two iterations,
+ends every running task and fails every queued one, then exits. So a server stops within one
+iteration whatever `n_predict` is, and every client gets an answer.
 """
 
 from __future__ import annotations
@@ -13,7 +19,12 @@ from collections import deque
 from typing import Any
 
 from .server_stats import SchedulerStats
-from .server_task import Task
+from .server_task import Failed, RequestError, Task
+
+
+def shutdown_error() -> RequestError:
+    """What a task that cannot run any more is told: llama-server's 503 unavailable_error."""
+    return RequestError("Server is shutting down", 503, "unavailable_error")
 
 
 class EngineThread:
@@ -24,7 +35,7 @@ class EngineThread:
         self.queue: deque[Task] = deque()  # accepted, waiting for a slot (only the engine thread touches it)
         self._incoming: deque[Task] = deque()
         self._cv = threading.Condition()
-        self._stopping = False
+        self._shutdown = False
         self._thread: threading.Thread | None = None
 
     def step(self) -> Any:  # one iteration, on the engine thread
@@ -36,20 +47,35 @@ class EngineThread:
     def _fail_all(self, e: Exception) -> None:  # an iteration raised: fail what was running
         raise NotImplementedError
 
+    def _drain(self) -> None:  # shutdown: end running tasks, fail queued ones (engine thread)
+        raise NotImplementedError
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutdown
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="ubatch-scheduler", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def shutdown(self) -> None:
+        """Take no more work and end what is in progress at the next iteration boundary; returns
+        at once (safe from any thread). `stop` then waits for the engine thread."""
         with self._cv:
-            self._stopping = True
+            self._shutdown = True
             self._cv.notify()
+
+    def stop(self) -> None:
+        self.shutdown()
         if self._thread is not None:
             self._thread.join(timeout=30)
 
     def submit(self, task: Task) -> None:
         with self._cv:
             self.stats.n_requests += 1
+            if self._shutdown:  # the engine thread may be gone: answer here
+                task.emit(Failed(task, shutdown_error()))
+                return
             self._incoming.append(task)
             self._cv.notify()
 
@@ -69,11 +95,17 @@ class EngineThread:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._stopping and not self._incoming and not self.queue and not self._busy():
+                while not self._shutdown and not self._incoming and not self.queue and not self._busy():
                     self._cv.wait()
-                if self._stopping:
-                    return
+                if self._shutdown:  # nothing can be submitted after this: take what came in
+                    self.queue.extend(self._incoming)
+                    self._incoming.clear()
+                    break
             try:
                 self.step()
             except Exception as e:  # a bug in an iteration fails its requests, not the server
                 self._fail_all(e)
+        try:
+            self._drain()
+        except Exception as e:
+            self._fail_all(e)

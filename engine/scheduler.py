@@ -9,6 +9,7 @@ Slot i owns sequence id i. Each iteration (llama-server's update_slots):
   4. let each slot's Generation (engine/generation.py) sample from its output row; emit events.
 The loop runs in its own thread; `submit` and `cancel` are safe to call from any thread.
 Nothing here prints: callers read events, `records` (per iteration) and `stats`.
+On shutdown (`EngineThread.shutdown`) `_drain` ends every running slot and fails queued tasks.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from .batch import Batch
 from .context import Context
-from .engine_thread import EngineThread
+from .engine_thread import EngineThread, shutdown_error
 from .generation import Generation, GenerationParams
 from .memory import DecodeError
 from .prompt_cache import pick_slot, reuse_cache
@@ -152,22 +153,13 @@ class Scheduler(EngineThread):
         s.t_last = time.perf_counter()
         p = task.params
         if p.stream:
-            task.emit(
-                Partial(
-                    task,
-                    s.id,
-                    step.token,
-                    step.text,
-                    gen.n_decoded,
-                    len(task.prompt),
-                    step.prob,
-                    s.timings() if p.timings_per_token else None,
-                )
-            )
+            tm = s.timings() if p.timings_per_token else None
+            task.emit(Partial(task, s.id, step.token, step.text, gen.n_decoded, len(task.prompt), step.prob, tm))
         if step.done:
             self._finish(s)
 
-    def _finish(self, s: Slot) -> None:
+    def _finish(self, s: Slot, stop_type: str = "", reason: str = "") -> None:
+        """The task's Final event; `stop_type` / `reason` override the generation's own (shutdown)."""
         task, gen = s.task, s.gen
         assert task is not None and gen is not None
         tail = gen.finish()
@@ -181,7 +173,7 @@ class Scheduler(EngineThread):
                 gen.n_decoded,
                 len(task.prompt),
                 len(s.cache),
-                s.stop_type,
+                stop_type or s.stop_type,
                 gen.stopping_word,
                 gen.truncated,
                 gen.has_new_line,
@@ -190,7 +182,7 @@ class Scheduler(EngineThread):
             )
         )
         self.stats.generation_done(gen.n_decoded, (s.t_last - s.t_prompt_done) * 1e3)
-        self._release(s, s.stop_type)
+        self._release(s, reason or s.stop_type)
 
     def _release(self, s: Slot, reason: str) -> None:
         task = s.task
@@ -248,6 +240,20 @@ class Scheduler(EngineThread):
     def _fail_all(self, e: Exception) -> None:
         for s in self.slots:
             self._fail(s, RequestError(f"internal error: {e}", 500, "server_error"))
+
+    def _drain(self) -> None:
+        """Shutdown: a generating slot ends as if it reached n_predict (stop_type "limit", so
+        finish_reason "length", with the text so far); a task still reading its prompt or
+        waiting for a slot has nothing to return and gets 503."""
+        self._reap_cancelled()
+        while self.queue:
+            t = self.queue.popleft()
+            t.emit(Failed(t, shutdown_error()))
+        for s in self.slots:
+            if s.state is SlotState.GENERATING:
+                self._finish(s, "limit", "shutdown")
+            else:
+                self._fail(s, shutdown_error())
 
     def _launch_queued(self) -> None:
         waiting: deque[Task] = deque()

@@ -29,7 +29,7 @@ class IterationRecord:
 class ReleaseRecord:
     slot: int
     task: int
-    reason: str  # "eos" | "word" | "limit" | "cancelled" | "error"
+    reason: str  # "eos" | "word" | "limit" | "cancelled" | "error" | "shutdown"
     iteration: int
     cancel_iteration: int = -1
 
