@@ -60,6 +60,15 @@ def server(
     log_disable: bool = typer.Option(
         False, "--log-disable", help="no startup log and no per-request lines", rich_help_panel=SERVER
     ),
+    log_verbosity: int = typer.Option(
+        3,
+        "-lv",
+        "--verbosity",
+        "--log-verbosity",
+        envvar="LLAMA_LOG_VERBOSITY",
+        help="log threshold, llama.cpp's levels (4 = debug: a line per request); failures always logged",
+        rich_help_panel=SERVER,
+    ),
     n_parallel: int = typer.Option(
         -1,
         "-np",
@@ -201,4 +210,4 @@ def server(
             backend,
         )
 
-    serve(host, port, options, load, timeout=timeout, log_disable=log_disable)
+    serve(host, port, options, load, timeout=timeout, log_disable=log_disable, log_verbosity=log_verbosity)
