@@ -39,7 +39,7 @@ async def complete(st: ServerState, request: Request, kind: str) -> Response:
     vocab = s.vocab
     body, prompts = read_prompts(st, body, kind)
     params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False))
-    token_lists = [st.tokenize_prompt(p) for p in prompts]
+    token_lists = [st.tokenize_prompt(p, n_ctx=s.n_ctx_slot) for p in prompts]
     for toks in token_lists:  # before any task runs: one prompt too long fails the whole request
         if (err := context_error(len(toks), s.n_ctx_slot)) is not None:
             raise err

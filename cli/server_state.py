@@ -14,7 +14,7 @@ from ..engine.chat_template import ChatTemplate
 from ..engine.errors import UbatchError
 from ..engine.sampling import SamplerParams
 from ..engine.scheduler import Scheduler
-from ..engine.server_task import IdCounter, RequestError
+from ..engine.server_task import IdCounter, RequestError, context_error
 from .server_oai import chat_messages
 from .server_params import ServerDefaults
 
@@ -44,6 +44,7 @@ class ServerState:
         self.ids = IdCounter()
         self.model_id = self.options.alias or ""
         self.chat: ChatTemplate | None = None
+        self.max_token_chars = 1  # the longest token text: no token covers more of a prompt
 
     def attach(self, scheduler: Scheduler) -> None:
         o, m = self.options, scheduler.ctx.model
@@ -58,6 +59,8 @@ class ServerState:
             n_cache_reuse=scheduler.cache_reuse,
         )
         self.model_id = o.alias or m.path.name
+        v = scheduler.vocab
+        self.max_token_chars = max(1, max((len(v.token_text(i)) for i in range(v.n_tokens)), default=1))
         self.scheduler = scheduler  # last: this makes the server ready
 
     def sch(self) -> Scheduler:
@@ -74,9 +77,18 @@ class ServerState:
             raise RequestError(str(e)) from None
 
     def tokenize_prompt(
-        self, parts: list[str | int], add_special: bool = True, parse_special: bool = True
+        self, parts: list[str | int], add_special: bool = True, parse_special: bool = True, n_ctx: int = 0
     ) -> list[int]:
-        """One prompt of strings and token ids -> token ids; BOS only before a leading string."""
+        """One prompt of strings and token ids -> token ids; BOS only before a leading string.
+
+        With `n_ctx`, a prompt that cannot fit is refused before it is tokenized: no token covers
+        more than `max_token_chars` characters, which bounds its token count from below. So a
+        10 MB prompt costs a length check, not seconds of tokenizing on the event loop."""
+        n_chars = sum(len(p) for p in parts if isinstance(p, str))
+        if n_ctx > 0 and n_chars > 0:  # (token ids alone are counted exactly below)
+            at_least = sum(1 for p in parts if not isinstance(p, str)) + -(-n_chars // self.max_token_chars)
+            if (err := context_error(at_least, n_ctx, at_least=True)) is not None:
+                raise err
         vocab, out = self.sch().vocab, []
         for i, p in enumerate(parts):
             if isinstance(p, str):

@@ -181,12 +181,14 @@ class IdCounter:
             return self._n - 1
 
 
-def context_error(n_prompt: int, n_ctx: int) -> RequestError | None:
-    """llama-server's exceed_context_size_error when a prompt leaves no room to generate."""
+def context_error(n_prompt: int, n_ctx: int, at_least: bool = False) -> RequestError | None:
+    """llama-server's exceed_context_size_error when a prompt leaves no room to generate;
+    `at_least`: n_prompt is a lower bound (the prompt was refused before it was tokenized)."""
     if n_prompt < n_ctx:
         return None
     return RequestError(
-        f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it",
+        f"request ({'at least ' if at_least else ''}{n_prompt} tokens) exceeds the available context size"
+        f" ({n_ctx} tokens), try increasing it",
         400,
         "exceed_context_size_error",
         n_prompt_tokens=n_prompt,

@@ -235,3 +235,15 @@ def test_exception_in_the_engine_fails_only_that_request(
     assert (err["code"], err["type"]) == (500, "server_error") and "injected failure" in err["message"]
     monkeypatch.undo()
     assert_healthy(url)
+
+
+def test_huge_prompt_is_refused_before_tokenizing(srv: tuple[str, Scheduler]) -> None:
+    """A prompt that cannot fit is refused by its length: no token is longer than the vocabulary's
+    longest, so its token count has a lower bound, and 4 MB never reach the tokenizer."""
+    url, _ = srv
+    r = httpx.post(url + "/completion", json={"prompt": "ab " * 1_400_000, "n_predict": 1}, timeout=60)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "exceed_context_size_error" and err["n_ctx"] == 256 and err["n_prompt_tokens"] >= 256
+    assert err["message"].startswith("request (at least ")
+    assert_healthy(url)
