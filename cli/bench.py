@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import typer
 
+from . import validate
 from .common import backend_option, err_console, resolve_model, user_errors
 
 TESTS, PARAMS, RUN, OUT = "Tests", "Parameters (comma lists and ranges: 1-8, 64-512*2, 0-4096+1024)", "Run", "Output"
@@ -126,43 +127,45 @@ def bench(
     ),
 ) -> None:
     from ..engine.bench_params import BenchError, BenchParams, check_params, expand, int_list, pair_list, str_list
+
+    # the lists and numbers first: bench_params and validate answer a typo before torch loads
+    ub_flag, ub_values = "-ub", ubatch_size
+    if sweep_ub is not None:
+        if ubatch_size:
+            raise BenchError("--sweep-ub and -ub both give the -ub list; use one of them")
+        ub_flag, ub_values = "--sweep-ub", [sweep_ub]
+        n_gen = ["0"] if n_gen is None else n_gen
+        plot = Path("ub-sweep.png") if plot is None else plot
+    p = BenchParams(
+        models=[],
+        n_prompt=int_list(n_prompt, [512], "-p", 0, "n_prompt"),
+        n_gen=int_list(n_gen, [128], "-n", 0, "n_gen"),
+        n_pg=pair_list(pg),
+        n_depth=int_list(depth, [0], "-d", 0, "n_depth"),
+        n_batch=int_list(batch_size, [2048], "-b", 1, "n_batch"),
+        n_ubatch=int_list(ub_values, [512], ub_flag, 1, "n_ubatch"),
+        n_outputs_max=int_list(n_outputs_max, [0], "-nom", 0, "n_outputs_max"),
+        n_threads=int_list(threads, [0], "-t", 1, "n_threads"),  # the default 0 = every core
+        reps=validate.positive("-r", reps, "reps"),
+        warmup=not no_warmup,
+        profile=profile,
+        delay=validate.finite("--delay", delay, "delay", 0.0),
+        backend=backend,
+    )
     from ..engine.bench_run import run_bench
     from ..engine.kv_cache import KV_TYPES
     from .bench_format import FORMATS, format_results
     from .bench_plot import write_plot
     from .bench_target import check_plot_path, output_target, write_file
 
-    if sweep_ub is not None:
-        if ubatch_size:
-            raise BenchError("--sweep-ub and -ub both give the -ub list; use one of them")
-        ubatch_size = [sweep_ub]
-        if n_gen is None:
-            n_gen = ["0"]
-        if plot is None:
-            plot = Path("ub-sweep.png")
+    validate.backend(backend)
+    p.type_k = str_list(ctk, ["f16"], "-ctk", KV_TYPES)
+    p.type_v = str_list(ctv, ["f16"], "-ctv", KV_TYPES)
     fmt, out_path = output_target(output, "-o")
-    if output_err is not None and output_err not in FORMATS:
-        raise BenchError(f"-oe {output_err!r}: use one of {', '.join(FORMATS)}")
+    if output_err is not None:
+        validate.choice("-oe", output_err, "output format", FORMATS)
     if plot is not None:
         check_plot_path(plot)
-    p = BenchParams(
-        models=[],
-        n_prompt=int_list(n_prompt, [512], "-p"),
-        n_gen=int_list(n_gen, [128], "-n"),
-        n_pg=pair_list(pg),
-        n_depth=int_list(depth, [0], "-d"),
-        n_batch=int_list(batch_size, [2048], "-b"),
-        n_ubatch=int_list(ubatch_size, [512], "--sweep-ub" if sweep_ub is not None else "-ub"),
-        type_k=str_list(ctk, ["f16"], "-ctk", KV_TYPES),
-        type_v=str_list(ctv, ["f16"], "-ctv", KV_TYPES),
-        n_outputs_max=int_list(n_outputs_max, [0], "-nom"),
-        n_threads=int_list(threads, [0], "-t"),
-        reps=reps,
-        warmup=not no_warmup,
-        profile=profile,
-        delay=delay,
-        backend=backend,
-    )
     check_params(p)
     p.models = [Path(m) for m in model] if model else [resolve_model(None)]
     for m in p.models:
@@ -232,16 +235,20 @@ def batched_bench(
     ),
     output_format: str = typer.Option("md", "--output-format", help="md or jsonl", rich_help_panel=OUT),
 ) -> None:
-    from ..engine.batched_bench import BatchedParams, run_batched_bench
     from ..engine.bench_params import BenchError, int_list
-    from ..engine.kv_cache import KV_TYPES
+
+    validate.choice("--output-format", output_format, "output format", ("md", "jsonl"))
+    validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
+    n_pp = int_list(npp, [128, 256, 512], "-npp", 0, "n_pp")
+    n_tg = int_list(ntg, [128, 256], "-ntg", 0, "n_tg")
+    n_pl = int_list(npl, [1, 2, 4, 8, 16, 32], "-npl", 1, "n_pl")
+    for v in n_pl:  # these import the engine's tables: last
+        validate.n_parallel(v, flag="-npl")
+    validate.kv_types(ctk, ctv)
+    validate.backend(backend)
+    from ..engine.batched_bench import BatchedParams, run_batched_bench
     from .batched_format import batched_header_line, batched_jsonl_row, batched_md_head, batched_md_row
 
-    if output_format not in ("md", "jsonl"):
-        raise BenchError(f"--output-format {output_format!r}: use md or jsonl")
-    for flag, t in (("-ctk", ctk), ("-ctv", ctv)):
-        if t not in KV_TYPES:
-            raise BenchError(f"{flag} {t!r}: use one of {', '.join(KV_TYPES)}")
     p = BatchedParams(
         model=resolve_model(model),
         n_ctx=ctx_size,
@@ -250,9 +257,9 @@ def batched_bench(
         n_threads=threads if threads > 0 else 0,
         type_k=ctk,
         type_v=ctv,
-        n_pp=int_list(npp, [128, 256, 512], "-npp"),
-        n_tg=int_list(ntg, [128, 256], "-ntg"),
-        n_pl=int_list(npl, [1, 2, 4, 8, 16, 32], "-npl"),
+        n_pp=n_pp,
+        n_tg=n_tg,
+        n_pl=n_pl,
         pps=pps,
         tgs=tgs,
         kvu=kvu,

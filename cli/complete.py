@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from . import validate
 from .common import backend_option, check_text, err_console, process_escapes, read_text_file, resolve_model, user_errors
 
 MODEL, CTX, BATCH, SAMPLING, OUTPUT = "Model", "Context", "Batching", "Sampling", "Output"
@@ -138,6 +139,13 @@ def cli(
         rich_help_panel=OUTPUT,
     ),
 ) -> None:
+    validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
+    validate.generation_flags(n_predict, keep)
+    validate.at_least("--n-outputs-max", n_outputs_max, "n_outputs_max", 0)
+    validate.sampling_flags(temp, top_k, top_p, min_p, seed, repeat_penalty, repeat_last_n)
+    validate.n_parallel(parallel)  # these three import the engine's tables: last
+    validate.kv_types(ctk, ctv)
+    validate.backend(backend)
     chat = (
         conversation
         if conversation is not None

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from ..engine.errors import UbatchError
+from . import validate
 from .common import backend_option, resolve_model, user_errors
 
 
@@ -20,7 +21,10 @@ def parse_bytes(text: str) -> int:
     if not m:
         raise UbatchError(f"--fit {text!r}: not a size; use bytes or a number with K, M, G (e.g. 1.5G)")
     mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
-    return int(float(m.group(1)) * mult)
+    n = int(float(m.group(1)) * mult)
+    if n <= 0:
+        raise UbatchError(f"--fit {text!r}: invalid value for the memory budget: must be above 0 bytes")
+    return n
 
 
 @user_errors
@@ -46,6 +50,13 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     verbose: bool = typer.Option(False, "--verbose", help="also print llama.cpp-format startup lines"),
 ) -> None:
+    validate.context_flags(ctx_size, batch_size, ubatch_size)
+    if n_outputs_max is not None:
+        validate.at_least("--n-outputs-max", n_outputs_max, "n_outputs_max", 0)
+    budget = parse_bytes(fit_budget) if fit_budget is not None else None
+    validate.n_parallel(parallel)  # these three import the engine's tables: last
+    validate.kv_types(ctk, ctv)
+    validate.backend(backend)
     from ..engine.context import Context
     from ..engine.model import Model
     from ..engine.params import ContextParams
@@ -66,8 +77,8 @@ def info(
         n_outputs_max=parallel if n_outputs_max is None else n_outputs_max,
         backend=backend,
     )
-    if fit_budget is not None:
-        params, plan = fit(m, params, parse_bytes(fit_budget))
+    if budget is not None:
+        params, plan = fit(m, params, budget)
         ctx = None
     else:
         ctx = Context(m, params)
@@ -76,7 +87,7 @@ def info(
         d = plan_json(plan)
         if fit_budget is not None:
             d["fit"] = {
-                "budget_bytes": parse_bytes(fit_budget),
+                "budget_bytes": budget,
                 "n_ctx": params.n_ctx,
                 "n_ubatch": params.n_ubatch,
                 "n_seq_max": params.n_seq_max,

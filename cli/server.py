@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 import typer
 
-from .common import backend_option, fail, read_text_file, user_errors
+from . import validate
+from .common import backend_option, read_text_file, user_errors
 
 MODEL, SERVER, CTX, BATCH, SAMPLING = "Model", "Server", "Context", "Batching", "Sampling"
 
@@ -149,14 +150,20 @@ def server(
     repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", rich_help_panel=SAMPLING),
     repeat_last_n: int = typer.Option(64, "--repeat-last-n", rich_help_panel=SAMPLING),
 ) -> None:
-    if n_parallel == 0 or n_parallel < -1:
-        fail("invalid value for n_parallel (use -1 for auto or a positive number of slots)")
+    validate.in_range("--port", port, "port", 0, 65535)
+    validate.positive("-to", timeout, "timeout")
+    validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
+    validate.at_least("--cache-reuse", cache_reuse, "n_cache_reuse", 1, sentinel=(0, "off"))
+    validate.fraction("-sps", slot_prompt_similarity, "slot_prompt_similarity")
+    validate.generation_flags(n_predict)
+    validate.sampling_flags(temp, top_k, top_p, min_p, seed, repeat_penalty, repeat_last_n)
+    validate.n_parallel(n_parallel, auto=True)  # these three import the engine's tables: last
+    validate.kv_types(ctk, ctv)
+    validate.backend(backend)
     if n_parallel < 0:  # llama-server's auto: 4 slots and a unified KV cache, whatever -no-kvu says
         n_parallel, kv_unified = 4, True
     elif no_kv_unified:
         kv_unified = False
-    if not 0 <= port <= 65535:
-        fail(f"invalid port {port}")
     if chat_template is not None:  # fail before loading anything
         from ..engine.chat_template import load_template
 

@@ -8,14 +8,22 @@ llama-bench's order.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UbatchError
-from .kv_cache import KV_TYPES
-from .params import ContextParams
+
+if TYPE_CHECKING:
+    from .params import ContextParams
+
+# the engine's tables (KV_TYPES, ContextParams) pull in torch: imported where used, so a typo in a
+# list is answered before torch loads
+INT32_MAX = 2**31 - 1  # llama-bench reads list items with std::stoi
+MAX_LIST = 4096  # values one flag may expand to: `-p 1-2000000000` is a typo, not 2e9 tests
 
 
 class BenchError(UbatchError):
@@ -40,6 +48,8 @@ def parse_int_range(text: str, flag: str = "value") -> list[int]:
             )
         first = int(m[1])
         last = int(m[2]) if m[2] is not None else first
+        if last > INT32_MAX:
+            raise BenchError(f"{flag} {item!r}: invalid value: must be at most {INT32_MAX}")
         op, step = m[3] or "+", int(m[4]) if m[4] is not None else 1
         if first > last:
             raise BenchError(
@@ -48,6 +58,8 @@ def parse_int_range(text: str, flag: str = "value") -> list[int]:
         i = first
         while i <= last:
             out.append(i)
+            if len(out) > MAX_LIST:
+                raise BenchError(f"{flag} {text!r}: more than {MAX_LIST} values; use a larger step or a *mult range")
             nxt = i + step if op == "+" else i * step
             if nxt <= i:
                 raise BenchError(
@@ -57,11 +69,16 @@ def parse_int_range(text: str, flag: str = "value") -> list[int]:
     return out
 
 
-def int_list(values: Sequence[str] | None, default: Sequence[int], flag: str) -> list[int]:
-    """Repeated flags and comma lists concatenate; a user-given list replaces the default."""
+def int_list(values: Sequence[str] | None, default: Sequence[int], flag: str, lo: int = 0, name: str = "") -> list[int]:
+    """Repeated flags and comma lists concatenate; a user-given list replaces the default. Every
+    value the user gives must be at least `lo` (the default may hold a sentinel, e.g. -t 0 = all)."""
     if not values:
         return list(default)
-    return [v for text in values for v in parse_int_range(text, flag)]
+    out = [v for text in values for v in parse_int_range(text, flag)]
+    for v in out:
+        if v < lo:
+            raise BenchError(f"{flag} {v}: invalid value for {name or flag}: must be at least {lo}")
+    return out
 
 
 def str_list(
@@ -147,6 +164,8 @@ class BenchTest:
         return self.n_prompt + self.n_gen + self.n_depth
 
     def context_params(self) -> ContextParams:
+        from .params import ContextParams
+
         return ContextParams(
             n_ctx=self.n_ctx,
             n_batch=self.n_batch,
@@ -204,11 +223,19 @@ def expand(p: BenchParams) -> list[BenchTest]:
 
 
 def check_params(p: BenchParams) -> None:
-    if p.reps < 1:
-        raise BenchError(f"-r {p.reps}: at least one repetition is needed")
-    for name, vals in (("-b", p.n_batch), ("-ub", p.n_ubatch)):
-        if any(v <= 0 for v in vals):
-            raise BenchError(f"{name}: values must be positive")
+    """What a run needs of its parameters, whoever built them (the CLI has already said which
+    flag was wrong; a caller of run_bench gets the same one-line errors)."""
+    from .kv_cache import KV_TYPES
+
+    if not 1 <= p.reps <= INT32_MAX:
+        raise BenchError(f"-r {p.reps}: invalid value for reps: must be at least 1")
+    if not math.isfinite(p.delay) or p.delay < 0:
+        raise BenchError(f"--delay {p.delay!r}: invalid value for delay: must be a finite number of seconds >= 0")
+    lists = (("-b", p.n_batch, 1), ("-ub", p.n_ubatch, 1), ("-nom", p.n_outputs_max, 0), ("-t", p.n_threads, 0))
+    for flag, vals, lo in lists:
+        for v in vals:
+            if not lo <= v <= INT32_MAX:
+                raise BenchError(f"{flag} {v}: invalid value: must be at least {lo}")
     for t in (*p.type_k, *p.type_v):
         if t not in KV_TYPES:
             raise BenchError(f"unsupported KV cache type {t!r}; use one of {', '.join(KV_TYPES)}")

@@ -1,0 +1,118 @@
+"""Every command-line value is checked before the model loads: one line naming the flag, the
+value and what is allowed, exit 1, no traceback.
+
+Each case passes `-m /nonexistent.gguf` with the bad value: an error about the value (not about
+the file) shows the check ran first. The checks that need no engine table run before torch is
+imported, so most of these processes live well under a second; they run together in a pool.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+MISSING = "/nonexistent.gguf"
+
+# (command, flags, what stderr must say)
+BAD: list[tuple[str, list[str], str]] = [
+    ("cli", ["-ub", "0"], "-ub 0: invalid value for n_ubatch: must be at least 1"),
+    ("cli", ["-b", "0"], "-b 0: invalid value for n_batch"),
+    ("cli", ["-c", "-5"], "-c -5: invalid value for n_ctx: use 0 (from the model)"),
+    ("cli", ["-c", "4294967296"], "-c 4294967296: invalid value for n_ctx"),
+    ("cli", ["-np", "0"], "-np 0: invalid value for n_parallel: must be at least 1"),
+    ("cli", ["-np", "257"], "-np 257: invalid value for n_parallel: must be between 1 and 256"),
+    ("cli", ["-t", "0"], "-t 0: invalid value for n_threads: use -1 (all cores)"),
+    ("cli", ["-t", "-2"], "-t -2: invalid value for n_threads"),
+    ("cli", ["-n", "-2"], "-n -2: invalid value for n_predict: use -1 (unlimited)"),
+    ("cli", ["--keep", "-2"], "--keep -2: invalid value for n_keep"),
+    ("cli", ["--n-outputs-max", "-1"], "--n-outputs-max -1: invalid value for n_outputs_max"),
+    ("cli", ["--temp", "nan"], "--temp nan: invalid value for temp: must be a finite number"),
+    ("cli", ["--temp", "inf"], "--temp inf: invalid value for temp"),
+    ("cli", ["--top-k", "-1"], "--top-k -1: invalid value for top_k"),
+    ("cli", ["--top-p", "1.5"], "--top-p 1.5: invalid value for top_p: must be between 0 and 1"),
+    ("cli", ["--min-p", "-0.1"], "--min-p -0.1: invalid value for min_p"),
+    ("cli", ["-s", "-2"], "-s -2: invalid value for seed: use -1 (random)"),
+    ("cli", ["-s", "4294967296"], "-s 4294967296: invalid value for seed"),
+    ("cli", ["--repeat-penalty", "0"], "--repeat-penalty 0.0: invalid value for penalty_repeat: must be above 0"),
+    ("cli", ["--repeat-penalty", "nan"], "--repeat-penalty nan: invalid value for penalty_repeat"),
+    ("cli", ["--repeat-last-n", "-2"], "--repeat-last-n -2: invalid value for penalty_last_n"),
+    ("cli", ["-ctk", "q9"], "-ctk 'q9': invalid value for type_k: use one of f32, f16"),
+    ("cli", ["--backend", "cuda9"], "--backend 'cuda9': invalid value for backend: use one of auto"),
+    ("server", ["-np", "0"], "-np 0: invalid value for n_parallel: use -1 (auto)"),
+    ("server", ["-np", "-3"], "-np -3: invalid value for n_parallel"),
+    ("server", ["--port", "65536"], "--port 65536: invalid value for port: must be between 0 and 65535"),
+    ("server", ["-to", "0"], "-to 0: invalid value for timeout"),
+    ("server", ["--cache-reuse", "-1"], "--cache-reuse -1: invalid value for n_cache_reuse: use 0 (off)"),
+    ("server", ["-sps", "nan"], "-sps nan: invalid value for slot_prompt_similarity"),
+    ("server", ["-ub", "0"], "-ub 0: invalid value for n_ubatch"),
+    ("server", ["--temp", "nan"], "--temp nan: invalid value for temp"),
+    ("bench", ["-ub", "0"], "-ub 0: invalid value for n_ubatch: must be at least 1"),
+    ("bench", ["-ub", "512,0"], "-ub 0: invalid value for n_ubatch"),
+    ("bench", ["-t", "0"], "-t 0: invalid value for n_threads: must be at least 1"),
+    ("bench", ["-r", "0"], "-r 0: invalid value for reps: must be at least 1"),
+    ("bench", ["-b", "0-4"], "-b 0: invalid value for n_batch"),
+    ("bench", ["--delay", "nan"], "--delay nan: invalid value for delay"),
+    ("bench", ["--sweep-ub", "0-8+4"], "--sweep-ub 0: invalid value for n_ubatch"),
+    ("bench", ["-p", "1-2000000000"], "-p '1-2000000000': more than 4096 values"),
+    ("bench", ["-n", "3000000000"], "-n '3000000000': invalid value: must be at most 2147483647"),
+    ("batched-bench", ["-npl", "0"], "-npl 0: invalid value for n_pl: must be at least 1"),
+    ("batched-bench", ["-npl", "1,300"], "-npl 300: invalid value for n_parallel"),
+    ("batched-bench", ["-t", "0"], "-t 0: invalid value for n_threads"),
+    ("batched-bench", ["-ub", "0"], "-ub 0: invalid value for n_ubatch"),
+    ("batched-bench", ["--output-format", "csv"], "--output-format 'csv': invalid value for output format"),
+    ("info", ["-np", "0"], "-np 0: invalid value for n_parallel"),
+    ("info", ["-ub", "0"], "-ub 0: invalid value for n_ubatch"),
+    ("info", ["-c", "-1"], "-c -1: invalid value for n_ctx"),
+    ("info", ["--n-outputs-max", "-3"], "--n-outputs-max -3: invalid value for n_outputs_max"),
+    ("info", ["--fit", "0"], "--fit '0': invalid value for the memory budget"),
+]
+
+# llama.cpp's sentinels pass the checks: the process goes on to the model and fails on the file
+SENTINELS: list[tuple[str, list[str]]] = [
+    ("cli", ["-c", "0", "-n", "-1", "-t", "-1", "-s", "-1", "--keep", "-1", "--repeat-last-n", "-1", "--temp", "-1"]),
+    ("cli", ["-p", "x", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--n-outputs-max", "0", "-np", "256"]),
+    ("bench", ["-t", "1,2", "-d", "0", "-nom", "0", "-r", "1"]),
+]
+
+
+def _run(cmd: str, flags: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="80", NO_COLOR="1")  # narrow: a wrapped message would show as two lines
+    return subprocess.run(
+        [sys.executable, "-m", "ubatch.cli.main", cmd, "-m", MISSING, *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[int, subprocess.CompletedProcess]:
+    cases = [(c, f) for c, f, _ in BAD] + SENTINELS
+    with ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2))) as pool:
+        return dict(enumerate(pool.map(lambda cf: _run(*cf), cases)))
+
+
+@pytest.mark.parametrize("i", range(len(BAD)), ids=[f"{c} {' '.join(f)}" for c, f, _ in BAD])
+def test_bad_value_is_one_line_before_the_model(runs: dict, i: int) -> None:
+    cmd, flags, needle = BAD[i]
+    r = runs[i]
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1, r.stderr
+    assert err[0].startswith("error: ") and needle in err[0], err[0]
+    assert MISSING not in r.stderr and r.stdout == ""  # the value was refused before the file was opened
+
+
+@pytest.mark.parametrize("i", range(len(SENTINELS)), ids=[f"{c} {' '.join(f)}" for c, f in SENTINELS])
+def test_sentinels_pass_the_checks(runs: dict, i: int) -> None:
+    r = runs[len(BAD) + i]
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1 and MISSING in r.stderr, r.stderr  # got as far as the model file
+    assert "invalid value" not in r.stderr, r.stderr
