@@ -11,8 +11,8 @@ error JSON) or a stream that ended in an error event.
 
 Being the outermost middleware, it is also where an exception that escaped a route stops: it
 becomes llama-server's 500 JSON (or, once a stream has started, an error event that ends it)
-and one log line, never an ASGI traceback; a request cancelled because the server stopped
-waiting for it at shutdown ends quietly the same way.
+and one log line, never an ASGI traceback; a request the server stopped waiting for at shutdown
+(a client slower than the grace period) gets the shutdown's 503 the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
+from ..engine.engine_thread import shutdown_error
 from ..engine.server_task import RequestError
 from . import server_json as sj
 from .common import err_console
@@ -145,18 +146,18 @@ class AccessLog:
         except asyncio.CancelledError:  # the server stopped waiting for this request (shutdown)
             rec.note = "cancelled at shutdown"
             rec.fail("the server shut down before the response was complete")
+            await self._answer_failure(rec, shutdown_error(), done, receive, send)
         except Exception as e:  # a bug in a route: the client still gets an answer
             rec.fail(f"{type(e).__name__}: {e}")
-            await self._answer_failure(rec, done, receive, send)
+            await self._answer_failure(rec, RequestError(rec.error, 500, "server_error"), done, receive, send)
         finally:
             _current.reset(token)
             self._log(rec)
 
-    async def _answer_failure(self, rec: RequestRecord, done: bool, receive: Any, send: Any) -> None:
-        err = RequestError(rec.error, 500, "server_error")
+    async def _answer_failure(self, rec: RequestRecord, err: RequestError, done: bool, receive: Any, send: Any) -> None:
         try:
-            if not rec.status:  # nothing sent yet: llama-server's 500 JSON
-                rec.status = 500
+            if not rec.status:  # nothing sent yet: llama-server's error JSON
+                rec.status = err.code
                 await error_response(err)({"type": "http"}, receive, send)
             elif not done:  # a stream: end it with an error event; other bodies just end
                 chunk = sj.sse(sj.error_json(err.code, err.message, err.type)) if rec.sse else b""

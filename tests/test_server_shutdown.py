@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from starlette.testclient import TestClient
+
+from ubatch.cli.server_log import AccessLog
 
 ENDLESS = {"n_predict": -1, "ignore_eos": True, "temperature": 0}
 SHUTDOWN_503 = {"code": 503, "message": "Server is shutting down", "type": "unavailable_error"}
@@ -100,8 +103,12 @@ def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return t, out
 
 
-def test_sigterm_ends_a_stream_answers_the_queue_503_and_exits(tiny_gemma: Path) -> None:
+def test_sigterm_ends_a_stream_answers_the_queue_503_and_logs_failures(tiny_gemma: Path) -> None:
     with server(tiny_gemma, "-np", "1", "--metrics") as srv:
+        bad = httpx.post(srv.url + "/completion", content=b"{not json", headers={"Content-Type": "application/json"})
+        missing = httpx.get(srv.url + "/no/such/route")
+        ok = httpx.post(srv.url + "/completion", json={"prompt": "a", "n_predict": 2})
+        assert (bad.status_code, missing.status_code, ok.status_code) == (400, 404, 200)
         events: list[dict[str, Any]] = []
 
         def stream() -> None:
@@ -131,9 +138,13 @@ def test_sigterm_ends_a_stream_answers_the_queue_503_and_exits(tiny_gemma: Path)
         r = q_out["result"]
         assert (r.status_code, r.json()) == (503, {"error": SHUTDOWN_503})
         assert "Traceback" not in srv.log
-        # quiet by default: the 200 stream has no access line; the 503 is an error and has one
-        access = [x for x in srv.lines if "log_server_r" in x]
-        assert len(access) == 1 and " 503 " in access[0] and "Server is shutting down" in access[0], access
+    # quiet by default: the 200s have no access line; each failure has one, with its cause
+    access = [x for x in srv.lines if "log_server_r" in x]
+    assert len(access) == 3, access
+    bad_line, missing_line, queued_line = access
+    assert "POST /completion 127.0.0.1 400 | " in bad_line and "error: Invalid JSON in the request body" in bad_line
+    assert "GET /no/such/route 127.0.0.1 404 | " in missing_line and "error: File Not Found" in missing_line
+    assert "POST /completion 127.0.0.1 503 | " in queued_line and "error: Server is shutting down" in queued_line
 
 
 def test_sigint_gives_a_non_streaming_request_its_partial_result(tiny_gemma: Path) -> None:
@@ -171,17 +182,26 @@ def test_a_second_signal_exits_at_once(tiny_gemma: Path) -> None:
         assert "Traceback" not in srv.log
 
 
-def test_errors_are_logged_one_line_each(tiny_gemma: Path) -> None:
-    with server(tiny_gemma, "-np", "1") as srv:
-        bad = httpx.post(srv.url + "/completion", content=b"{not json", headers={"Content-Type": "application/json"})
-        missing = httpx.get(srv.url + "/no/such/route")
-        ok = httpx.post(srv.url + "/completion", json={"prompt": "a", "n_predict": 2})
-        assert (bad.status_code, missing.status_code, ok.status_code) == (400, 404, 200)
-        srv.wait_line("/no/such/route")
-        assert srv.signal_and_wait() == 0
-    access = [x for x in srv.lines if "log_server_r" in x]
-    assert len(access) == 2, access  # the 200 is quiet at the default verbosity
-    bad_line, missing_line = access
-    assert "POST /completion 127.0.0.1 400 | " in bad_line and "error: Invalid JSON in the request body" in bad_line
-    assert "GET /no/such/route 127.0.0.1 404 | " in missing_line and "error: File Not Found" in missing_line
-    assert "Traceback" not in srv.log
+def test_an_exception_in_a_route_is_one_line_and_an_answer() -> None:
+    """The access log is the last guard: before the response starts a 500 JSON, inside a stream
+    an error event that ends it; one log line each, no traceback."""
+    lines: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/stream":
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+            )
+            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+        raise ValueError("boom\nsecond line")
+
+    client = TestClient(AccessLog(app, write=lines.append), raise_server_exceptions=False)
+    r = client.get("/plain")
+    assert r.status_code == 500
+    assert r.json() == {"error": {"code": 500, "message": "ValueError: boom second line", "type": "server_error"}}
+    r = client.get("/stream")
+    assert r.status_code == 200 and r.text.endswith(
+        'data: {"error":{"code":500,"message":"ValueError: boom second line","type":"server_error"}}\n\n'
+    )
+    assert len(lines) == 2 and all("\n" not in x and "error: ValueError: boom second line" in x for x in lines), lines
+    assert " 500 | " in lines[0] and " 200 | " in lines[1]
