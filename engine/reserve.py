@@ -98,7 +98,9 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 def human(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    if n >= 2**30:
+        return f"{n / 2**30:,.1f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def check_fits(sizes: ContextSizes, cp: CParams, device: torch.device, available: int | None = None) -> None:
