@@ -50,6 +50,8 @@ def in_range(
     allowed = f"must be {_span(lo, hi)}"
     if sentinel is not None:
         allowed = f"use {sentinel[0]} ({sentinel[1]}) or a value {'of ' if hi >= INT32_MAX else ''}{_span(lo, hi)}"
+        if v < 0 <= sentinel[0]:
+            allowed = f"cannot be negative; {allowed}"
     raise invalid(flag, v, name, allowed)
 
 
@@ -129,8 +131,8 @@ def n_parallel(v: int, auto: bool = False, flag: str = "-np") -> int:
 def kv_types(ctk: str, ctv: str) -> None:
     from ..engine.kv_cache import KV_TYPES
 
-    choice("-ctk", ctk, "type_k", KV_TYPES)
-    choice("-ctv", ctv, "type_v", KV_TYPES)
+    choice("-ctk", ctk, "the KV cache type of K", KV_TYPES)
+    choice("-ctv", ctv, "the KV cache type of V", KV_TYPES)
 
 
 def backend(name: str) -> str:

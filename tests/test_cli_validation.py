@@ -21,7 +21,7 @@ MISSING = "/nonexistent.gguf"
 BAD: list[tuple[str, list[str], str]] = [
     ("cli", ["-ub", "0"], "-ub 0: invalid value for n_ubatch: must be at least 1"),
     ("cli", ["-b", "0"], "-b 0: invalid value for n_batch"),
-    ("cli", ["-c", "-5"], "-c -5: invalid value for n_ctx: use 0 (from the model)"),
+    ("cli", ["-c", "-5"], "-c -5: invalid value for n_ctx: cannot be negative; use 0 (from the model)"),
     ("cli", ["-c", "4294967296"], "-c 4294967296: invalid value for n_ctx"),
     ("cli", ["-np", "0"], "-np 0: invalid value for n_parallel: must be at least 1"),
     ("cli", ["-np", "257"], "-np 257: invalid value for n_parallel: must be between 1 and 256"),
@@ -40,7 +40,7 @@ BAD: list[tuple[str, list[str], str]] = [
     ("cli", ["--repeat-penalty", "0"], "--repeat-penalty 0.0: invalid value for penalty_repeat: must be above 0"),
     ("cli", ["--repeat-penalty", "nan"], "--repeat-penalty nan: invalid value for penalty_repeat"),
     ("cli", ["--repeat-last-n", "-2"], "--repeat-last-n -2: invalid value for penalty_last_n"),
-    ("cli", ["-ctk", "q9"], "-ctk 'q9': invalid value for type_k: use one of f32, f16"),
+    ("cli", ["-ctk", "q9"], "-ctk 'q9': invalid value for the KV cache type of K: use one of f32, f16"),
     ("cli", ["--backend", "cuda9"], "--backend 'cuda9': invalid value for backend: use one of auto"),
     ("server", ["-np", "0"], "-np 0: invalid value for n_parallel: use -1 (auto)"),
     ("server", ["-np", "-3"], "-np -3: invalid value for n_parallel"),
