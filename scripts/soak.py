@@ -30,6 +30,8 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep: the cores are shared
 
 import argparse  # noqa: E402
+import ctypes  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import random  # noqa: E402
@@ -95,6 +97,7 @@ KINDS = [
     Kind("timeout", NATIVE, greedy=False, hangup="timeout"),
     Kind("bad", greedy=False, bad=True),
 ]
+BAD = KINDS[-1]
 
 
 @dataclass(frozen=True)
@@ -175,13 +178,13 @@ def judge_error(out: Outcome, code: int, text: str) -> None:
         out.status = "unexpected"
 
 
-def run_action(url: str, kind: Kind, prompt: str, n: int, bad: list[Bad], index: int = 0) -> Outcome:
-    """Send one request of `kind` and say what came of it; never raises."""
+def run_action(http: httpx.Client, kind: Kind, prompt: str, n: int, bad: list[Bad], index: int = 0) -> Outcome:
+    """Send one request of `kind` on the client's connection pool and say what came of it; never raises."""
     out, t0 = Outcome(kind, index), time.perf_counter()
     try:
         if kind.bad:
             b = bad[index % len(bad)]
-            r = httpx.post(url + b.route, content=b.body, timeout=SAFETY_TIMEOUT)
+            r = http.post(b.route, content=b.body, timeout=SAFETY_TIMEOUT)
             if r.status_code < 300:
                 out.status = "served" if r.status_code in b.expect else "unexpected"
             else:
@@ -190,11 +193,11 @@ def run_action(url: str, kind: Kind, prompt: str, n: int, bad: list[Bad], index:
                 out.status = "unexpected"
             out.detail = f"{b.name}: {r.status_code} {out.detail}"
         elif kind.stream:
-            _stream(url, kind, body_of(kind, prompt, n * 8 if kind.hangup else n), out)
+            _stream(http, kind, body_of(kind, prompt, n * 8 if kind.hangup else n), out)
         else:
             body = body_of(kind, prompt, n * 8 if kind.hangup else n)
             timeout = CLIENT_TIMEOUT if kind.hangup == "timeout" else SAFETY_TIMEOUT
-            r = httpx.post(url + kind.route, json=body, timeout=timeout)
+            r = http.post(kind.route, json=body, timeout=timeout)
             if r.status_code != 200:
                 judge_error(out, r.status_code, r.text)
             else:
@@ -211,12 +214,12 @@ def run_action(url: str, kind: Kind, prompt: str, n: int, bad: list[Bad], index:
     return out
 
 
-def _stream(url: str, kind: Kind, body: dict[str, Any], out: Outcome) -> None:
+def _stream(http: httpx.Client, kind: Kind, body: dict[str, Any], out: Outcome) -> None:
     """Read a server-sent-events stream to its end (or hang up early); a stream that ends
     without its final event or an error event leaves `out` lost."""
     parts: list[str] = []
     n_events = 0
-    with httpx.stream("POST", url + kind.route, json=body, timeout=SAFETY_TIMEOUT) as r:
+    with http.stream("POST", kind.route, json=body, timeout=SAFETY_TIMEOUT) as r:
         if r.status_code != 200:
             judge_error(out, r.status_code, r.read().decode("utf-8", "replace"))
             return
@@ -341,7 +344,13 @@ def kv_problems(sch: Any) -> list[str]:
 
 
 def rss_mb() -> float:
-    """This process's resident set (the server runs in it), from /proc."""
+    """This process's resident set (the server runs in it), from /proc, after handing freed heap
+    back to the OS (gc, then glibc's malloc_trim): what is held, not what the allocator kept."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -395,20 +404,26 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def schedule(
-    rng: random.Random, n_clients: int, per_client: int, n_prompts: int, n_bad: int
+    rng: random.Random, n_clients: int, per_client: int, n_prompts: int, n_bad: int, bad_per_client: int, r: int
 ) -> list[list[tuple[Kind, int]]]:
-    """Each client's (kind, prompt or bad-request index) for one round: the kinds in turn (so a
-    round has each one when it has enough requests), shuffled by the seed."""
+    """Each client's (kind, prompt or bad-request index) for round r: the kinds in turn (so a
+    round has each one when it has enough requests), shuffled by the seed; then each client's
+    extra bad requests (cheap: no generation) at random places, every bad request in turn."""
     kinds = [KINDS[i % len(KINDS)] for i in range(n_clients * per_client)]
     rng.shuffle(kinds)
     plan = [(k, rng.randrange(n_bad if k.bad else n_prompts)) for k in kinds]
-    return [plan[c * per_client : (c + 1) * per_client] for c in range(n_clients)]
+    out = [plan[c * per_client : (c + 1) * per_client] for c in range(n_clients)]
+    for c, acts in enumerate(out):
+        for j in range(bad_per_client):
+            acts.insert(rng.randrange(len(acts) + 1), (BAD, ((r * n_clients + c) * bad_per_client + j) % n_bad))
+    return out
 
 
 def run(args: argparse.Namespace, log: Any = print) -> Report:
     rep, t_start = Report(), time.perf_counter()
     deadline = t_start + args.time_limit
     srv = InProcessServer(resolve_model(args.model), args.parallel, args.ctx_size, args.fail_every)
+    http = httpx.Client(base_url=srv.url)
     try:
         rep.setup = (
             f"{srv.model_name}, -np {args.parallel}, -c {srv.sch.ctx.cparams.n_ctx} (n_ctx_slot {srv.sch.n_ctx_slot})"
@@ -416,11 +431,14 @@ def run(args: argparse.Namespace, log: Any = print) -> Report:
         log(f"soak: {rep.setup}, server at {srv.url}")
         prompts, bad = PROMPTS[: args.prompts], bad_requests(srv.sch.n_ctx_slot)
         rng = random.Random(args.seed)
-        plans = [schedule(rng, args.clients, args.per_client, len(prompts), len(bad)) for _ in range(args.rounds)]
+        plans = [
+            schedule(rng, args.clients, args.per_client, len(prompts), len(bad), args.bad, r)
+            for r in range(args.rounds)
+        ]
         # the reference: each distinct greedy request once, alone, without the prompt cache
         solo: dict[tuple[str, int], str] = {}
         for route, i in sorted({(k.route, i) for plan in plans for acts in plan for k, i in acts if k.greedy}):
-            ref = run_action(srv.url, Kind("solo", route).solo(), prompts[i], args.n_predict, bad, i)
+            ref = run_action(http, Kind("solo", route).solo(), prompts[i], args.n_predict, bad, i)
             if ref.status == "served" and ref.n_tokens == args.n_predict:
                 solo[(route, i)] = ref.content
             else:
@@ -450,10 +468,11 @@ def run(args: argparse.Namespace, log: Any = print) -> Report:
                 f"soak: round {r + 1}: {n} requests, RSS {rep.rss_mb[-1]:.1f} MB, slots {ok}, at {time.perf_counter() - t_start:.0f} s"
             )
         rep.n_injected, rep.n_cancelled = srv.inject.n_raised, srv.sch.stats.n_cancelled
-        after = run_action(srv.url, Kind("after", NATIVE).solo(), prompts[0], args.n_predict, bad, 0)
+        after = run_action(http, Kind("after", NATIVE).solo(), prompts[0], args.n_predict, bad, 0)
         if after.status != "served" or after.content != solo.get((NATIVE, 0), after.content):
             rep.unexpected.append(f"after the soak: {after.status} {after.detail}")
     finally:
+        http.close()
         srv.close()
     rep.seconds = time.perf_counter() - t_start
     rep.machine = machine()
@@ -482,11 +501,12 @@ def run_round(
     barrier = threading.Barrier(len(plan))
 
     def client(c: int) -> None:
-        barrier.wait()
-        for kind, i in plan[c]:
-            if time.perf_counter() > deadline:
-                break
-            results[c].append(run_action(srv.url, kind, prompts[i % len(prompts)], n, bad, i))
+        with httpx.Client(base_url=srv.url) as http:  # one client's pool: a hang-up closes its connection
+            barrier.wait()
+            for kind, i in plan[c]:
+                if time.perf_counter() > deadline:
+                    break
+                results[c].append(run_action(http, kind, prompts[i % len(prompts)], n, bad, i))
         done[c] = True
 
     threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(len(plan))]
@@ -561,6 +581,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--per-client", type=int, default=2, help="requests per client per round")
+    p.add_argument("--bad", type=int, default=2, help="extra bad requests per client per round")
     p.add_argument("-np", "--parallel", type=int, default=2)
     p.add_argument("-c", "--ctx-size", type=int, default=1024)
     p.add_argument("-n", "--n-predict", type=int, default=24, help="tokens per greedy request")
@@ -572,8 +593,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("clients", "rounds", "per_client", "parallel", "ctx_size", "n_predict", "prompts"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
-    if a.prompts > len(PROMPTS) or a.fail_every < 0 or not a.time_limit > 0:
-        p.error(f"--prompts must be at most {len(PROMPTS)}, --fail-every >= 0, --time-limit > 0")
+    if a.prompts > len(PROMPTS) or a.bad < 0 or a.fail_every < 0 or not a.time_limit > 0:
+        p.error(f"--prompts must be at most {len(PROMPTS)}, --bad and --fail-every >= 0, --time-limit > 0")
     return a
 
 
