@@ -57,10 +57,9 @@ def info(
     validate.n_parallel(parallel)  # these three import the engine's tables: last
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
-    from ..engine.context import Context
     from ..engine.model import Model
     from ..engine.params import ContextParams
-    from ..engine.report import fit, memory_plan
+    from ..engine.report import fit, plan_for
     from .memory_view import breakdown_table, plan_json, plan_table
     from .present import startup_lines
 
@@ -77,12 +76,8 @@ def info(
         n_outputs_max=parallel if n_outputs_max is None else n_outputs_max,
         backend=backend,
     )
-    if budget is not None:
-        params, plan = fit(m, params, budget)
-        ctx = None
-    else:
-        ctx = Context(m, params)
-        plan = memory_plan(ctx)
+    # sized from shapes: info allocates none of the buffers it reports
+    params, plan = fit(m, params, budget) if budget is not None else (params, plan_for(m, params))
     if as_json:
         d = plan_json(plan)
         if fit_budget is not None:
@@ -96,7 +91,7 @@ def info(
         return
     out = Console()
     if verbose:
-        for line in startup_lines(ctx or Context(m, params), plan):
+        for line in startup_lines(None, plan, model=m, params=params):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
     if fit_budget is not None:
         out.print(f"fit {fit_budget}: -c {params.n_ctx} -ub {params.n_ubatch} -np {params.n_seq_max}")

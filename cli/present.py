@@ -5,15 +5,29 @@ from __future__ import annotations
 
 from ..engine.context import Context
 from ..engine.generate import CompletionStats
-from ..engine.report import MemoryPlan, memory_plan
+from ..engine.model import Model
+from ..engine.params import ContextParams, derive
+from ..engine.report import MemoryPlan, memory_plan, plan_for
 from ..engine.units import mib, tokens_per_second
 from .memory_view import llama_lines
 
 
-def startup_lines(ctx: Context, plan: MemoryPlan | None = None) -> list[str]:
-    """llama.cpp's startup log: the model, the context parameters, then the MemoryPlan's lines."""
-    m, cp, hp = ctx.model, ctx.cparams, ctx.model.hparams
-    p = plan or memory_plan(ctx)
+def startup_lines(
+    ctx: Context | None,
+    plan: MemoryPlan | None = None,
+    *,
+    model: Model | None = None,
+    params: ContextParams | None = None,
+) -> list[str]:
+    """llama.cpp's startup log: the model, the context parameters, then the MemoryPlan's lines.
+    Without a context (`ubatch info` allocates none), `model` and `params` say the same."""
+    if ctx is not None:
+        m, cp, p = ctx.model, ctx.cparams, plan or memory_plan(ctx)
+    else:
+        assert model is not None and params is not None
+        m, cp = model, derive(params, model.hparams)
+        p = plan or plan_for(model, params)
+    hp = m.hparams
     return [
         f"llama_model_loader: loaded {m.path.name}: {m.name} ({hp.arch}), {p.n_params / 1e6:.2f} M params, "
         f"{mib(p.model_bytes):.2f} MiB, {p.bits_per_weight:.2f} BPW",
