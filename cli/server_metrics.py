@@ -14,7 +14,10 @@ from ..engine.units import tokens_per_second
 
 
 def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
-    task = s.task or s.last_task
+    """One /slots entry. It is read on the event loop while the engine thread runs the slot, so
+    the task and generation are read once (a slot that starts a task meanwhile swaps them)."""
+    task, gen = s.task or s.last_task, s.gen
+    n_decoded = gen.n_decoded if gen is not None else 0
     res: dict[str, Any] = {
         "id": s.id,
         "n_ctx": s.n_ctx,
@@ -25,7 +28,7 @@ def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
     }
     if task is not None:
         p = task.params
-        n_remain = p.n_predict - s.n_decoded if p.n_predict >= 0 else -1
+        n_remain = p.n_predict - n_decoded if p.n_predict >= 0 else -1
         res.update(
             {
                 "id_task": task.id,
@@ -36,13 +39,13 @@ def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
                 "next_token": [
                     {
                         "has_next_token": s.busy,
-                        "has_new_line": s.has_new_line,
+                        "has_new_line": bool(gen and gen.has_new_line),
                         "n_remain": n_remain,
-                        "n_decoded": s.n_decoded,
+                        "n_decoded": n_decoded,
                     }
                 ],
                 "prompt": task.prompt_text or detokenize(task.prompt),
-                "generated": s.text,
+                "generated": gen.text if gen is not None else "",
             }
         )
     return res
