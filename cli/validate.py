@@ -138,4 +138,6 @@ def kv_types(ctk: str, ctv: str) -> None:
 def backend(name: str) -> str:
     from ..kernels.backends import names
 
-    return choice("--backend", name, "backend", names())
+    if name not in names():
+        raise FlagError(f"--backend {_shown(name)}: unknown backend {name!r}; use one of {', '.join(names())}")
+    return name
