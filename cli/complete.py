@@ -206,18 +206,18 @@ def cli(
         ctx = Context(m, params)
         if chat and not no_warmup:
             ctx.warmup()
+    sp = SamplerParams(  # llama.cpp's sampler chain, shared by chat and one-shot
+        temp=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=LLAMA_DEFAULT_SEED if seed < 0 else seed,
+        repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n,
+    )
     if chat:
         from .chat import ChatOptions, run_chat
 
-        sp = SamplerParams(
-            temp=temp,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=LLAMA_DEFAULT_SEED if seed < 0 else seed,
-            repeat_penalty=repeat_penalty,
-            repeat_last_n=repeat_last_n,
-        )
         opts = ChatOptions(
             system=system_prompt,
             first_prompt=prompt or None,
@@ -243,15 +243,6 @@ def cli(
     if not log_disable:
         for line in startup_lines(ctx):
             err_console.print(line, markup=False, highlight=False, soft_wrap=True)
-    sp = SamplerParams(
-        temp=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seed=LLAMA_DEFAULT_SEED if seed < 0 else seed,
-        repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n,
-    )
     sampler = Sampler(sp)
     if not log_disable:
         err_console.print(f"sampler seed: {sampler.seed}", markup=False, highlight=False)
