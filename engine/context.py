@@ -31,7 +31,6 @@ from .reserve import Reservation, check_fits, plan_sizes, reserve
 class PerfCounters:
     """llama_perf_context's counters: multi-token decodes are prompt eval, 1-token ones eval."""
 
-    t_p_eval_ms: float = 0.0
     n_p_eval: int = 0
     t_eval_ms: float = 0.0
     n_eval: int = 0
@@ -245,5 +244,4 @@ class Context:
             self.perf.t_eval_ms += dt
             self.perf.n_eval += 1
         else:
-            self.perf.t_p_eval_ms += dt
             self.perf.n_p_eval += batch.n_tokens

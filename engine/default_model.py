@@ -14,8 +14,6 @@ from pathlib import Path
 
 from .errors import ModelLoadError
 
-DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
-
 
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

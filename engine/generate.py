@@ -107,7 +107,7 @@ def complete(
         raise ContextError(
             "context shift needs every KV cache to hold the whole context; with a sliding-window model add --swa-full"
         )
-    cache = cache if cache is not None else [0] * n_past
+    cache = cache if cache is not None else [0] * n_past  # without the caller's tokens only its length matters
     params = GenerationParams(n_predict=n_predict, ignore_eos=ignore_eos, ctx_shift=ctx_shift, n_keep=n_keep)
     gen = Generation(ctx.model.vocab, sampler, params, ctx.cparams.n_ctx_seq, cache)
     t0 = time.perf_counter()

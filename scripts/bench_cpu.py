@@ -156,40 +156,10 @@ def main() -> None:
     for n in npl:
         print(f"| {n} | {ubb[n]:.1f} | {lb[n]:.1f} | {ubb[n] / lb[n]:.2f}x |")
 
-    cli = [
-        sys.executable,
-        "-m",
-        "ubatch.cli.main",
-        "cli",
-        "-m",
-        str(path),
-        "-c",
-        "4096",
-        "-n",
-        "16",
-        "--temp",
-        "0",
-        "-p",
-        PROMPT,
-        "-t",
-        str(a.t),
-    ]
-    lcc = [
-        str(bin_dir / "llama-completion"),
-        "-m",
-        str(path),
-        "-c",
-        "4096",
-        "-n",
-        "16",
-        "--temp",
-        "0",
-        "-p",
-        PROMPT,
-        "-t",
-        str(a.t),
-        "-no-cnv",
-    ]
+    # the same completion for both: 16 greedy tokens at -c 4096
+    args = ["-m", str(path), "-c", "4096", "-n", "16", "--temp", "0", "-p", PROMPT, "-t", str(a.t)]
+    cli = [sys.executable, "-m", "ubatch.cli.main", "cli", *args]
+    lcc = [str(bin_dir / "llama-completion"), *args, "-no-cnv"]
     ru, rl = peak_rss_mib(cli), peak_rss_mib(lcc)
     print(
         f"\npeak RSS, 16-token completion at -c 4096: ubatch {ru:.0f} MiB, llama-completion {rl:.0f} MiB (difference {ru - rl:+.0f} MiB)"
