@@ -150,12 +150,8 @@ class Generation:
         if lp is not None:  # a partial selection of k: O(V) per token whatever n_probs asked for
             top = torch.topk(lp, min(p.n_probs, N_PROBS_MAX, lp.numel()))
             piece = self.vocab.token_to_piece
-            prob = TokenProb(
-                tok,
-                piece(tok),
-                float(lp[tok]),
-                [(int(i), piece(int(i)), float(v)) for v, i in zip(top.values, top.indices)],
-            )
+            ids, vals = top.indices.tolist(), top.values.tolist()  # plain numbers: no per-element tensors
+            prob = TokenProb(tok, piece(tok), float(lp[tok]), [(i, piece(i), v) for i, v in zip(ids, vals)])
             self.probs.append(prob)
         self.t_sample_ms += (time.perf_counter() - t0) * 1e3
         return Step(tok, self._process(tok), prob, self.done)
