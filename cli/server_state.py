@@ -32,6 +32,17 @@ class ServerOptions:
     n_predict: int = -1
     sampling: SamplerParams = field(default_factory=SamplerParams)
     cache_prompt: bool = True
+    embedding: bool = False  # --embedding: the embedding routes answer (completions still do too)
+    pooling: str | None = None  # --pooling none|mean|cls|last|rank (None: the model's pooling type)
+    reranking: bool = False  # --reranking: /rerank answers (implies embedding, pooling rank)
+    tags: tuple[str, ...] = ()  # --tags, listed in /v1/models
+    aliases: tuple[str, ...] = ()  # --alias a,b: every name the model answers to (first: its id)
+    cors_origins: str = "localhost"  # reflect only localhost origins (llama.cpp b8xxx says "*" and warns)
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = False
+    api_prefix: str = ""
+    grammar: str = ""  # --grammar / --grammar-file / -j: the default GBNF of every request
 
 
 class ServerState:
