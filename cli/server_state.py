@@ -37,7 +37,7 @@ class ServerOptions:
     reranking: bool = False  # --reranking: /rerank answers (implies embedding, pooling rank)
     tags: tuple[str, ...] = ()  # --tags, listed in /v1/models
     aliases: tuple[str, ...] = ()  # --alias a,b: every name the model answers to (first: its id)
-    cors_origins: str = "localhost"  # reflect only localhost origins (llama.cpp b8xxx says "*" and warns)
+    cors_origins: str = "localhost"  # reflect only localhost origins; "*" is llama.cpp's (it warns)
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = False
