@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..engine.server_task import Failed, Final, RequestError, Task, context_error
 from . import server_json as sj
+from .server_chat import chat_prompt
 from .server_http import api, error_response, internal_error, read_json
 from .server_oai import oai_chat_body, oai_completion_body
 from .server_params import parse_params, split_prompts
@@ -22,22 +23,23 @@ from .server_state import ServerState
 from .server_stream import EventStream, Reader, sse_events
 
 
-def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any], list[list[str | int]]]:
-    """The native body and its prompts; kind is "native", "oai" or "chat"."""
+def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any], list[list[str | int]], str]:
+    """The native body, its prompts and the assistant prefill; kind is "native", "oai" or "chat"."""
     if kind == "chat":
         body = oai_chat_body(body)
-        return body, [[st.render(body["messages"])]]
+        chat = chat_prompt(st, body)
+        return body, [[chat.text]], chat.prefill
     if kind == "oai":
         body = oai_completion_body(body)
     elif not isinstance(body, dict) or "prompt" not in body:
         raise RequestError('"prompt" is required')
-    return body, split_prompts(body["prompt"])
+    return body, split_prompts(body["prompt"]), ""
 
 
 async def complete(st: ServerState, request: Request, kind: str) -> Response:
     s, body = st.sch(), await read_json(request)
     vocab = s.vocab
-    body, prompts = read_prompts(st, body, kind)
+    body, prompts, prefill = read_prompts(st, body, kind)
     params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False))
     token_lists = [st.tokenize_prompt(p, n_ctx=s.n_ctx_slot) for p in prompts]
     for toks in token_lists:  # before any task runs: one prompt too long fails the whole request
@@ -52,14 +54,14 @@ async def complete(st: ServerState, request: Request, kind: str) -> Response:
             reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text) for j in range(n)]
         for t in reader.tasks:
             s.submit(t)
-        return await _respond(reader, params.stream, kind, model)
+        return await _respond(reader, params.stream, kind, model, prefill)
     except BaseException:  # a bug (or a cancelled handler): free the slots, then the 500 of `api`
         reader.disconnect()
         reader.close()
         raise
 
 
-async def _respond(reader: Reader, stream: bool, kind: str, model: str) -> Response:
+async def _respond(reader: Reader, stream: bool, kind: str, model: str, prefill: str = "") -> Response:
     """Await the request's events: the SSE stream, or every task's Final as one JSON body."""
     first = await reader.get()
     if first is Reader.GONE:
@@ -69,9 +71,9 @@ async def _respond(reader: Reader, stream: bool, kind: str, model: str) -> Respo
         reader.disconnect()  # cancel the request's other tasks
         reader.close()
         return error_response(first.error)
-    cid = sj.new_id("chatcmpl-" if kind == "chat" else "cmpl-")
+    cid = sj.new_id("chatcmpl-")  # llama-server's id for every kind
     if stream:
-        return EventStream(guarded(sse_events(reader, first, kind, cid, model), reader), reader)
+        return EventStream(guarded(sse_events(reader, first, kind, cid, model, prefill), reader), reader)
     finals: list[Final] = []
     ev = first
     while True:
@@ -88,6 +90,8 @@ async def _respond(reader: Reader, stream: bool, kind: str, model: str) -> Respo
                 break
         ev = await reader.get()
     reader.close()
+    for f in finals:
+        f.content = prefill + f.content
     if kind == "chat":
         return JSONResponse(sj.oai_chat(finals, cid, model))
     if kind == "oai":

@@ -1,5 +1,5 @@
-"""The read-only routes of `ubatch server`: /health, /models, /props, /slots, /metrics and
-ubatch's own /iterations.
+"""The monitoring routes of `ubatch server`: /health, /models, /props (and POST /props), /slots,
+/metrics and ubatch's own /iterations.
 
 Monitoring and client discovery read the scheduler's state without submitting work; keeping
 them apart from the completion path keeps each module about one thing.
@@ -7,15 +7,13 @@ them apart from the completion path keeps each module about one thing.
 
 from __future__ import annotations
 
-import time
-
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from ..engine.server_task import RequestError, TaskParams
-from . import server_json as sj
+from ..engine.server_task import RequestError
 from . import server_metrics
 from .server_http import api
+from .server_info import models_json, props_json
 from .server_state import ServerState
 
 
@@ -36,98 +34,31 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
     @app.get("/v1/models")
     @api
     async def models(request: Request) -> Response:
-        m, s = st.sch().ctx.model, st.sch()
-        hp, mid = m.hparams, st.model_id
-        meta = {
-            "vocab_type": 1,
-            "n_vocab": hp.n_vocab,
-            "n_ctx_train": hp.n_ctx_train,
-            "n_ctx": s.n_ctx_slot,
-            "n_embd": hp.n_embd,
-            "n_params": m.n_params,
-            "size": m.size_bytes,
-        }
-        return JSONResponse(
-            {
-                "models": [
-                    {
-                        "name": mid,
-                        "model": mid,
-                        "modified_at": "",
-                        "size": "",
-                        "digest": "",
-                        "type": "model",
-                        "description": "",
-                        "tags": [""],
-                        "capabilities": ["completion"],
-                        "parameters": "",
-                        "details": {
-                            "parent_model": "",
-                            "format": "gguf",
-                            "family": hp.arch,
-                            "families": [hp.arch],
-                            "parameter_size": "",
-                            "quantization_level": "",
-                        },
-                    }
-                ],
-                "object": "list",
-                "data": [
-                    {
-                        "id": mid,
-                        "aliases": [st.options.alias] if st.options.alias else [],
-                        "tags": [],
-                        "object": "model",
-                        "created": int(time.time()),
-                        "owned_by": "llamacpp",
-                        "meta": meta,
-                    }
-                ],
-            }
-        )
+        return JSONResponse(models_json(st))
 
     @app.get("/props")
     @api
     async def props(request: Request) -> Response:
-        s = st.sch()
-        m, vocab = s.ctx.model, s.vocab
-        assert st.chat is not None
-        tmpl = st.chat.source or st.chat.name
-        return JSONResponse(
-            {
-                "default_generation_settings": {
-                    "id": 0,
-                    "id_task": -1,
-                    "n_ctx": s.n_ctx_slot,
-                    "speculative": False,
-                    "is_processing": False,
-                    "params": TaskParams(
-                        n_predict=st.defaults.n_predict,
-                        sampling=st.defaults.sampling,
-                        cache_prompt=st.defaults.cache_prompt,
-                    ).to_json(),
-                },
-                "total_slots": len(s.slots),
-                "model_alias": st.model_id,
-                "model_path": str(m.path),
-                "modalities": {"vision": False, "audio": False},
-                "chat_template": tmpl,
-                "bos_token": vocab.token_text(vocab.bos),
-                "eos_token": vocab.token_text(vocab.eos),
-                "build_info": sj.BUILD_INFO,
-                "is_sleeping": False,
-                "endpoint_slots": st.options.slots,
-                "endpoint_props": False,
-                "endpoint_metrics": st.options.metrics,
-            }
-        )
+        return JSONResponse(props_json(st))
+
+    @app.post("/props")
+    @api
+    async def set_props(request: Request) -> Response:
+        """llama-server changes no property here either; it answers only when --props allows it."""
+        if not getattr(st.options, "props", False):
+            raise RequestError(
+                "This server does not support changing global properties. Start it with `--props`",
+                501,
+                "not_supported_error",
+            )
+        return JSONResponse({"success": True})
 
     @app.get("/slots")
     @api
     async def slots(request: Request) -> Response:
         _require_slots_endpoint(st)
         s = st.sch()
-        if request.query_params.get("fail_on_no_slot") not in (None, "", "0", "false") and all(x.busy for x in s.slots):
+        if request.query_params.get("fail_on_no_slot") and all(x.busy for x in s.slots):  # any value
             raise RequestError("no slot available", 503, "unavailable_error")
         return JSONResponse([server_metrics.slot_json(x, s.vocab.detokenize) for x in s.slots])
 

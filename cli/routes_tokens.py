@@ -1,4 +1,5 @@
-"""The tokenizer routes of `ubatch server`: /tokenize, /detokenize and /apply-template.
+"""The tokenizer routes of `ubatch server`: /tokenize, /detokenize, /apply-template and the
+chat token count (/chat/completions/input_tokens).
 
 They let a client see exactly what the completion routes would feed the model, without running
 it; they need the vocabulary and the chat template, never a slot.
@@ -12,9 +13,10 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from ..engine.server_task import RequestError
+from .server_chat import chat_prompt
 from .server_http import api, read_json
 from .server_oai import oai_chat_body
-from .server_params import get_bool, split_prompts
+from .server_params import get_bool, mixed_parts
 from .server_state import ServerState
 
 
@@ -22,8 +24,18 @@ def add_token_routes(app: FastAPI, st: ServerState) -> None:
     @app.post("/apply-template")
     @api
     async def apply_template(request: Request) -> Response:
+        """The prompt /chat/completions would run, without running it."""
         body = oai_chat_body(await read_json(request))
-        return JSONResponse({"prompt": st.render(body["messages"])})
+        return JSONResponse({"prompt": chat_prompt(st, body).text})
+
+    @app.post("/chat/completions/input_tokens")
+    @app.post("/v1/chat/completions/input_tokens")
+    @api
+    async def input_tokens(request: Request) -> Response:
+        """How many tokens a chat request's prompt is (llama-server's handle_count_tokens)."""
+        body = oai_chat_body(await read_json(request))
+        n = len(st.tokenize_prompt([chat_prompt(st, body).text]))
+        return JSONResponse({"input_tokens": n, "object": "response.input_tokens"})
 
     @app.post("/tokenize")
     @api
@@ -37,10 +49,7 @@ def add_token_routes(app: FastAPI, st: ServerState) -> None:
         add_special = get_bool(body, "add_special", False)
         parse_special = get_bool(body, "parse_special", True)
         with_pieces = get_bool(body, "with_pieces", False)
-        parts = split_prompts(content, "content")
-        if len(parts) != 1:
-            raise RequestError("Field 'content': expected a string or an array of tokens and strings")
-        toks = st.tokenize_prompt(parts[0], add_special, parse_special)
+        toks = st.tokenize_prompt(mixed_parts(content, "content"), add_special, parse_special)
         if not with_pieces:
             return JSONResponse({"tokens": toks})
         out = []

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
@@ -19,10 +18,12 @@ from ..engine.engine_thread import shutdown_error
 from ..engine.scheduler import Scheduler
 from ..engine.server_task import RequestError
 from .routes_completion import add_completion_routes
+from .routes_embedding import add_embedding_routes
 from .routes_info import add_info_routes
 from .routes_tokens import add_token_routes
 from .server_http import error_response
 from .server_log import LOG_LEVEL_INFO, AccessLog
+from .server_middleware import Edge
 from .server_state import ServerOptions, ServerState
 
 __all__ = ["PUBLIC_PATHS", "Gate", "ServerOptions", "ServerState", "create_app"]
@@ -44,7 +45,7 @@ class Gate:
                 err = RequestError("Loading model", 503, "unavailable_error")
             elif sch.shutting_down:  # a keep-alive connection after SIGTERM: no new work
                 err = shutdown_error()
-            elif self.state.options.api_keys and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
+            elif self.state.options.api_keys and scope["path"] not in PUBLIC_PATHS:
                 h = {k.lower(): v.decode("latin-1") for k, v in scope["headers"]}
                 auth = h.get(b"authorization", "")
                 key = auth[7:].strip() if auth.lower().startswith("bearer ") else h.get(b"x-api-key", "")
@@ -71,7 +72,7 @@ def create_app(
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = st
     app.add_middleware(Gate, state=st)
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(Edge, options=st.options)  # CORS, preflight, --api-prefix: before the Gate
     app.add_middleware(AccessLog, verbosity=log_verbosity)  # outermost: sees every answer, even the Gate's
 
     @app.exception_handler(StarletteHTTPException)
@@ -83,4 +84,5 @@ def create_app(
     add_info_routes(app, st)
     add_completion_routes(app, st)
     add_token_routes(app, st)
+    add_embedding_routes(app, st)
     return app

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from ..engine.generation import TokenProb
+from ..engine.prompt_progress import Progress
 from ..engine.server_task import Final, Partial
 
 FLT_LOWEST = -3.4028234663852886e38  # llama.cpp sends this instead of -inf (not valid JSON)
@@ -82,6 +83,20 @@ def native_partial(ev: Partial) -> dict[str, Any]:
     return res
 
 
+def native_progress(ev: Progress) -> dict[str, Any]:
+    """A prompt_progress chunk: a partial without text (llama-server sends token 0 with it)."""
+    return {
+        "index": ev.task.index,
+        "content": "",
+        "tokens": [0],
+        "stop": False,
+        "id_slot": ev.id_slot,
+        "tokens_predicted": 0,
+        "tokens_evaluated": ev.total,
+        "prompt_progress": ev.to_json(),
+    }
+
+
 def native_final(ev: Final, model: str) -> dict[str, Any]:
     p = ev.task.params
     res = {
@@ -143,24 +158,32 @@ def oai_completion(finals: list[Final], cid: str, model: str) -> dict[str, Any]:
         {"text": f.content, "index": f.task.index, "logprobs": _logprobs(f), "finish_reason": finish_reason(f)}
         for f in finals
     ]
-    return {
-        "choices": choices,
-        **_head("text_completion", cid, model),
-        "usage": _usage(finals),
-        "timings": finals[0].timings.to_json(),
-    }
+    return _verbose(
+        {
+            "choices": choices,
+            **_head("text_completion", cid, model),
+            "usage": _usage(finals),
+            "timings": finals[0].timings.to_json(),
+        },
+        finals[0],
+        model,
+    )
 
 
-def oai_completion_chunk(ev: Partial | Final, cid: str, model: str) -> list[dict[str, Any]]:
+def _verbose(res: dict[str, Any], ev: Final | Partial, model: str) -> dict[str, Any]:
+    """With "verbose": true an OpenAI body also carries the native one (llama-server's __verbose)."""
+    if ev.task.params.verbose:
+        res["__verbose"] = native_final(ev, model) if isinstance(ev, Final) else native_partial(ev)
+    return res
+
+
+def oai_completion_chunk(ev: Partial | Final | Progress, cid: str, model: str) -> list[dict[str, Any]]:
+    if isinstance(ev, Progress):
+        choice = {"text": "", "index": ev.task.index, "logprobs": None, "finish_reason": None}
+        return [{"choices": [choice], **_head("text_completion", cid, model), "prompt_progress": ev.to_json()}]
     if isinstance(ev, Partial):
-        return [
-            {
-                "choices": [
-                    {"text": ev.text, "index": ev.task.index, "logprobs": _logprobs(ev), "finish_reason": None}
-                ],
-                **_head("text_completion", cid, model),
-            }
-        ]
+        choice = {"text": ev.text, "index": ev.task.index, "logprobs": _logprobs(ev), "finish_reason": None}
+        return [_verbose({"choices": [choice], **_head("text_completion", cid, model)}, ev, model)]
     out = [
         {
             "choices": [
@@ -171,6 +194,7 @@ def oai_completion_chunk(ev: Partial | Final, cid: str, model: str) -> list[dict
             "timings": ev.timings.to_json(),
         }
     ]
+    _verbose(out[0], ev, model)
     return out
 
 
@@ -186,12 +210,16 @@ def oai_chat(finals: list[Final], cid: str, model: str) -> dict[str, Any]:
         if (lp := _logprobs(f)) is not None:
             c["logprobs"] = lp
         choices.append(c)
-    return {
-        "choices": choices,
-        **_head("chat.completion", cid, model),
-        "usage": _usage(finals),
-        "timings": finals[0].timings.to_json(),
-    }
+    return _verbose(
+        {
+            "choices": choices,
+            **_head("chat.completion", cid, model),
+            "usage": _usage(finals),
+            "timings": finals[0].timings.to_json(),
+        },
+        finals[0],
+        model,
+    )
 
 
 def _chat_chunk(index: int, delta: dict[str, Any], cid: str, model: str, finish: str | None = None) -> dict[str, Any]:
@@ -201,10 +229,14 @@ def _chat_chunk(index: int, delta: dict[str, Any], cid: str, model: str, finish:
     }
 
 
-def oai_chat_chunks(ev: Partial | Final, cid: str, model: str) -> list[dict[str, Any]]:
+def oai_chat_chunks(ev: Partial | Final | Progress, cid: str, model: str) -> list[dict[str, Any]]:
     """The chunks one event becomes: a role delta first, then content deltas; at the end an
-    empty delta with finish_reason and, with include_usage, a usage chunk."""
+    empty delta with finish_reason and, with include_usage, a usage chunk. A prompt_progress
+    event is a role delta carrying it."""
     i = ev.task.index
+    if isinstance(ev, Progress):
+        c = _chat_chunk(i, {"role": "assistant", "content": None}, cid, model)
+        return [{**c, "prompt_progress": ev.to_json()}]
     if isinstance(ev, Partial):
         out = []
         if ev.n_decoded == 1:
@@ -225,4 +257,5 @@ def oai_chat_chunks(ev: Partial | Final, cid: str, model: str) -> list[dict[str,
     if ev.task.params.include_usage:
         out.append({"choices": [], **_head("chat.completion.chunk", cid, model), "usage": _usage([ev])})
     out[-1]["timings"] = ev.timings.to_json()
+    _verbose(out[0], ev, model)
     return out

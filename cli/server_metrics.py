@@ -7,15 +7,20 @@ are apart from the completion bodies in cli/server_json.py.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..engine.scheduler import Scheduler, Slot
 from ..engine.units import tokens_per_second
 
+SLOTS_DEBUG = os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "") not in ("", "0")
+
 
 def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
-    """One /slots entry. It is read on the event loop while the engine thread runs the slot, so
-    the task and generation are read once (a slot that starts a task meanwhile swaps them)."""
+    """One /slots entry with llama-server's keys (plus `n_cache_tokens`, the cells the slot
+    holds); the prompt and generated text only with LLAMA_SERVER_SLOTS_DEBUG set, as there.
+    It is read on the event loop while the engine thread runs the slot, so the task and
+    generation are read once (a slot that starts a task meanwhile swaps them)."""
     task, gen = s.task or s.last_task, s.gen
     n_decoded = gen.n_decoded if gen is not None else 0
     res: dict[str, Any] = {
@@ -23,7 +28,6 @@ def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
         "n_ctx": s.n_ctx,
         "speculative": False,
         "is_processing": s.busy,
-        "state": s.state.value,
         "n_cache_tokens": len(s.cache),
     }
     if task is not None:
@@ -44,53 +48,68 @@ def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
                         "n_decoded": n_decoded,
                     }
                 ],
-                "prompt": task.prompt_text or detokenize(task.prompt),
-                "generated": gen.text if gen is not None else "",
             }
         )
+        if SLOTS_DEBUG:
+            res["prompt"] = task.prompt_text or detokenize(task.prompt)
+            res["generated"] = gen.text if gen is not None else ""
     return res
 
 
-_METRICS = [  # name, help, type
-    ("prompt_tokens_total", "Number of prompt tokens processed.", "counter"),
-    ("prompt_seconds_total", "Prompt process time", "counter"),
-    ("tokens_predicted_total", "Number of generation tokens processed.", "counter"),
-    ("tokens_predicted_seconds_total", "Predict process time", "counter"),
-    ("n_decode_total", "Total number of llama_decode() calls", "counter"),
-    ("n_tokens_max", "Largest observed n_tokens.", "counter"),
-    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", "gauge"),
-    ("predicted_tokens_seconds", "Average generation throughput in tokens/s.", "gauge"),
-    ("requests_processing", "Number of requests processing.", "gauge"),
-    ("requests_deferred", "Number of requests deferred.", "gauge"),
-    ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call", "gauge"),
+_COUNTERS = [  # llama-server's names and help texts, counters first, then gauges
+    ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens"),
+    ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache"),
+    ("prompt_seconds_total", "Total time spent processing prompts"),
+    ("tokens_predicted_total", "Number of generation tokens processed"),
+    ("tokens_predicted_seconds_total", "Total time spent generating tokens"),
+    ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding"),
+    ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
+    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
+    ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model"),
+    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
+]
+_GAUGES = [
+    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s"),
+    ("predicted_tokens_seconds", "Average generation throughput in tokens/s"),
+    ("requests_processing", "Number of requests processing"),
+    ("requests_deferred", "Number of requests deferred"),
+    ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
 ]
 
 
 def _num(v: float) -> str:
-    return str(v) if isinstance(v, int) else str(round(v, 6))
+    """A value as C++'s ostream writes a double (6 significant digits, %g): what llama-server sends."""
+    return f"{float(v):g}"
 
 
 def metrics_text(sch: Scheduler) -> str:
     """Prometheus text with llama.cpp's `llamacpp:` metrics, then this project's `ubatch:` ones
     (how many sequences and rows each decode carried)."""
     st = sch.stats
-    vals = [
+    counters = [
         st.n_prompt_tokens_total,
+        st.n_prompt_cached_total,
         st.t_prompt_ms_total / 1e3,
         st.n_predicted_total,
         st.t_predicted_ms_total / 1e3,
         st.n_decode_total,
         st.n_tokens_max,
+        0,  # no speculative decoding
+        0,
+        0,
+    ]
+    gauges = [
         tokens_per_second(st.n_prompt_tokens, st.t_prompt_ms),
         tokens_per_second(st.n_predicted, st.t_predicted_ms),
         sum(s.busy for s in sch.slots),
         sch.n_deferred,
         st.n_busy_slots_total / max(st.n_decode_total, 1),
     ]
-    st.reset_bucket()
+    st.reset_bucket()  # the gauges are averaged over the window between two scrapes
     lines = []
-    for (name, help, kind), v in zip(_METRICS, vals):
-        lines += [f"# HELP llamacpp:{name} {help}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {_num(v)}"]
+    for kind, items, vals in (("counter", _COUNTERS, counters), ("gauge", _GAUGES, gauges)):
+        for (name, help), v in zip(items, vals):
+            lines += [f"# HELP llamacpp:{name} {help}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {_num(v)}"]
 
     def emit(name: str, help: str, kind: str, v: float | list[tuple[str, float]]) -> None:
         lines.extend([f"# HELP ubatch:{name} {help}", f"# TYPE ubatch:{name} {kind}"])

@@ -151,6 +151,8 @@ def parse_params(
         n_cmpl=get_int(body, ("n_cmpl", "n"), 1, 1, max(1, d.n_parallel)),
         return_tokens=get_bool(body, "return_tokens", False),
         timings_per_token=get_bool(body, "timings_per_token", False),
+        return_progress=get_bool(body, "return_progress", False),
+        verbose=get_bool(body, "verbose", False),
     )
     p.logit_bias = _logit_bias(body.get("logit_bias"), d.n_vocab, tokenize)
     for unsupported in ("grammar", "json_schema"):
@@ -190,26 +192,44 @@ def _logit_bias(v: Any, n_vocab: int, tokenize: Callable[[str], list[int]] | Non
 # -- prompts (tokenize_input_prompts) ----------------------------------------------------------
 
 
+PROMPT_ELEMENTS = (
+    "elements must be a string, a list of tokens, a JSON object containing a prompt string,"
+    " or a list of mixed strings & tokens."
+)
+
+
 def split_prompts(prompt: Any, name: str = "prompt") -> list[list[str | int]]:
-    """llama.cpp's tokenize_input_prompts: a string, a token array or a mixed array is one
-    prompt; an array of those is several prompts (one task each)."""
+    """llama.cpp's tokenize_input_prompts: an array holding no token id is several prompts (one
+    task each), anything else is one prompt. A prompt is a string, an array of token ids, an
+    array mixing strings and token ids, or {"prompt_string": one of those}."""
+    if isinstance(prompt, list) and not any(_is_int(x) for x in prompt):
+        if not prompt:
+            raise RequestError(f'"{name}" must not be empty')
+        return [_subprompt(p, name) for p in prompt]
+    return [_subprompt(prompt, name)]
 
-    def one(p: Any) -> list[str | int] | None:
-        if isinstance(p, str):
-            return [p]
-        if isinstance(p, list) and all(isinstance(x, str) or _is_int(x) for x in p) and any(_is_int(x) for x in p):
+
+def _subprompt(p: Any, name: str) -> list[str | int]:
+    if isinstance(p, dict) and "prompt_string" in p:
+        p = p["prompt_string"]
+        if isinstance(p, list) and all(isinstance(x, str) or _is_int(x) for x in p):
+            return list(p)  # tokenize_mixed takes any array of strings and token ids here
+    if isinstance(p, str):
+        return [p]
+    if isinstance(p, list) and all(isinstance(x, str) or _is_int(x) for x in p):
+        if any(_is_int(x) for x in p) or not p:  # token ids, or strings mixed with token ids
             return list(p)
-        return None
+    raise RequestError(f'"{name}" {PROMPT_ELEMENTS}')
 
-    if (single := one(prompt)) is not None:
-        return [single]
-    if isinstance(prompt, list) and prompt:
-        many = [one(p) for p in prompt]
-        if all(m is not None for m in many):
-            return many  # type: ignore[return-value]
-    if isinstance(prompt, list) and not prompt:
-        return [[]]
-    raise RequestError(f'"{name}" must be a string, an array of token ids, or an array of prompts')
+
+def mixed_parts(content: Any, name: str) -> list[str | int]:
+    """llama.cpp's tokenize_mixed input (/tokenize "content"): a string, or an array of strings
+    and token ids tokenized in order (BOS only before a leading string)."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list) and all(isinstance(x, str) or _is_int(x) for x in content):
+        return list(content)
+    raise RequestError(f"Field '{name}': expected a string or an array of strings and token ids")
 
 
 def _is_int(x: Any) -> bool:

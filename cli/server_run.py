@@ -22,6 +22,7 @@ from typing import Any
 
 from .common import fail, resolve_model
 from .server_app import ServerOptions, ServerState, create_app
+from .server_bind import bind_all, parse_hosts
 from .server_log import LOG_LEVEL_INFO, log
 
 GRACEFUL_SHUTDOWN_S = 5  # how long a stopping server waits for clients to take their last bytes
@@ -49,20 +50,6 @@ def _quiet_server(config: Any, on_shutdown: Callable[[], None]) -> Any:
     return Server(config)
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """Bind before loading, as llama-server does: a busy port fails at once."""
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(2048)
-    except OSError as e:
-        fail(f"couldn't bind HTTP server socket, hostname: {host}, port: {port} ({e.strerror or e})")
-    sock.set_inheritable(True)
-    return sock
-
-
 def serve(
     host: str,
     port: int,
@@ -77,8 +64,10 @@ def serve(
     failed load ends the server with its one-line error."""
     import uvicorn
 
-    sock = bind(host, port)
-    bound_port = sock.getsockname()[1]
+    hosts = parse_hosts(host)
+    socks, addrs = bind_all(hosts, port)
+    tcp = [x.getsockname()[1] for x in socks if x.family != socket.AF_UNIX]
+    bound_port = tcp[0] if tcp else port
     state = ServerState(options)
     app = create_app(state=state, log_verbosity=None if log_disable else log_verbosity)
     result: dict[str, Any] = {}
@@ -97,9 +86,9 @@ def serve(
         lifespan="off",
         timeout_keep_alive=timeout,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        server_header=False,  # llama-server's "Server: llama.cpp" comes from the app
     )
     srv = _quiet_server(config, on_shutdown)
-    url = f"http://{host}:{bound_port}"
     if not log_disable:
         log(f"main: HTTP server is listening, hostname: {host}, port: {bound_port}, http threads: 1")
         log("main: loading model")
@@ -117,7 +106,8 @@ def serve(
                 assert state.chat is not None
                 log(f"srv  init: chat template: {state.chat.describe}")
                 log("main: model loaded")
-                log(f"main: server is listening on {url} - starting the main loop")
+                for a in addrs:
+                    log(f"srv  llama_server: listening on {a}")
                 log("srv  update_slots: all slots are idle")
         except Exception as e:  # a bad model or flag: one line, exit 1
             result["error"] = str(e)
@@ -126,10 +116,13 @@ def serve(
     loader = threading.Thread(target=load, name="ubatch-load", daemon=True)
     loader.start()
     try:
-        srv.run(sockets=[sock])
+        srv.run(sockets=socks)
     except KeyboardInterrupt:
         pass
     finally:
+        for h in hosts:
+            if h.endswith(".sock"):
+                Path(h).unlink(missing_ok=True)
         sch = result.get("scheduler")
         if sch is not None:
             sch.stop()
@@ -155,15 +148,27 @@ def load_scheduler(
     cont_batching: bool,
     quiet: bool,
     backend: str = "auto",
+    embedding: bool = False,
+    pooling: str | None = None,
+    reranking: bool = False,
 ) -> Any:
     """The model, its context (one sequence and one output row per slot) and the started
-    scheduler, logging llama-server's startup lines unless quiet."""
+    scheduler, logging llama-server's startup lines unless quiet. `embedding` (--embedding)
+    reserves hidden-state rows and, as llama-server, every row of a batch as an output, with
+    n_batch cut to n_ubatch; `pooling` is --pooling (None: the model's); `reranking` is
+    --reranking (embedding with rank pooling)."""
     from ..engine.context import Context
     from ..engine.model import Model
     from ..engine.params import ContextParams
     from ..engine.scheduler import Scheduler
 
     m = Model.load(resolve_model(model))
+    embedding, pooling = embedding or reranking, "rank" if reranking else pooling
+    notes = []
+    if embedding and batch_size > (ubatch_size or batch_size):
+        notes.append(f"embeddings enabled with n_batch ({batch_size}) > n_ubatch ({ubatch_size})")
+        notes.append(f"setting n_batch = n_ubatch = {ubatch_size} to avoid assertion failure")
+        batch_size = ubatch_size
     # llama-server: one sequence per slot; one output row per slot and iteration
     params = ContextParams(
         n_ctx=ctx_size,
@@ -171,14 +176,14 @@ def load_scheduler(
         n_ubatch=ubatch_size,
         n_seq_max=n_parallel,
         n_threads=threads if threads > 0 else 0,
-        n_outputs_max=n_parallel,
+        n_outputs_max=batch_size if embedding else n_parallel,
         type_k=ctk,
         type_v=ctv,
         kv_unified=kv_unified,
         swa_full=swa_full,
         backend=backend,
     )
-    ctx = Context(m, params)
+    ctx = Context(m, params, embeddings=embedding, pooling=pooling)
     if not no_warmup:
         ctx.warmup()
     sch = Scheduler(
@@ -194,6 +199,8 @@ def load_scheduler(
 
         for line in startup_lines(ctx):
             log(line)
+        for w in notes:
+            log(f"srv    load_model: WARN {w}")
         for w in sch.warnings:
             log(f"srv  load_model: WARN {w}")
         if sch.n_ctx_slot < ctx.cparams.n_ctx_seq:

@@ -69,7 +69,9 @@ class ServerState:
             cache_prompt=o.cache_prompt,
             n_cache_reuse=scheduler.cache_reuse,
         )
-        self.model_id = o.alias or m.path.name
+        from .server_info import model_name  # (a cycle at import time)
+
+        self.model_id = model_name(o, m.path)  # llama-server's: the first alias, else the path
         v = scheduler.vocab
         self.max_token_chars = max(1, max((len(v.token_text(i)) for i in range(v.n_tokens)), default=1))
         self.scheduler = scheduler  # last: this makes the server ready

@@ -14,6 +14,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from ..engine.prompt_progress import Progress
 from ..engine.scheduler import Scheduler
 from ..engine.server_task import Failed, Final, Partial, Task
 from . import server_json as sj
@@ -76,7 +77,11 @@ class EventStream(Response):
     def __init__(self, chunks: AsyncIterator[bytes], reader: Reader) -> None:
         self.chunks, self.reader = chunks, reader
         self.status_code, self.background = 200, None
-        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),  # llama-server: tell a proxy (nginx) not to buffer the stream
+        ]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
@@ -90,10 +95,13 @@ class EventStream(Response):
             self.reader.close()
 
 
-async def sse_events(reader: Reader, ev: Any, kind: str, cid: str, model: str) -> AsyncIterator[bytes]:
+async def sse_events(
+    reader: Reader, ev: Any, kind: str, cid: str, model: str, prefill: str = ""
+) -> AsyncIterator[bytes]:
     """The SSE chunks of a streamed request, from its first event `ev` until every task has
-    finished: native chunks for kind "native", OpenAI chunks (and `[DONE]`) for "oai" and "chat"."""
-    n_final = 0
+    finished: native chunks for kind "native", OpenAI chunks (and `[DONE]`) for "oai" and "chat".
+    `prefill` (a continued assistant message) starts each choice's first text."""
+    n_final, started = 0, set[int]()
     while True:
         if ev is Reader.GONE:
             return
@@ -101,7 +109,15 @@ async def sse_events(reader: Reader, ev: Any, kind: str, cid: str, model: str) -
             e = ev.error
             yield sj.sse(sj.error_json(e.code, e.message, e.type, **e.extra))
             return
-        if kind == "native":
+        if prefill and isinstance(ev, Partial | Final) and ev.task.index not in started:
+            started.add(ev.task.index)
+            if isinstance(ev, Partial):
+                ev.text = prefill + ev.text
+            else:
+                ev.content = prefill + ev.content
+        if isinstance(ev, Progress) and kind == "native":
+            chunks = [sj.native_progress(ev)]
+        elif kind == "native":
             chunks = [sj.native_partial(ev) if isinstance(ev, Partial) else sj.native_final(ev, model)]
         elif kind == "oai":
             chunks = sj.oai_completion_chunk(ev, cid, model)

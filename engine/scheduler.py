@@ -26,6 +26,7 @@ from .engine_thread import EngineThread, shutdown_error
 from .generation import Generation, GenerationParams
 from .memory import DecodeError
 from .prompt_cache import pick_slot, reuse_cache
+from .prompt_progress import prompt_chunk_done, prompt_started
 from .sampling import Sampler
 from .server_stats import IterationRecord, ReleaseRecord, SchedulerStats
 from .server_task import Failed, Final, Partial, RequestError, Task, context_error
@@ -129,10 +130,7 @@ class Scheduler(EngineThread):
             if s.state is SlotState.GENERATING:
                 s.gen.decoded()  # type: ignore[union-attr]
             else:
-                prompt = s.task.prompt  # type: ignore[union-attr]
-                s.cache.extend(prompt[s.i_prompt : s.i_prompt + n])
-                s.i_prompt += n
-                s.n_prompt_done += n
+                prompt_chunk_done(s, n)  # and its prompt_progress event (engine/prompt_progress.py)
             self.stats.n_tokens_max = max(self.stats.n_tokens_max, len(s.cache))
             if out < 0:
                 continue
@@ -292,4 +290,5 @@ class Scheduler(EngineThread):
         n_swa = self.ctx.model.hparams.n_swa
         s.n_prompt_cache = s.i_prompt = reuse_cache(self.ctx.memory, s, prompt, p.cache_prompt, reuse, n_swa)
         s.gen.accept_prompt(prompt)
+        prompt_started(s, self.stats)
         self._notify("launch", s)

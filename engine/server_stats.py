@@ -40,6 +40,7 @@ class SchedulerStats:
 
     t_start: float = field(default_factory=time.time)
     n_prompt_tokens_total: int = 0
+    n_prompt_cached_total: int = 0  # prompt tokens found in a slot's cache
     t_prompt_ms_total: float = 0.0
     n_predicted_total: int = 0
     t_predicted_ms_total: float = 0.0

@@ -51,6 +51,8 @@ class TaskParams:
     n_cmpl: int = 1
     return_tokens: bool = False
     timings_per_token: bool = False
+    return_progress: bool = False  # prompt_progress events in a stream
+    verbose: bool = False  # __verbose (the native body) in OpenAI responses
 
     def to_json(self) -> dict[str, Any]:
         """`generation_settings` / `/slots` params with llama.cpp's key names."""
