@@ -2,15 +2,17 @@
 
 The rule bodies are llama.cpp's, character for character: a grammar is compared as text (the
 tests, a user's saved grammar, llama-server's `/props`), so the same schema must give the same
-rules. Constants are JSON text as nlohmann::json writes it, hence `dump_json`.
+rules. Constants are JSON text as nlohmann::json writes it, hence `dump_json`
+(`engine/json_float.py` for its doubles).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
+
+from engine.json_float import format_double
 
 SPACE_RULE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 
@@ -74,32 +76,6 @@ def rule_name(name: str) -> str:
     return _INVALID_RULE_CHARS_RE.sub("-", name)
 
 
-def _dump_float(x: float) -> str:
-    """A double as nlohmann::json prints it: shortest digits, exponent form outside 1e-5..1e15."""
-    if math.isnan(x) or math.isinf(x):
-        return "null"
-    if x == 0:
-        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
-    sign = "-" if x < 0 else ""
-    mantissa, _, exp = repr(abs(x)).partition("e")
-    whole, _, frac = mantissa.partition(".")
-    digits = whole + frac
-    n = len(whole) + int(exp or 0)  # the decimal point sits n digits into `digits`
-    stripped = digits.lstrip("0")
-    n -= len(digits) - len(stripped)
-    digits = stripped.rstrip("0")
-    k = len(digits)
-    if k <= n <= 15:
-        return f"{sign}{digits}{'0' * (n - k)}.0"
-    if 0 < n <= 15:
-        return f"{sign}{digits[:n]}.{digits[n:]}"
-    if -4 < n <= 0:
-        return f"{sign}0.{'0' * -n}{digits}"
-    e = n - 1
-    body = digits if k == 1 else f"{digits[0]}.{digits[1:]}"
-    return f"{sign}{body}e{'-' if e < 0 else '+'}{abs(e):02d}"
-
-
 def dump_json(value: object) -> str:
     """Compact JSON text as nlohmann::json's dump() writes it (used for const and enum values)."""
     if value is None:
@@ -110,11 +86,11 @@ def dump_json(value: object) -> str:
         if -(2**63) <= value < 2**64:
             return str(value)
         try:
-            return _dump_float(float(value))  # nlohmann reads wider integers as doubles
+            return format_double(float(value))  # nlohmann reads wider integers as doubles
         except OverflowError:
             return "null"
     if isinstance(value, float):
-        return _dump_float(value)
+        return format_double(value)
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, (list, tuple)):

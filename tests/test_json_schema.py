@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import UbatchError
+from engine.grammar import compile_grammar
 from engine.json_schema import SchemaError, convert_schema, schema_to_gbnf
 
 DATA = Path(__file__).parent / "data" / "json_schema"
@@ -88,12 +89,52 @@ def test_deep_nesting_is_a_schema_error_not_a_crash() -> None:
 
 def test_every_emitted_grammar_compiles() -> None:
     """The grammar parser (engine/grammar) reads every grammar this converter writes."""
-    grammar = pytest.importorskip("engine.grammar")
-    if not hasattr(grammar, "compile_grammar"):
-        pytest.skip("engine.grammar is not finished yet")
-    compile_grammar = grammar.compile_grammar
-
+    n = 0
     for name in ("llama_cases.json", "extra_cases.json"):
         for case in json.loads((DATA / name).read_text(encoding="utf-8")):
             if case["ok"]:
                 compile_grammar(schema_to_gbnf(case["schema"]))
+                n += 1
+    assert n > 140
+
+
+@pytest.mark.parametrize("lo,hi", [(-123, 42), (15, 300), (None, -5), (7, None), (-1000, None), (None, 100)])
+def test_integer_range_grammar_matches_exactly_the_range(lo: int | None, hi: int | None) -> None:
+    schema: dict = {"type": "integer"}
+    if lo is not None:
+        schema["minimum"] = lo
+    if hi is not None:
+        schema["maximum"] = hi
+    grammar = compile_grammar(schema_to_gbnf(schema))
+    wrong = [
+        n
+        for n in range(-1100, 1100)
+        if grammar.accepts(str(n)) != ((lo is None or n >= lo) and (hi is None or n <= hi))
+    ]
+    assert wrong == []
+    assert not grammar.accepts("007")
+
+
+def test_object_grammar_accepts_what_the_schema_allows() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string", "format": "date"}},
+        "required": ["a"],
+        "additionalProperties": {"type": "boolean"},
+    }
+    grammar = compile_grammar(schema_to_gbnf(schema))
+    for text in (
+        '{"a": 1}',
+        '{"a":1,"b":"2024-02-29"}',
+        '{"a":1,"c":true}',
+        '{ "a": 1, "b": "2024-01-01", "zz": false }',
+    ):
+        assert grammar.accepts(text), text
+    for text in (
+        '{"b":"2024-01-01"}',
+        '{"a":1,"b":"2024-13-01"}',
+        '{"a":1,"a":true}',
+        '{"a":1,"c":3}',
+        '{"b":"2024-01-01","a":1}',
+    ):
+        assert not grammar.accepts(text), text
