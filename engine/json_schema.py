@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.json_schema_ints import int_range_rule
-from engine.json_schema_nodes import (
+from .json_schema_ints import int_range_rule
+from .json_schema_nodes import (
     AllOfNode,
     AnyNode,
     AnyOfNode,
@@ -30,10 +30,10 @@ from engine.json_schema_nodes import (
     StringNode,
     TupleNode,
 )
-from engine.json_schema_objects import build_object_rule
-from engine.json_schema_pattern import InvalidPattern, UnsupportedPattern, pattern_to_rule
-from engine.json_schema_read import read_schema
-from engine.json_schema_rules import (
+from .json_schema_objects import build_object_rule
+from .json_schema_pattern import InvalidPattern, UnsupportedPattern, pattern_to_rule
+from .json_schema_read import read_schema
+from .json_schema_rules import (
     PRIMITIVE_RULES,
     RESERVED_NAMES,
     SPACE_RULE,

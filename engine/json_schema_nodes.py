@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.errors import UbatchError
+from .errors import UbatchError
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.json_schema_nodes import AnyNode, Node
-from engine.json_schema_rules import dump_json, format_literal
+from .json_schema_nodes import AnyNode, Node
+from .json_schema_rules import dump_json, format_literal
 
 if TYPE_CHECKING:
-    from engine.json_schema import Converter
+    from .json_schema import Converter
 
 _ADDITIONAL = "*"  # the key standing for additionalProperties among the optional ones
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from engine.json_schema_nodes import INT_MAX
-from engine.json_schema_rules import build_repetition
+from .json_schema_nodes import INT_MAX
+from .json_schema_rules import build_repetition
 
 MAX_PATTERN_DEPTH = 100
 _NON_LITERAL = set("|.()[]{}*+?^$")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from engine.json_schema_nodes import (
+from .json_schema_nodes import (
     INT64_MAX,
     INT64_MIN,
     INT_MAX,

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from engine.json_float import format_double
+from .json_float import format_double
 
 SPACE_RULE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 

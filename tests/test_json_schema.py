@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import UbatchError
-from engine.grammar import compile_grammar
-from engine.json_schema import SchemaError, convert_schema, schema_to_gbnf
+from ubatch.engine.errors import UbatchError
+from ubatch.engine.grammar import compile_grammar
+from ubatch.engine.json_schema import SchemaError, convert_schema, schema_to_gbnf
 
 DATA = Path(__file__).parent / "data" / "json_schema"
 
