@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ import torch
 from ..kernels import backends
 from ..kernels.ops import Ops
 from .batch import Batch
+from .embedding import model_causal, resolve_pooling
 from .errors import ContextError, allocate
 from .forward import GraphShape, build_forward, ubatch_inputs
 from .graph import Graph, run_graph
@@ -65,9 +66,22 @@ def make_backend(name: str, n_threads: int) -> Ops:
 
 
 class Context:
-    def __init__(self, model: Model, params: ContextParams | None = None, ops: Ops | None = None) -> None:
+    def __init__(
+        self,
+        model: Model,
+        params: ContextParams | None = None,
+        ops: Ops | None = None,
+        *,
+        embeddings: bool = False,
+        pooling: str | None = None,
+    ) -> None:
+        """`embeddings`: reserve hidden-state rows next to the logits (llama.cpp's
+        params.embeddings); `pooling`: none|mean|cls|last|rank, None = the model's own type."""
         self.model = model
         self.params = params or ContextParams()
+        if not model_causal(model):  # llama.cpp takes the attention type from the model
+            self.params = replace(self.params, causal_attn=False)
+        self.pooling = resolve_pooling(model, pooling)
         self.cparams = derive(self.params, model.hparams)
         torch.set_num_threads(self.cparams.n_threads)
         self.ops = ops or make_backend(self.params.backend, self.cparams.n_threads)
@@ -91,10 +105,20 @@ class Context:
         # the output buffer: n_seq_max logits rows at start, grown to the largest batch's outputs
         # as llama.cpp's output_reserve does; a decode's logits are valid until the next decode
         self._outputs = self._output_buffer(self.cparams.n_seq_max)
+        # llama_set_embeddings: while on, every row is an output and a decode fills `embd` with
+        # final-norm hidden states instead of `logits` (engine/embedding.py pools them)
+        self.embeddings = False
+        self._embd_out = self._output_buffer(self.cparams.n_seq_max if embeddings else 0, model.hparams.n_embd)
+        self.embd = self._embd_out[:0]
 
-    def _output_buffer(self, rows: int) -> torch.Tensor:
-        n_vocab = self.model.hparams.n_vocab
-        return allocate("output buffer", rows * n_vocab * 4, lambda: torch.empty(rows, n_vocab))
+    def _output_buffer(self, rows: int, width: int = 0) -> torch.Tensor:
+        width = width or self.model.hparams.n_vocab
+        return allocate("output buffer", rows * width * 4, lambda: torch.empty(rows, width))
+
+    @property
+    def embd_bytes(self) -> int:
+        """The hidden-state rows of the output buffer (0 unless embeddings were reserved or used)."""
+        return self._embd_out.numel() * 4
 
     @property
     def output_rows(self) -> int:
@@ -177,10 +201,14 @@ class Context:
 
     def decode(self, batch: Batch) -> None:
         """Run a batch; afterwards `self.logits[i]` holds the i-th output slot's logits, a view of
-        the output buffer that the next decode overwrites (as llama_get_logits; clone to keep)."""
+        the output buffer that the next decode overwrites (as llama_get_logits; clone to keep).
+        With `embeddings` on, `self.embd[i]` holds row i's final-norm hidden state instead."""
+        embd = self.embeddings
+        if embd:  # llama.cpp's output_all: embeddings need every row
+            batch = replace(batch, logits=[True] * batch.n_tokens)
         self.validate(batch)
         n_outputs = sum(batch.logits)
-        if n_outputs > self.cparams.n_outputs_max:
+        if n_outputs > self.cparams.n_outputs_max and not embd:
             raise DecodeError(
                 -1,
                 f"batch requests {n_outputs} outputs but n_outputs_max = {self.cparams.n_outputs_max}; raise --n-outputs-max",
@@ -190,9 +218,11 @@ class Context:
         if self.memory.update(hp, self.ops, self.model.rope_freqs):
             self._prev_shape.clear()  # llama.cpp rebuilds graphs after a memory update
         ubatches = self.memory.init_batch(batch, self.cparams.n_ubatch)
-        if n_outputs > self.output_rows:
+        if embd and n_outputs > self._embd_out.shape[0]:
+            self._embd_out = self._output_buffer(n_outputs, hp.n_embd)
+        elif not embd and n_outputs > self.output_rows:
             self._outputs = self._output_buffer(n_outputs)
-        output = self._outputs[:n_outputs]
+        output = (self._embd_out if embd else self._outputs)[:n_outputs]
         order: list[np.ndarray] = []
         self.records = []
         row = 0
@@ -206,6 +236,7 @@ class Context:
                 len(out_rows),
                 tuple(len(g) for g in groups),
                 tuple(c.n_kv_of(g) for c, g in zip(self.memory.caches, groups)),
+                embd,
             )
             reused = self._prev_shape.get(len(out_rows) > 0) == shape
             self._prev_shape[len(out_rows) > 0] = shape
@@ -214,7 +245,7 @@ class Context:
             if graph.size > self.workspace.numel():  # cannot happen for shapes within the reservation
                 self.workspace = torch.empty(graph.size, dtype=torch.uint8, device=self.model.device)
                 self.workspace_regrows += 1
-            inputs = ubatch_inputs(self.model, self.ops, self.memory, ub, slots, shape)
+            inputs = ubatch_inputs(self.model, self.ops, self.memory, ub, slots, shape, self.cparams.causal_attn)
             with torch.inference_mode():
                 logits = run_graph(graph, self.ops, self.workspace, inputs)
                 output[row : row + len(out_rows)].copy_(logits)
@@ -237,7 +268,11 @@ class Context:
         if not np.all(idx[:-1] < idx[1:]):  # split_equal reorders slots: restore batch order
             logits = logits[torch.from_numpy(np.argsort(idx, kind="stable"))]
             idx = np.sort(idx)
-        self.logits, self.output_ids = logits, idx.tolist()
+        if embd:
+            self.embd, self.logits = logits, self._outputs[:0]
+        else:
+            self.logits = logits
+        self.output_ids = idx.tolist()
         dt = (time.perf_counter() - t0) * 1e3
         self.perf.n_decode += 1
         if batch.n_tokens == 1:

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .embedding_task import EmbeddingRunner
 from .server_stats import SchedulerStats
 from .server_task import Failed, RequestError, Task
+
+if TYPE_CHECKING:
+    from .context import Context
 
 
 def shutdown_error() -> RequestError:
@@ -30,7 +34,8 @@ def shutdown_error() -> RequestError:
 class EngineThread:
     stats: SchedulerStats
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: Context) -> None:
+        self.embd = EmbeddingRunner(ctx)  # embedding and rerank tasks (engine/embedding_task.py)
         self.iteration = 0
         self.queue: deque[Task] = deque()  # accepted, waiting for a slot (only the engine thread touches it)
         self._incoming: deque[Task] = deque()
@@ -90,12 +95,18 @@ class EngineThread:
 
     @property
     def n_deferred(self) -> int:
-        return len(self.queue) + len(self._incoming)
+        return len(self.queue) + len(self._incoming) + len(self.embd.pending)
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._shutdown and not self._incoming and not self.queue and not self._busy():
+                while (
+                    not self._shutdown
+                    and not self._incoming
+                    and not self.queue
+                    and not self._busy()
+                    and not self.embd.busy
+                ):
                     self._cv.wait()
                 if self._shutdown:  # nothing can be submitted after this: take what came in
                     self.queue.extend(self._incoming)
@@ -106,6 +117,7 @@ class EngineThread:
             except Exception as e:  # a bug in an iteration fails its requests, not the server
                 self._fail_all(e)
         try:
+            self.embd.fail_pending(shutdown_error())
             self._drain()
         except Exception as e:
             self._fail_all(e)

@@ -28,6 +28,7 @@ class GraphShape:
     n_outputs: int
     n_groups: tuple[int, ...]  # per cache: KV streams in the ubatch (1 when unified)
     n_kv: tuple[int, ...]  # per cache: cells attention reads, a multiple of 256
+    embd: bool = False  # the graph ends at the final norm: hidden states instead of logits
 
 
 def rope_keys(model: Model) -> list[tuple[float, float]]:
@@ -98,6 +99,8 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     if hp.n_layer == 0 and out_ids is not None:
         x = b.rows(x, out_ids, "inp_out_rows")
     x = b.rms_norm(x, model.output_norm, hp.rms_eps, "result_norm")
+    if shape.embd:  # embeddings (llama.cpp's t_embd): pooling reads these rows (engine/embedding.py)
+        return b.finish(x)
     logits = b.linear(x, model.output, "result_output")
     if hp.final_logit_softcap:
         logits = b.softcap(logits, hp.final_logit_softcap, "result_softcap")
@@ -105,10 +108,11 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
 
 
 def ubatch_inputs(
-    model: Model, ops: Ops, mem: KVMemory, ub: UBatch, slots: list[np.ndarray], shape: GraphShape
+    model: Model, ops: Ops, mem: KVMemory, ub: UBatch, slots: list[np.ndarray], shape: GraphShape, causal: bool = True
 ) -> dict[str, torch.Tensor]:
     """The values of a graph's inputs for one ubatch (llama.cpp's set_input step), all computed
-    on the host from the cell arrays: nothing here waits for the device."""
+    on the host from the cell arrays: nothing here waits for the device. `causal` False: a
+    query also sees the later tokens of its sequence (models with attention.causal = false)."""
     dev = model.device
     pos = torch.from_numpy(ub.pos)  # host positions: the rope tables are gathered on the host
     inputs = {"inp_tokens": torch.from_numpy(ub.token).to(dev)}
@@ -117,7 +121,7 @@ def ubatch_inputs(
         inputs[f"inp_cos_{i}"], inputs[f"inp_sin_{i}"] = cos, sin
     for c, cache in enumerate(mem.caches):
         streams = cache.ubatch_streams(ub)
-        mask = cache.mask(ub, streams, shape.n_kv[c])
+        mask = cache.mask(ub, streams, shape.n_kv[c], causal)
         inputs[f"kq_mask_{c}"] = torch.from_numpy(mask).to(dev)
         inputs[f"kv_idxs_{c}"] = torch.from_numpy(slots[c]).to(dev)
         inputs[f"kv_starts_{c}"] = torch.tensor([s * cache.size for s in streams], dtype=torch.int64)

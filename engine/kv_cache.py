@@ -205,18 +205,18 @@ class KVCache:
         c.head = int(cells[-1]) + 1
 
     # -- what a ubatch's attention sees -------------------------------------------------------
-    def mask(self, ub: UBatch, streams: list[int], n_kv: int) -> np.ndarray:
+    def mask(self, ub: UBatch, streams: list[int], n_kv: int, causal: bool = True) -> np.ndarray:
         """Additive mask [n_groups, n_tokens / n_groups, n_kv]: 0 = visible, -inf = hidden.
 
         A query sees a cell that is not empty, holds the query's first sequence id, is not in
-        its future, and (SWA) is inside its window.
+        its future (unless not `causal`), and (SWA) is inside its window.
         """
         per = ub.n_tokens // len(streams)
         out = np.empty((len(streams), per, n_kv), dtype=np.float16)  # 0 and -inf are exact
         for g, s in enumerate(streams):
             c, rows = self.streams[s], slice(g * per, (g + 1) * per)
             pos, p1 = c.pos[:n_kv][None, :], ub.pos[rows, None]
-            vis = (pos >= 0) & c.seq[:n_kv][:, ub.seq_id0[rows]].T & (pos <= p1)
+            vis = (pos >= 0) & c.seq[:n_kv][:, ub.seq_id0[rows]].T & ((pos <= p1) | (not causal))
             vis &= ~self.masked_swa(pos, p1)
             out[g] = np.where(vis, 0.0, -np.inf)
         return out

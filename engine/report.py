@@ -39,7 +39,7 @@ class MemoryPlan:
     compute_bytes: int  # the workspace: max of the pp and tg graphs' reservations
     pp_bytes: int
     tg_bytes: int
-    output_bytes: int  # logits rows: n_vocab x max(n_outputs, n_seq_max) x 4
+    output_bytes: int  # logits rows: n_vocab x max(n_outputs, n_seq_max) x 4, + n_embd per embedding row
     worst_case: tuple[int, int, int]  # (n_tokens, n_seqs, n_outputs) of the prompt reservation
     graph_nodes: tuple[int, int]
     peak: list[tuple[str, tuple[int, ...], int]]
@@ -65,7 +65,13 @@ class MemoryPlan:
 def memory_plan(ctx: Context) -> MemoryPlan:
     """The plan of a context that exists: read from the objects that hold the memory."""
     return _plan(
-        ctx.model, ctx.cparams, ctx.ops, [c.info() for c in ctx.memory.caches], ctx.reservation, ctx.output_rows
+        ctx.model,
+        ctx.cparams,
+        ctx.ops,
+        [c.info() for c in ctx.memory.caches],
+        ctx.reservation,
+        ctx.output_rows,
+        ctx.embd_bytes,
     )
 
 
@@ -83,7 +89,9 @@ def plan_for(model: Model, params: ContextParams) -> MemoryPlan:
     return _plan(model, cp, ops, [c.info() for c in shadow.caches], r, cp.n_seq_max)
 
 
-def _plan(m: Model, cp: CParams, ops: Ops, kv: list[KVCacheInfo], r: Reservation, output_rows: int) -> MemoryPlan:
+def _plan(
+    m: Model, cp: CParams, ops: Ops, kv: list[KVCacheInfo], r: Reservation, output_rows: int, embd_bytes: int = 0
+) -> MemoryPlan:
     types = sorted({w.ggml_type for w in m.matrices()})
     kernels = {type_name(t): ops.kernel_path(t) for t in types}
     return MemoryPlan(
@@ -106,7 +114,7 @@ def _plan(m: Model, cp: CParams, ops: Ops, kv: list[KVCacheInfo], r: Reservation
         compute_bytes=r.bytes,
         pp_bytes=r.pp_bytes,
         tg_bytes=r.tg_bytes,
-        output_bytes=m.hparams.n_vocab * output_rows * 4,
+        output_bytes=m.hparams.n_vocab * output_rows * 4 + embd_bytes,
         worst_case=(r.pp.n_tokens, cp.n_seq_max, r.tg.n_outputs),
         graph_nodes=r.n_nodes,
         peak=r.peak,

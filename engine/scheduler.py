@@ -67,7 +67,7 @@ class Scheduler(EngineThread):
         self.stats = SchedulerStats()
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.releases: deque[ReleaseRecord] = deque(maxlen=history)
-        EngineThread.__init__(self)
+        EngineThread.__init__(self, ctx)
         # called on the engine thread as listener("launch" | "release", slot): for logging only
         self.listener: Callable[[str, Slot], None] | None = None
 
@@ -79,6 +79,7 @@ class Scheduler(EngineThread):
             self.queue.extend(self._incoming)
             self._incoming.clear()
         self._reap_cancelled()
+        self.embd.step(self)  # embedding / rerank tasks: their own decode (engine/embedding_task.py)
         self._launch_queued()
         for s in self.slots:
             if s.state is SlotState.GENERATING and s.gen is not None:

@@ -5,6 +5,7 @@ They exercise the loader, every quant type's matmul path and the forward pass in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ class TinySpec:
     matrix_types: tuple[int, ...] = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.F16, T.F32)
     embd_type: int = T.Q8_0
     seed: int = 0
+    extra: Callable[[gguf.GGUFWriter, np.random.Generator], None] | None = None  # more keys / tensors
 
 
 def _random_k_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: int) -> np.ndarray:
@@ -131,6 +133,8 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
             w.add_tensor(p + "attn_k_norm.weight", norm(s.head_dim))
             w.add_tensor(p + "post_attention_norm.weight", norm(s.n_embd))
             w.add_tensor(p + "post_ffw_norm.weight", norm(s.n_embd))
+    if s.extra is not None:
+        s.extra(w, rng)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -19,6 +19,7 @@ import torch
 from .engine.batch import Batch, common_prefix
 from .engine.context import Context
 from .engine.default_model import default_model_path
+from .engine.embedding import POOLING_TYPES, embed_prompts, fit_prompt
 from .engine.errors import ContextError
 from .engine.generate import check_prompt_fits
 from .engine.generation import Generation, GenerationParams, TokenProb
@@ -43,6 +44,8 @@ class Llama:
         type_v: str = "f16",
         verbose: bool = False,
         backend: str = "auto",
+        embedding: bool = False,
+        pooling_type: int | str | None = None,  # LLAMA_POOLING_TYPE_* (-1: the model's) or a name
         **_ignored: Any,
     ) -> None:
         self.model_path = str(model_path or default_model_path())
@@ -60,7 +63,10 @@ class Llama:
             n_outputs_max=0 if logits_all else n_seq_max,
             backend=backend,
         )
-        self.ctx = Context(self.model, params)
+        if isinstance(pooling_type, int):
+            pooling_type = POOLING_TYPES[pooling_type] if 0 <= pooling_type < len(POOLING_TYPES) else None
+        self.ctx = Context(self.model, params, embeddings=embedding, pooling=pooling_type)
+        self.embedding = embedding
         self.ctx.warmup()
         self.seed = seed
         self.logits_all = logits_all
@@ -116,6 +122,30 @@ class Llama:
                 self.scores[len(chunk) - 1] = logits[-1].numpy()
             self.input_ids[n_past : n_past + len(chunk)] = chunk
             self.n_tokens += len(chunk)
+
+    # -- embeddings ------------------------------------------------------------------------------
+    def embed(self, input: str | list[str], normalize: bool = True, truncate: bool = True) -> Any:
+        """The embedding of a text (a list of them for a list): the model's pooling of the
+        final-norm hidden states, Euclidean-normalised; per-token rows with pooling none."""
+        vecs, _ = self._embed(input, normalize, truncate)
+        return vecs[0] if isinstance(input, str) else vecs
+
+    def create_embedding(self, input: str | list[str], model: str | None = None) -> dict[str, Any]:
+        """OpenAI's embeddings response, as llama-cpp-python's (vectors as /v1/embeddings gives)."""
+        vecs, n = self._embed(input, True, True)
+        data = [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vecs)]
+        usage = {"prompt_tokens": n, "total_tokens": n}
+        return {"object": "list", "data": data, "model": model or self.model_path, "usage": usage}
+
+    def _embed(self, input: str | list[str], normalize: bool, truncate: bool) -> tuple[list[Any], int]:
+        if not self.embedding:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
+        texts = [input] if isinstance(input, str) else list(input)
+        n_ctx = self.ctx.cparams.n_ctx_seq
+        prompts = [fit_prompt(self.ctx, self.vocab.tokenize(t, True, False), truncate, n_ctx) for t in texts]
+        self.n_tokens = 0  # the embedding decodes reuse sequence 0: nothing evaluated is kept
+        vecs = embed_prompts(self.ctx, prompts, 2 if normalize else -1)
+        return [v.tolist() for v in vecs], sum(map(len, prompts))
 
     # -- completion -----------------------------------------------------------------------------
     def _prefix_eval(self, prompt: list[int]) -> None:
