@@ -19,6 +19,7 @@ from .server_chat import chat_prompt
 from .server_http import api, error_response, internal_error, read_json
 from .server_oai import oai_chat_body, oai_completion_body
 from .server_params import parse_params, split_prompts
+from .server_resume import StreamSessions
 from .server_state import ServerState
 from .server_stream import EventStream, Reader, sse_events
 
@@ -36,8 +37,10 @@ def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any],
     return body, split_prompts(body["prompt"]), ""
 
 
-async def complete(st: ServerState, request: Request, kind: str) -> Response:
-    s, body = st.sch(), await read_json(request)
+async def complete(st: ServerState, request: Request, kind: str, body: Any = None) -> Response:
+    """One completion request; `body` when the caller read (and rewrote) it (/infill)."""
+    s = st.sch()
+    body = await read_json(request) if body is None else body
     vocab = s.vocab
     body, prompts, prefill = read_prompts(st, body, kind)
     params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False))
@@ -54,15 +57,19 @@ async def complete(st: ServerState, request: Request, kind: str) -> Response:
             reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text) for j in range(n)]
         for t in reader.tasks:
             s.submit(t)
-        return await _respond(reader, params.stream, kind, model, prefill)
+        conv_id = request.headers.get("x-conversation-id", "") if params.stream else ""
+        return await _respond(reader, params.stream, kind, model, prefill, request.app.state.streams, conv_id)
     except BaseException:  # a bug (or a cancelled handler): free the slots, then the 500 of `api`
         reader.disconnect()
         reader.close()
         raise
 
 
-async def _respond(reader: Reader, stream: bool, kind: str, model: str, prefill: str = "") -> Response:
-    """Await the request's events: the SSE stream, or every task's Final as one JSON body."""
+async def _respond(
+    reader: Reader, stream: bool, kind: str, model: str, prefill: str, streams: StreamSessions, conv_id: str
+) -> Response:
+    """Await the request's events: the SSE stream (kept for replay under `conv_id` when the
+    client sent X-Conversation-Id), or every task's Final as one JSON body."""
     first = await reader.get()
     if first is Reader.GONE:
         reader.close()
@@ -72,8 +79,11 @@ async def _respond(reader: Reader, stream: bool, kind: str, model: str, prefill:
         reader.close()
         return error_response(first.error)
     cid = sj.new_id("chatcmpl-")  # llama-server's id for every kind
+    reader.register(cid)
     if stream:
-        return EventStream(guarded(sse_events(reader, first, kind, cid, model, prefill), reader), reader)
+        session = streams.create_or_replace(conv_id) if conv_id else None
+        chunks = guarded(sse_events(reader, first, kind, cid, model, prefill), reader)
+        return EventStream(chunks, reader, session)
     finals: list[Final] = []
     ev = first
     while True:

@@ -8,7 +8,7 @@ them apart from the completion path keeps each module about one thing.
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 
 from ..engine.server_task import RequestError
 from . import server_metrics
@@ -107,8 +107,7 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
                 "This server does not support metrics endpoint. Start it with `--metrics`", 501, "not_supported_error"
             )
         s = st.sch()
-        return PlainTextResponse(
-            server_metrics.metrics_text(s),
-            media_type="text/plain; version=0.0.4",
-            headers={"Process-Start-Time-Unix": str(int(s.stats.t_start))},
+        return Response(  # exactly llama-server's content type (Starlette would add a charset)
+            server_metrics.metrics_text(s).encode(),
+            headers={"Content-Type": "text/plain; version=0.0.4", "Process-Start-Time-Unix": str(int(s.stats.t_start))},
         )

@@ -1,9 +1,11 @@
 """The HTTP layer of `ubatch server`: llama-server's routes on FastAPI over the engine's Scheduler.
 
-This module wires the app together: the Gate (503 while loading, then the API key), CORS,
+This module wires the app together: the Gate (503 while loading, then the API key), the
+pre-routing edge (cli/server_middleware.py: CORS, the OPTIONS preflight, --api-prefix),
 llama-server's 404 body, the access log (cli/server_log.py) and the route families from
-cli/routes_*.py. A client that disconnects (stream or not) cancels its tasks at once; the
-scheduler frees the slot at its next iteration. After shutdown began, new requests get 503.
+cli/routes_*.py and cli/server_resume.py. A client that disconnects (stream or not) cancels its
+tasks at once, unless its stream is resumable (X-Conversation-Id); the scheduler frees the slot
+at its next iteration. After shutdown began, new requests get 503.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from ..engine.scheduler import Scheduler
 from ..engine.server_task import RequestError
 from .routes_completion import add_completion_routes
 from .routes_embedding import add_embedding_routes
+from .routes_extra import add_extra_routes
+from .routes_infill import add_infill_routes
 from .routes_info import add_info_routes
 from .routes_tokens import add_token_routes
 from .server_http import error_response
 from .server_log import LOG_LEVEL_INFO, AccessLog
 from .server_middleware import Edge
+from .server_resume import StreamSessions, add_resume_routes
 from .server_state import ServerOptions, ServerState
 
 __all__ = ["PUBLIC_PATHS", "Gate", "ServerOptions", "ServerState", "create_app"]
@@ -81,8 +86,12 @@ def create_app(
             return error_response(RequestError("File Not Found", 404, "not_found_error"))
         return error_response(RequestError(str(exc.detail), exc.status_code, "invalid_request_error"))
 
+    app.state.streams = StreamSessions()  # resumable streams (X-Conversation-Id)
     add_info_routes(app, st)
     add_completion_routes(app, st)
     add_token_routes(app, st)
+    add_resume_routes(app, app.state.streams)
+    add_extra_routes(app)
+    add_infill_routes(app, st)
     add_embedding_routes(app, st)
     return app

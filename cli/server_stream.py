@@ -9,6 +9,7 @@ thread hands over with `call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from ..engine.scheduler import Scheduler
 from ..engine.server_task import Failed, Final, Partial, Task
 from . import server_json as sj
 from .server_log import current
+from .server_resume import StreamSession
 
 
 class Reader:
@@ -32,8 +34,14 @@ class Reader:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.scheduler, self.tasks, self.gone = scheduler, list[Task](), False
+        self.detached = False  # a resumable stream: generation goes on when the client leaves
+        self.client_gone = self.closed = False
         self.record = current()  # this request's access-log line
         self._watcher = asyncio.ensure_future(self._watch(receive))
+
+    def register(self, cmpl_id: str) -> None:
+        """Make the request findable by its completion id while it runs."""
+        _LIVE[cmpl_id] = self
 
     def sink(self, event: Any) -> None:  # called on the engine thread
         try:
@@ -44,7 +52,9 @@ class Reader:
     async def _watch(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        self.disconnect()
+        self.client_gone = True
+        if not self.detached:
+            self.disconnect()
 
     def disconnect(self) -> None:
         if not self.gone:
@@ -54,6 +64,7 @@ class Reader:
             self.queue.put_nowait(Reader.GONE)
 
     def close(self) -> None:
+        self.closed = True
         self._watcher.cancel()
 
     async def get(self) -> Any:
@@ -69,29 +80,57 @@ class Reader:
         return ev
 
 
+_LIVE: weakref.WeakValueDictionary[str, Reader] = weakref.WeakValueDictionary()
+
+
+def live_completion(cmpl_id: str) -> bool:
+    """Whether a request with this completion id is still running."""
+    r = _LIVE.get(cmpl_id)
+    return r is not None and not r.closed
+
+
 class EventStream(Response):
-    """text/event-stream without Content-Length; a failed send counts as a disconnect."""
+    """text/event-stream without Content-Length; a failed send counts as a disconnect. With a
+    `session` (X-Conversation-Id) every chunk is also kept there, and the stream runs to its end
+    when the client goes away, unless the session is stopped (DELETE /v1/stream)."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, chunks: AsyncIterator[bytes], reader: Reader) -> None:
-        self.chunks, self.reader = chunks, reader
+    def __init__(self, chunks: AsyncIterator[bytes], reader: Reader, session: StreamSession | None = None) -> None:
+        self.chunks, self.reader, self.session = chunks, reader, session
         self.status_code, self.background = 200, None
         self.raw_headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),  # llama-server: tell a proxy (nginx) not to buffer the stream
         ]
+        reader.detached = session is not None
+
+    async def _send(self, send: Any, message: dict[str, Any]) -> None:
+        if self.reader.client_gone:
+            return
+        try:
+            await send(message)
+        except OSError:
+            self.reader.client_gone = True
+            if self.session is None:
+                self.reader.disconnect()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        s = self.session
+        if s is not None:
+            s.on_cancel = self.reader.disconnect
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await self._send(send, {"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for chunk in self.chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            self.reader.disconnect()
+                if s is not None:
+                    s.append(chunk)
+                await self._send(send, {"type": "http.response.body", "body": chunk, "more_body": True})
+            await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            if s is not None:
+                s.on_cancel = None
+                s.finalize()
             self.reader.close()
 
 
