@@ -1,0 +1,306 @@
+"""GBNF text -> rules of elements, with llama.cpp's grammar syntax and its rewrites.
+
+A rule is a list of (type, value) elements: alternatives separated by ALT, closed by END, so the
+matcher can walk them by position as llama.cpp's does. Groups and repetitions become generated
+rules (`name_N`) the same way llama.cpp rewrites them, so a grammar accepts the same strings and
+errors arrive at the same places. Errors are one line: the problem, then the line and column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import UbatchError
+
+# element types, in llama.cpp's order (llama_gretype)
+END, ALT, RULE_REF, CHAR, CHAR_NOT, CHAR_RNG_UPPER, CHAR_ALT, CHAR_ANY, TOKEN, TOKEN_NOT = range(10)
+MAX_REPETITION = 2000  # llama.cpp's MAX_REPETITION_THRESHOLD
+ESCAPES = {"t": 9, "r": 13, "n": 10, "\\": 92, '"': 34, "[": 91, "]": 93, "-": 45}
+HEX_LEN = {"x": 2, "u": 4, "U": 8}
+
+Rule = list[tuple[int, int]]
+
+
+class GrammarError(UbatchError):
+    """A GBNF grammar that does not parse, or that the matcher cannot run (left recursion)."""
+
+
+@dataclass(slots=True)
+class ParsedGrammar:
+    rules: list[Rule]
+    symbols: dict[str, int]  # rule name -> rule id (generated rules included)
+    root: int
+
+
+def is_word(c: str) -> bool:
+    return ("a" <= c <= "z") or ("A" <= c <= "Z") or ("0" <= c <= "9") or c == "-"
+
+
+class Parser:
+    """One pass over the text; `tokenize` resolves <text> token references (None: not allowed)."""
+
+    def __init__(self, text: str, tokenize: Callable[[str], list[int]] | None = None) -> None:
+        self.src, self.n, self.tokenize = text, len(text), tokenize
+        self.symbols: dict[str, int] = {}
+        self.rules: list[Rule | None] = []
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def at(self, i: int) -> str:
+        return self.src[i] if i < self.n else ""
+
+    def fail(self, what: str, i: int) -> GrammarError:
+        line = self.src.count("\n", 0, i) + 1
+        col = i - (self.src.rfind("\n", 0, i) + 1) + 1
+        near = self.src[i : i + 24].split("\n")[0]
+        where = f" at line {line}, column {col}" + (f" ({near!r})" if near else " (end of input)")
+        return GrammarError(f"failed to parse grammar: {what}{where}")
+
+    def space(self, i: int, newline_ok: bool) -> int:
+        while i < self.n:
+            c = self.src[i]
+            if c == "#":
+                while i < self.n and self.src[i] not in "\r\n":
+                    i += 1
+            elif c in " \t" or (newline_ok and c in "\r\n"):
+                i += 1
+            else:
+                break
+        return i
+
+    def name(self, i: int) -> int:
+        j = i
+        while j < self.n and is_word(self.src[j]):
+            j += 1
+        if j == i:
+            raise self.fail("expecting name", i)
+        return j
+
+    def integer(self, i: int) -> tuple[int, int]:
+        j = i
+        while j < self.n and self.src[j].isascii() and self.src[j].isdigit():
+            j += 1
+        if j == i:
+            raise self.fail("expecting integer", i)
+        return int(self.src[i:j]), j
+
+    def char(self, i: int) -> tuple[int, int]:
+        """One character of a literal or class: itself, or an escape (\\n, \\xHH, \\uHHHH...)."""
+        c = self.at(i)
+        if c == "\\":
+            e = self.at(i + 1)
+            if e in HEX_LEN:
+                size, j, value = HEX_LEN[e], i + 2, 0
+                while j < i + 2 + size and j < self.n and self.src[j] in "0123456789abcdefABCDEF":
+                    value, j = value * 16 + int(self.src[j], 16), j + 1
+                if j != i + 2 + size:
+                    raise self.fail(f"expecting {size} hex chars", i + 2)
+                return value, j
+            if e and e in ESCAPES:
+                return ESCAPES[e], i + 2
+            raise self.fail("unknown escape", i)
+        if c:
+            return ord(c), i + 1
+        raise self.fail("unexpected end of input", i)
+
+    def symbol(self, name: str) -> int:
+        return self.symbols.setdefault(name, len(self.symbols))
+
+    def generated(self, base: str) -> int:
+        n = len(self.symbols)
+        self.symbols[f"{base}_{n}"] = n
+        return n
+
+    def add_rule(self, rule_id: int, rule: Rule) -> None:
+        self.rules.extend([None] * (rule_id + 1 - len(self.rules)))
+        self.rules[rule_id] = rule
+
+    # -- grammar -------------------------------------------------------------------------------
+
+    def parse(self) -> ParsedGrammar:
+        i = self.space(0, True)
+        while i < self.n:
+            i = self.rule(i)
+        if not self.rules:
+            raise GrammarError("failed to parse grammar: the grammar has no rules")
+        names = {v: k for k, v in self.symbols.items()}
+        for rule in self.rules:
+            for t, v in rule or ():
+                if t == RULE_REF and (v >= len(self.rules) or self.rules[v] is None):
+                    raise GrammarError(f"failed to parse grammar: undefined rule '{names[v]}'")
+        if "root" not in self.symbols:
+            raise GrammarError("grammar does not contain a 'root' rule")
+        rules = [r if r is not None else [(END, 0)] for r in self.rules]
+        return ParsedGrammar(rules, dict(self.symbols), self.symbols["root"])
+
+    def rule(self, i: int) -> int:
+        j = self.name(i)
+        name = self.src[i:j]
+        rule_id = self.symbol(name)
+        i = self.space(j, False)
+        if self.src[i : i + 3] != "::=":
+            raise self.fail("expecting ::=", i)
+        i = self.alternates(self.space(i + 3, True), name, rule_id, False)
+        if self.at(i) == "\r":
+            i += 2 if self.at(i + 1) == "\n" else 1
+        elif self.at(i) == "\n":
+            i += 1
+        elif i < self.n:
+            raise self.fail("expecting newline or end", i)
+        return self.space(i, True)
+
+    def alternates(self, i: int, name: str, rule_id: int, nested: bool) -> int:
+        rule: Rule = []
+        i = self.sequence(i, name, rule, nested)
+        while self.at(i) == "|":
+            rule.append((ALT, 0))
+            i = self.sequence(self.space(i + 1, True), name, rule, nested)
+        rule.append((END, 0))
+        self.add_rule(rule_id, rule)
+        return i
+
+    def sequence(self, i: int, name: str, rule: Rule, nested: bool) -> int:
+        last = len(rule)  # where the item a repetition operator applies to starts
+        n_prev = 1  # rules that item expands to (bounds the size of repeated groups)
+        while i < self.n:
+            c = self.src[i]
+            if c == '"':
+                i, last, n_prev = i + 1, len(rule), 1
+                while self.at(i) != '"':
+                    if i >= self.n:
+                        raise self.fail("unexpected end of input", i)
+                    cp, i = self.char(i)
+                    rule.append((CHAR, cp))
+                i = self.space(i + 1, nested)
+            elif c == "[":
+                i, kind = i + 1, CHAR
+                if self.at(i) == "^":
+                    i, kind = i + 1, CHAR_NOT
+                last, n_prev = len(rule), 1
+                while self.at(i) != "]":
+                    if i >= self.n:
+                        raise self.fail("unexpected end of input", i)
+                    cp, i = self.char(i)
+                    rule.append((CHAR_ALT if last < len(rule) else kind, cp))
+                    if self.at(i) == "-" and self.at(i + 1) != "]":
+                        if i + 1 >= self.n:
+                            raise self.fail("unexpected end of input", i + 1)
+                        cp, i = self.char(i + 1)
+                        rule.append((CHAR_RNG_UPPER, cp))
+                i = self.space(i + 1, nested)
+            elif c in "<!":
+                kind = TOKEN
+                if c == "!":
+                    kind, i = TOKEN_NOT, i + 1
+                tok, i = self.token(i)
+                last, n_prev = len(rule), 1
+                rule.append((kind, tok))
+                i = self.space(i, nested)
+            elif is_word(c):
+                j = self.name(i)
+                ref = self.symbol(self.src[i:j])
+                i, last, n_prev = self.space(j, nested), len(rule), 1
+                rule.append((RULE_REF, ref))
+            elif c == "(":
+                before = len(self.symbols)
+                sub = self.generated(name)
+                i = self.alternates(self.space(i + 1, True), name, sub, True)
+                n_prev, last = max(1, len(self.symbols) - before), len(rule)
+                rule.append((RULE_REF, sub))
+                if self.at(i) != ")":
+                    raise self.fail("expecting ')'", i)
+                i = self.space(i + 1, nested)
+            elif c == ".":
+                last, n_prev = len(rule), 1
+                rule.append((CHAR_ANY, 0))
+                i = self.space(i + 1, nested)
+            elif c in "*+?":
+                at = i
+                i = self.space(i + 1, nested)
+                lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+                n_prev = self.repeat(rule, last, n_prev, lo, hi, name, at)
+            elif c == "{":
+                at = i
+                lo, hi, i = self.braces(self.space(i + 1, nested), nested)
+                n_prev = self.repeat(rule, last, n_prev, lo, hi, name, at)
+            else:
+                break
+        return i
+
+    def braces(self, i: int, nested: bool) -> tuple[int, int | None, int]:
+        """{m}, {m,} or {m,n}: (m, n or None, the position after)."""
+        if not (self.at(i).isascii() and self.at(i).isdigit()):
+            raise self.fail("expecting an int", i)
+        lo, i = self.integer(i)
+        i = self.space(i, nested)
+        hi: int | None = None
+        if self.at(i) == "}":
+            hi, i = lo, self.space(i + 1, nested)
+        elif self.at(i) == ",":
+            i = self.space(i + 1, nested)
+            if self.at(i).isascii() and self.at(i).isdigit():
+                hi, i = self.integer(i)
+                i = self.space(i, nested)
+            if self.at(i) != "}":
+                raise self.fail("expecting '}'", i)
+            i = self.space(i + 1, nested)
+        else:
+            raise self.fail("expecting ','", i)
+        if lo > MAX_REPETITION:
+            raise self.fail(f"more than {MAX_REPETITION} repetitions", i)
+        if hi is not None and hi > MAX_REPETITION:
+            hi = None  # llama.cpp: a maximum beyond the threshold means no maximum
+        return lo, hi, i
+
+    def repeat(self, rule: Rule, last: int, n_prev: int, lo: int, hi: int | None, name: str, at: int) -> int:
+        """S{m,n} -> S repeated m times, then n-m nested optional rules (S{m,}: one recursive rule)."""
+        if last == len(rule):
+            raise self.fail("expecting preceding item to */+/?/{", at)
+        item = rule[last:]
+        total = hi if hi is not None and hi > 0 else max(lo, 1)
+        if n_prev * total > MAX_REPETITION:
+            raise self.fail("the repetition expands to too many rules; reduce the repetitions", at)
+        del rule[last:]
+        rule.extend(item * lo)
+        n_opt = 1 if hi is None else hi - lo
+        prev_id = 0
+        for k in range(n_opt):
+            rid = self.generated(name)
+            rec = list(item)
+            if k > 0 or hi is None:
+                rec.append((RULE_REF, rid if hi is None else prev_id))
+            self.add_rule(rid, rec + [(ALT, 0), (END, 0)])
+            prev_id = rid
+        if n_opt > 0:
+            rule.append((RULE_REF, prev_id))
+        return n_prev * total
+
+    def token(self, i: int) -> tuple[int, int]:
+        """<[id]> or <text> (text that the vocabulary tokenizes to exactly one token)."""
+        if self.at(i) != "<":
+            raise self.fail("expecting '<'", i)
+        j = i + 1
+        if self.at(j) == "[":
+            tok, j = self.integer(j + 1)
+            if tok > 0xFFFFFFFF:
+                raise self.fail("token id is too big", j)
+            if self.at(j) != "]":
+                raise self.fail("expecting ']'", j)
+            if self.at(j + 1) != ">":
+                raise self.fail("expecting '>'", j + 1)
+            return tok, j + 2
+        if self.tokenize is None:
+            raise self.fail("no vocabulary to resolve the token", i)
+        end = self.src.find(">", j)
+        if end < 0:
+            raise self.fail("expecting '>'", self.n)
+        ids = self.tokenize(self.src[i : end + 1])
+        if len(ids) != 1:
+            raise self.fail(f"invalid token '{self.src[i : end + 1]}' (not exactly one token)", i)
+        return ids[0], end + 1
+
+
+def parse_gbnf(text: str, tokenize: Callable[[str], list[int]] | None = None) -> ParsedGrammar:
+    """GBNF text -> rules; GrammarError (one line, with line and column) if it does not parse."""
+    return Parser(text, tokenize).parse()
