@@ -13,7 +13,8 @@ from typing import List, Optional
 import typer
 
 from . import validate
-from .common import backend_option, err_console, resolve_model, user_errors
+from .common import err_console, resolve_model, user_errors
+from .options import opt
 
 TESTS, PARAMS, RUN, OUT = "Tests", "Parameters (comma lists and ranges: 1-8, 64-512*2, 0-4096+1024)", "Run", "Output"
 
@@ -45,8 +46,8 @@ def _test_label(t) -> str:  # noqa: ANN001
 
 @user_errors
 def bench(
-    model: Optional[List[Path]] = typer.Option(
-        None, "-m", "--model", help="GGUF file(s) (default: Gemma 3 270M Q4_K_M, bundled)", rich_help_panel=TESTS
+    model: Optional[List[Path]] = opt(
+        "model", None, help="GGUF file(s) (default: Gemma 3 270M Q4_K_M, bundled)", panel=TESTS
     ),
     n_prompt: Optional[List[str]] = typer.Option(
         None, "-p", "--n-prompt", help="prompt tokens of the pp tests", show_default="512", rich_help_panel=TESTS
@@ -65,27 +66,12 @@ def bench(
         show_default="0",
         rich_help_panel=PARAMS,
     ),
-    batch_size: Optional[List[str]] = typer.Option(
-        None, "-b", "--batch-size", help="logical batch size", show_default="2048", rich_help_panel=PARAMS
-    ),
-    ubatch_size: Optional[List[str]] = typer.Option(
-        None, "-ub", "--ubatch-size", help="physical batch size", show_default="512", rich_help_panel=PARAMS
-    ),
-    ctk: Optional[List[str]] = typer.Option(
-        None,
-        "-ctk",
-        "--cache-type-k",
-        help="K cache type: f32, f16, bf16, q8_0, q4_0",
-        show_default="f16",
-        rich_help_panel=PARAMS,
-    ),
-    ctv: Optional[List[str]] = typer.Option(
-        None, "-ctv", "--cache-type-v", help="V cache type", show_default="f16", rich_help_panel=PARAMS
-    ),
-    threads: Optional[List[str]] = typer.Option(
-        None, "-t", "--threads", help="CPU threads", show_default="all", rich_help_panel=PARAMS
-    ),
-    backend: str = backend_option(PARAMS),
+    batch_size: Optional[List[str]] = opt("batch_size", None, show_default="2048", panel=PARAMS),
+    ubatch_size: Optional[List[str]] = opt("ubatch_size", None, show_default="512", panel=PARAMS),
+    ctk: Optional[List[str]] = opt("ctk", None, show_default="f16", panel=PARAMS),
+    ctv: Optional[List[str]] = opt("ctv", None, show_default="f16", panel=PARAMS),
+    threads: Optional[List[str]] = opt("threads", None, show_default="all", panel=PARAMS),
+    backend: str = opt("backend", "auto", panel=PARAMS),
     n_outputs_max: Optional[List[str]] = typer.Option(
         None,
         "-nom",
@@ -207,9 +193,7 @@ def bench(
 
 @user_errors
 def batched_bench(
-    model: Optional[Path] = typer.Option(
-        None, "-m", "--model", help="GGUF file (default: Gemma 3 270M Q4_K_M, bundled)", rich_help_panel=TESTS
-    ),
+    model: Optional[Path] = opt("model", None, panel=TESTS),
     npp: Optional[List[str]] = typer.Option(
         None, "-npp", help="prompt lengths", show_default="128,256,512", rich_help_panel=TESTS
     ),
@@ -221,18 +205,14 @@ def batched_bench(
     ),
     pps: bool = typer.Option(False, "-pps", help="the prompt is shared by all sequences", rich_help_panel=TESTS),
     tgs: bool = typer.Option(False, "-tgs", help="generate for the sequences one after another", rich_help_panel=TESTS),
-    ctx_size: int = typer.Option(
-        0, "-c", "--ctx-size", help="context size = n_kv_max (0 = from the model)", rich_help_panel=PARAMS
-    ),
-    batch_size: int = typer.Option(2048, "-b", "--batch-size", rich_help_panel=PARAMS),
-    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", rich_help_panel=PARAMS),
-    threads: int = typer.Option(-1, "-t", "--threads", help="CPU threads (-1 = all)", rich_help_panel=PARAMS),
-    backend: str = backend_option(PARAMS),
-    ctk: str = typer.Option("f16", "-ctk", "--cache-type-k", rich_help_panel=PARAMS),
-    ctv: str = typer.Option("f16", "-ctv", "--cache-type-v", rich_help_panel=PARAMS),
-    kvu: bool = typer.Option(
-        False, "-kvu", "--kv-unified", help="one KV stream shared by all sequences", rich_help_panel=PARAMS
-    ),
+    ctx_size: int = opt("ctx_size", 0, help="context size = n_kv_max (0 = from the model)", panel=PARAMS),
+    batch_size: int = opt("batch_size", 2048, panel=PARAMS),
+    ubatch_size: int = opt("ubatch_size", 512, panel=PARAMS),
+    threads: int = opt("threads", -1, panel=PARAMS),
+    backend: str = opt("backend", "auto", panel=PARAMS),
+    ctk: str = opt("ctk", "f16", panel=PARAMS),
+    ctv: str = opt("ctv", "f16", panel=PARAMS),
+    kvu: bool = opt("kv_unified", False, help="one KV stream shared by all sequences", panel=PARAMS),
     output_format: str = typer.Option("md", "--output-format", help="md or jsonl", rich_help_panel=OUT),
 ) -> None:
     from ..engine.bench_params import BenchError, int_list

@@ -23,14 +23,6 @@ from rich.progress import (
 from ..engine.errors import UbatchError
 
 err_console = Console(stderr=True, highlight=False)
-BACKEND_HELP = "op backend: auto (the C kernels on the GGUF blocks; torch if they cannot be built), cpu, cpu-portable, torch (dense f32 reference)"
-
-
-def backend_option(panel: str | None = None) -> Any:
-    """--backend, declared once for every command that builds a context."""
-    return typer.Option("auto", "--backend", help=BACKEND_HELP, rich_help_panel=panel)
-
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 

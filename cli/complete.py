@@ -1,93 +1,62 @@
-"""`ubatch cli`: a conversation in the terminal (no -p, or -cnv / -sys / -st), or with -p (or -f)
-a one-shot completion, streamed, with llama-completion's summary."""
+"""`ubatch cli`: llama-cli and llama-completion in one command. A conversation in the terminal (no
+-p, or -cnv / -sys / -st), a one-shot completion with -p or -f, or llama-completion's raw-text
+interactive mode with -i / -if (and -r reverse prompts). This module is the command line: the
+flags and the checks that run before anything loads; cli/complete_run.py runs it.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from . import validate
-from .common import backend_option, check_text, err_console, process_escapes, read_text_file, resolve_model, user_errors
-
-MODEL, CTX, BATCH, SAMPLING, OUTPUT = "Model", "Context", "Batching", "Sampling", "Output"
-CHAT = "Conversation"
+from .common import check_text, err_console, process_escapes, read_text_file, user_errors
+from .options import CHAT, OUTPUT, opt
+from .sampling_flags import SamplingFlags, sampling_options
 
 
 @user_errors
+@sampling_options
 def cli(
-    model: Optional[Path] = typer.Option(
-        None, "-m", "--model", help="GGUF file (default: Gemma 3 270M Q4_K_M, bundled)", rich_help_panel=MODEL
+    model: Optional[Path] = opt("model", None),
+    prompt: Optional[str] = opt("prompt", None),
+    file: Optional[Path] = opt("file", None),
+    n_predict: int = opt("n_predict", -1),
+    ctx_size: int = opt("ctx_size", 0),
+    ctk: str = opt("ctk", "f16"),
+    ctv: str = opt("ctv", "f16"),
+    swa_full: bool = opt("swa_full", False),
+    parallel: int = opt("parallel", 1),
+    kv_unified: bool = opt("kv_unified", False),
+    context_shift: bool = opt(
+        "context_shift", False, help="when the context is full, drop half of it and go on (chat: oldest messages)"
     ),
-    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text", rich_help_panel=MODEL),
-    file: Optional[Path] = typer.Option(
-        None, "-f", "--file", help="read the prompt from a file", rich_help_panel=MODEL
+    keep: int = opt("keep", 0, help="tokens of the prompt kept by a context shift (-1 = all; chat: the first prompt)"),
+    n_outputs_max: int = opt(
+        "n_outputs_max", 1, help="output rows the compute buffer is reserved for (0 = n_batch, llama-completion's)"
     ),
-    n_predict: int = typer.Option(
-        -1, "-n", "--n-predict", help="tokens to generate (-1 = until end of generation)", rich_help_panel=MODEL
+    batch_size: int = opt("batch_size", 2048),
+    ubatch_size: int = opt("ubatch_size", 512),
+    threads: int = opt("threads", -1),
+    backend: str = opt("backend", "auto"),
+    warmup: bool = opt("warmup", True),
+    escape: bool = typer.Option(
+        True, "--escape/--no-escape", "-e", help="process \\n, \\t, \\xHH escapes in prompts", rich_help_panel=OUTPUT
     ),
-    ctx_size: int = typer.Option(0, "-c", "--ctx-size", help="context size (0 = from the model)", rich_help_panel=CTX),
-    ctk: str = typer.Option(
-        "f16", "-ctk", "--cache-type-k", help="KV cache type for K (f32, f16, bf16, q8_0, q4_0)", rich_help_panel=CTX
+    display_prompt: bool = typer.Option(
+        True, "--display-prompt/--no-display-prompt", help="echo the prompt before the output", rich_help_panel=OUTPUT
     ),
-    ctv: str = typer.Option(
-        "f16", "-ctv", "--cache-type-v", help="KV cache type for V (f32, f16, bf16, q8_0, q4_0)", rich_help_panel=CTX
+    log_disable: bool = opt("log_disable", False),
+    special: bool = opt("special", False),
+    color: str = typer.Option(
+        "auto",
+        "-co",
+        "--color",
+        help="colour prompt, input and output: on, off, auto (a terminal)",
+        rich_help_panel=OUTPUT,
     ),
-    swa_full: bool = typer.Option(False, "--swa-full", help="full-size SWA cache", rich_help_panel=CTX),
-    parallel: int = typer.Option(
-        1, "-np", "--parallel", help="number of sequences (KV streams unless -kvu)", rich_help_panel=CTX
-    ),
-    kv_unified: bool = typer.Option(
-        False, "-kvu", "--kv-unified", help="one KV buffer shared by all sequences", rich_help_panel=CTX
-    ),
-    context_shift: bool = typer.Option(
-        False,
-        "--context-shift/--no-context-shift",
-        help="when the context is full, drop half of the non-kept tokens and go on (chat: also drop the oldest messages)",
-        rich_help_panel=CTX,
-    ),
-    keep: int = typer.Option(
-        0,
-        "--keep",
-        help="tokens of the prompt kept by a context shift (-1 = all; chat: the first prompt)",
-        rich_help_panel=CTX,
-    ),
-    n_outputs_max: int = typer.Option(
-        1,
-        "--n-outputs-max",
-        help="output rows the compute buffer is reserved for (0 = n_batch, llama-completion's choice)",
-        rich_help_panel=BATCH,
-    ),
-    batch_size: int = typer.Option(
-        2048, "-b", "--batch-size", help="logical batch size (max tokens per decode)", rich_help_panel=BATCH
-    ),
-    ubatch_size: int = typer.Option(
-        512, "-ub", "--ubatch-size", help="physical batch size (max tokens per forward pass)", rich_help_panel=BATCH
-    ),
-    threads: int = typer.Option(-1, "-t", "--threads", help="CPU threads (-1 = all)", rich_help_panel=BATCH),
-    backend: str = backend_option(BATCH),
-    temp: float = typer.Option(0.8, "--temp", help="temperature (0 = greedy)", rich_help_panel=SAMPLING),
-    top_k: int = typer.Option(40, "--top-k", rich_help_panel=SAMPLING),
-    top_p: float = typer.Option(0.95, "--top-p", rich_help_panel=SAMPLING),
-    min_p: float = typer.Option(0.05, "--min-p", rich_help_panel=SAMPLING),
-    seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1 = random)", rich_help_panel=SAMPLING),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", rich_help_panel=SAMPLING),
-    repeat_last_n: int = typer.Option(64, "--repeat-last-n", rich_help_panel=SAMPLING),
-    ignore_eos: bool = typer.Option(
-        False, "--ignore-eos", help="keep generating past end-of-generation tokens", rich_help_panel=SAMPLING
-    ),
-    no_escape: bool = typer.Option(
-        False, "--no-escape", help="do not process \\n, \\t escapes in the prompt", rich_help_panel=OUTPUT
-    ),
-    no_display_prompt: bool = typer.Option(
-        False, "--no-display-prompt", help="do not echo the prompt", rich_help_panel=OUTPUT
-    ),
-    log_disable: bool = typer.Option(False, "--log-disable", help="no startup log or summary", rich_help_panel=OUTPUT),
-    no_warmup: bool = typer.Option(False, "--no-warmup", rich_help_panel=OUTPUT),
     conversation: Optional[bool] = typer.Option(
         None,
         "--conversation/--no-conversation",
@@ -99,57 +68,65 @@ def cli(
     system_prompt: Optional[str] = typer.Option(
         None, "-sys", "--system-prompt", help="system prompt (starts a conversation)", rich_help_panel=CHAT
     ),
+    system_prompt_file: Optional[Path] = typer.Option(
+        None, "-sysf", "--system-prompt-file", help="the system prompt from a file", rich_help_panel=CHAT
+    ),
     single_turn: bool = typer.Option(
-        False,
-        "-st",
-        "--single-turn",
-        help="answer one message (-p, or the first one typed) and exit",
-        rich_help_panel=CHAT,
+        False, "-st", "--single-turn", help="answer one message (-p, or the first typed) and exit", rich_help_panel=CHAT
     ),
-    chat_template: Optional[str] = typer.Option(
+    chat_template: Optional[str] = opt("chat_template", None),
+    chat_template_file: Optional[Path] = opt("chat_template_file", None),
+    jinja: bool = opt("jinja", True),
+    reverse_prompt: Optional[list[str]] = typer.Option(
         None,
-        "--chat-template",
-        metavar="NAME|FILE",
-        help="gemma, chatml, llama3, or a Jinja template file (default: the GGUF's template, else by architecture)",
+        "-r",
+        "--reverse-prompt",
+        help="stop at this text (-i: hand over to you); repeatable",
         rich_help_panel=CHAT,
     ),
-    jinja: bool = typer.Option(
-        True,
-        "--jinja/--no-jinja",
-        help="render the GGUF's Jinja template (--no-jinja: the built-in format it is detected as)",
-        rich_help_panel=CHAT,
+    interactive: bool = typer.Option(
+        False, "-i", "--interactive", help="raw-text interactive mode (llama-completion -i)", rich_help_panel=CHAT
     ),
-    verbose: bool = typer.Option(
-        False,
-        "-v",
-        "--verbose",
-        help="chat: llama.cpp's startup lines instead of the panel, and per-turn token counts",
-        rich_help_panel=OUTPUT,
+    interactive_first: bool = typer.Option(
+        False, "-if", "--interactive-first", help="-i, waiting for your input first", rich_help_panel=CHAT
     ),
+    in_prefix: str = typer.Option("", "--in-prefix", help="-i: text before each input", rich_help_panel=CHAT),
+    in_suffix: str = typer.Option("", "--in-suffix", help="-i: text after each input", rich_help_panel=CHAT),
+    multiline_input: bool = typer.Option(
+        False, "-mli", "--multiline-input", help="-i: read input until a line ending in \\ is not", rich_help_panel=CHAT
+    ),
+    verbose: bool = opt("verbose", False, help="chat: llama.cpp's startup lines instead of the panel; token counts"),
     simple_io: bool = typer.Option(
         False,
         "--simple-io",
-        help="chat: plain input and output (no line editor, colours, panels or bars)",
+        help="plain input and output (no line editor, colours, panels or bars)",
         rich_help_panel=OUTPUT,
     ),
     show_timings: bool = typer.Option(
-        True,
-        "--show-timings/--no-show-timings",
-        help="chat: [ Prompt | Generation ] speeds after each answer",
-        rich_help_panel=OUTPUT,
+        True, "--show-timings/--no-show-timings", help="chat: speeds after each answer", rich_help_panel=OUTPUT
     ),
+    sampling: SamplingFlags = SamplingFlags(),
 ) -> None:
     validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
     validate.generation_flags(n_predict, keep)
     validate.at_least("--n-outputs-max", n_outputs_max, "n_outputs_max", 0)
-    validate.sampling_flags(temp, top_k, top_p, min_p, seed, repeat_penalty, repeat_last_n)
+    validate.choice("-co", color, "color", ("on", "off", "auto"))
+    sampling.check()
     validate.n_parallel(parallel)  # these three import the engine's tables: last
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
+    from .complete_run import Run, run
+
+    if interactive_first:
+        interactive = True
+    if system_prompt is None and system_prompt_file is not None:
+        system_prompt = read_text_file(system_prompt_file, "system prompt file")
+    if chat_template is None and chat_template_file is not None:
+        chat_template = str(chat_template_file)
     chat = (
         conversation
         if conversation is not None
-        else ((prompt is None and file is None) or system_prompt is not None or single_turn)
+        else not interactive and ((prompt is None and file is None) or system_prompt is not None or single_turn)
     )
     if not chat and system_prompt is not None:
         err_console.print("warning: -sys is ignored without conversation mode (-no-cnv)", markup=False)
@@ -157,126 +134,56 @@ def cli(
         prompt = read_text_file(file)
         if prompt.endswith("\n"):  # llama.cpp's -f drops one trailing newline
             prompt = prompt[:-1]
-    if chat:
-        if prompt is not None:
-            check_text(prompt, "the prompt")
-        if system_prompt is not None:
-            check_text(system_prompt, "the system prompt")
-        if not no_escape:
-            prompt = process_escapes(prompt) if prompt is not None else None
-            system_prompt = process_escapes(system_prompt) if system_prompt is not None else None
-        if chat_template is not None:
-            from ..engine.chat_template import load_template
-
-            load_template(chat_template)  # a bad template fails before the model loads
-    else:
-        if prompt is None:
-            prompt = ""
+    if prompt is not None:
         check_text(prompt, "the prompt")
-        if not no_escape:  # like llama.cpp, escapes apply to -p and -f prompts alike
-            prompt = process_escapes(prompt)
-    # the engine (and torch) load here, not at import: `ubatch tokenize` and --help start fast
-    from ..engine.context import Context
-    from ..engine.generate import CompletionStats, check_prompt_fits, complete
-    from ..engine.model import Model
-    from ..engine.params import ContextParams
-    from ..engine.report import memory_plan
-    from ..engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
-    from .memory_view import breakdown_table
-    from .present import perf_lines, startup_lines
+    if system_prompt is not None:
+        check_text(system_prompt, "the system prompt")
+    if escape:  # like llama.cpp, escapes apply to -p, -f, -sys, -r and the prefixes alike
+        prompt = process_escapes(prompt) if prompt is not None else None
+        system_prompt = process_escapes(system_prompt) if system_prompt is not None else None
+        reverse_prompt = [process_escapes(r) for r in reverse_prompt or []]
+        in_prefix, in_suffix = process_escapes(in_prefix), process_escapes(in_suffix)
+    if chat and chat_template is not None:
+        from ..engine.chat_template import load_template
 
-    t_start = time.perf_counter()
-    path = resolve_model(model)
-    spinner = chat and not (log_disable or simple_io) and err_console.is_terminal
-    with err_console.status("loading the model", spinner="dots") if spinner else contextlib.nullcontext():
-        m = Model.load(path)
-        params = ContextParams(
-            n_ctx=ctx_size,
-            n_batch=batch_size,
-            n_ubatch=ubatch_size,
-            n_seq_max=parallel,
-            n_threads=threads if threads > 0 else 0,
-            type_k=ctk,
-            type_v=ctv,
-            swa_full=swa_full,
-            kv_unified=kv_unified,
-            n_outputs_max=n_outputs_max,
-            backend=backend,
-        )
-        ctx = Context(m, params)
-        if chat and not no_warmup:
-            ctx.warmup()
-    sp = SamplerParams(  # llama.cpp's sampler chain, shared by chat and one-shot
-        temp=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seed=LLAMA_DEFAULT_SEED if seed < 0 else seed,
-        repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n,
-    )
-    if chat:
-        from .chat import ChatOptions, run_chat
-
-        opts = ChatOptions(
-            system=system_prompt,
-            first_prompt=prompt or None,
-            single_turn=single_turn,
-            chat_template=chat_template,
-            use_jinja=jinja,
-            verbose=verbose,
-            simple_io=simple_io,
-            log_disable=log_disable,
-            show_timings=show_timings,
+        load_template(chat_template)  # a bad template fails before the model loads
+    sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
+    run(
+        Run(
+            model=model,
+            prompt=prompt,
+            mode="chat" if chat else "interactive" if interactive else "once",
             n_predict=n_predict,
-            ignore_eos=ignore_eos,
+            ctx_size=ctx_size,
+            ctk=ctk,
+            ctv=ctv,
+            swa_full=swa_full,
+            parallel=parallel,
+            kv_unified=kv_unified,
             context_shift=context_shift,
             keep=keep,
+            n_outputs_max=n_outputs_max,
+            batch_size=batch_size,
+            ubatch_size=ubatch_size,
+            threads=threads,
+            backend=backend,
+            warmup=warmup,
+            display_prompt=display_prompt,
+            special=special,
+            log_disable=log_disable,
+            color=color,
+            system_prompt=system_prompt,
+            single_turn=single_turn,
+            chat_template=chat_template,
+            jinja=jinja,
+            reverse_prompts=list(reverse_prompt or []),
+            interactive_first=interactive_first,
+            in_prefix=in_prefix,
+            in_suffix=in_suffix,
+            multiline_input=multiline_input,
+            verbose=verbose,
+            simple_io=simple_io,
+            show_timings=show_timings,
+            sampling=sampling,
         )
-        run_chat(ctx, Sampler(sp), opts, (time.perf_counter() - t_start) * 1e3)
-        return
-    ids = m.vocab.tokenize(prompt, add_special=True, parse_special=True)
-    check_prompt_fits(ctx, len(ids))  # before any compute or output
-    if not no_warmup:
-        ctx.warmup()
-    load_ms = (time.perf_counter() - t_start) * 1e3
-    if not log_disable:
-        for line in startup_lines(ctx):
-            err_console.print(line, markup=False, highlight=False, soft_wrap=True)
-    sampler = Sampler(sp)
-    if not log_disable:
-        err_console.print(f"sampler seed: {sampler.seed}", markup=False, highlight=False)
-    st = CompletionStats()
-    out = sys.stdout
-    t0 = time.perf_counter()
-    if not no_display_prompt:
-        out.write(prompt)
-        out.flush()
-    n_keep = len(ids) if keep < 0 or keep > len(ids) else keep + int(m.vocab.add_bos)
-    if context_shift and not ctx.memory.can_shift:
-        err_console.print(
-            "warning: context shift is not supported with this KV cache (a sliding-window cache smaller than the context); add --swa-full. Disabling it.",
-            markup=False,
-        )
-        context_shift = False
-    for ev in complete(ctx, ids, n_predict, sampler, st, ignore_eos=ignore_eos, ctx_shift=context_shift, n_keep=n_keep):
-        if ev.text:
-            out.write(ev.text)
-            out.flush()
-    out.write("\n")
-    out.flush()
-    total_ms = (time.perf_counter() - t0) * 1e3  # llama.cpp's total: from the prompt eval on, load apart
-    if st.stop_reason == "context":
-        err_console.print(
-            f"context full ({ctx.cparams.n_ctx_seq} tokens) and context shift is disabled: stopping; raise -c or pass --context-shift",
-            markup=False,
-        )
-    if not log_disable:
-        err_console.print(
-            f"\nubatch: generation stopped: {st.stop_reason}, {st.n_gen} tokens sampled, {st.n_past} in the KV cache",
-            markup=False,
-            highlight=False,
-        )
-        for line in perf_lines(ctx, st, load_ms, total_ms):
-            err_console.print(line, markup=False, highlight=False, soft_wrap=True)
-        err_console.print(breakdown_table(memory_plan(ctx)))
+    )

@@ -12,7 +12,8 @@ from rich.console import Console
 
 from ..engine.errors import UbatchError
 from . import validate
-from .common import backend_option, resolve_model, user_errors
+from .common import resolve_model, user_errors
+from .options import opt
 
 
 def parse_bytes(text: str) -> int:
@@ -29,16 +30,16 @@ def parse_bytes(text: str) -> int:
 
 @user_errors
 def info(
-    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: bundled Gemma 3 270M)"),
-    ctx_size: int = typer.Option(0, "-c", "--ctx-size", help="context size (0 = from the model)"),
-    batch_size: int = typer.Option(2048, "-b", "--batch-size"),
-    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size"),
-    parallel: int = typer.Option(1, "-np", "--parallel"),
-    kv_unified: bool = typer.Option(False, "-kvu", "--kv-unified"),
-    swa_full: bool = typer.Option(False, "--swa-full"),
-    ctk: str = typer.Option("f16", "-ctk", "--cache-type-k"),
-    ctv: str = typer.Option("f16", "-ctv", "--cache-type-v"),
-    backend: str = backend_option(),
+    model: Optional[Path] = opt("model", None, panel="Options"),
+    ctx_size: int = opt("ctx_size", 0, panel="Options"),
+    batch_size: int = opt("batch_size", 2048, panel="Options"),
+    ubatch_size: int = opt("ubatch_size", 512, panel="Options"),
+    parallel: int = opt("parallel", 1, panel="Options"),
+    kv_unified: bool = opt("kv_unified", False, panel="Options"),
+    swa_full: bool = opt("swa_full", False, panel="Options"),
+    ctk: str = opt("ctk", "f16", panel="Options"),
+    ctv: str = opt("ctv", "f16", panel="Options"),
+    backend: str = opt("backend", "auto", panel="Options"),
     n_outputs_max: Optional[int] = typer.Option(
         None,
         "--n-outputs-max",
@@ -48,7 +49,7 @@ def info(
         None, "--fit", help="memory budget (e.g. 1.5G): pick the largest -c, and -ub/-np if needed, that fit"
     ),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
-    verbose: bool = typer.Option(False, "--verbose", help="also print llama.cpp-format startup lines"),
+    verbose: bool = opt("verbose", False, help="also print llama.cpp-format startup lines", panel="Options"),
 ) -> None:
     validate.context_flags(ctx_size, batch_size, ubatch_size)
     if n_outputs_max is not None:

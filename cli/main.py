@@ -5,10 +5,12 @@ from __future__ import annotations
 import typer
 
 from . import bench, complete, info, server, tokenize
+from .llama_command import LlamaGroup, llama_command
 
 app = typer.Typer(
     name="ubatch",
     help="A llama.cpp-style runner that shows its work: -c -b -ub -np, KV cache and compute buffer.",
+    cls=LlamaGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -16,17 +18,26 @@ app = typer.Typer(
 )
 app.command(
     "cli",
+    cls=llama_command("cli"),
     help="Chat in the terminal (no -p, or -cnv / -sys / -st), or with -p a one-shot completion (like llama-completion).",
 )(complete.cli)
-app.command("server", help="OpenAI- and llama-server-compatible HTTP server: -np slots, continuous batching.")(
-    server.server
-)
-app.command("bench", help="Benchmark like llama-bench: pp/tg t/s, compute buffer, --profile, --sweep-ub plots.")(
-    bench.bench
-)
-app.command("batched-bench", help="Continuous-batching throughput like llama-batched-bench.")(bench.batched_bench)
-app.command("info", help="The memory plan of a configuration (KV cache, compute buffer, why).")(info.info)
-app.command("tokenize", help="Tokenize text like llama-tokenize.")(tokenize.tokenize)
+app.command(
+    "server",
+    cls=llama_command("server"),
+    help="OpenAI- and llama-server-compatible HTTP server: -np slots, continuous batching.",
+)(server.server)
+app.command(
+    "bench",
+    cls=llama_command("bench"),
+    help="Benchmark like llama-bench: pp/tg t/s, compute buffer, --profile, --sweep-ub plots.",
+)(bench.bench)
+app.command(
+    "batched-bench", cls=llama_command("batched-bench"), help="Continuous-batching throughput like llama-batched-bench."
+)(bench.batched_bench)
+app.command(
+    "info", cls=llama_command("info"), help="The memory plan of a configuration (KV cache, compute buffer, why)."
+)(info.info)
+app.command("tokenize", cls=llama_command("tokenize"), help="Tokenize text like llama-tokenize.")(tokenize.tokenize)
 
 if __name__ == "__main__":
     app()

@@ -43,6 +43,11 @@ class ServerOptions:
     cors_credentials: bool = False
     api_prefix: str = ""
     grammar: str = ""  # --grammar / --grammar-file / -j: the default GBNF of every request
+    props: bool = False  # --props: POST /props may change the server's settings
+    prefill_assistant: bool = True  # a final assistant message is continued, not closed
+    embd_normalize: int = 2  # --embd-normalize: the default of embedding requests
+    stop: tuple[str, ...] = ()  # -r / --reverse-prompt: default stop strings of every request
+    special: bool = False  # -sp: special tokens appear in the output text
 
 
 class ServerState:
@@ -68,6 +73,7 @@ class ServerState:
             n_vocab=m.hparams.n_vocab,
             cache_prompt=o.cache_prompt,
             n_cache_reuse=scheduler.cache_reuse,
+            stop=list(o.stop),
         )
         from .server_info import model_name  # (a cycle at import time)
 

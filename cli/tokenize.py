@@ -13,13 +13,15 @@ from ..engine.errors import UbatchError
 from ..engine.gguf_file import open_gguf
 from ..engine.vocab import Vocab
 from .common import check_text, read_text_file, resolve_model, user_errors
+from .options import opt
 
 
 @user_errors
 def tokenize(
-    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: bundled Gemma 3 270M)"),
-    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="text to tokenize"),
+    model: Optional[Path] = opt("model", None, panel="Options"),
+    prompt: Optional[str] = opt("prompt", None, help="text to tokenize", panel="Options"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the text from a file"),
+    stdin: bool = typer.Option(False, "--stdin", help="read the text from standard input"),
     ids: bool = typer.Option(False, "--ids", help="print only the ids, as a Python list"),
     no_bos: bool = typer.Option(False, "--no-bos", help="do not add BOS"),
     no_parse_special: bool = typer.Option(False, "--no-parse-special", help="treat control-token text as plain text"),
@@ -47,8 +49,14 @@ def tokenize(
         return
     if prompt is None and file is not None:
         prompt = read_text_file(file, "input file")
+    if prompt is None and stdin:
+        data = sys.stdin.buffer.read()
+        try:
+            prompt = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UbatchError(f"stdin is not UTF-8 text (invalid byte at offset {e.start})") from None
     if prompt is None:
-        raise UbatchError("nothing to tokenize: give -p TEXT, -f FILE or --jsonl")
+        raise UbatchError("nothing to tokenize: give -p TEXT, -f FILE, --stdin or --jsonl")
     toks = vocab.tokenize(check_text(prompt, "the text"), add_special, parse_special)
     if ids:
         print("[" + ", ".join(map(str, toks)) + "]")

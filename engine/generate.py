@@ -6,6 +6,7 @@ ones llama-completion prints (prompt eval vs eval, sampling time).
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ class CompletionStats(DecodeRates):
     n_eval: int = 0  # single-token decodes
     t_eval_ms: float = 0.0
     t_sample_ms: float = 0.0
-    stop_reason: str = ""  # "eog", "length", "context", "stop"
+    stop_reason: str = ""  # "eog", "length", "context", "word"
+    stopping_word: str = ""  # the stop string that ended it (stop_reason "word")
     n_past: int = 0  # tokens the sequence holds in the cache afterwards
     n_shifts: int = 0  # context shifts performed
 
@@ -92,6 +94,7 @@ def complete(
     seq_id: int = 0,
     progress: Callable[[int, int], None] | None = None,
     cache: list[int] | None = None,
+    extra: GenerationParams | None = None,
 ) -> Iterator[TokenEvent]:
     """Generate up to n_predict tokens (-1 = until end of generation or a full context).
 
@@ -99,7 +102,9 @@ def complete(
     prefills only itself). When the context fills: with ctx_shift, the first n_keep tokens stay
     and half of the rest is discarded; without it generation stops (stop_reason "context").
     `stats.n_past` is the sequence length afterwards; `cache`, when given, holds the n_past
-    cached tokens and is kept equal to what the sequence's cells hold.
+    cached tokens and is kept equal to what the sequence's cells hold. `extra` carries the rest of
+    a request's generation settings (stop strings, logit biases, a grammar); its n_predict and
+    shift settings are replaced by the arguments.
     """
     stats = stats if stats is not None else CompletionStats()
     check_prompt_fits(ctx, n_past + len(prompt))
@@ -108,7 +113,8 @@ def complete(
             "context shift needs every KV cache to hold the whole context; with a sliding-window model add --swa-full"
         )
     cache = cache if cache is not None else [0] * n_past  # without the caller's tokens only its length matters
-    params = GenerationParams(n_predict=n_predict, ignore_eos=ignore_eos, ctx_shift=ctx_shift, n_keep=n_keep)
+    params = copy.copy(extra) if extra is not None else GenerationParams()
+    params.n_predict, params.ignore_eos, params.ctx_shift, params.n_keep = n_predict, ignore_eos, ctx_shift, n_keep
     gen = Generation(ctx.model.vocab, sampler, params, ctx.cparams.n_ctx_seq, cache)
     t0 = time.perf_counter()
     prefill(ctx, prompt, n_past, seq_id, progress=progress)
@@ -137,7 +143,7 @@ def complete(
         stats.t_eval_ms += (time.perf_counter() - te) * 1e3
         stats.n_eval += 1
         stats.n_past = len(cache)
-    stats.stop_reason = gen.stop_reason
+    stats.stop_reason, stats.stopping_word = gen.stop_reason, gen.stopping_word
     tail = gen.finish()
     if tail:
         yield TokenEvent(-1, tail)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .grammar import Grammar
+from .grammar.sampler import GrammarSampler
 from .memory import KVMemory
 from .sampling import Sampler
 from .token_stream import TokenStreamer
@@ -39,6 +41,8 @@ class GenerationParams:
     ctx_shift: bool = False  # when the context fills: shift (True) or stop (False)
     n_keep: int = 0  # tokens a shift keeps at the start (BOS included; the caller resolves -1)
     n_discard: int = 0  # tokens a shift drops; 0: half of those not kept
+    special: bool = False  # -sp: control tokens appear in the text (end-of-generation ones never do)
+    grammar: Grammar | None = None  # GBNF the generated text must follow (engine/grammar)
 
 
 @dataclass(slots=True)
@@ -95,7 +99,7 @@ class Generation:
     ) -> None:
         self.vocab, self.sampler, self.params, self.n_ctx = vocab, sampler, params, n_ctx
         self.cache = cache if cache is not None else []
-        self.streamer = TokenStreamer(vocab)
+        self.streamer = TokenStreamer(vocab, params.special)
         self.tokens: list[int] = []  # every sampled token, an end-of-generation one included
         self.probs: list[TokenProb] = []
         self.text = ""  # the answer so far (cut at a stop string)
@@ -107,6 +111,7 @@ class Generation:
         self.has_new_line = False
         self.n_shifts = 0
         self.t_sample_ms = 0.0
+        self.grammar = GrammarSampler(params.grammar, vocab) if params.grammar is not None else None
         bias = list(params.logit_bias)
         if params.ignore_eos:  # llama.cpp: a logit bias of -inf on every end-of-generation token
             bias += [(t, float("-inf")) for t in sorted(vocab.eog)]
@@ -135,6 +140,8 @@ class Generation:
         """Feed the prompt into the sampler's penalty history."""
         for t in tokens:
             self.sampler.accept(t)
+        if self.grammar is not None:  # the prompt does not advance the grammar, only penalties
+            self.grammar.seen.update(tokens)
 
     def sample(self, logits: torch.Tensor) -> Step:
         """Sample the next token from `logits` and apply llama-server's process_token rules."""
@@ -145,6 +152,9 @@ class Generation:
         if self._bias is not None:
             x = x.index_put(self._bias[:1], self._bias[1], accumulate=True)
         tok = self.sampler.sample(x)
+        if self.grammar is not None:  # llama.cpp: check the chain's pick, resample only if refused
+            tok = self.grammar.choose(x, tok, self.sampler)
+            self.grammar.accept(tok)
         self.sampler.accept(tok)
         prob = None
         if lp is not None:  # a partial selection of k: O(V) per token whatever n_probs asked for

@@ -1,0 +1,195 @@
+"""`ubatch cli` once its flags are checked: load the model and context, then run the chat, the
+one-shot completion (llama-completion's output and summary) or the raw-text interactive loop."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .common import err_console, resolve_model
+from .sampling_flags import SamplingFlags
+
+
+@dataclass
+class Run:
+    """What the command line asked for, checked (cli/complete.py builds it)."""
+
+    model: Path | None
+    prompt: str | None
+    mode: str  # "chat" | "once" | "interactive"
+    n_predict: int
+    ctx_size: int
+    ctk: str
+    ctv: str
+    swa_full: bool
+    parallel: int
+    kv_unified: bool
+    context_shift: bool
+    keep: int
+    n_outputs_max: int
+    batch_size: int
+    ubatch_size: int
+    threads: int
+    backend: str
+    warmup: bool
+    display_prompt: bool
+    special: bool
+    log_disable: bool
+    color: str
+    system_prompt: str | None
+    single_turn: bool
+    chat_template: str | None
+    jinja: bool
+    reverse_prompts: list[str]
+    interactive_first: bool
+    in_prefix: str
+    in_suffix: str
+    multiline_input: bool
+    verbose: bool
+    simple_io: bool
+    show_timings: bool
+    sampling: SamplingFlags = field(default_factory=SamplingFlags)
+
+
+def run(r: Run) -> None:
+    # the engine (and torch) load here, not at import: `ubatch tokenize` and --help start fast
+    from ..engine.context import Context
+    from ..engine.model import Model
+    from ..engine.params import ContextParams
+    from ..engine.sampling import Sampler
+
+    t_start = time.perf_counter()
+    path = resolve_model(r.model)
+    chat = r.mode == "chat"
+    spinner = chat and not (r.log_disable or r.simple_io) and err_console.is_terminal
+    with err_console.status("loading the model", spinner="dots") if spinner else contextlib.nullcontext():
+        m = Model.load(path)
+        params = ContextParams(
+            n_ctx=r.ctx_size,
+            n_batch=r.batch_size,
+            n_ubatch=r.ubatch_size,
+            n_seq_max=r.parallel,
+            n_threads=r.threads if r.threads > 0 else 0,
+            type_k=r.ctk,
+            type_v=r.ctv,
+            swa_full=r.swa_full,
+            kv_unified=r.kv_unified,
+            n_outputs_max=r.n_outputs_max,
+            backend=r.backend,
+        )
+        ctx = Context(m, params)
+        if chat and r.warmup:
+            ctx.warmup()
+    sp = r.sampling.sampler_params()  # llama.cpp's sampler chain, shared by every mode
+    if chat:
+        from .chat import ChatOptions, run_chat
+
+        opts = ChatOptions(
+            system=r.system_prompt,
+            first_prompt=r.prompt or None,
+            single_turn=r.single_turn,
+            chat_template=r.chat_template,
+            use_jinja=r.jinja,
+            verbose=r.verbose,
+            simple_io=r.simple_io,
+            log_disable=r.log_disable,
+            show_timings=r.show_timings,
+            n_predict=r.n_predict,
+            ignore_eos=r.sampling.ignore_eos,
+            context_shift=r.context_shift,
+            keep=r.keep,
+        )
+        run_chat(ctx, Sampler(sp), opts, (time.perf_counter() - t_start) * 1e3)
+        return
+    once(r, ctx, Sampler(sp), t_start)
+
+
+def generation_params(r: Run, ctx: Any) -> Any:
+    """Stop strings (-r), logit biases (-l) and the grammar, for engine.generate.complete."""
+    from ..engine.generation import GenerationParams
+
+    return GenerationParams(
+        stop=list(r.reverse_prompts),
+        logit_bias=r.sampling.logit_biases(ctx.model.hparams.n_vocab),
+        grammar=r.sampling.compiled_grammar(),
+        special=r.special,
+    )
+
+
+def once(r: Run, ctx: Any, sampler: Any, t_start: float) -> None:
+    """llama-completion: the prompt, its continuation streamed to stdout, then the summary;
+    with -i the loop in cli/interactive.py takes over after the first answer."""
+    from ..engine.generate import CompletionStats, check_prompt_fits, complete
+    from ..engine.report import memory_plan
+    from .memory_view import breakdown_table
+    from .present import perf_lines, startup_lines
+
+    m = ctx.model
+    prompt = r.prompt or ""
+    ids = m.vocab.tokenize(prompt, add_special=True, parse_special=True) if prompt or r.mode != "interactive" else []
+    if ids or r.mode != "interactive":
+        check_prompt_fits(ctx, len(ids))  # before any compute or output
+    if r.warmup:
+        ctx.warmup()
+    load_ms = (time.perf_counter() - t_start) * 1e3
+    if not r.log_disable:
+        for line in startup_lines(ctx):
+            err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+        err_console.print(f"sampler seed: {sampler.seed}", markup=False, highlight=False)
+    context_shift = r.context_shift
+    if context_shift and not ctx.memory.can_shift:
+        err_console.print(
+            "warning: context shift is not supported with this KV cache (a sliding-window cache smaller than the context); add --swa-full. Disabling it.",
+            markup=False,
+        )
+        context_shift = False
+    st = CompletionStats()
+    out = sys.stdout
+    t0 = time.perf_counter()
+    if r.display_prompt:
+        out.write(prompt)
+        out.flush()
+    n_keep = len(ids) if r.keep < 0 or r.keep > len(ids) else r.keep + int(m.vocab.add_bos)
+    extra = generation_params(r, ctx)
+    if r.mode == "interactive":
+        from .interactive import interact
+
+        interact(r, ctx, sampler, ids, st, extra, context_shift, n_keep)
+    else:
+        for ev in complete(
+            ctx,
+            ids,
+            r.n_predict,
+            sampler,
+            st,
+            ignore_eos=r.sampling.ignore_eos,
+            ctx_shift=context_shift,
+            n_keep=n_keep,
+            extra=extra,
+        ):
+            if ev.text:
+                out.write(ev.text)
+                out.flush()
+        if st.stop_reason == "word":  # llama-completion prints the reverse prompt it stopped at
+            out.write(st.stopping_word)
+    out.write("\n")
+    out.flush()
+    total_ms = (time.perf_counter() - t0) * 1e3  # llama.cpp's total: from the prompt eval on, load apart
+    if st.stop_reason == "context":
+        err_console.print(
+            f"context full ({ctx.cparams.n_ctx_seq} tokens) and context shift is disabled: stopping; raise -c or pass --context-shift",
+            markup=False,
+        )
+    if not r.log_disable:
+        err_console.print(
+            f"\nubatch: generation stopped: {st.stop_reason}, {st.n_gen} tokens sampled, {st.n_past} in the KV cache",
+            markup=False,
+            highlight=False,
+        )
+        for line in perf_lines(ctx, st, load_ms, total_ms):
+            err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+        err_console.print(breakdown_table(memory_plan(ctx)))

@@ -1,0 +1,237 @@
+"""llama.cpp's sampling flags, declared once for every command that samples (`ubatch cli`,
+`ubatch server`): `@sampling_options` adds them to a command's signature and hands the function
+one `SamplingFlags`, which checks them and builds the engine's `SamplerParams` and grammar.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..engine.errors import UbatchError
+from . import validate
+from .common import read_text_file
+from .options import SAMPLING
+
+_P = SAMPLING
+
+
+@dataclass
+class SamplingFlags:
+    """The sampling flags as typed (llama.cpp's names and defaults)."""
+
+    seed: int = -1
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    typical: float = 1.0
+    repeat_last_n: int = 64
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breaker: Optional[list[str]] = None
+    dynatemp_range: float = 0.0
+    dynatemp_exp: float = 1.0
+    mirostat: int = 0
+    mirostat_lr: float = 0.1
+    mirostat_ent: float = 5.0
+    samplers: Optional[str] = None
+    sampling_seq: Optional[str] = None
+    ignore_eos: bool = False
+    logit_bias: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    grammar_file: Optional[Path] = None
+    json_schema: Optional[str] = None
+    json_schema_file: Optional[Path] = None
+
+    def check(self) -> None:
+        """Every value checked before anything loads (one line naming the flag)."""
+        validate.sampling_flags(
+            self.temp, self.top_k, self.top_p, self.min_p, self.seed, self.repeat_penalty, self.repeat_last_n
+        )
+        validate.finite("--top-n-sigma", self.top_n_sigma, "top_n_sigma")
+        validate.fraction("--xtc-probability", self.xtc_probability, "xtc_probability")
+        validate.fraction("--xtc-threshold", self.xtc_threshold, "xtc_threshold")
+        validate.finite("--typical", self.typical, "typ_p")
+        validate.finite("--presence-penalty", self.presence_penalty, "presence_penalty")
+        validate.finite("--frequency-penalty", self.frequency_penalty, "frequency_penalty")
+        validate.finite("--dry-multiplier", self.dry_multiplier, "dry_multiplier", 0.0)
+        validate.finite("--dry-base", self.dry_base, "dry_base", 0.0)
+        validate.at_least("--dry-allowed-length", self.dry_allowed_length, "dry_allowed_length", 0)
+        validate.at_least("--dry-penalty-last-n", self.dry_penalty_last_n, "dry_penalty_last_n", -1)
+        validate.finite("--dynatemp-range", self.dynatemp_range, "dynatemp_range", 0.0)
+        validate.finite("--dynatemp-exp", self.dynatemp_exp, "dynatemp_exponent")
+        validate.in_range("--mirostat", self.mirostat, "mirostat", 0, 2)
+        validate.finite("--mirostat-lr", self.mirostat_lr, "mirostat_eta", 0.0)
+        validate.finite("--mirostat-ent", self.mirostat_ent, "mirostat_tau", 0.0)
+        given = [f for f, v in (("--grammar", self.grammar), ("--grammar-file", self.grammar_file)) if v is not None]
+        given += [f for f, v in (("-j", self.json_schema), ("-jf", self.json_schema_file)) if v is not None]
+        if len(given) > 1:
+            raise UbatchError(f"{' and '.join(given)} both give the grammar; use one of them")
+
+    def sampler_params(self) -> Any:
+        """The engine's SamplerParams (llama.cpp's common_params_sampling)."""
+        from ..engine.sampler_names import parse_samplers, parse_sampling_seq
+        from ..engine.sampling import LLAMA_DEFAULT_SEED, SamplerParams
+
+        extra: dict[str, Any] = {}
+        if self.sampling_seq is not None:
+            extra["samplers"] = parse_sampling_seq(self.sampling_seq)
+        if self.samplers is not None:
+            extra["samplers"] = parse_samplers(self.samplers)
+        if self.dry_sequence_breaker is not None:  # "none" clears llama.cpp's defaults
+            extra["dry_sequence_breakers"] = tuple(b for b in self.dry_sequence_breaker if b != "none")
+        return SamplerParams(
+            temp=self.temp,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            seed=LLAMA_DEFAULT_SEED if self.seed < 0 else self.seed,
+            repeat_penalty=self.repeat_penalty,
+            repeat_last_n=self.repeat_last_n,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            typ_p=self.typical,
+            top_n_sigma=self.top_n_sigma,
+            xtc_probability=self.xtc_probability,
+            xtc_threshold=self.xtc_threshold,
+            dynatemp_range=self.dynatemp_range,
+            dynatemp_exponent=self.dynatemp_exp,
+            mirostat=self.mirostat,
+            mirostat_tau=self.mirostat_ent,
+            mirostat_eta=self.mirostat_lr,
+            dry_multiplier=self.dry_multiplier,
+            dry_base=self.dry_base,
+            dry_allowed_length=self.dry_allowed_length,
+            dry_penalty_last_n=self.dry_penalty_last_n,
+            **extra,
+        )
+
+    def grammar_text(self) -> str:
+        """The GBNF the flags ask for ('' for none): --grammar(-file), or -j / -jf converted."""
+        if self.grammar is not None:
+            return self.grammar
+        if self.grammar_file is not None:
+            return read_text_file(self.grammar_file, "grammar file")
+        schema = self.json_schema
+        if self.json_schema_file is not None:
+            schema = read_text_file(self.json_schema_file, "JSON schema file")
+        if schema is None:
+            return ""
+        import json
+
+        from ..engine.json_schema import schema_to_gbnf
+
+        try:
+            parsed = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise UbatchError(f"-j: the JSON schema is not valid JSON ({e.msg} at offset {e.pos})") from None
+        return schema_to_gbnf(parsed)
+
+    def compiled_grammar(self) -> Any:
+        """The grammar object for GenerationParams.grammar (None without one); fails before loading."""
+        text = self.grammar_text()
+        if not text:
+            return None
+        from ..engine.grammar import compile_grammar
+
+        return compile_grammar(text)
+
+    def logit_biases(self, n_vocab: int) -> list[tuple[int, float]]:
+        """-l TOKEN_ID(+/-)BIAS, e.g. `-l 15043+1` or `-l 15043-inf` (llama.cpp's format)."""
+        out = []
+        for item in self.logit_bias or []:
+            head = item.lstrip("+-")
+            cut = next((i for i, c in enumerate(head) if c in "+-"), -1)
+            try:
+                if cut < 0:
+                    raise ValueError
+                tok, bias = int(item[: len(item) - len(head) + cut]), float(head[cut:])
+            except ValueError:
+                raise UbatchError(f"-l {item}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf") from None
+            if not 0 <= tok < n_vocab or math.isnan(bias):
+                raise UbatchError(f"-l {item}: token id out of range (the vocabulary has {n_vocab} tokens)")
+            out.append((tok, bias))
+        return out
+
+
+def _options(d: SamplingFlags) -> dict[str, tuple[Any, Any]]:
+    """name -> (annotation, typer.Option) for every sampling flag."""
+    o = functools.partial(typer.Option, rich_help_panel=_P)
+    return {
+        "seed": (int, o(d.seed, "-s", "--seed", help="RNG seed (-1 = random)")),
+        "temp": (float, o(d.temp, "--temp", "--temperature", help="temperature (<= 0: greedy)")),
+        "top_k": (int, o(d.top_k, "--top-k", help="top-k sampling (0 = disabled)")),
+        "top_p": (float, o(d.top_p, "--top-p", help="top-p sampling (1.0 = disabled)")),
+        "min_p": (float, o(d.min_p, "--min-p", help="min-p sampling (0.0 = disabled)")),
+        "top_n_sigma": (float, o(d.top_n_sigma, "--top-n-sigma", "--top-nsigma", help="top-n-sigma (-1 = off)")),
+        "xtc_probability": (float, o(d.xtc_probability, "--xtc-probability", help="XTC probability (0 = off)")),
+        "xtc_threshold": (float, o(d.xtc_threshold, "--xtc-threshold", help="XTC threshold (> 0.5 = off)")),
+        "typical": (float, o(d.typical, "--typical", "--typical-p", help="locally typical sampling p (1 = off)")),
+        "repeat_last_n": (int, o(d.repeat_last_n, "--repeat-last-n", help="tokens the penalties look at (-1 = ctx)")),
+        "repeat_penalty": (float, o(d.repeat_penalty, "--repeat-penalty", help="repetition penalty (1 = off)")),
+        "presence_penalty": (float, o(d.presence_penalty, "--presence-penalty", help="presence penalty (0 = off)")),
+        "frequency_penalty": (float, o(d.frequency_penalty, "--frequency-penalty", help="frequency penalty")),
+        "dry_multiplier": (float, o(d.dry_multiplier, "--dry-multiplier", help="DRY multiplier (0 = off)")),
+        "dry_base": (float, o(d.dry_base, "--dry-base", help="DRY base")),
+        "dry_allowed_length": (int, o(d.dry_allowed_length, "--dry-allowed-length", help="DRY allowed length")),
+        "dry_penalty_last_n": (int, o(d.dry_penalty_last_n, "--dry-penalty-last-n", help="DRY window (-1 = ctx)")),
+        "dry_sequence_breaker": (
+            Optional[list[str]],
+            o(None, "--dry-sequence-breaker", help="DRY sequence breaker (repeatable; 'none' clears the defaults)"),
+        ),
+        "dynatemp_range": (float, o(d.dynatemp_range, "--dynatemp-range", help="dynamic temperature range")),
+        "dynatemp_exp": (float, o(d.dynatemp_exp, "--dynatemp-exp", help="dynamic temperature exponent")),
+        "mirostat": (int, o(d.mirostat, "--mirostat", help="Mirostat: 0 off, 1 v1, 2 v2")),
+        "mirostat_lr": (float, o(d.mirostat_lr, "--mirostat-lr", help="Mirostat learning rate (eta)")),
+        "mirostat_ent": (float, o(d.mirostat_ent, "--mirostat-ent", help="Mirostat target entropy (tau)")),
+        "samplers": (Optional[str], o(None, "--samplers", help="sampler order, ';'-separated names")),
+        "sampling_seq": (
+            Optional[str],
+            o(None, "--sampling-seq", "--sampler-seq", help="sampler order as letters (edskypmxt)"),
+        ),
+        "ignore_eos": (bool, o(False, "--ignore-eos", help="keep generating past end-of-generation tokens")),
+        "logit_bias": (Optional[list[str]], o(None, "-l", "--logit-bias", help="TOKEN_ID(+/-)BIAS (repeatable)")),
+        "grammar": (Optional[str], o(None, "--grammar", help="GBNF grammar the output must follow")),
+        "grammar_file": (Optional[Path], o(None, "--grammar-file", help="file with a GBNF grammar")),
+        "json_schema": (Optional[str], o(None, "-j", "--json-schema", help="JSON schema the output must follow")),
+        "json_schema_file": (Optional[Path], o(None, "-jf", "--json-schema-file", help="file with a JSON schema")),
+    }
+
+
+def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the sampling flags to a command; it receives them as `sampling: SamplingFlags`."""
+    names = [f.name for f in fields(SamplingFlags)]
+    sig = inspect.signature(fn)
+    kept = [p for p in sig.parameters.values() if p.name != "sampling"]
+    added = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=ann)
+        for name, (ann, option) in _options(SamplingFlags()).items()
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        flags = SamplingFlags(**{n: kwargs.pop(n) for n in names})
+        return fn(*args, sampling=flags, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=kept + added)  # type: ignore[attr-defined]
+    hints = {k: v for k, v in typing.get_type_hints(fn).items() if k != "sampling"}
+    wrapper.__annotations__ = hints | {p.name: p.annotation for p in added}
+    del wrapper.__wrapped__  # Typer must read the signature above, not fn's
+    return wrapper
