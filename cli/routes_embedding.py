@@ -15,8 +15,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from ..engine.embedding import input_error
-from ..engine.embedding_task import EmbdResult, EmbdTask
+from ..engine.embedding_task import EmbdResult, EmbdTask, input_error
 from ..engine.server_task import Failed, RequestError
 from .server_http import api, error_response, read_json
 from .server_params import get_bool, get_int, split_prompts
@@ -93,7 +92,7 @@ async def embeddings(st: ServerState, request: Request, oai: bool) -> Response:
         raise RequestError("The format to return the embeddings in. Can be either float or base64")
     if isinstance(prompt, list) and not prompt:
         raise RequestError('"input" must not be empty')
-    norm = get_int(body, "embd_normalize", 2, lo=-1, hi=1 << 20)
+    norm = get_int(body, "embd_normalize", getattr(o, "embd_normalize", 2), lo=-1, hi=1 << 20)  # --embd-normalize
     prompts = [_checked(st, st.tokenize_prompt(p, True, True, s.n_ctx_slot)) for p in split_prompts(prompt, "input")]
     res = await _run(st, request, prompts, embd_normalize=norm)
     if isinstance(res, Response):

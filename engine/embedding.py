@@ -23,7 +23,6 @@ from ..kernels.weight import QWeight
 from .batch import Batch
 from .errors import ContextError, ModelLoadError
 from .metadata import check_int, meta_bool
-from .server_task import RequestError, context_error
 
 if TYPE_CHECKING:
     from .context import Context
@@ -140,30 +139,6 @@ def can_split(pooling: str, causal: bool) -> bool:
     return pooling == "last" or (pooling == "rank" and causal)
 
 
-def input_error(n_tokens: int, ctx: Context, n_ctx_slot: int) -> RequestError | None:
-    """What llama-server answers for a prompt this context cannot embed (its messages; a 400
-    here, since the fix is the client's or the operator's, not a server fault)."""
-    if n_tokens == 0:
-        return RequestError("Input content cannot be empty")
-    if can_split(ctx.pooling, ctx.cparams.causal_attn):
-        return context_error(n_tokens, n_ctx_slot)
-    n_ubatch = ctx.cparams.n_ubatch
-    if n_tokens > n_ubatch:
-        return RequestError(
-            f"input ({n_tokens} tokens) is too large to process. increase the physical batch size "
-            f"(current batch size: {n_ubatch})"
-        )
-    if n_tokens > n_ctx_slot:
-        return RequestError(
-            f"input ({n_tokens} tokens) is larger than the max context size ({n_ctx_slot} tokens). skipping",
-            400,
-            "exceed_context_size_error",
-            n_prompt_tokens=n_tokens,
-            n_ctx=n_ctx_slot,
-        )
-    return None
-
-
 def fits_together(ctx: Context, lengths: list[int]) -> bool:
     """Whether prompts of these lengths can share one embedding decode: at most n_batch rows;
     without causal attention each sequence must also lie whole in the one ubatch it shares,
@@ -210,16 +185,6 @@ def embed_sequences(ctx: Context, seqs: list[tuple[int, list[int]]]) -> list[tor
         for s, _ in seqs:
             ctx.memory.seq_rm(s)
     return [torch.cat(rows[s]) for s, _ in seqs]
-
-
-def fit_prompt(ctx: Context, tokens: list[int], truncate: bool, n_ctx: int) -> list[int]:
-    """A prompt cut to what the context can embed (`truncate`), else refused in one line."""
-    limit = n_ctx - 1 if can_split(ctx.pooling, ctx.cparams.causal_attn) else min(ctx.cparams.n_ubatch, n_ctx)
-    if truncate and len(tokens) > limit:
-        tokens = tokens[:limit]
-    if (err := input_error(len(tokens), ctx, n_ctx)) is not None:
-        raise ContextError(err.message)
-    return tokens
 
 
 def embed_prompts(ctx: Context, prompts: list[list[int]], embd_norm: int = 2) -> list[torch.Tensor]:

@@ -6,7 +6,8 @@ per iteration, before the generation batch, `EmbeddingRunner.step` packs the wai
 idle slots (a slot's sequence id is borrowed for one decode; its cached prompt is dropped, as
 llama-server reuses the slot) and runs them in one embedding decode (`embed_sequences`). A
 generation batch and an embedding batch never share a decode, as in llama-server, where a batch
-is either one or the other.
+is either one or the other. The prompt limits llama-server applies to embedding inputs
+(`input_error`) live here too, with the server's other request errors.
 """
 
 from __future__ import annotations
@@ -17,13 +18,48 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .embedding import RankHead, embed_sequences, fits_together, normalize, pool
+from .embedding import RankHead, can_split, embed_sequences, fits_together, normalize, pool
+from .errors import ContextError
 from .memory import DecodeError
-from .server_task import Failed, RequestError
+from .server_task import Failed, RequestError, context_error
 
 if TYPE_CHECKING:
     from .context import Context
     from .scheduler import Scheduler
+
+
+def input_error(n_tokens: int, ctx: Context, n_ctx_slot: int) -> RequestError | None:
+    """What llama-server answers for a prompt this context cannot embed (its messages; a 400
+    here, since the fix is the client's or the operator's, not a server fault)."""
+    if n_tokens == 0:
+        return RequestError("Input content cannot be empty")
+    if can_split(ctx.pooling, ctx.cparams.causal_attn):
+        return context_error(n_tokens, n_ctx_slot)
+    n_ubatch = ctx.cparams.n_ubatch
+    if n_tokens > n_ubatch:
+        return RequestError(
+            f"input ({n_tokens} tokens) is too large to process. increase the physical batch size "
+            f"(current batch size: {n_ubatch})"
+        )
+    if n_tokens > n_ctx_slot:
+        return RequestError(
+            f"input ({n_tokens} tokens) is larger than the max context size ({n_ctx_slot} tokens). skipping",
+            400,
+            "exceed_context_size_error",
+            n_prompt_tokens=n_tokens,
+            n_ctx=n_ctx_slot,
+        )
+    return None
+
+
+def fit_prompt(ctx: Context, tokens: list[int], truncate: bool, n_ctx: int) -> list[int]:
+    """A prompt cut to what the context can embed (`truncate`), else refused in one line."""
+    limit = n_ctx - 1 if can_split(ctx.pooling, ctx.cparams.causal_attn) else min(ctx.cparams.n_ubatch, n_ctx)
+    if truncate and len(tokens) > limit:
+        tokens = tokens[:limit]
+    if (err := input_error(len(tokens), ctx, n_ctx)) is not None:
+        raise ContextError(err.message)
+    return tokens
 
 
 @dataclass(slots=True, eq=False)

@@ -26,6 +26,7 @@ from ubatch.engine.context import Context
 from ubatch.engine.embedding import embed_prompts, embed_sequences, model_causal
 from ubatch.engine.model import Model
 from ubatch.engine.params import ContextParams
+from ubatch.engine.report import memory_plan
 
 IDS = [2, *range(40, 70)]  # 31 tokens, past the tiny gemma's 8-token window
 TEXTS = ["the cat sat on the mat", "a b c", "hello world, hello"]
@@ -106,7 +107,10 @@ def test_several_prompts_in_one_decode_equal_one_at_a_time(ranker: Path, bidir: 
         assert ctx.perf.n_decode - n0 == (1 if ctx.cparams.causal_attn else 3)
         for p, v in zip(prompts, together):
             assert torch.allclose(embed_prompts(ctx, [p])[0], v, atol=1e-4)  # f16 cells, other kernel shapes
-        assert ctx.workspace_regrows == 0 and ctx.embd_bytes >= 64 * 4 * 3
+        # the output buffer grew to the rows of the largest embedding decode, and the plan says so
+        rows = sum(map(len, prompts)) if ctx.cparams.causal_attn else max(map(len, prompts))
+        assert ctx.workspace_regrows == 0 and ctx.embd_bytes == rows * 64 * 4
+        assert memory_plan(ctx).output_bytes == (m.hparams.n_vocab * ctx.output_rows + rows * 64) * 4
 
 
 # -- the server ----------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import torch
 from .engine.batch import Batch, common_prefix
 from .engine.context import Context
 from .engine.default_model import default_model_path
-from .engine.embedding import POOLING_TYPES, embed_prompts, fit_prompt
+from .engine.embedding import POOLING_TYPES, embed_prompts
+from .engine.embedding_task import fit_prompt
 from .engine.errors import ContextError
 from .engine.generate import check_prompt_fits
 from .engine.generation import Generation, GenerationParams, TokenProb
