@@ -157,6 +157,7 @@ def error(r: httpx.Response, code: int, needle: str) -> None:
 def test_embedding_routes_agree_with_llama_embed(ranker: Path) -> None:
     ref = Llama(ranker, n_ctx=256, n_ubatch=64, embedding=True, pooling_type="mean")
     want = ref.embed(TEXTS)
+    assert ref.ctx.workspace_regrows == 0 and ref.ctx.cparams.n_outputs_max == 256  # llama.cpp: n_batch
     with served(ranker, embedding=True, pooling="mean") as url:
         native = post(url, "/embedding", {"content": TEXTS[0]}).json()
         assert native[0]["index"] == 0 and len(native[0]["embedding"]) == 1

@@ -52,7 +52,7 @@ class Llama:
         self.model_path = str(model_path or default_model_path())
         self.model = Model.load(self.model_path)
         self.vocab = self.model.vocab
-        # n_outputs_max as llama-server sets it: every row only when all logits are wanted
+        # n_outputs_max as llama-server sets it: every row only when all logits or embeddings are wanted
         params = ContextParams(
             n_ctx=n_ctx,
             n_batch=n_batch,
@@ -61,7 +61,7 @@ class Llama:
             n_threads=n_threads or 0,
             type_k=type_k,
             type_v=type_v,
-            n_outputs_max=0 if logits_all else n_seq_max,
+            n_outputs_max=0 if logits_all or embedding else n_seq_max,  # 0: n_batch (every row)
             backend=backend,
         )
         if isinstance(pooling_type, int):
