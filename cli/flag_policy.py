@@ -52,7 +52,7 @@ _add(NO_EFFECT, _GPU, "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--n-cpu-
 _add(NO_EFFECT, _GPU, "--no-kv-offload", "--op-offload", "--no-op-offload", "--no-host", "--repack")
 _add(NO_EFFECT, _GPU, "--fit", "--fit-target", "--fit-ctx", "--list-devices", "--backend-sampling")
 _add(NO_EFFECT, _GPU, "--mmproj-offload", "--mmproj-device", "--rpc")
-_add(NO_EFFECT, _LOAD, "--load-mode", "--lazy-mode", "--numa", "--check-tensors")
+_add(NO_EFFECT, _LOAD, "--load-mode", "--lazy-mode", "--numa", "--check-tensors", "--mlock", "--mmap", "--direct-io")
 _add(NO_EFFECT, _THREADS, "--threads-batch", "--cpu-mask", "--cpu-range", "--cpu-strict", "--prio", "--poll")
 _add(NO_EFFECT, _THREADS, "--cpu-mask-batch", "--cpu-range-batch", "--cpu-strict-batch", "--prio-batch")
 _add(NO_EFFECT, _THREADS, "--poll-batch", "--threads-http")

@@ -105,6 +105,8 @@ def _walk(d: Declared, args: list[str]) -> tuple[list[str], list[tuple[LlamaFlag
         if word in d.extra:
             f = d.extra[word]
             n = f.n_values if word in f.names else 0
+            if n and not eq and (f.value or "").startswith("[") and (i >= len(args) or _is_flag(args[i])):
+                n = 0  # an optional-looking value ([on|off|auto]) before another flag: none given
             vals = ([value] if eq else []) + args[i : i + n - bool(eq)]
             i += max(0, n - bool(eq))
             answered.append((f, vals))
@@ -119,6 +121,10 @@ def _walk(d: Declared, args: list[str]) -> tuple[list[str], list[tuple[LlamaFlag
             out.append(args[i])  # the value, whatever it looks like (-n -1)
             i += 1
     return out, answered
+
+
+def _is_flag(word: str) -> bool:
+    return word.startswith("-") and not word.lstrip("-").replace(".", "", 1).isdigit()
 
 
 def _from_env(tool: str, given: set[str]) -> list[str]:

@@ -58,6 +58,15 @@ class LlamaFlag:
         return (self.value is not None) + (self.value2 is not None)
 
 
+# Flags of earlier llama.cpp versions that scripts still pass (this version has -lm/--load-mode):
+# taken by every tool so those command lines keep working.
+LEGACY: list[dict] = [
+    {"names": ["--mlock"], "neg": [], "value": None, "help": "keep the model in RAM (before --load-mode)"},
+    {"names": ["--mmap"], "neg": ["--no-mmap"], "value": None, "help": "memory-map the model (before --load-mode)"},
+    {"names": ["-dio", "--direct-io"], "neg": ["-ndio", "--no-direct-io"], "value": None, "help": "direct I/O"},
+]
+
+
 @functools.cache
 def _data() -> dict:
     return json.loads((Path(__file__).with_name("llama_flags.json")).read_text())
@@ -69,7 +78,19 @@ def flags_for(tool: str) -> tuple[LlamaFlag, ...]:
     with the tool's own definitions before the common ones, as arg.cpp prefers them)."""
     own = TOOL_EXAMPLES[tool]
     wanted = set(own) | ({"common"} if tool != "bench" else set())
-    rows = [r for r in _data()["flags"] if set(r["examples"]) & wanted and not set(r["excludes"]) & wanted]
+    legacy = [
+        {
+            "value2": None,
+            "env": None,
+            "examples": ["common", "llama_bench"],
+            "excludes": [],
+            "sampling": False,
+            "spec": False,
+        }
+        | r
+        for r in LEGACY
+    ]
+    rows = [r for r in _data()["flags"] + legacy if set(r["examples"]) & wanted and not set(r["excludes"]) & wanted]
     seen: set[str] = set()
     keep: list[tuple[int, dict, tuple[str, ...]]] = []
     for i, r in sorted(enumerate(rows), key=lambda ir: 0 if set(ir[1]["examples"]) & set(own) else 1):
