@@ -38,6 +38,8 @@ class ChatOptions:
     ignore_eos: bool = False
     context_shift: bool = False
     keep: int = 0
+    extra: Any = None  # GenerationParams for every answer (-r, -l, --grammar)
+    color: str = "auto"  # -co: on, off, auto
 
 
 class Chat:
@@ -173,7 +175,7 @@ def run_chat(ctx: Any, sampler: Any, opts: ChatOptions, load_ms: float) -> None:
     from .present import startup_lines
 
     template = ChatTemplate.for_model(ctx.model, override=opts.chat_template, use_jinja=opts.use_jinja)
-    ui = ChatUI(opts.simple_io)
+    ui = ChatUI(opts.simple_io, opts.color)
     plan = memory_plan(ctx)
     session = ChatSession(
         ctx,
@@ -184,6 +186,7 @@ def run_chat(ctx: Any, sampler: Any, opts: ChatOptions, load_ms: float) -> None:
         ignore_eos=opts.ignore_eos,
         ctx_shift=opts.context_shift,
         keep=opts.keep,
+        extra=opts.extra,
     )
     if not opts.log_disable:
         if opts.verbose:

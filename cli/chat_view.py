@@ -162,11 +162,11 @@ def _grid(rows: Rows) -> Table:
 class ChatUI:
     """The two consoles of a chat: answers and notes on stdout, logs and errors on stderr."""
 
-    def __init__(self, simple_io: bool) -> None:
+    def __init__(self, simple_io: bool, color: str = "auto") -> None:
         self.plain = simple_io
-        self.out = Console(
-            highlight=False, soft_wrap=True, no_color=simple_io or None, force_terminal=False if simple_io else None
-        )
+        no_color = simple_io or color == "off"  # -co off / on / auto (a terminal), as llama-cli
+        force = False if simple_io else (True if color == "on" else None)
+        self.out = Console(highlight=False, soft_wrap=True, no_color=no_color or None, force_terminal=force)
         self.err = (
             err_console
             if not simple_io

@@ -13,6 +13,8 @@ from typing import Any
 from .common import err_console, resolve_model
 from .sampling_flags import SamplingFlags
 
+PROMPT_COLOUR, INPUT_COLOUR, RESET = "\x1b[33m", "\x1b[1;32m", "\x1b[0m"
+
 
 @dataclass
 class Run:
@@ -102,6 +104,8 @@ def run(r: Run) -> None:
             ignore_eos=r.sampling.ignore_eos,
             context_shift=r.context_shift,
             keep=r.keep,
+            extra=generation_params(r, ctx),
+            color=r.color,
         )
         run_chat(ctx, Sampler(sp), opts, (time.perf_counter() - t_start) * 1e3)
         return
@@ -150,15 +154,16 @@ def once(r: Run, ctx: Any, sampler: Any, t_start: float) -> None:
     st = CompletionStats()
     out = sys.stdout
     t0 = time.perf_counter()
-    if r.display_prompt:
-        out.write(prompt)
+    colour = r.color == "on" or (r.color == "auto" and out.isatty())
+    if r.display_prompt:  # llama-completion's colours: the prompt yellow, what you type green
+        out.write(f"{PROMPT_COLOUR}{prompt}{RESET}" if colour and prompt else prompt)
         out.flush()
     n_keep = len(ids) if r.keep < 0 or r.keep > len(ids) else r.keep + int(m.vocab.add_bos)
     extra = generation_params(r, ctx)
     if r.mode == "interactive":
         from .interactive import interact
 
-        interact(r, ctx, sampler, ids, st, extra, context_shift, n_keep)
+        interact(r, ctx, sampler, ids, st, extra, context_shift, n_keep, colour)
     else:
         for ev in complete(
             ctx,

@@ -38,9 +38,20 @@ def _add(total: CompletionStats, st: CompletionStats) -> None:
 
 
 def interact(
-    r: Any, ctx: Any, sampler: Any, ids: list[int], total: CompletionStats, extra: Any, shift: bool, n_keep: int
+    r: Any,
+    ctx: Any,
+    sampler: Any,
+    ids: list[int],
+    total: CompletionStats,
+    extra: Any,
+    shift: bool,
+    n_keep: int,
+    colour: bool = False,
 ) -> None:
-    """The loop; `total` collects every round's counts for the summary."""
+    """The loop; `total` collects every round's counts for the summary. With `colour`, what you
+    type shows green (the terminal echoes it in the colour set before reading)."""
+    from .complete_run import INPUT_COLOUR, RESET
+
     vocab, out = ctx.model.vocab, sys.stdout
     cache: list[int] = []
     pending = ids
@@ -49,8 +60,10 @@ def interact(
         if waiting:
             if r.in_prefix:
                 out.write(r.in_prefix)
+            out.write(INPUT_COLOUR if colour else "")
             out.flush()
             text = read_input(sys.stdin, r.multiline_input)
+            out.write(RESET if colour else "")
             if text is None:
                 break
             if r.in_suffix:

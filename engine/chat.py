@@ -14,8 +14,7 @@ cache does not hold yet are decoded:
 * When that is not possible (first turn, /clear, another template, messages dropped for room),
   the conversation is tokenized whole and the longest common prefix with the cache is kept, as
   llama-server's prompt cache does; the rest of the cache is removed with seq_rm.
-* A sliding-window cache may have overwritten the cells a shortened prefix needs; then the
-  whole conversation is prefilled again (llama-server: "forcing full prompt re-processing").
+* A sliding-window cache may have lost the cells a shortened prefix needs: all is prefilled again.
 
 A conversation that no longer fits is refused (ContextFullError), or with ctx_shift loses its
 oldest exchanges (and shifts within an answer where every cache is full-size).
@@ -48,6 +47,7 @@ class ChatSession:
     ignore_eos: bool = False
     ctx_shift: bool = False  # drop the oldest exchanges (and shift within an answer) when full
     keep: int = 0  # tokens kept by a shift within an answer (plus BOS); -1: the first prompt
+    extra: Any = None  # GenerationParams: reverse prompts (-r), logit biases (-l), a grammar
     seq_id: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # what the KV cache holds, position i = tokens[i]
@@ -226,6 +226,7 @@ class ChatSession:
                 seq_id=self.seq_id,
                 progress=progress,
                 cache=cache,
+                extra=self.extra,
             ):
                 if ev.token >= 0 and not self.vocab.is_eog(ev.token):
                     sampled.append(ev.token)
