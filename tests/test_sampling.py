@@ -1,9 +1,9 @@
 """engine/sampling.py against llama.cpp's sampler chain and its std::mt19937 random stream.
 
-The chain is penalties -> top_k -> top_p -> min_p -> temperature -> dist. Filters are checked by
-sampling many times from hand-made logits (filtered tokens must never come up, kept ones must),
-and the whole chain draw by draw against a straightforward re-implementation of llama.cpp's
-loops (src/llama-sampler.cpp) written here from scratch.
+The default chain's stages: penalties -> top_k -> top_p -> min_p -> temperature -> dist. Filters
+are checked by sampling many times from hand-made logits (filtered tokens must never come up,
+kept ones must); tests/test_samplers_chain.py checks the whole chain draw by draw, the
+test_samplers_*.py files the other stages.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_uniform_is_libstdcxx_generate_canonical() -> None:
     for i in range(3):
         a, b = ref[2 * i], ref[2 * i + 1]
         expect = (a + b * TWO32) / (TWO32 * TWO32)
-        assert s._uniform() == expect
+        assert s.rng.uniform() == expect
     assert ref[:2] == [3499211612, 581869302]
 
 
@@ -123,14 +123,16 @@ def test_flat_distribution_is_uniform() -> None:
     assert all(abs(n - 1000) < 120 for n in c.values()), c
 
 
-def test_draw_uses_cumulative_probabilities_in_candidate_order() -> None:
+@pytest.mark.parametrize("top_k, order", [(0, [0, 1, 2, 3]), (4, [3, 2, 1, 0])])
+def test_draw_uses_cumulative_probabilities_in_candidate_order(top_k: int, order: list[int]) -> None:
     # with probabilities p the token whose cumulative interval holds u is chosen (u from the
-    # seeded stream): llama.cpp's dist sampler
+    # seeded stream): llama.cpp's dist sampler. The candidates keep their order: token-id order
+    # when no stage sorted them (top_k 0, top_p 1: as llama.cpp, checked against llama-server),
+    # by logit once top_k has sorted them
     probs = [0.1, 0.2, 0.3, 0.4]
     x = logits_of(probs)
-    s = sampler(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=11)
+    s = sampler(temp=1.0, top_k=top_k, top_p=1.0, min_p=0.0, seed=11)
     ref = np.random.RandomState(11).randint(0, 1 << 32, size=400, dtype=np.uint64).tolist()
-    order = [3, 2, 1, 0]  # candidates sorted by logit, descending
     cum = np.cumsum([probs[i] for i in order])
     for i in range(200):
         u = (ref[2 * i] + ref[2 * i + 1] * TWO32) / (TWO32 * TWO32)
@@ -274,66 +276,3 @@ def test_frequency_and_presence_penalties() -> None:
     for _ in range(3):
         s.accept(0)
     assert s.sample(x) == 0  # presence counts once: 0.6 > 0.5
-
-
-# -- the whole chain against a re-implementation of llama.cpp's loops ----------------------------
-
-
-def ref_chain(logits: np.ndarray, p: SamplerParams, stream: list[int]) -> int:
-    """llama.cpp's top_k -> top_p -> min_p -> temp -> dist on float32, one step; pops 2 outputs."""
-    f32 = np.float32
-    cand = sorted(((f32(v), i) for i, v in enumerate(logits)), key=lambda t: -t[0])
-    if p.top_k > 0:
-        cand = cand[: p.top_k]
-    if p.top_p < 1.0:
-        mx = cand[0][0]
-        e = [f32(math.exp(f32(v - mx))) for v, _ in cand]
-        s = f32(0)
-        for x in e:
-            s = f32(s + x)
-        cum = f32(0)
-        for i, x in enumerate(e):
-            cum = f32(cum + f32(x / s))
-            if cum >= f32(p.top_p):
-                cand = cand[: i + 1]
-                break
-    if p.min_p > 0.0:
-        thr = f32(cand[0][0] + f32(math.log(p.min_p)))
-        n = 1
-        while n < len(cand) and cand[n][0] >= thr:
-            n += 1
-        cand = cand[:n]
-    vals = [f32(v / f32(p.temp)) for v, _ in cand]
-    mx = vals[0]
-    e = [float(f32(math.exp(f32(v - mx)))) for v in vals]
-    total = math.fsum(e)
-    a, b = stream.pop(0), stream.pop(0)
-    target = total * ((a + b * TWO32) / (TWO32 * TWO32))
-    run = 0.0
-    for i, x in enumerate(e):
-        run += x
-        if run >= target:
-            return cand[i][1]
-    return cand[-1][1]
-
-
-@pytest.mark.parametrize(
-    "kw",
-    [
-        dict(),  # llama.cpp's defaults: top_k 40, top_p 0.95, min_p 0.05, temp 0.8
-        dict(temp=1.3, top_k=0, top_p=0.9, min_p=0.0),
-        dict(temp=0.7, top_k=100, top_p=1.0, min_p=0.02),
-    ],
-)
-def test_chain_matches_llama_cpp_draw_by_draw(kw: dict) -> None:
-    rng = np.random.default_rng(2024)
-    p = SamplerParams(seed=1234, **kw)
-    s = Sampler(p)
-    stream = np.random.RandomState(1234).randint(0, 1 << 32, size=2 * 300, dtype=np.uint64).tolist()
-    picks = []
-    for step in range(300):
-        v = (rng.standard_normal(2000) * 2.5).astype(np.float32)
-        got = s.sample(torch.from_numpy(v))
-        assert got == ref_chain(v, p, stream), f"step {step}"
-        picks.append(got)
-    assert len(set(picks)) > 20  # the draws are random, not argmax every time
