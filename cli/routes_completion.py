@@ -7,12 +7,14 @@ differs only in how the body is read and how the results are written, so they sh
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
+from ..engine.grammar.tokens import token_table
 from ..engine.server_task import Failed, Final, RequestError, Task, context_error
 from . import server_json as sj
 from .server_chat import chat_prompt
@@ -44,6 +46,8 @@ async def complete(st: ServerState, request: Request, kind: str, body: Any = Non
     vocab = s.vocab
     body, prompts, prefill = read_prompts(st, body, kind)
     params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False))
+    if params.grammar is not None:  # the vocabulary's token trie: built once, off the event loop
+        await asyncio.to_thread(token_table, vocab)
     token_lists = [st.tokenize_prompt(p, n_ctx=s.n_ctx_slot) for p in prompts]
     for toks in token_lists:  # before any task runs: one prompt too long fails the whole request
         if (err := context_error(len(toks), s.n_ctx_slot)) is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.server_task import RequestError
+from .server_grammar import response_format_schema
 from .server_params import get_int, type_name
 
 
@@ -48,11 +49,14 @@ def oai_chat_body(body: Any) -> dict[str, Any]:
     tools = body.get("tools")
     if isinstance(tools, list) and tools:
         raise RequestError("tools param requires --jinja flag")
-    rf = body.get("response_format")
-    if isinstance(rf, dict) and rf.get("type") not in (None, "text"):
-        raise RequestError(
-            f"response_format type {rf.get('type')!r} is not supported by this server (no grammar sampler)"
-        )
+    if body.get("json_schema") is not None and body.get("grammar"):
+        raise RequestError("Cannot use both json_schema and grammar")
+    schema = response_format_schema(body)
+    if schema is not None:
+        if body.get("grammar"):
+            raise RequestError("Cannot use both response_format and grammar")
+        out["json_schema"] = schema
+    out.pop("response_format", None)
     return out
 
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.generation import N_PROBS_MAX
+from ..engine.grammar import Grammar
 from ..engine.sampling import LLAMA_DEFAULT_SEED, SamplerParams
 from ..engine.server_task import INT32_MAX, RequestError, TaskParams
+from .server_grammar import request_grammar
 
 
 def type_name(v: Any) -> str:
@@ -100,6 +102,7 @@ class ServerDefaults:
     cache_prompt: bool = True
     n_cache_reuse: int = 0
     stop: list[str] = field(default_factory=list)
+    grammar: Grammar | None = None  # --grammar / --json-schema, compiled once
 
 
 def parse_params(
@@ -111,22 +114,41 @@ def parse_params(
     """params_from_json_cmpl: a native request body -> TaskParams (RequestError on bad input)."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
+    from .server_sampling import get_breakers, get_samplers
+
     ds = d.sampling
     seed = get_int(body, "seed", -1 if ds.seed == LLAMA_DEFAULT_SEED else ds.seed, -1, 0xFFFFFFFF)
-    last_n = get_int(body, "repeat_last_n", ds.repeat_last_n, -1, INT32_MAX)
+    # a request may not send -1 (llama-server's hard limits); a server default of -1 is the slot
+    last_n = get_int(body, "repeat_last_n", ds.repeat_last_n, 0, INT32_MAX)
+    dry_last_n = get_int(body, "dry_penalty_last_n", ds.dry_penalty_last_n, 0, INT32_MAX)
+    dry_base = get_float(body, "dry_base", ds.dry_base)
     sp = SamplerParams(
         temp=get_float(body, "temperature", ds.temp, 0.0),
-        top_k=get_int(body, "top_k", ds.top_k, None, None),
+        top_k=max(0, get_int(body, "top_k", ds.top_k, None, None)),
         top_p=get_float(body, "top_p", ds.top_p, 0.0, 1.0),
         min_p=get_float(body, "min_p", ds.min_p, 0.0, 1.0),
-        min_keep=max(0, get_int(body, "min_keep", ds.min_keep)),
+        min_keep=get_int(body, "min_keep", ds.min_keep, 0, INT32_MAX),
         seed=LLAMA_DEFAULT_SEED if seed in (-1, LLAMA_DEFAULT_SEED) else seed,
         repeat_penalty=get_float(body, "repeat_penalty", ds.repeat_penalty),
         repeat_last_n=d.n_ctx_slot if last_n == -1 else last_n,
         frequency_penalty=get_float(body, "frequency_penalty", ds.frequency_penalty),
         presence_penalty=get_float(body, "presence_penalty", ds.presence_penalty),
+        typ_p=get_float(body, "typical_p", ds.typ_p),
+        top_n_sigma=get_float(body, "top_n_sigma", ds.top_n_sigma),
+        xtc_probability=get_float(body, "xtc_probability", ds.xtc_probability, 0.0, 1.0),
+        xtc_threshold=get_float(body, "xtc_threshold", ds.xtc_threshold, 0.0, 1.0),
+        dynatemp_range=get_float(body, "dynatemp_range", ds.dynatemp_range),
+        dynatemp_exponent=get_float(body, "dynatemp_exponent", ds.dynatemp_exponent),
+        mirostat=min(2, max(0, get_int(body, "mirostat", ds.mirostat))),
+        mirostat_tau=get_float(body, "mirostat_tau", ds.mirostat_tau),
+        mirostat_eta=get_float(body, "mirostat_eta", ds.mirostat_eta),
+        dry_multiplier=get_float(body, "dry_multiplier", ds.dry_multiplier),
+        dry_base=ds.dry_base if dry_base < 1.0 else dry_base,  # below 1: the server's default
+        dry_allowed_length=get_int(body, "dry_allowed_length", ds.dry_allowed_length, 0, INT32_MAX),
+        dry_penalty_last_n=d.n_ctx_slot if dry_last_n == -1 else dry_last_n,
+        dry_sequence_breakers=get_breakers(body, ds.dry_sequence_breakers),
+        samplers=get_samplers(body, ds.samplers),
     )
-    sp.top_k = max(0, sp.top_k)
     n_probs = get_int(body, "n_probs", 0, 0, INT32_MAX)
     if n_probs == 0 and isinstance(body.get("logprobs"), int) and not isinstance(body["logprobs"], bool):
         n_probs = get_int(body, "logprobs", 0, 0, INT32_MAX)
@@ -155,9 +177,7 @@ def parse_params(
         verbose=get_bool(body, "verbose", False),
     )
     p.logit_bias = _logit_bias(body.get("logit_bias"), d.n_vocab, tokenize)
-    for unsupported in ("grammar", "json_schema"):
-        if body.get(unsupported):
-            raise RequestError(f"'{unsupported}' is not supported by this server (no grammar sampler)")
+    p.grammar = request_grammar(body, d.grammar)
     return p
 
 

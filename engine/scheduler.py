@@ -281,8 +281,9 @@ class Scheduler(EngineThread):
             ctx_shift=self.context_shift,
             n_keep=min(s.n_ctx - 4, n_keep),
             n_discard=p.n_discard,
+            grammar=p.grammar,
         )
-        s.gen = Generation(self.vocab, Sampler(p.sampling), params, s.n_ctx, s.cache)
+        s.gen = Generation(self.vocab, Sampler(p.sampling, s.n_ctx, self.vocab), params, s.n_ctx, s.cache)
         if not prompt:  # llama-server answers an empty prompt at once
             s.t_prompt_done = s.t_last = s.t_start
             self._finish(s)

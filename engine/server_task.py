@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .generation import TokenProb
+from .grammar import Grammar
 from .sampling import SamplerParams
 from .units import tokens_per_second
 
@@ -53,6 +54,7 @@ class TaskParams:
     timings_per_token: bool = False
     return_progress: bool = False  # prompt_progress events in a stream
     verbose: bool = False  # __verbose (the native body) in OpenAI responses
+    grammar: Grammar | None = None  # compiled by the HTTP layer (grammar, json_schema, response_format)
 
     def to_json(self) -> dict[str, Any]:
         """`generation_settings` / `/slots` params with llama.cpp's key names."""
@@ -60,14 +62,27 @@ class TaskParams:
         return {
             "seed": s.seed,
             "temperature": s.temp,
+            "dynatemp_range": s.dynatemp_range,
+            "dynatemp_exponent": s.dynatemp_exponent,
             "top_k": s.top_k,
             "top_p": s.top_p,
             "min_p": s.min_p,
-            "typical_p": 1.0,
+            "top_n_sigma": s.top_n_sigma,
+            "xtc_probability": s.xtc_probability,
+            "xtc_threshold": s.xtc_threshold,
+            "typical_p": s.typ_p,
             "repeat_last_n": s.repeat_last_n,
             "repeat_penalty": s.repeat_penalty,
             "presence_penalty": s.presence_penalty,
             "frequency_penalty": s.frequency_penalty,
+            "dry_multiplier": s.dry_multiplier,
+            "dry_base": s.dry_base,
+            "dry_allowed_length": s.dry_allowed_length,
+            "dry_penalty_last_n": s.dry_penalty_last_n,
+            "dry_sequence_breakers": list(s.dry_sequence_breakers),
+            "mirostat": s.mirostat,
+            "mirostat_tau": s.mirostat_tau,
+            "mirostat_eta": s.mirostat_eta,
             "stop": list(self.stop),
             "max_tokens": self.n_predict,
             "n_predict": self.n_predict,
@@ -81,15 +96,13 @@ class TaskParams:
             ],
             "n_probs": self.n_probs,
             "min_keep": s.min_keep,
+            "grammar": self.grammar.text if self.grammar is not None else "",
             "cache_prompt": self.cache_prompt,
             "n_cache_reuse": self.n_cache_reuse,
-            "samplers": _SAMPLERS,
+            "samplers": list(s.samplers),
             "timings_per_token": self.timings_per_token,
             "post_sampling_probs": self.post_sampling_probs,
         }
-
-
-_SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
 
 
 @dataclass(slots=True)

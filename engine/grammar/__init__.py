@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .elements import GrammarError
 from .match import Matcher
-from .parse import GrammarError, parse_gbnf
+from .parse import parse_gbnf
 
 __all__ = ["Grammar", "GrammarError", "compile_grammar", "JSON_GBNF"]
 

@@ -15,19 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .parse import (
-    ALT,
-    CHAR_ALT,
-    CHAR_ANY,
-    CHAR_NOT,
-    CHAR_RNG_UPPER,
-    END,
-    RULE_REF,
-    TOKEN,
-    TOKEN_NOT,
-    GrammarError,
-    ParsedGrammar,
-)
+from .elements import ALT, CHAR_ALT, CHAR_ANY, CHAR_NOT, CHAR_RNG_UPPER, END, RULE_REF, TOKEN, TOKEN_NOT, ParsedGrammar
+from .recursion import check_left_recursion
+from .utf8 import partial_range
 
 CP_END = 1 << 32  # one past any code point llama.cpp's decoder can produce
 DEAD = -1  # the state id of "no stack left": the text is rejected
@@ -46,30 +36,6 @@ class StateInfo:
     accepting: bool  # an empty stack: the text so far is a complete match
     char_tops: tuple[int, ...]  # positions of the character classes on top of the stacks
     token_tops: tuple[tuple[bool, int], ...]  # (negated, token id) of token references on top
-
-
-def decode_utf8(data: bytes, value: int = 0, n_remain: int = 0) -> tuple[list[int], int, int]:
-    """llama.cpp's decode_utf8 with a partial start: (code points, partial value, n_remain).
-    It stops at a NUL byte; n_remain -1 means an invalid sequence (the token is rejected)."""
-    cps: list[int] = []
-    i, n = 0, len(data)
-    started = n_remain > 0
-    while i < n and data[i] and n_remain > 0:
-        if data[i] >> 6 != 2:
-            return [], 0, -1
-        value, i, n_remain = (value << 6) + (data[i] & 0x3F), i + 1, n_remain - 1
-    if started and n_remain == 0:
-        cps.append(value)
-    while i < n and data[i]:
-        n_remain = (1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4)[data[i] >> 4] - 1
-        if n_remain < 0:
-            return [], 0, -1
-        value, i = data[i] & ((1 << (7 - n_remain)) - 1), i + 1
-        while i < n and data[i] and n_remain > 0:
-            value, i, n_remain = (value << 6) + (data[i] & 0x3F), i + 1, n_remain - 1
-        if n_remain == 0:
-            cps.append(value)
-    return cps, value, n_remain
 
 
 class Matcher:
@@ -238,14 +204,12 @@ class Matcher:
 
     def partial_ok(self, sid: int, value: int, n_remain: int) -> bool:
         """Can some completion of a partial UTF-8 sequence satisfy a class on top of a stack?"""
-        if n_remain < 0 or (n_remain == 1 and value < 2):
-            return False
         if n_remain == 0:
             return True
-        lo = value << (n_remain * 6)
-        hi = lo | ((1 << (n_remain * 6)) - 1)
-        if lo == 0:
-            lo = {2: 1 << 11, 3: 1 << 16}.get(n_remain, lo)
+        span = partial_range(value, n_remain)
+        if span is None:
+            return False
+        lo, hi = span
         for pos in self.info(sid).char_tops:
             positive, ranges, _ = self.char_class(pos)
             if any(a <= hi and lo <= b for a, b in ranges) == positive:
@@ -270,48 +234,3 @@ def complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     if lo < CP_END:
         out.append((lo, CP_END - 1))
     return out
-
-
-def check_left_recursion(g: ParsedGrammar) -> None:
-    """llama.cpp refuses left-recursive rules (a rule reachable from its own start without
-    consuming text): the stacks would grow without end. Depth-first, without recursion, so a
-    chain of thousands of generated repetition rules is fine."""
-    n = len(g.rules)
-    visited, active, nullable = [False] * n, [False] * n, [False] * n
-    names = {v: k for k, v in g.symbols.items()}
-
-    def enter(r: int) -> None:
-        active[r], at_start = True, True
-        for kind, _ in g.rules[r]:
-            if kind in (END, ALT):
-                if at_start:
-                    nullable[r] = True  # an empty alternative (as llama.cpp, not via references)
-                    return
-                at_start = True
-            else:
-                at_start = False
-
-    for r0 in range(n):
-        if visited[r0]:
-            continue
-        enter(r0)
-        todo = [(r0, 0, True)]  # (rule, element to look at next, still at the left edge)
-        while todo:
-            r, i, leftmost = todo.pop()
-            rule, descended = g.rules[r], False
-            while i < len(rule):
-                kind, value = rule[i]
-                if kind == RULE_REF and leftmost:
-                    if active[value]:
-                        raise GrammarError(f"unsupported grammar: left recursion in rule '{names.get(value, value)}'")
-                    if not visited[value]:
-                        todo += [(r, i, leftmost), (value, 0, True)]
-                        enter(value)
-                        descended = True
-                        break
-                    leftmost = nullable[value]
-                else:
-                    leftmost = kind in (END, ALT)
-                i += 1
-            if not descended:
-                active[r], visited[r] = False, True

@@ -1,36 +1,30 @@
-"""GBNF text -> rules of elements, with llama.cpp's grammar syntax and its rewrites.
-
-A rule is a list of (type, value) elements: alternatives separated by ALT, closed by END, so the
-matcher can walk them by position as llama.cpp's does. Groups and repetitions become generated
-rules (`name_N`) the same way llama.cpp rewrites them, so a grammar accepts the same strings and
-errors arrive at the same places. Errors are one line: the problem, then the line and column.
-"""
+"""GBNF text -> rules of elements (elements.py), with llama.cpp's syntax and its rewrites: groups
+and repetitions become generated rules (`name_N`) as in llama.cpp, so a grammar accepts the same
+strings and fails at the same places. Errors are one line: the problem, its line and column."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from ..errors import UbatchError
+from .elements import (
+    ALT,
+    CHAR,
+    CHAR_ALT,
+    CHAR_ANY,
+    CHAR_NOT,
+    CHAR_RNG_UPPER,
+    END,
+    RULE_REF,
+    TOKEN,
+    TOKEN_NOT,
+    GrammarError,
+    ParsedGrammar,
+    Rule,
+)
 
-# element types, in llama.cpp's order (llama_gretype)
-END, ALT, RULE_REF, CHAR, CHAR_NOT, CHAR_RNG_UPPER, CHAR_ALT, CHAR_ANY, TOKEN, TOKEN_NOT = range(10)
 MAX_REPETITION = 2000  # llama.cpp's MAX_REPETITION_THRESHOLD
 ESCAPES = {"t": 9, "r": 13, "n": 10, "\\": 92, '"': 34, "[": 91, "]": 93, "-": 45}
 HEX_LEN = {"x": 2, "u": 4, "U": 8}
-
-Rule = list[tuple[int, int]]
-
-
-class GrammarError(UbatchError):
-    """A GBNF grammar that does not parse, or that the matcher cannot run (left recursion)."""
-
-
-@dataclass(slots=True)
-class ParsedGrammar:
-    rules: list[Rule]
-    symbols: dict[str, int]  # rule name -> rule id (generated rules included)
-    root: int
 
 
 def is_word(c: str) -> bool:
@@ -77,9 +71,12 @@ class Parser:
             raise self.fail("expecting name", i)
         return j
 
+    def digit(self, i: int) -> bool:
+        return self.at(i).isascii() and self.at(i).isdigit()
+
     def integer(self, i: int) -> tuple[int, int]:
         j = i
-        while j < self.n and self.src[j].isascii() and self.src[j].isdigit():
+        while self.digit(j):
             j += 1
         if j == i:
             raise self.fail("expecting integer", i)
@@ -194,9 +191,8 @@ class Parser:
                 if c == "!":
                     kind, i = TOKEN_NOT, i + 1
                 tok, i = self.token(i)
-                last, n_prev = len(rule), 1
+                last, n_prev, i = len(rule), 1, self.space(i, nested)
                 rule.append((kind, tok))
-                i = self.space(i, nested)
             elif is_word(c):
                 j = self.name(i)
                 ref = self.symbol(self.src[i:j])
@@ -212,9 +208,8 @@ class Parser:
                     raise self.fail("expecting ')'", i)
                 i = self.space(i + 1, nested)
             elif c == ".":
-                last, n_prev = len(rule), 1
+                last, n_prev, i = len(rule), 1, self.space(i + 1, nested)
                 rule.append((CHAR_ANY, 0))
-                i = self.space(i + 1, nested)
             elif c in "*+?":
                 at = i
                 i = self.space(i + 1, nested)
@@ -230,7 +225,7 @@ class Parser:
 
     def braces(self, i: int, nested: bool) -> tuple[int, int | None, int]:
         """{m}, {m,} or {m,n}: (m, n or None, the position after)."""
-        if not (self.at(i).isascii() and self.at(i).isdigit()):
+        if not self.digit(i):
             raise self.fail("expecting an int", i)
         lo, i = self.integer(i)
         i = self.space(i, nested)
@@ -239,7 +234,7 @@ class Parser:
             hi, i = lo, self.space(i + 1, nested)
         elif self.at(i) == ",":
             i = self.space(i + 1, nested)
-            if self.at(i).isascii() and self.at(i).isdigit():
+            if self.digit(i):
                 hi, i = self.integer(i)
                 i = self.space(i, nested)
             if self.at(i) != "}":
@@ -285,10 +280,9 @@ class Parser:
             tok, j = self.integer(j + 1)
             if tok > 0xFFFFFFFF:
                 raise self.fail("token id is too big", j)
-            if self.at(j) != "]":
-                raise self.fail("expecting ']'", j)
-            if self.at(j + 1) != ">":
-                raise self.fail("expecting '>'", j + 1)
+            for k, want in ((j, "]"), (j + 1, ">")):
+                if self.at(k) != want:
+                    raise self.fail(f"expecting '{want}'", k)
             return tok, j + 2
         if self.tokenize is None:
             raise self.fail("no vocabulary to resolve the token", i)

@@ -19,8 +19,8 @@ import torch
 from ..sampling import Sampler, SamplerParams
 from ..vocab import Vocab
 from . import Grammar
+from .elements import GrammarError
 from .match import DEAD
-from .parse import GrammarError
 from .tokens import token_table, top_allowed
 
 

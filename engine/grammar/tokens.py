@@ -15,13 +15,15 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import threading
 import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..vocab import Vocab
-from .match import DEAD, Matcher, decode_utf8
+from .match import DEAD, Matcher
+from .utf8 import decode_utf8
 
 NEG_INF = float("-inf")
 
@@ -72,13 +74,18 @@ class TokenTable:
 
 
 _tables: weakref.WeakKeyDictionary[Vocab, TokenTable] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
 
 
 def token_table(vocab: Vocab) -> TokenTable:
-    """The vocabulary's table, built on first use (about a second for 262k tokens)."""
+    """The vocabulary's table, built on first use (about a second for 262k tokens; the server
+    builds it off the engine thread before the first grammar request runs)."""
     t = _tables.get(vocab)
     if t is None:
-        t = _tables[vocab] = _build(vocab)
+        with _lock:
+            t = _tables.get(vocab)
+            if t is None:
+                t = _tables[vocab] = _build(vocab)
     return t
 
 
