@@ -1,0 +1,27 @@
+"""What a compiled GBNF grammar is made of: llama.cpp's element types and the parsed rules.
+
+A rule is a list of (type, value) elements: alternatives separated by ALT, closed by END, so the
+matcher walks them by position as llama.cpp's does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UbatchError
+
+# element types, in llama.cpp's order (llama_gretype)
+END, ALT, RULE_REF, CHAR, CHAR_NOT, CHAR_RNG_UPPER, CHAR_ALT, CHAR_ANY, TOKEN, TOKEN_NOT = range(10)
+
+Rule = list[tuple[int, int]]
+
+
+class GrammarError(UbatchError):
+    """A GBNF grammar that does not parse, or that the matcher cannot run (left recursion)."""
+
+
+@dataclass(slots=True)
+class ParsedGrammar:
+    rules: list[Rule]
+    symbols: dict[str, int]  # rule name -> rule id (generated rules included)
+    root: int
