@@ -31,7 +31,7 @@ class Mt19937:
 
     def uniform(self) -> float:
         """std::uniform_real_distribution<double>(0, 1): (a + b * 2^32) / 2^64, below 1."""
-        a, b = (int(x) for x in self._rs.randint(0, 1 << 32, size=2, dtype=np.uint64))
+        a, b = self._rs.randint(0, 1 << 32, size=2, dtype=np.uint64).tolist()
         u = (a + b * TWO32) / (TWO32 * TWO32)
         return u if u < 1.0 else float(np.nextafter(1.0, 0.0))
 

@@ -131,8 +131,10 @@ class Sampler:
             if f32(p.xtc_probability) > 0 and f32(p.xtc_threshold) <= 0.5:
                 stage = S.Xtc(p.xtc_probability, p.xtc_threshold, p.min_keep, Mt19937(resolve_seed(p.seed)))
         elif name == "temperature":
-            if f32(p.temp) != 1.0 or f32(p.dynatemp_range) > 0:
+            if f32(p.dynatemp_range) > 0:
                 stage = partial(S.temperature, temp=p.temp, delta=p.dynatemp_range, exponent=p.dynatemp_exponent)
+            elif f32(p.temp) != 1.0:
+                stage = partial(S.scale, temp=p.temp)
         elif name in UNSUPPORTED_SAMPLERS:
             raise UbatchError(f"sampler '{name}' is not supported by ubatch")
         else:
