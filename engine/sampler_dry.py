@@ -61,6 +61,10 @@ def breaker_table(vocab: Vocab | None, breakers: tuple[str, ...]) -> Breakers:
         b = text.encode()[:MAX_CHAR_LEN]
         if not b:
             continue
+        tails = [  # the tokens completing the breaker after its first k bytes
+            tuple(vocab.tokenize(b[k:].decode("utf-8", errors="replace"), add_special=False)[:MAX_SEQ_LEN])
+            for k in range(len(b))
+        ]
         for tok, w in enumerate(pieces):
             if b[:1] not in w:
                 continue
@@ -69,8 +73,7 @@ def breaker_table(vocab: Vocab | None, breakers: tuple[str, ...]) -> Breakers:
                 continue
             for k in range(min(len(b) - 1, len(w)), 0, -1):  # longest overlap first, as pos grows
                 if w.endswith(b[:k]):
-                    rest = b[k:].decode("utf-8", errors="replace")
-                    add(tok, tuple(vocab.tokenize(rest, add_special=False, parse_special=False)[:MAX_SEQ_LEN]))
+                    add(tok, tails[k])
     per[breakers] = table
     return table
 
