@@ -219,6 +219,7 @@ def server(
         embd_normalize=embd_normalize,
         stop=tuple(process_escapes(r) for r in reverse_prompt or []),
         special=special,
+        n_keep=keep,
     )
 
     def load() -> Any:

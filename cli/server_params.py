@@ -103,6 +103,8 @@ class ServerDefaults:
     n_cache_reuse: int = 0
     stop: list[str] = field(default_factory=list)
     grammar: Grammar | None = None  # --grammar / --json-schema, compiled once
+    n_keep: int = 0  # --keep
+    special: bool = False  # -sp: control tokens appear in the text
 
 
 def parse_params(
@@ -167,7 +169,8 @@ def parse_params(
         include_usage=get_bool(stream_opts or {}, "include_usage", False),
         cache_prompt=get_bool(body, "cache_prompt", d.cache_prompt),
         id_slot=get_int(body, "id_slot", -1, -1, max(d.n_parallel, 1) - 1),
-        n_keep=get_int(body, "n_keep", 0, -1, INT32_MAX),
+        n_keep=get_int(body, "n_keep", d.n_keep, -1, INT32_MAX),
+        special=d.special,
         n_discard=get_int(body, "n_discard", 0, 0, INT32_MAX),
         n_cache_reuse=get_int(body, "n_cache_reuse", d.n_cache_reuse, 0, INT32_MAX),
         n_cmpl=get_int(body, ("n_cmpl", "n"), 1, 1, max(1, d.n_parallel)),

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..engine.chat_template import ChatTemplate
 from ..engine.errors import UbatchError
+from ..engine.grammar import compile_grammar
 from ..engine.sampling import SamplerParams
 from ..engine.scheduler import Scheduler
 from ..engine.server_task import IdCounter, RequestError, context_error
@@ -48,6 +49,7 @@ class ServerOptions:
     embd_normalize: int = 2  # --embd-normalize: the default of embedding requests
     stop: tuple[str, ...] = ()  # -r / --reverse-prompt: default stop strings of every request
     special: bool = False  # -sp: special tokens appear in the output text
+    n_keep: int = 0  # --keep: the default n_keep of every request
 
 
 class ServerState:
@@ -74,6 +76,9 @@ class ServerState:
             cache_prompt=o.cache_prompt,
             n_cache_reuse=scheduler.cache_reuse,
             stop=list(o.stop),
+            grammar=compile_grammar(o.grammar) if o.grammar else None,
+            n_keep=o.n_keep,
+            special=o.special,
         )
         from .server_info import model_name  # (a cycle at import time)
 

@@ -282,6 +282,7 @@ class Scheduler(EngineThread):
             n_keep=min(s.n_ctx - 4, n_keep),
             n_discard=p.n_discard,
             grammar=p.grammar,
+            special=p.special,
         )
         s.gen = Generation(self.vocab, Sampler(p.sampling, s.n_ctx, self.vocab), params, s.n_ctx, s.cache)
         if not prompt:  # llama-server answers an empty prompt at once

@@ -47,6 +47,7 @@ class TaskParams:
     cache_prompt: bool = True
     id_slot: int = -1
     n_keep: int = 0
+    special: bool = False  # the server's -sp: control tokens appear in the text
     n_discard: int = 0
     n_cache_reuse: int = 0
     n_cmpl: int = 1
