@@ -45,7 +45,7 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
     @api
     async def set_props(request: Request) -> Response:
         """llama-server changes no property here either; it answers only when --props allows it."""
-        if not getattr(st.options, "props", False):
+        if not st.options.props:
             raise RequestError(
                 "This server does not support changing global properties. Start it with `--props`",
                 501,

@@ -38,7 +38,7 @@ def chat_prompt(st: ServerState, body: dict[str, Any]) -> ChatPrompt:
     msgs = chat_messages(body["messages"])
     add_gen = get_bool(body, "add_generation_prompt", True)
     cont = _continuation(body.get("continue_final_message"))
-    if not cont and getattr(st.options, "prefill_assistant", True) and msgs and msgs[-1]["role"] == "assistant":
+    if not cont and st.options.prefill_assistant and msgs and msgs[-1]["role"] == "assistant":
         if len(msgs) >= 2 and msgs[-2]["role"] == "assistant":
             raise RequestError("Cannot have 2 or more assistant messages at the end of the list.")
         cont, add_gen = True, False

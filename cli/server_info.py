@@ -120,7 +120,7 @@ def props_json(st: ServerState) -> dict[str, Any]:
         "modalities": {"vision": False, "video": False, "audio": False},
         "media_marker": MEDIA_MARKER,
         "endpoint_slots": o.slots,
-        "endpoint_props": bool(getattr(o, "props", False)),
+        "endpoint_props": o.props,
         "endpoint_metrics": o.metrics,
         "ui": False,  # no web UI is bundled
         "ui_settings": {},
