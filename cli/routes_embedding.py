@@ -92,7 +92,7 @@ async def embeddings(st: ServerState, request: Request, oai: bool) -> Response:
         raise RequestError("The format to return the embeddings in. Can be either float or base64")
     if isinstance(prompt, list) and not prompt:
         raise RequestError('"input" must not be empty')
-    norm = get_int(body, "embd_normalize", getattr(o, "embd_normalize", 2), lo=-1, hi=1 << 20)  # --embd-normalize
+    norm = get_int(body, "embd_normalize", o.embd_normalize, lo=-1, hi=1 << 20)  # --embd-normalize
     prompts = [_checked(st, st.tokenize_prompt(p, True, True, s.n_ctx_slot)) for p in split_prompts(prompt, "input")]
     res = await _run(st, request, prompts, embd_normalize=norm)
     if isinstance(res, Response):
