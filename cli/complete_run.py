@@ -107,9 +107,9 @@ def run(r: Run) -> None:
             extra=generation_params(r, ctx),
             color=r.color,
         )
-        run_chat(ctx, Sampler(sp), opts, (time.perf_counter() - t_start) * 1e3)
+        run_chat(ctx, Sampler(sp, ctx.cparams.n_ctx_seq, m.vocab), opts, (time.perf_counter() - t_start) * 1e3)
         return
-    once(r, ctx, Sampler(sp), t_start)
+    once(r, ctx, Sampler(sp, ctx.cparams.n_ctx_seq, m.vocab), t_start)
 
 
 def generation_params(r: Run, ctx: Any) -> Any:

@@ -44,7 +44,7 @@ class SamplingFlags:
     dry_multiplier: float = 0.0
     dry_base: float = 1.75
     dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1
+    dry_penalty_last_n: int = 64
     dry_sequence_breaker: Optional[list[str]] = None
     dynatemp_range: float = 0.0
     dynatemp_exp: float = 1.0

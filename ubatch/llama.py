@@ -24,6 +24,7 @@ from .engine.embedding_task import fit_prompt
 from .engine.errors import ContextError
 from .engine.generate import check_prompt_fits
 from .engine.generation import Generation, GenerationParams, TokenProb
+from .engine.grammar import compile_grammar
 from .engine.model import Model
 from .engine.params import ContextParams
 from .engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
@@ -173,23 +174,32 @@ class Llama:
         top_k: int = 40,
         stream: bool = False,
         seed: int | None = None,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        grammar: Any = None,
+        logit_bias: dict[int, float] | None = None,
         **_ignored: Any,
     ) -> Any:
-        chunks = self._completion(
-            prompt,
-            max_tokens,
-            temperature,
-            top_p,
-            min_p,
-            logprobs,
-            echo,
-            stop,
-            frequency_penalty,
-            presence_penalty,
-            repeat_penalty,
-            top_k,
-            seed,
+        """llama-cpp-python's create_completion; `grammar` is GBNF text (or a compiled Grammar)."""
+        sp = SamplerParams(
+            temp=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            typ_p=typical_p,
+            seed=self.seed if seed is None else seed,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            mirostat=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
         )
+        if isinstance(grammar, str):
+            grammar = compile_grammar(grammar)
+        bias = [(int(t), float(b)) for t, b in (logit_bias or {}).items()]
+        chunks = self._completion(prompt, max_tokens, sp, logprobs, echo, stop, grammar, bias)
         if stream:
             return chunks
         text, lps, final = "", [], None
@@ -211,35 +221,19 @@ class Llama:
         self,
         prompt: str | list[int],
         max_tokens: int | None,
-        temperature: float,
-        top_p: float,
-        min_p: float,
+        sp: SamplerParams,
         logprobs: int | None,
         echo: bool,
         stop: str | list[str] | None,
-        frequency_penalty: float,
-        presence_penalty: float,
-        repeat_penalty: float,
-        top_k: int,
-        seed: int | None,
+        grammar: Any,
+        logit_bias: list[tuple[int, float]],
     ) -> Iterator[dict[str, Any]]:
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         ids = prompt if isinstance(prompt, list) else self.vocab.tokenize(prompt, True, True)
         check_prompt_fits(self.ctx, len(ids))
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         limit = -1 if max_tokens is None or max_tokens <= 0 else max_tokens  # -1: until the context is full
-        sampler = Sampler(
-            SamplerParams(
-                temp=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                min_p=min_p,
-                seed=self.seed if seed is None else seed,
-                repeat_penalty=repeat_penalty,
-                frequency_penalty=frequency_penalty,
-                presence_penalty=presence_penalty,
-            )
-        )
+        sampler = Sampler(sp, self.ctx.cparams.n_ctx_seq, self.vocab)
         self._prefix_eval(ids)
 
         def chunk(text: str, finish: str | None, lp: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -259,7 +253,13 @@ class Llama:
         gen = Generation(
             self.vocab,
             sampler,
-            GenerationParams(n_predict=limit, stop=stops, n_probs=0 if logprobs is None else max(logprobs, 1)),
+            GenerationParams(
+                n_predict=limit,
+                stop=stops,
+                n_probs=0 if logprobs is None else max(logprobs, 1),
+                grammar=grammar,
+                logit_bias=logit_bias,
+            ),
             self.ctx.n_ctx,
             cache,
         )
