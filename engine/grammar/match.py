@@ -11,6 +11,7 @@ token, or a trie of all tokens, costs a bisect per character after the first vis
 from __future__ import annotations
 
 import bisect
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,7 @@ class Matcher:
         self._ids: dict[frozenset[Stack], int] = {}
         self.states: list[frozenset[Stack]] = []
         self._info: list[StateInfo | None] = []
+        self._lock = threading.Lock()
         first: set[Stack] = set()
         for alt in self.alternatives(g.root):
             first |= self.advance(() if self.end_of_seq(alt) else (alt,))
@@ -119,13 +121,18 @@ class Matcher:
         return hit
 
     def intern(self, stacks: frozenset[Stack]) -> int:
+        """The state's id; the lock keeps ids and lists aligned when two engine threads (two
+        servers in one process) share a compiled grammar. Everything else cached is idempotent."""
         if not stacks:
             return DEAD
         sid = self._ids.get(stacks)
         if sid is None:
-            sid = self._ids[stacks] = len(self.states)
-            self.states.append(stacks)
-            self._info.append(None)
+            with self._lock:
+                sid = self._ids.get(stacks)
+                if sid is None:
+                    self.states.append(stacks)
+                    self._info.append(None)
+                    sid = self._ids[stacks] = len(self.states) - 1
         return sid
 
     def info(self, sid: int) -> StateInfo:
