@@ -84,6 +84,7 @@ class SamplingFlags:
         given += [f for f, v in (("-j", self.json_schema), ("-jf", self.json_schema_file)) if v is not None]
         if len(given) > 1:
             raise UbatchError(f"{' and '.join(given)} both give the grammar; use one of them")
+        self.logit_biases(None)  # the format now; the token range once the vocabulary is known
 
     def sampler_params(self) -> Any:
         """The engine's SamplerParams (llama.cpp's common_params_sampling)."""
@@ -153,7 +154,7 @@ class SamplingFlags:
 
         return compile_grammar(text)
 
-    def logit_biases(self, n_vocab: int) -> list[tuple[int, float]]:
+    def logit_biases(self, n_vocab: int | None) -> list[tuple[int, float]]:
         """-l TOKEN_ID(+/-)BIAS, e.g. `-l 15043+1` or `-l 15043-inf` (llama.cpp's format)."""
         out = []
         for item in self.logit_bias or []:
@@ -165,7 +166,9 @@ class SamplingFlags:
                 tok, bias = int(item[: len(item) - len(head) + cut]), float(head[cut:])
             except ValueError:
                 raise UbatchError(f"-l {item}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf") from None
-            if not 0 <= tok < n_vocab or math.isnan(bias):
+            if math.isnan(bias):
+                raise UbatchError(f"-l {item}: the bias is not a number")
+            if n_vocab is not None and not 0 <= tok < n_vocab:
                 raise UbatchError(f"-l {item}: token id out of range (the vocabulary has {n_vocab} tokens)")
             out.append((tok, bias))
         return out

@@ -1,6 +1,6 @@
 """llama-cli / llama-completion habits on the default model, through the real CLI: -r stops at a
 reverse prompt and shows it, -i / -if read what you type (between --in-prefix and --in-suffix)
-and continue, -e escapes, -sysf, --color, -l logit biases, --grammar and -j constrain the output,
+and continue, -e escapes, -sysf, --color, -l logit biases, -j constrains the output,
 -sp shows control tokens. Greedy, so every expectation is exact."""
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ def run(model: Path, args: list[str], stdin: str = "") -> subprocess.CompletedPr
 
 @pytest.fixture(scope="module")
 def runs(
-    default_model_path: Path, tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, subprocess.CompletedProcess[str]]:
+    default_model_path: Path, default_model, tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, subprocess.CompletedProcess[str]]:  # type: ignore[no-untyped-def]
+    space = default_model.vocab.tokenize(" 4", add_special=False, parse_special=False)[0]
     sysf = tmp_path_factory.mktemp("habits") / "system.txt"
     sysf.write_text("You are a terse pirate.\n")
     schema = json.dumps(
         {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
     )
     cases: dict[str, tuple[list[str], str]] = {
-        "plain": (["-p", COUNT, "-n", "12"], ""),
         "reverse": (["-p", COUNT, "-n", "30", "-r", "6,"], ""),
         "interactive": (
             ["-i", "-p", COUNT, "-n", "12", "-r", "6,", "--in-prefix", " ", "--in-suffix", "10,"],
@@ -50,7 +50,7 @@ def runs(
         "no_escape": (["-m", str(tiny_llama), "-p", "a\\tb", "-n", "1", "--no-escape"], ""),
         "color": (["-m", str(tiny_llama), "-p", COUNT, "-n", "2", "--color", "on"], ""),
         "sysf": (["-sysf", str(sysf), "-p", "Hi", "-st", "-n", "4", "--simple-io", "-v"], ""),
-        "grammar": (["-p", "Is the sky blue? Answer:", "-n", "8", "--grammar", 'root ::= " " ("yes" | "no")'], ""),
+        "bias": (["-p", COUNT, "-n", "2", "-l", f"{space}-inf"], ""),  # the greedy " " of " 4," banned
         "schema": (["-p", "The capital of France as JSON:", "-n", "40", "-j", schema], ""),
     }
     with ThreadPoolExecutor(4) as pool:
@@ -61,9 +61,7 @@ def runs(
 
 
 def test_reverse_prompt_stops_and_is_shown(runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
-    plain = runs["plain"].stdout
-    assert plain.startswith(COUNT + " 4, 5, 6,")  # the greedy continuation goes past 6,
-    assert runs["reverse"].stdout == COUNT + " 4, 5, 6,\n"
+    assert runs["reverse"].stdout == COUNT + " 4, 5, 6,\n"  # (-i below shows it would go on)
 
 
 def test_interactive_reads_input_and_continues(runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
@@ -86,20 +84,14 @@ def test_escapes_system_prompt_file_and_colour(runs: dict[str, subprocess.Comple
     assert "You are a terse pirate." in runs["sysf"].stderr  # -v logs the formatted turn
 
 
-def test_grammar_and_json_schema_constrain_the_output(runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
-    assert runs["grammar"].stdout.removeprefix("Is the sky blue? Answer:").strip() in ("yes", "no")
+def test_json_schema_constrains_the_output(runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
     out = json.loads(runs["schema"].stdout.removeprefix("The capital of France as JSON:"))
     assert set(out) == {"city"} and len(out["city"]) <= 12
 
 
-def test_logit_bias_bans_the_greedy_token(default_model_path: Path, default_model) -> None:  # type: ignore[no-untyped-def]
-    plain = run(default_model_path, ["-p", "The capital of France is", "-n", "1"]).stdout
-    first = plain.removeprefix("The capital of France is").rstrip("\n")
-    tok = default_model.vocab.tokenize(first, add_special=False, parse_special=False)[0]
-    banned = run(default_model_path, ["-p", "The capital of France is", "-n", "1", "-l", f"{tok}-inf"]).stdout
-    assert banned.removeprefix("The capital of France is").rstrip("\n") != first
-    bad = run(default_model_path, ["-p", "x", "-l", "12x"])
-    assert bad.returncode == 1 and "-l 12x: expected TOKEN_ID(+/-)BIAS" in bad.stderr
+def test_logit_bias_bans_the_greedy_token(runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = runs["bias"].stdout
+    assert out.startswith(COUNT) and not out.startswith(COUNT + " 4")  # greedy: " 4" (" " then "4")
 
 
 def test_special_shows_control_tokens(default_model) -> None:  # type: ignore[no-untyped-def]

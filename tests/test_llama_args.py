@@ -135,6 +135,7 @@ CASES: list[tuple[list[str], dict[str, str], int, list[str], list[str]]] = [
         ["notice: -ngl 99", "notice: --temp 0"],
         [],
     ),
+    (["cli", "-m", MISSING, "-l", "12x"], {}, 1, ["-l 12x: expected TOKEN_ID(+/-)BIAS"], ["no such file"]),
     (["tokenize", "-m", MISSING, "-ngl", "99", "-p", "x", "--ids", "--log-disable"], {}, 1, ["notice: -ngl 99"], []),
 ]
 
