@@ -158,16 +158,18 @@ def oai_completion(finals: list[Final], cid: str, model: str) -> dict[str, Any]:
         {"text": f.content, "index": f.task.index, "logprobs": _logprobs(f), "finish_reason": finish_reason(f)}
         for f in finals
     ]
-    return _verbose(
-        {
-            "choices": choices,
-            **_head("text_completion", cid, model),
-            "usage": _usage(finals),
-            "timings": finals[0].timings.to_json(),
-        },
-        finals[0],
-        model,
-    )
+    return _final_body("text_completion", choices, finals, cid, model)
+
+
+def _final_body(obj: str, choices: list[Any], finals: list[Final], cid: str, model: str) -> dict[str, Any]:
+    """The OpenAI body of finished tasks: choices, id/model/object, usage and llama.cpp's timings."""
+    body = {
+        "choices": choices,
+        **_head(obj, cid, model),
+        "usage": _usage(finals),
+        "timings": finals[0].timings.to_json(),
+    }
+    return _verbose(body, finals[0], model)
 
 
 def _verbose(res: dict[str, Any], ev: Final | Partial, model: str) -> dict[str, Any]:
@@ -210,16 +212,7 @@ def oai_chat(finals: list[Final], cid: str, model: str) -> dict[str, Any]:
         if (lp := _logprobs(f)) is not None:
             c["logprobs"] = lp
         choices.append(c)
-    return _verbose(
-        {
-            "choices": choices,
-            **_head("chat.completion", cid, model),
-            "usage": _usage(finals),
-            "timings": finals[0].timings.to_json(),
-        },
-        finals[0],
-        model,
-    )
+    return _final_body("chat.completion", choices, finals, cid, model)
 
 
 def _chat_chunk(index: int, delta: dict[str, Any], cid: str, model: str, finish: str | None = None) -> dict[str, Any]:
