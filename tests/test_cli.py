@@ -17,6 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from cli_inproc import Ran, run_cli
 
 REFDATA = Path(__file__).parent / "refdata"
 PROMPT = "The capital of France is"
@@ -50,11 +51,21 @@ def ubatch_many(cmds: dict[str, Sequence[object] | tuple[Sequence[object], str]]
         return {name: f.result() for name, f in futures.items()}
 
 
+def ubatch_inproc(cmds: dict[str, Sequence[object] | tuple[Sequence[object], str]]) -> dict[str, Ran]:
+    """The same, through the real CLI in this process (tests/cli_inproc.py), one after another:
+    for command lines that fail before any compute, where starting Python is most of the cost."""
+    out = {}
+    for name, spec in cmds.items():
+        args, stdin = spec if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], str) else (spec, "")
+        out[name] = run_cli([str(a) for a in args], {"COLUMNS": "300"}, stdin)  # type: ignore[union-attr]
+    return out
+
+
 def lines(text: str) -> list[str]:
     return [x for x in text.splitlines() if x.strip()]
 
 
-def assert_user_error(r: Run, *needles: str) -> str:
+def assert_user_error(r: Run | Ran, *needles: str) -> str:
     """Exit 1, nothing on stdout, one non-empty stderr line naming the problem, no traceback."""
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
@@ -338,7 +349,7 @@ def write_tiny_with_unsupported_type(path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.fixture(scope="module")
-def bad_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+def bad_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
     d = tmp_path_factory.mktemp("bad")
     data = tiny_gemma.read_bytes()
     (d / "notes.txt").write_text("these are not the weights you are looking for\n")
@@ -350,7 +361,7 @@ def bad_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         write_tiny_with_unsupported_type(d / "iq4nl.gguf", mp)
     (d / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     m = ["-m", tiny_gemma]
-    return ubatch_many(
+    return ubatch_inproc(
         {
             "missing": ["cli", "-m", d / "nope.gguf", "-p", "hi", "-n", 1],
             "directory": ["cli", "-m", d, "-p", "hi", "-n", 1],
@@ -405,16 +416,16 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_is_one_line_error(bad_runs: dict[str, Run], case: str) -> None:
+def test_bad_input_is_one_line_error(bad_runs: dict[str, Ran], case: str) -> None:
     r = bad_runs[case]
     if case == "tok_bad_json":  # lines before the bad one were answered
         (first,) = r.stdout.splitlines()
         assert json.loads(first)[0] == 2
-        r = subprocess.CompletedProcess(r.args, r.returncode, "", r.stderr)
+        r = Ran(r.returncode, "", r.stderr)
     assert_user_error(r, *BAD[case])
 
 
-def test_too_long_prompt_fails_before_any_output(bad_runs: dict[str, Run]) -> None:
+def test_too_long_prompt_fails_before_any_output(bad_runs: dict[str, Ran]) -> None:
     r = bad_runs["too_long"]
     assert r.stdout == ""  # the prompt is not echoed
     assert "llama_context" not in r.stderr  # nor is the model run (warm-up) or logged

@@ -2,8 +2,8 @@
 value and what is allowed, exit 1, no traceback.
 
 Each case passes `-m /nonexistent.gguf` with the bad value: an error about the value (not about
-the file) shows the check ran first. The checks that need no engine table run before torch is
-imported, so most of these processes live well under a second; they run together in a pool.
+the file) shows the check ran first. The cases run through the real CLI in this process
+(tests/cli_inproc.py); one of each kind also runs as a real process and must answer the same.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from cli_inproc import Ran, run_cli
 
 MISSING = "/nonexistent.gguf"
 
@@ -83,23 +83,12 @@ SENTINELS: list[tuple[str, list[str]]] = [
 ]
 
 
-def _run(cmd: str, flags: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="80", NO_COLOR="1")  # narrow: a wrapped message would show as two lines
-    return subprocess.run(
-        [sys.executable, "-m", "ubatch.cli.main", cmd, "-m", MISSING, *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 @pytest.fixture(scope="module")
-def runs() -> dict[int, subprocess.CompletedProcess]:
+def runs() -> dict[int, Ran]:
+    """Each case through the real CLI in this process (see cli_inproc.py), one after another;
+    `test_a_subprocess_says_the_same` checks that a real process answers the same."""
     cases = [(c, f) for c, f, _ in BAD] + SENTINELS
-    with ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2))) as pool:
-        return dict(enumerate(pool.map(lambda cf: _run(*cf), cases)))
+    return {i: run_cli([c, "-m", MISSING, *f]) for i, (c, f) in enumerate(cases)}
 
 
 @pytest.mark.parametrize("i", range(len(BAD)), ids=[f"{c} {' '.join(f)}" for c, f, _ in BAD])
@@ -120,3 +109,13 @@ def test_sentinels_pass_the_checks(runs: dict, i: int) -> None:
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == 1 and MISSING in r.stderr, r.stderr  # got as far as the model file
     assert "invalid value" not in r.stderr, r.stderr
+
+
+def test_a_subprocess_says_the_same(runs: dict[int, Ran]) -> None:
+    """The in-process answers are the ones a real `ubatch` process gives (one of each kind)."""
+    for i in (0, len(BAD) - 1):
+        cmd, flags, _ = BAD[i]
+        env = dict(os.environ, COLUMNS="80", NO_COLOR="1")
+        argv = [sys.executable, "-m", "ubatch.cli.main", cmd, "-m", MISSING, *flags]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+        assert (r.returncode, r.stderr) == (runs[i].returncode, runs[i].stderr)

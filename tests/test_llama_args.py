@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli
 from typer.main import get_command
 
 from ubatch.cli.flag_policy import NO_EFFECT, REFUSED, policy_for
@@ -141,8 +142,11 @@ CASES: list[tuple[list[str], dict[str, str], int, list[str], list[str]]] = [
 
 
 def test_llama_cpp_command_lines_parse_in_one_line() -> None:
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda c: run(c[0], c[1]), CASES))
+    """`server` cases run as processes (the server binds its socket before it loads the model);
+    the others through the real CLI in this process (tests/cli_inproc.py)."""
+    with ThreadPoolExecutor(2) as pool:
+        served = {i: pool.submit(run, c[0], c[1]) for i, c in enumerate(CASES) if c[0][0] == "server"}
+        results = [served[i].result() if i in served else run_cli(c[0], c[1]) for i, c in enumerate(CASES)]
     for (args, env, code, want, unwanted), r in zip(CASES, results):
         where = f"{args} {env}: {r.stderr}"
         assert r.returncode == code, where
@@ -156,7 +160,7 @@ def test_llama_cpp_command_lines_parse_in_one_line() -> None:
 
 
 def plan(args: list[str], env: dict[str, str], model: Path) -> dict:
-    r = run(["info", "-m", str(model), "--json", *args], env)
+    r = run_cli(["info", "-m", str(model), "--json", *args], env)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -168,15 +172,9 @@ def test_environment_variables_set_flags_and_the_flag_wins(tiny_llama: Path) -> 
         "LLAMA_ARG_UBATCH": "64",
         "LLAMA_ARG_KV_UNIFIED": "1",
     }
-    with ThreadPoolExecutor(3) as pool:
-        a, b, c = pool.map(
-            lambda x: plan(*x, tiny_llama),
-            [
-                ([], env),
-                (["-c", "512", "--ubatch_size", "32"], env),
-                ([], {"LLAMA_ARG_NO_KV_UNIFIED": "1", "LLAMA_ARG_CTX_SIZE": "256"}),
-            ],
-        )
+    a = plan([], env, tiny_llama)
+    b = plan(["-c", "512", "--ubatch_size", "32"], env, tiny_llama)
+    c = plan([], {"LLAMA_ARG_NO_KV_UNIFIED": "1", "LLAMA_ARG_CTX_SIZE": "256"}, tiny_llama)
     assert (a["n_ctx"], a["n_seq_max"], a["n_ubatch"], a["kv_unified"]) == (1024, 2, 64, True)
     assert (b["n_ctx"], b["n_ubatch"]) == (512, 32)  # the command line wins
     assert (c["n_ctx"], c["kv_unified"]) == (256, False)
