@@ -1,0 +1,33 @@
+"""`ubatch convert DIR -o FILE.gguf`: a Hugging Face checkpoint written as a GGUF file.
+
+No llama.cpp tool has this command line (llama.cpp converts with a Python script), so it is a
+plain command: the directory, the output file and llama.cpp's `--outtype` names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..engine.errors import UbatchError
+from ..engine.hf_convert import OUTTYPES
+from ..engine.hf_convert import convert as convert_checkpoint
+from .common import err_console, user_errors
+
+
+@user_errors
+def convert(
+    model_dir: Path = typer.Argument(
+        ..., help="Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.model)"
+    ),
+    outfile: Path = typer.Option(..., "-o", "--outfile", help="the GGUF file to write"),
+    outtype: str = typer.Option("f16", "--outtype", help=f"matrix type: {', '.join(OUTTYPES)} (norms stay f32)"),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="one line per tensor"),
+) -> None:
+    if outtype not in OUTTYPES:
+        raise UbatchError(f"--outtype {outtype!r}: expected one of {', '.join(OUTTYPES)}")
+    if not model_dir.is_dir():
+        raise UbatchError(f"{model_dir}: not a directory; pass a Hugging Face checkpoint directory")
+    out = convert_checkpoint(model_dir, outfile, outtype, err_console.print if verbose else None)
+    err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes, {outtype})")

@@ -1,0 +1,206 @@
+"""Hugging Face checkpoints: `-m DIR` runs a safetensors + tokenizer.model directory, and
+`ubatch convert` writes the GGUF file that runs identically.
+
+The checkpoints are tiny and written here (tests/tiny_hf.py): random weights, a SentencePiece
+model trained on generated text. An independent Hugging Face-style forward pass (rotate-half
+RoPE on the unpermuted weights) checks the Q/K permutation; the converted files must give the
+checkpoint's logits exactly (same dtype) or closely (q8_0).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_cli import assert_user_error, ubatch, ubatch_inproc
+from tiny_hf import HFSpec, corpus, write_tiny_hf
+
+from ubatch.engine.batch import Batch
+from ubatch.engine.context import Context
+from ubatch.engine.generate import complete
+from ubatch.engine.gguf_file import open_gguf
+from ubatch.engine.hf_convert import as_f32, convert
+from ubatch.engine.model import Model
+from ubatch.engine.params import ContextParams
+from ubatch.engine.sampling import Sampler, SamplerParams
+
+IDS = [1, 45, 120, 7, 300, 33, 250, 99, 12, 180, 64, 5]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    specs = {
+        "f16": HFSpec(),
+        "bf16": HFSpec(dtype=torch.bfloat16, shards=2, tied=True, seed=1),
+        "f32": HFSpec(dtype=torch.float32, seed=2),
+        "gemma3": HFSpec(arch="gemma3", dtype=torch.bfloat16, seed=3),
+    }
+    return {k: write_tiny_hf(root / k, s) for k, s in specs.items()}
+
+
+def logits(path: Path) -> torch.Tensor:
+    ctx = Context(Model.load(path), ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
+    ctx.decode(Batch.from_tokens(IDS, 0, all_logits=True))
+    return ctx.logits.clone()
+
+
+def hf_llama_logits(d: Path, ids: list[int]) -> torch.Tensor:
+    """Hugging Face's LlamaForCausalLM forward in plain torch: rotate-half RoPE, no permutation."""
+    cfg = json.loads((d / "config.json").read_text())
+    w = {}
+    for f in sorted(d.glob("*.safetensors")):
+        w |= {k: v.float() for k, v in load_file(str(f)).items()}
+    nh, nkv, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rms_norm_eps"]
+    hd = cfg["hidden_size"] // nh
+    n = len(ids)
+
+    def norm(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g
+
+    inv = cfg["rope_theta"] ** (-torch.arange(0, hd, 2).double() / hd)
+    ang = torch.arange(n).double()[:, None] * inv[None]
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1).float(), torch.cat([ang.sin(), ang.sin()], -1).float()
+
+    def rope(x: torch.Tensor) -> torch.Tensor:  # (n, heads, hd)
+        half = torch.cat([-x[..., hd // 2 :], x[..., : hd // 2]], -1)
+        return x * cos[:, None] + half * sin[:, None]
+
+    x = w["model.embed_tokens.weight"][ids]
+    mask = torch.full((n, n), -math.inf).triu(1)
+    for il in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{il}."
+        h = norm(x, w[p + "input_layernorm.weight"])
+        q = rope((h @ w[p + "self_attn.q_proj.weight"].T).view(n, nh, hd))
+        k = rope((h @ w[p + "self_attn.k_proj.weight"].T).view(n, nkv, hd)).repeat_interleave(nh // nkv, 1)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(n, nkv, hd).repeat_interleave(nh // nkv, 1)
+        att = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd) + mask, -1)
+        x = x + torch.einsum("hqk,khd->qhd", att, v).reshape(n, -1) @ w[p + "self_attn.o_proj.weight"].T
+        h = norm(x, w[p + "post_attention_layernorm.weight"])
+        g = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
+        x = x + g @ w[p + "mlp.down_proj.weight"].T
+    out = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return norm(x, w["model.norm.weight"]) @ out.T
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])
+def test_llama_checkpoint_matches_hugging_face_forward(ckpts: dict[str, Path], kind: str) -> None:
+    """The engine on the directory computes what transformers would: the Q/K permutation is right."""
+    ours = logits(ckpts[kind])
+    ref = hf_llama_logits(ckpts[kind], IDS)
+    torch.testing.assert_close(ours, ref, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16", "f32", "gemma3"])
+def test_converted_gguf_gives_the_same_logits(ckpts: dict[str, Path], tmp_path: Path, kind: str) -> None:
+    d = ckpts[kind]
+    outtype = {"gemma3": "bf16"}.get(kind, kind)
+    f = convert(d, tmp_path / "m.gguf", outtype)
+    g = open_gguf(f)
+    m = Model.load(d)
+    assert g.metadata["general.file_type"] == m.gguf.metadata["general.file_type"]
+    assert {n: (t.ggml_type, t.shape) for n, t in g.tensors.items()} == {
+        n: (t.ggml_type, t.shape) for n, t in m.gguf.tensors.items()
+    }
+    assert m.size_bytes == sum(t.n_bytes for t in g.tensors.values())
+    assert torch.equal(logits(d), logits(f))
+
+
+@pytest.mark.parametrize("kind", ["f16", "gemma3"])
+def test_q8_0_conversion(ckpts: dict[str, Path], tmp_path: Path, kind: str) -> None:
+    """q8_0 blocks are ggml's (gguf-py's reference quantiser), norms stay f32, logits stay close."""
+    d = ckpts[kind]
+    g = open_gguf(convert(d, tmp_path / "q8.gguf", "q8_0"))
+    src = Model.load(d).gguf.tensors
+    for name, t in g.tensors.items():
+        if len(t.shape) == 1:
+            assert t.ggml_type == gguf.GGMLQuantizationType.F32
+            assert np.array_equal(t.data, src[name].data)
+        else:
+            assert t.ggml_type == gguf.GGMLQuantizationType.Q8_0, name
+            ref = gguf.quants.quantize(as_f32(src[name]), gguf.GGMLQuantizationType.Q8_0)
+            assert np.array_equal(t.data, ref.reshape(-1)), name
+    a, b = logits(d), logits(g.path)
+    assert not torch.equal(a, b)
+    err = ((b - a).norm() / a.norm()).item()  # 0.036 (llama) on these random weights; bf16 gives 0.011
+    assert err < 0.08, err
+
+
+def test_greedy_tokens_from_directory_and_converted_file(ckpts: dict[str, Path], tmp_path: Path) -> None:
+    f = convert(ckpts["bf16"], tmp_path / "m.gguf", "bf16")
+
+    def greedy(path: Path) -> list[int]:
+        ctx = Context(Model.load(path), ContextParams(n_ctx=256))
+        return [e.token for e in complete(ctx, IDS[:4], 24, Sampler(SamplerParams(temp=0)), ignore_eos=True)]
+
+    toks = greedy(ckpts["bf16"])
+    assert len(toks) == 24 and len(set(toks)) > 3
+    assert greedy(f) == toks
+
+
+def test_sentencepiece_and_engine_vocab_agree(ckpts: dict[str, Path]) -> None:
+    import sentencepiece as spm
+
+    d = ckpts["f16"]
+    sp = spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
+    vocab = Model.load(d).vocab
+    assert (vocab.bos, vocab.eos, vocab.unk, vocab.add_bos) == (sp.bos_id(), sp.eos_id(), sp.unk_id(), True)
+    texts = corpus(300, seed=5) + ["", " ", "  two  spaces", "tab\there", "new\nline", "ünïcödé 日本語 🙂", "12345"]
+    for t in texts:
+        assert vocab.tokenize(t, False, False) == sp.encode(t), t
+    assert vocab.tokenize("the cat", True, False) == [sp.bos_id(), *sp.encode("the cat")]
+
+
+def test_cli_runs_a_checkpoint_and_converts_it(ckpts: dict[str, Path], tmp_path: Path) -> None:
+    d, f = ckpts["f16"], tmp_path / "m.gguf"
+    conv = ubatch("convert", d, "-o", f, "--outtype", "f16")
+    assert conv.returncode == 0 and f.is_file(), conv.stderr
+    a = ubatch("cli", "-m", d, "-p", "the cat", "-n", "12", "--temp", "0", "--ignore-eos")
+    b = ubatch("cli", "-m", f, "-p", "the cat", "-n", "12", "--temp", "0", "--ignore-eos")
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout and a.stdout.startswith("the cat")
+    size = Model.load(d).size_bytes
+    assert f"loaded {d.name}: {d.name} (llama), " in a.stderr
+    assert f"params, {size / 2**20:.2f} MiB, 16.0" in a.stderr  # the tensor bytes read, f16: 16.x BPW
+
+
+def _broken(root: Path, name: str, spec: HFSpec, edit) -> Path:  # type: ignore[no-untyped-def]
+    d = write_tiny_hf(root / name, spec)
+    edit(d)
+    return d
+
+
+def test_bad_checkpoints_are_one_line(tmp_path: Path) -> None:
+    def cfg(d: Path, **kw: object) -> None:
+        c = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps(c | kw))
+
+    def drop(d: Path, name: str) -> None:
+        from safetensors.torch import save_file
+
+        t = load_file(str(d / "model.safetensors"))
+        del t[name]
+        save_file(t, str(d / "model.safetensors"))
+
+    one, two = HFSpec(), HFSpec(shards=2)
+    cases = {
+        "no config": (one, lambda d: (d / "config.json").unlink(), "no config.json"),
+        "model_type": (one, lambda d: cfg(d, model_type="gpt2"), "model_type 'gpt2' is not supported"),
+        "shard missing": (two, lambda d: (d / "model-00002-of-00002.safetensors").unlink(), "model-00002-of-00002"),
+        "tensor missing": (one, lambda d: drop(d, "model.layers.1.mlp.up_proj.weight"), "blk.1.ffn_up.weight"),
+        "shape": (one, lambda d: cfg(d, intermediate_size=128), "but config.json implies"),
+        "no tokenizer": (one, lambda d: (d / "tokenizer.model").unlink(), "no tokenizer.model"),
+    }
+    dirs = {k: _broken(tmp_path, k.replace(" ", "_"), spec, edit) for k, (spec, edit, _) in cases.items()}
+    runs = ubatch_inproc({k: ["cli", "-m", d, "-p", "x", "-n", "1"] for k, d in dirs.items()})
+    for k, (_, _, needle) in cases.items():
+        assert_user_error(runs[k], needle)
+    conv = ubatch_inproc({"outtype": ["convert", dirs["shape"], "-o", tmp_path / "x.gguf", "--outtype", "q4_k"]})
+    assert_user_error(conv["outtype"], "--outtype")
+    assert not (tmp_path / "x.gguf").exists()
