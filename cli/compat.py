@@ -15,7 +15,6 @@ from .llama_flags import LLAMA_TOOL, TOOL_EXAMPLES, flags_for, server_routes
 # routes served the way llama-server serves them when the feature is off (cli/routes_extra.py)
 _OFF = {
     "/lora-adapters": "no LoRA adapters are loaded: GET lists none",
-    "/slots/:id_slot": "slot save/restore needs --slot-save-path (not built yet): 501 as llama-server",
     "/tools": "the web UI's tools are disabled: 403 as llama-server",
     "/cors-proxy": "the web UI's MCP proxy is disabled: 403 as llama-server",
     "/v1/audio/transcriptions": "text-only model: 501 as llama-server",

@@ -105,6 +105,15 @@ def cli(
     show_timings: bool = typer.Option(
         True, "--show-timings/--no-show-timings", help="chat: speeds after each answer", rich_help_panel=OUTPUT
     ),
+    prompt_cache: Optional[Path] = typer.Option(
+        None, "--prompt-cache", help="one-shot: reuse the KV state saved in this file, save it after the prompt"
+    ),
+    prompt_cache_all: bool = typer.Option(
+        False, "--prompt-cache-all", help="--prompt-cache: save the generated text's state too"
+    ),
+    prompt_cache_ro: bool = typer.Option(
+        False, "--prompt-cache-ro", help="--prompt-cache: use the file, never update it"
+    ),
     sampling: SamplingFlags = SamplingFlags(),
 ) -> None:
     validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
@@ -143,6 +152,13 @@ def cli(
         system_prompt = process_escapes(system_prompt) if system_prompt is not None else None
         reverse_prompt = [process_escapes(r) for r in reverse_prompt or []]
         in_prefix, in_suffix = process_escapes(in_prefix), process_escapes(in_suffix)
+    if prompt_cache is not None and (chat or interactive):
+        err_console.print(
+            "warning: --prompt-cache is used by one-shot completions (-no-cnv, no -i); ignored", markup=False
+        )
+        prompt_cache = None
+    if prompt_cache is not None and prompt_cache.is_dir():
+        raise typer.BadParameter(f"{prompt_cache} is a directory", param_hint="--prompt-cache")
     if chat and chat_template is not None:
         from ..engine.chat_template import load_template
 
@@ -185,5 +201,8 @@ def cli(
             simple_io=simple_io,
             show_timings=show_timings,
             sampling=sampling,
+            prompt_cache=prompt_cache,
+            prompt_cache_ro=prompt_cache_ro,
+            prompt_cache_all=prompt_cache_all,
         )
     )

@@ -55,6 +55,9 @@ class Run:
     simple_io: bool
     show_timings: bool
     sampling: SamplingFlags = field(default_factory=SamplingFlags)
+    prompt_cache: Path | None = None  # --prompt-cache (cli/prompt_cache_file.py), one-shot only
+    prompt_cache_ro: bool = False
+    prompt_cache_all: bool = False
 
 
 def run(r: Run) -> None:
@@ -139,6 +142,7 @@ def once(r: Run, ctx: Any, sampler: Any, t_start: float) -> None:
         check_prompt_fits(ctx, len(ids))  # before any compute or output
     if r.warmup:
         ctx.warmup()
+    pc, n_past, cache = prompt_cache(r, ctx, ids)  # after the warmup, which clears the cache
     load_ms = (time.perf_counter() - t_start) * 1e3
     if not r.log_disable:
         for line in startup_lines(ctx):
@@ -167,18 +171,25 @@ def once(r: Run, ctx: Any, sampler: Any, t_start: float) -> None:
     else:
         for ev in complete(
             ctx,
-            ids,
+            ids[n_past:],
             r.n_predict,
             sampler,
             st,
             ignore_eos=r.sampling.ignore_eos,
+            n_past=n_past,
             ctx_shift=context_shift,
             n_keep=n_keep,
+            cache=cache,
             extra=extra,
         ):
+            if pc is not None:
+                pc.after_prompt(ctx, cache)  # once, before the first sampled token is decoded
             if ev.text:
                 out.write(ev.text)
                 out.flush()
+        if pc is not None:
+            pc.after_prompt(ctx, cache)
+            pc.at_end(ctx, cache)
         if st.stop_reason == "word":  # llama-completion prints the reverse prompt it stopped at
             out.write(st.stopping_word)
     out.write("\n")
@@ -198,3 +209,14 @@ def once(r: Run, ctx: Any, sampler: Any, t_start: float) -> None:
         for line in perf_lines(ctx, st, load_ms, total_ms):
             err_console.print(line, markup=False, highlight=False, soft_wrap=True)
         err_console.print(breakdown_table(memory_plan(ctx)))
+
+
+def prompt_cache(r: Run, ctx: Any, ids: list[int]) -> tuple[Any, int, list[int]]:
+    """--prompt-cache: the restored prefix (n_past) and the token list complete() keeps true."""
+    if r.prompt_cache is None:
+        return None, 0, []
+    from .prompt_cache_file import PromptCache
+
+    pc = PromptCache(r.prompt_cache, r.prompt_cache_ro, r.prompt_cache_all, r.log_disable)
+    n_past = pc.restore(ctx, ids)
+    return pc, n_past, ids[:n_past]

@@ -37,7 +37,6 @@ _DOWNLOAD = "ubatch never downloads: give a local GGUF file with -m"
 _MTMD = "ubatch is text-only: no multimodal projector, images, audio or video"
 _ADAPTER = "LoRA adapters and control vectors are not supported"
 _ROPE = "RoPE/YaRN overrides are not supported: the model's own RoPE settings are used"
-_STATE = "saved state is not built yet: the prompt is processed again each run"
 
 _TABLE: dict[str, tuple[str, str]] = {}
 
@@ -66,7 +65,6 @@ _add(NO_EFFECT, _REASON, "--reasoning-format", "--reasoning", "--reasoning-effor
 _add(NO_EFFECT, _REASON, "--reasoning-budget-message", "--reasoning-preserve", "--skip-chat-parsing")
 _add(NO_EFFECT, _CKPT, "--ctx-checkpoints", "--checkpoint-min-step", "--cache-ram", "--cache-idle-slots")
 _add(NO_EFFECT, _CKPT, "--kv-unified-per-slot", "--defrag-thold")
-_add(NO_EFFECT, _STATE, "--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "--slot-save-path")
 _add(NO_EFFECT, _DOWNLOAD, "--offline")
 _add(NO_EFFECT, "there is no server-side idle sleep: the model stays loaded", "--sleep-idle-seconds")
 _add(NO_EFFECT, "no keep-alive pings are sent on idle streams", "--sse-ping-interval")

@@ -3,7 +3,6 @@ llama-server answers them when those features are off or missing, so a client pr
 feature gets the same answer from both:
 
 * /lora-adapters: no adapters are loaded (GET lists none, POST sets none);
-* POST /slots/:id_slot (save, restore, erase): needs --slot-save-path, which this server lacks;
 * /tools and /cors-proxy: the web UI's built-in tools and MCP proxy are disabled (403);
 * /v1/audio/transcriptions: the model takes no audio; /v1/systemone: not a decision model;
 * POST /v1/chat/completions/control: no completion has reasoning control armed.
@@ -35,11 +34,6 @@ def add_extra_routes(app: FastAPI) -> None:
         if not isinstance(await read_json(request), list):
             raise RequestError("Request body must be an array")
         return JSONResponse({"success": True})
-
-    @app.post("/slots/{id_slot}")
-    @api
-    async def slot_action(request: Request) -> Response:
-        raise _not_supported("This server does not support slots action. Start it with `--slot-save-path`")
 
     @app.get("/tools")
     @app.post("/tools")

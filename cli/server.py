@@ -89,6 +89,9 @@ def server(
     ),
     props: bool = typer.Option(False, "--props", help="let POST /props change server settings", rich_help_panel=SERVER),
     slots: bool = typer.Option(True, "--slots/--no-slots", help="expose the /slots endpoint", rich_help_panel=SERVER),
+    slot_save_path: Optional[Path] = typer.Option(
+        None, "--slot-save-path", help="directory for POST /slots/{id}?action=save|restore", rich_help_panel=SERVER
+    ),
     log_disable: bool = opt("log_disable", False, help="no startup log and no per-request lines", panel=SERVER),
     log_verbosity: int = opt(
         "log_verbosity",
@@ -197,6 +200,7 @@ def server(
         api_keys=tuple(keys),
         metrics=metrics,
         slots=slots,
+        slot_save_path=_slot_dir(slot_save_path),
         alias=names[0] if names else None,
         aliases=names,
         tags=_csv(tags),
@@ -247,3 +251,12 @@ def server(
         )
 
     serve(host, port, options, load, timeout=timeout, log_disable=log_disable, log_verbosity=log_verbosity)
+
+
+def _slot_dir(path: Path | None) -> str:
+    """--slot-save-path must name an existing directory (llama-server: "not a directory")."""
+    if path is None:
+        return ""
+    if not path.is_dir():
+        raise typer.BadParameter(f"not a directory: {path}", param_hint="--slot-save-path")
+    return str(path)

@@ -24,6 +24,7 @@ from .routes_embedding import add_embedding_routes
 from .routes_extra import add_extra_routes
 from .routes_infill import add_infill_routes
 from .routes_info import add_info_routes
+from .routes_slots import add_slot_routes
 from .routes_tokens import add_token_routes
 from .server_http import error_response
 from .server_log import LOG_LEVEL_INFO, AccessLog
@@ -92,6 +93,7 @@ def create_app(
     add_token_routes(app, st)
     add_resume_routes(app, app.state.streams)
     add_extra_routes(app)
+    add_slot_routes(app, st)
     add_infill_routes(app, st)
     add_embedding_routes(app, st)
     return app

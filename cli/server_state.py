@@ -27,6 +27,7 @@ class ServerOptions:
     api_keys: tuple[str, ...] = ()
     metrics: bool = False
     slots: bool = True
+    slot_save_path: str = ""  # --slot-save-path DIR: POST /slots/{id}?action=save|restore (cli/routes_slots.py)
     alias: str | None = None
     chat_template: str | None = None  # --chat-template NAME|FILE|JINJA
     jinja: bool = True

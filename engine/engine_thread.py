@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .embedding_task import EmbeddingRunner
 from .server_stats import SchedulerStats
 from .server_task import Failed, RequestError, Task
+from .state_task import StateRunner
 
 if TYPE_CHECKING:
     from .context import Context
@@ -35,7 +36,8 @@ class EngineThread:
     stats: SchedulerStats
 
     def __init__(self, ctx: Context) -> None:
-        self.embd = EmbeddingRunner(ctx)  # embedding and rerank tasks (engine/embedding_task.py)
+        # embedding and rerank tasks (engine/embedding_task.py), slot save/restore (engine/state_task.py)
+        self.embd = StateRunner(EmbeddingRunner(ctx))
         self.iteration = 0
         self.queue: deque[Task] = deque()  # accepted, waiting for a slot (only the engine thread touches it)
         self._incoming: deque[Task] = deque()

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import llama_state
 from .engine.batch import Batch, common_prefix
 from .engine.context import Context
 from .engine.default_model import default_model_path
@@ -124,6 +125,9 @@ class Llama:
                 self.scores[len(chunk) - 1] = logits[-1].numpy()
             self.input_ids[n_past : n_past + len(chunk)] = chunk
             self.n_tokens += len(chunk)
+
+    save_state, load_state = llama_state.save, llama_state.load  # llama-cpp-python's names
+    save_state_file, load_state_file = llama_state.save_file, llama_state.load_file
 
     # -- embeddings ------------------------------------------------------------------------------
     def embed(self, input: str | list[str], normalize: bool = True, truncate: bool = True) -> Any:
