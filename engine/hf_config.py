@@ -33,10 +33,11 @@ def read_config(d: Path) -> tuple[str, dict[str, Any]]:
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{f}: expected a JSON object")
     mt = cfg.get("model_type")
-    if mt == "gemma3":
-        raise ModelLoadError(
-            f"{f}: model_type 'gemma3' (Gemma3ForConditionalGeneration, text and vision) is not supported; use a text-only gemma3_text checkpoint"
-        )
+    text = cfg.get("text_config")
+    if mt == "gemma3" and isinstance(text, dict):  # Gemma3ForConditionalGeneration: its text model only
+        cfg, mt = {**cfg, **text}, "gemma3_text"
+    elif mt == "gemma3":
+        raise ModelLoadError(f"{f}: model_type 'gemma3' without a text_config object; the config is incomplete")
     if mt not in MODEL_TYPES:
         raise ModelLoadError(
             f"{f}: model_type {mt!r} is not supported; ubatch runs Hugging Face checkpoints of {', '.join(MODEL_TYPES)}"

@@ -43,12 +43,14 @@ _LAYER_ARCH = {
     },
 }
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-_SKIP = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+_SKIP = re.compile(r"(^|\.)rotary_emb\.inv_freq$|^(model\.)?(vision_tower|multi_modal_projector)\.")
+# a Gemma3ForConditionalGeneration's text model, as older and newer transformers name it
+_TEXT_PREFIX = re.compile(r"^(language_model\.|model\.language_model\.)")
 
 
 def gguf_name(hf: str, arch: str) -> str | None:
     """The GGUF name of HF tensor `hf`, or None when the engine has no such tensor."""
-    stem, dot, kind = hf.rpartition(".")
+    stem, _, kind = _TEXT_PREFIX.sub(lambda m: "" if m[0].startswith("language") else "model.", hf).rpartition(".")
     if kind not in ("weight",):
         return None
     if stem in _TOP:

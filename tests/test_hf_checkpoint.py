@@ -41,6 +41,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "bf16": HFSpec(dtype=torch.bfloat16, shards=2, tied=True, seed=1),
         "f32": HFSpec(dtype=torch.float32, seed=2),
         "gemma3": HFSpec(arch="gemma3", dtype=torch.bfloat16, seed=3),
+        "gemma3-mm": HFSpec(arch="gemma3", dtype=torch.bfloat16, seed=3, multimodal=True),
     }
     return {k: write_tiny_hf(root / k, s) for k, s in specs.items()}
 
@@ -51,49 +52,60 @@ def logits(path: Path) -> torch.Tensor:
     return ctx.logits.clone()
 
 
-def hf_llama_logits(d: Path, ids: list[int]) -> torch.Tensor:
-    """Hugging Face's LlamaForCausalLM forward in plain torch: rotate-half RoPE, no permutation."""
+def hf_logits(d: Path, ids: list[int]) -> torch.Tensor:
+    """transformers' LlamaForCausalLM / Gemma3ForCausalLM forward in plain torch, from the HF
+    tensors as stored: rotate-half RoPE without the permutation, gemma3's (1 + w) norms."""
     cfg = json.loads((d / "config.json").read_text())
     w = {}
     for f in sorted(d.glob("*.safetensors")):
         w |= {k: v.float() for k, v in load_file(str(f)).items()}
+    gemma = cfg["model_type"] == "gemma3_text"
     nh, nkv, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rms_norm_eps"]
-    hd = cfg["hidden_size"] // nh
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
     n = len(ids)
 
     def norm(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + g if gemma else g)
 
-    inv = cfg["rope_theta"] ** (-torch.arange(0, hd, 2).double() / hd)
-    ang = torch.arange(n).double()[:, None] * inv[None]
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1).float(), torch.cat([ang.sin(), ang.sin()], -1).float()
+    def rope(x: torch.Tensor, base: float) -> torch.Tensor:  # (n, heads, hd)
+        ang = torch.arange(n).double()[:, None] * base ** (-torch.arange(0, hd, 2).double() / hd)[None]
+        cos, sin = torch.cat([ang.cos()] * 2, -1).float()[:, None], torch.cat([ang.sin()] * 2, -1).float()[:, None]
+        return x * cos + torch.cat([-x[..., hd // 2 :], x[..., : hd // 2]], -1) * sin
 
-    def rope(x: torch.Tensor) -> torch.Tensor:  # (n, heads, hd)
-        half = torch.cat([-x[..., hd // 2 :], x[..., : hd // 2]], -1)
-        return x * cos[:, None] + half * sin[:, None]
-
-    x = w["model.embed_tokens.weight"][ids]
-    mask = torch.full((n, n), -math.inf).triu(1)
+    x = w["model.embed_tokens.weight"][ids] * (math.sqrt(cfg["hidden_size"]) if gemma else 1.0)
+    i = torch.arange(n)
+    mask = torch.where(i[None] > i[:, None], -math.inf, 0.0)
+    if gemma:  # every layer of 2 is a sliding-window layer (pattern 6)
+        mask = mask.masked_fill(i[:, None] - i[None] >= cfg["sliding_window"], -math.inf)
+    base = cfg["rope_local_base_freq"] if gemma else cfg["rope_theta"]
+    scale = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else hd**-0.5
     for il in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{il}."
         h = norm(x, w[p + "input_layernorm.weight"])
-        q = rope((h @ w[p + "self_attn.q_proj.weight"].T).view(n, nh, hd))
-        k = rope((h @ w[p + "self_attn.k_proj.weight"].T).view(n, nkv, hd)).repeat_interleave(nh // nkv, 1)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(n, nh, hd)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).view(n, nkv, hd)
+        if gemma:
+            q, k = norm(q, w[p + "self_attn.q_norm.weight"]), norm(k, w[p + "self_attn.k_norm.weight"])
+        q, k = rope(q, base), rope(k, base).repeat_interleave(nh // nkv, 1)
         v = (h @ w[p + "self_attn.v_proj.weight"].T).view(n, nkv, hd).repeat_interleave(nh // nkv, 1)
-        att = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd) + mask, -1)
-        x = x + torch.einsum("hqk,khd->qhd", att, v).reshape(n, -1) @ w[p + "self_attn.o_proj.weight"].T
-        h = norm(x, w[p + "post_attention_layernorm.weight"])
-        g = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
-        x = x + g @ w[p + "mlp.down_proj.weight"].T
+        att = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) * scale + mask, -1)
+        a = torch.einsum("hqk,khd->qhd", att, v).reshape(n, -1) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + (norm(a, w[p + "post_attention_layernorm.weight"]) if gemma else a)
+        h = norm(x, w[p + ("pre_feedforward_layernorm" if gemma else "post_attention_layernorm") + ".weight"])
+        gate = h @ w[p + "mlp.gate_proj.weight"].T
+        act = torch.nn.functional.gelu(gate, approximate="tanh") if gemma else torch.nn.functional.silu(gate)
+        f = (act * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        x = x + (norm(f, w[p + "post_feedforward_layernorm.weight"]) if gemma else f)
     out = w.get("lm_head.weight", w["model.embed_tokens.weight"])
     return norm(x, w["model.norm.weight"]) @ out.T
 
 
-@pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])
-def test_llama_checkpoint_matches_hugging_face_forward(ckpts: dict[str, Path], kind: str) -> None:
-    """The engine on the directory computes what transformers would: the Q/K permutation is right."""
+@pytest.mark.parametrize("kind", ["f16", "bf16", "f32", "gemma3"])
+def test_checkpoint_matches_hugging_face_forward(ckpts: dict[str, Path], kind: str) -> None:
+    """The engine on the directory computes what transformers would: the Q/K permutation and
+    gemma3's norm shift are right."""
     ours = logits(ckpts[kind])
-    ref = hf_llama_logits(ckpts[kind], IDS)
+    ref = hf_logits(ckpts[kind], IDS)
     torch.testing.assert_close(ours, ref, atol=2e-3, rtol=1e-3)
 
 
@@ -130,6 +142,11 @@ def test_q8_0_conversion(ckpts: dict[str, Path], tmp_path: Path, kind: str) -> N
     assert not torch.equal(a, b)
     err = ((b - a).norm() / a.norm()).item()  # 0.036 (llama) on these random weights; bf16 gives 0.011
     assert err < 0.08, err
+
+
+def test_gemma3_conditional_generation_runs_its_text_model(ckpts: dict[str, Path]) -> None:
+    """A Gemma3ForConditionalGeneration checkpoint: text_config read, vision tensors skipped."""
+    assert torch.equal(logits(ckpts["gemma3-mm"]), logits(ckpts["gemma3"]))
 
 
 def test_greedy_tokens_from_directory_and_converted_file(ckpts: dict[str, Path], tmp_path: Path) -> None:

@@ -66,6 +66,7 @@ class HFSpec:
     shards: int = 1
     vocab_size: int = 400
     seed: int = 0
+    multimodal: bool = False  # gemma3 as Gemma3ForConditionalGeneration: text_config, prefixed names
 
 
 def config(s: HFSpec) -> dict:
@@ -149,6 +150,13 @@ def write_tiny_hf(d: Path, spec: HFSpec | None = None) -> Path:
     }
     (d / "tokenizer_config.json").write_text(json.dumps(tc))
     ts = tensors(s)
+    if s.multimodal:
+        text = config(s)
+        wrapped = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": text}
+        (d / "config.json").write_text(json.dumps(wrapped | {"vision_config": {"hidden_size": 8}}))
+        ts = {k.replace("model.", "model.language_model.", 1): v for k, v in ts.items()}
+        ts["model.vision_tower.vision_model.post_layernorm.weight"] = torch.ones(8, dtype=s.dtype)
+        ts["model.multi_modal_projector.mm_input_projection_weight"] = torch.ones(8, 8, dtype=s.dtype)
     if s.shards == 1:
         save_file(ts, str(d / "model.safetensors"))
         return d
