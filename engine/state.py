@@ -62,8 +62,9 @@ def capture(ctx: Context, seq_id: int, tokens: list[int]) -> SeqState:
     return SeqState(_header(ctx), list(tokens), tensors)
 
 
-def _check(ctx: Context, state: SeqState, seq_id: int) -> list[np.ndarray]:
-    """Every reason to refuse, before anything changes; returns the free cells to use per cache."""
+def _check(ctx: Context, state: SeqState, seq_id: int) -> list[tuple[np.ndarray, int]]:
+    """Every reason to refuse, before anything changes; returns, per cache, the free cells to
+    use and the first saved cell they take (a sliding-window cache may take only the tail)."""
     h, mine = state.header, _header(ctx)
     if not 0 <= seq_id < ctx.cparams.n_seq_max:
         raise StateError(f"sequence id {seq_id} is out of range: this context has {ctx.cparams.n_seq_max} sequences")
@@ -109,11 +110,15 @@ def _check(ctx: Context, state: SeqState, seq_id: int) -> list[np.ndarray]:
         st = c.stream_of(seq_id)
         cells = c.streams[st]
         free = np.flatnonzero((cells.pos < 0) | (cells.seq[:, seq_id] & (cells.seq.sum(1) == 1)))
-        if free.size < n:
+        first = 0
+        if c.n_swa > 0 and free.size < n:  # e.g. saved with --swa-full: keep what the window still needs
+            first = int(np.searchsorted(p, p[-1] - c.n_swa))
+        if free.size < n - first:
             name = f"{c.name} " if c.name else ""
-            fix = "raise -c" + (" or add --swa-full" if c.n_swa > 0 else "")
-            raise StateError(f"no room in the {name}KV cache: the state needs {n} cells, {free.size} are free; {fix}")
-        plan.append(free[:n])
+            raise StateError(
+                f"no room in the {name}KV cache: the state needs {n} cells, {free.size} are free; raise -c"
+            )
+        plan.append((free[: n - first], first))
     return plan
 
 
@@ -122,16 +127,16 @@ def restore(ctx: Context, state: SeqState, seq_id: int) -> int:
     plan = _check(ctx, state, seq_id)
     ctx.memory.update(ctx.model.hparams, ctx.ops, ctx.model.rope_freqs)
     ctx.memory.seq_rm(seq_id)
-    for ci, (c, cells_idx) in enumerate(zip(ctx.memory.caches, plan)):
+    for ci, (c, (cells_idx, first)) in enumerate(zip(ctx.memory.caches, plan)):
         st = c.stream_of(seq_id)
         cells = c.streams[st]
-        cells.pos[cells_idx] = state.tensors[f"c{ci}.pos"].numpy()
+        cells.pos[cells_idx] = state.tensors[f"c{ci}.pos"].numpy()[first:]
         cells.seq[cells_idx, seq_id] = True
         cells.shift[cells_idx] = 0
         rows = torch.from_numpy(cells_idx + st * c.size)
         for il in c.layers:
             for store, t in ((c.k[il], state.tensors[f"c{ci}.k{il}"]), (c.v[il], state.tensors[f"c{ci}.v{il}"])):
-                store.data[rows.to(store.data.device)] = t.to(store.data.device)
+                store.data[rows.to(store.data.device)] = t[first:].to(store.data.device)
         if cells_idx.size:
             cells.head = int(cells_idx[-1]) + 1 if cells_idx[-1] + 1 < cells.size else 0
     return state.n_tokens

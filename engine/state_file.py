@@ -58,8 +58,8 @@ def fingerprint(model: Model) -> str:
     for name, t in sorted((getattr(g, "tensors", {}) or {}).items()):
         h.update(f"{name}:{t.ggml_type}:{tuple(t.shape)}\n".encode())
         data = getattr(t, "data", None)
-        if data is not None:
-            h.update(bytes(np.asarray(data[:64])))
+        if isinstance(data, np.ndarray):
+            h.update(data.reshape(-1)[:64].tobytes())
     h.update(repr(model.hparams).encode())
     return h.hexdigest()[:32]
 

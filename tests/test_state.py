@@ -80,7 +80,8 @@ def test_prompt_cache_fresh_process_equals_uninterrupted_run(
     assert last_ms
     assert second.stdout == first.stdout and len(first.stdout.strip()) > 0
     print(
-        f"\n[state] {n_prompt}-token prompt: processed in {float(prompt_ms):.0f} ms, restored in {restored.group(2)} ms"
+        f"\n[state] {n_prompt}-token prompt: processed in {float(prompt_ms):.0f} ms; restored in "
+        f"{restored.group(2)} ms, then the last token re-evaluated in {last_ms.group(1)} ms"
     )
     # another model's state: one line, exit 1, before anything is generated
     other = tmp_path / "other.state"
@@ -155,6 +156,24 @@ def test_restore_refusals_leave_the_cache_alone(tiny_gemma_model, tmp_path: Path
     ctx.memory.seq_rm(0, 39, -1)
     ctx.decode(Batch.from_tokens([prompt[-1]], 39, 0))
     assert greedy(ctx, 40, ctx.logits[-1].clone(), 6, seq_id=0) == again
+
+
+def test_swa_full_state_into_a_window_sized_cache(tiny_gemma_model) -> None:  # type: ignore[no-untyped-def]
+    """Saved with --swa-full (the SWA cache holds every cell), restored where it holds the window
+    plus one ubatch: only the tail the window still needs is taken, and generation agrees."""
+    full = Context(tiny_gemma_model, ContextParams(n_ctx=1024, n_ubatch=64, swa_full=True))
+    prompt = [3 + i % 50 for i in range(300)]
+    prefill(full, prompt)
+    saved = state.capture(full, 0, prompt)
+    assert saved.tensors["c1.pos"].numel() == 300
+    small = Context(tiny_gemma_model, ContextParams(n_ctx=1024, n_ubatch=64))
+    assert small.memory.caches[1].size < 300
+    assert state.restore(small, saved, 0) == 300
+    assert state.usable_prefix(small, 0, 299) == 299
+    for ctx in (full, small):
+        ctx.memory.seq_rm(0, 299, -1)
+        ctx.decode(Batch.from_tokens([prompt[-1]], 299, 0))
+    assert greedy(small, 300, small.logits[-1].clone(), 8) == greedy(full, 300, full.logits[-1].clone(), 8)
 
 
 # -- Llama: llama-cpp-python's save_state / load_state ----------------------------------------------
@@ -246,6 +265,12 @@ def test_slot_action_errors(slot_server: tuple[str, Scheduler, Path], tiny_state
     assert sch.ctx.memory.seq_pos_max(0) == before  # nothing half-restored
     assert httpx.get(url + "/health").json() == {"status": "ok"}
     assert not any(p.name.startswith("..") for p in d.parent.iterdir())
+
+
+def test_slot_save_path_must_be_a_directory(tiny_gemma: Path, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "ubatch.cli.main", "server", "-m", tiny_gemma, "--slot-save-path", tmp_path / "no"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV)
+    assert r.returncode == 1 and r.stderr.strip().endswith(f"not a directory: {tmp_path / 'no'}")
 
 
 def test_filename_rules() -> None:
