@@ -65,8 +65,8 @@ def convert(
     qtype, ftype = OUTTYPES[outtype]
     g, keys = open_checkpoint(src)
     o = Path(out)
-    if o.resolve().parent == Path(src).resolve() or o.is_dir():
-        raise ModelLoadError(f"{o}: write the GGUF file outside the checkpoint directory, to a file path")
+    if o.is_dir():
+        raise ModelLoadError(f"{o}: is a directory; -o takes the path of the GGUF file to write")
     w = gguf.GGUFWriter(str(o), g.metadata["general.architecture"])
     for k, v in keys.kv_data[0].items():
         if k not in ("general.architecture", "general.file_type"):
