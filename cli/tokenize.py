@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ..engine.errors import UbatchError
-from ..engine.gguf_file import open_gguf
+from ..engine.hf_checkpoint import open_model_file
 from ..engine.vocab import Vocab
 from .common import check_text, read_text_file, resolve_model, user_errors
 from .options import opt
@@ -30,7 +30,7 @@ def tokenize(
         False, "--jsonl", help="read one JSON string per stdin line, write one JSON id list per line"
     ),
 ) -> None:
-    g = open_gguf(resolve_model(model))
+    g = open_model_file(resolve_model(model))
     vocab = Vocab.from_metadata(g.metadata, str(g.path))
     add_special, parse_special = not no_bos, not no_parse_special
     if jsonl:

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as V
 from gguf import LlamaFileType
 
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, open_gguf
 from .hf_config import read_config, write_hparams
 from .hf_tokenizer import write_tokenizer
 from .hf_weights import load_tensors
@@ -38,6 +38,11 @@ def _plain(value: Any, vtype: V) -> Any:
 
 def is_checkpoint(path: str | Path) -> bool:
     return Path(path).is_dir()
+
+
+def open_model_file(path: str | Path) -> GGUFFile:
+    """`-m PATH` opened without loading weights: a checkpoint directory or a GGUF file."""
+    return open_checkpoint(path)[0] if is_checkpoint(path) else open_gguf(path)
 
 
 def open_checkpoint(path: str | Path) -> tuple[GGUFFile, gguf.GGUFWriter]:

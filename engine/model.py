@@ -13,8 +13,8 @@ import torch
 from ..kernels.dequant import UnsupportedTypeError, check_supported
 from ..kernels.weight import QWeight
 from .errors import ModelLoadError
-from .gguf_file import GGUFFile, TensorInfo, open_gguf
-from .hf_checkpoint import is_checkpoint, open_checkpoint
+from .gguf_file import GGUFFile, TensorInfo
+from .hf_checkpoint import open_model_file
 from .hparams import HParams, hparams_from_metadata
 from .vocab import Vocab
 
@@ -122,7 +122,7 @@ class Model:
     @classmethod
     def load(cls, path: str | os.PathLike[str], device: str | torch.device = "cpu") -> Model:
         t0 = time.perf_counter()
-        g = open_checkpoint(path)[0] if is_checkpoint(path) else open_gguf(path)  # a HF directory, or GGUF
+        g = open_model_file(path)  # a GGUF file, or a Hugging Face checkpoint directory
         src = str(g.path)
         hp = hparams_from_metadata(g.metadata, src)
         vocab = Vocab.from_metadata(g.metadata, src)

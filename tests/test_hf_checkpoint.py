@@ -185,6 +185,11 @@ def test_cli_runs_a_checkpoint_and_converts_it(ckpts: dict[str, Path], tmp_path:
     size = Model.load(d).size_bytes
     assert f"loaded {d.name}: {d.name} (llama), " in a.stderr
     assert f"params, {size / 2**20:.2f} MiB, 16.0" in a.stderr  # the tensor bytes read, f16: 16.x BPW
+    import sentencepiece as spm
+
+    tok = ubatch_inproc({"t": ["tokenize", "-m", d, "-p", "the cat", "--ids"]})["t"]
+    sp = spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
+    assert tok.stdout.strip() == str([sp.bos_id(), *sp.encode("the cat")]), tok.stderr
 
 
 def _broken(root: Path, name: str, spec: HFSpec, edit) -> Path:  # type: ignore[no-untyped-def]
