@@ -155,7 +155,7 @@ def bench(
     check_params(p)
     p.models = [Path(m) for m in model] if model else [resolve_model(None)]
     for m in p.models:
-        if not m.is_file():
+        if not m.exists():  # a GGUF file or a checkpoint directory (Model.load says which is wrong)
             raise BenchError(f"{m}: model file not found")
     tests = expand(p)
     if not tests:
@@ -245,7 +245,7 @@ def batched_bench(
         kvu=kvu,
         backend=backend,
     )
-    if not p.model.is_file():
+    if not p.model.exists():
         raise BenchError(f"{p.model}: model file not found")
     n_combos = len(p.n_pp) * len(p.n_tg) * len(p.n_pl)
     progress = _progress()
