@@ -204,6 +204,14 @@ class LlamaGroup(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        words = sys.argv[1:] if args is None else list(args)
+        if words[:1] == ["--version"]:  # `ubatch --version`, as every llama.cpp tool answers it
+            from importlib.metadata import version
+
+            typer.echo(f"ubatch {version('ubatch')}")
+            if standalone_mode:
+                sys.exit(0)
+            return 0
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click_errors.NoSuchOption as e:

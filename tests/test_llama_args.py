@@ -184,5 +184,7 @@ def test_version_usage_and_help_epilog() -> None:
     with ThreadPoolExecutor(3) as pool:
         v, u, h = pool.map(run, [["cli", "--version"], ["server", "--usage"], ["server", "--help"]])
     assert v.returncode == 0 and v.stdout.startswith("ubatch ")
+    top = run_cli(["--version"])
+    assert top.returncode == 0 and top.stdout == v.stdout
     assert u.returncode == 0 and "--ctx-size" in u.stdout
     assert "Every other flag of llama-server is accepted too" in " ".join(h.stdout.split())
