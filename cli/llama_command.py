@@ -167,15 +167,19 @@ class LlamaCommand(TyperCommand):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if "--version" in args:
-            from importlib.metadata import version
-
-            typer.echo(f"ubatch {version('ubatch')}")
+            print_version()
             raise typer.Exit(0)
         words, answered = translate(self.tool, self.declared, args)
         rest = super().parse_args(ctx, words)
         for f, values in answered:  # after parsing, so a usage error comes first and alone
             answer(self.tool, f, values)
         return rest
+
+
+def print_version() -> None:
+    from importlib.metadata import version
+
+    typer.echo(f"ubatch {version('ubatch')}")
 
 
 def answer(tool: str, f: LlamaFlag, values: list[str]) -> None:
@@ -206,9 +210,7 @@ class LlamaGroup(TyperGroup):
     ) -> Any:
         words = sys.argv[1:] if args is None else list(args)
         if words[:1] == ["--version"]:  # `ubatch --version`, as every llama.cpp tool answers it
-            from importlib.metadata import version
-
-            typer.echo(f"ubatch {version('ubatch')}")
+            print_version()
             if standalone_mode:
                 sys.exit(0)
             return 0

@@ -130,7 +130,7 @@ async def rerank(st: ServerState, request: Request) -> Response:
     o, s = st.options, st.sch()
     if not ((o.embedding or o.reranking) and s.ctx.pooling == "rank"):
         raise _not_supported("reranking", "--reranking")
-    if s.embd.head is None:
+    if s.embeddings.head is None:
         raise RequestError(
             "This model has no rank head (no cls / cls.output tensors), so it cannot score documents; use a reranker model"
         )

@@ -146,13 +146,17 @@ class SamplingFlags:
         return schema_to_gbnf(parsed)
 
     def compiled_grammar(self) -> Any:
-        """The grammar object for GenerationParams.grammar (None without one); fails before loading."""
-        text = self.grammar_text()
-        if not text:
-            return None
-        from ..engine.grammar import compile_grammar
+        """The grammar object for GenerationParams.grammar (None without one), compiled once:
+        the command calls this before loading (a bad grammar fails first), the run reuses it."""
+        if "_grammar" not in self.__dict__:
+            text = self.grammar_text()
+            if text:
+                from ..engine.grammar import compile_grammar
 
-        return compile_grammar(text)
+                self.__dict__["_grammar"] = compile_grammar(text)
+            else:
+                self.__dict__["_grammar"] = None
+        return self.__dict__["_grammar"]
 
     def logit_biases(self, n_vocab: int | None) -> list[tuple[int, float]]:
         """-l TOKEN_ID(+/-)BIAS, e.g. `-l 15043+1` or `-l 15043-inf` (llama.cpp's format)."""

@@ -173,7 +173,7 @@ def server(
     if pooling is not None:
         validate.choice("--pooling", pooling, "pooling", ("none", "mean", "cls", "last", "rank"))
     if not _csv(host):
-        validate.invalid("--host", host, "host", "at least one address")
+        raise validate.invalid("--host", host, "host", "give at least one address")
     sampling.check()
     validate.n_parallel(n_parallel, auto=True)  # these three import the engine's tables: last
     validate.kv_types(ctk, ctv)
@@ -186,8 +186,7 @@ def server(
         from ..engine.chat_template import load_template
 
         load_template(chat_template)
-    grammar = sampling.grammar_text()
-    sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
+    grammar = sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
     keys = [k.strip() for k in (api_key or "").split(",") if k.strip()]
     if api_key_file is not None:
         keys += [k.strip() for k in read_text_file(api_key_file, "API key file").splitlines() if k.strip()]

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..engine.chat_template import ChatTemplate
 from ..engine.errors import UbatchError
-from ..engine.grammar import compile_grammar
+from ..engine.grammar import Grammar
 from ..engine.sampling import SamplerParams
 from ..engine.scheduler import Scheduler
 from ..engine.server_task import IdCounter, RequestError, context_error
@@ -44,7 +44,7 @@ class ServerOptions:
     cors_headers: str = "*"
     cors_credentials: bool = False
     api_prefix: str = ""
-    grammar: str = ""  # --grammar / --grammar-file / -j: the default GBNF of every request
+    grammar: Grammar | None = None  # --grammar / --grammar-file / -j, compiled: every request's default
     props: bool = False  # --props: POST /props may change the server's settings
     prefill_assistant: bool = True  # a final assistant message is continued, not closed
     embd_normalize: int = 2  # --embd-normalize: the default of embedding requests
@@ -77,7 +77,7 @@ class ServerState:
             cache_prompt=o.cache_prompt,
             n_cache_reuse=scheduler.cache_reuse,
             stop=list(o.stop),
-            grammar=compile_grammar(o.grammar) if o.grammar else None,
+            grammar=o.grammar,
             n_keep=o.n_keep,
             special=o.special,
         )

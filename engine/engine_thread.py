@@ -36,8 +36,11 @@ class EngineThread:
     stats: SchedulerStats
 
     def __init__(self, ctx: Context) -> None:
-        # embedding and rerank tasks (engine/embedding_task.py), slot save/restore (engine/state_task.py)
-        self.embd = StateRunner(EmbeddingRunner(ctx))
+        # tasks that run beside continuous batching, each iteration before it: slot save/restore
+        # (engine/state_task.py), then embedding and rerank tasks (engine/embedding_task.py)
+        self.slot_actions = StateRunner()
+        self.embeddings = EmbeddingRunner(ctx)
+        self.side_runners: tuple[StateRunner | EmbeddingRunner, ...] = (self.slot_actions, self.embeddings)
         self.iteration = 0
         self.queue: deque[Task] = deque()  # accepted, waiting for a slot (only the engine thread touches it)
         self._incoming: deque[Task] = deque()
@@ -97,7 +100,7 @@ class EngineThread:
 
     @property
     def n_deferred(self) -> int:
-        return len(self.queue) + len(self._incoming) + len(self.embd.pending)
+        return len(self.queue) + len(self._incoming) + sum(len(r.pending) for r in self.side_runners)
 
     def _run(self) -> None:
         while True:
@@ -107,7 +110,7 @@ class EngineThread:
                     and not self._incoming
                     and not self.queue
                     and not self._busy()
-                    and not self.embd.busy
+                    and not any(r.busy for r in self.side_runners)
                 ):
                     self._cv.wait()
                 if self._shutdown:  # nothing can be submitted after this: take what came in
@@ -119,7 +122,8 @@ class EngineThread:
             except Exception as e:  # a bug in an iteration fails its requests, not the server
                 self._fail_all(e)
         try:
-            self.embd.fail_pending(shutdown_error())
+            for r in self.side_runners:
+                r.fail_pending(shutdown_error())
             self._drain()
         except Exception as e:
             self._fail_all(e)

@@ -79,7 +79,8 @@ class Scheduler(EngineThread):
             self.queue.extend(self._incoming)
             self._incoming.clear()
         self._reap_cancelled()
-        self.embd.step(self)  # embedding / rerank tasks: their own decode (engine/embedding_task.py)
+        for r in self.side_runners:  # slot actions, embedding / rerank tasks: outside the batch
+            r.step(self)
         self._launch_queued()
         for s in self.slots:
             if s.state is SlotState.GENERATING and s.gen is not None:

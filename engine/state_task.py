@@ -2,11 +2,11 @@
 engine thread.
 
 Like embedding tasks, a slot action takes no part in continuous batching: it touches one idle
-slot's cells between two iterations. `StateRunner` wraps the engine thread's embedding runner
-(same interface: `step`, `busy`, `pending`, `fail_pending`), takes its own tasks out of the
-scheduler's queue first, runs those whose slot is idle and keeps the others for a later
-iteration (llama-server defers an action on a slot that is processing), then hands over to the
-embedding runner. The state itself is `engine/state.py`'s.
+slot's cells between two iterations. `StateRunner` is one of the engine thread's side runners
+(with the embedding runner; the interface: `step`, `busy`, `pending`, `fail_pending`): it takes
+its own tasks out of the scheduler's queue, runs those whose slot is idle and keeps the others
+for a later iteration (llama-server defers an action on a slot that is processing). The state
+itself is `engine/state.py`'s.
 """
 
 from __future__ import annotations
@@ -53,26 +53,17 @@ class SlotResult:
 
 
 class StateRunner:
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner  # the EmbeddingRunner
-        self.waiting: deque[SlotTask] = deque()
-
-    def __getattr__(self, name: str) -> Any:  # everything else is the embedding runner's
-        return getattr(self.inner, name)
+    def __init__(self) -> None:
+        self.pending: deque[SlotTask] = deque()  # taken from the queue, waiting for their slot
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting) or self.inner.busy
-
-    @property
-    def pending(self) -> list[Any]:
-        return [*self.waiting, *self.inner.pending]
+        return bool(self.pending)
 
     def fail_pending(self, err: RequestError) -> None:
-        while self.waiting:
-            t = self.waiting.popleft()
+        while self.pending:
+            t = self.pending.popleft()
             t.emit(Failed(t, err))  # type: ignore[arg-type]
-        self.inner.fail_pending(err)
 
     def step(self, sch: Scheduler) -> None:
         mine = [t for t in sch.queue if isinstance(t, SlotTask)]
@@ -80,10 +71,10 @@ class StateRunner:
             rest = [t for t in sch.queue if not isinstance(t, SlotTask)]
             sch.queue.clear()
             sch.queue.extend(rest)
-            self.waiting.extend(mine)
+            self.pending.extend(mine)
         later: deque[SlotTask] = deque()
-        while self.waiting:
-            t = self.waiting.popleft()
+        while self.pending:
+            t = self.pending.popleft()
             if t.cancelled:
                 continue
             slot = next((s for s in sch.slots if s.id == t.id_slot), None)
@@ -96,8 +87,7 @@ class StateRunner:
                 t.emit(Failed(t, e))  # type: ignore[arg-type]
             except Exception as e:  # a bug fails this request, never the engine thread
                 t.emit(Failed(t, RequestError(f"Unable to {t.action} slot: {e}", 500, "server_error")))  # type: ignore[arg-type]
-        self.waiting = later
-        self.inner.step(sch)
+        self.pending = later
 
 
 def run(sch: Scheduler, t: SlotTask, slot: Any) -> dict[str, Any]:

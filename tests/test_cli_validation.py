@@ -51,6 +51,7 @@ BAD: list[tuple[str, list[str], str]] = [
         ["--cache-reuse", "-1"],
         "--cache-reuse -1: invalid value for n_cache_reuse: cannot be negative; use 0 (off)",
     ),
+    ("server", ["--host", ","], "--host ',': invalid value for host: give at least one address"),
     ("server", ["-sps", "nan"], "-sps nan: invalid value for slot_prompt_similarity"),
     ("server", ["-ub", "0"], "-ub 0: invalid value for n_ubatch"),
     ("server", ["--temp", "nan"], "--temp nan: invalid value for temp"),

@@ -38,6 +38,9 @@ PERSON = {
 }
 
 
+YES_NO = 'root ::= " yes" | " no"'  # the function-calling server's default grammar (--grammar)
+
+
 class Server:
     """A real `ubatch server` process, ready when /health answers 200."""
 
@@ -66,7 +69,7 @@ class Server:
 def servers(default_model_path: Path, tiny_llama: Path) -> Iterator[dict[str, Server]]:
     lines = {
         "readme": ["-m", str(default_model_path), "-c", "2048"],
-        "function_calling": ["--jinja", "-fa", "-m", str(default_model_path), "-np", "2"],
+        "function_calling": ["--jinja", "-fa", "-m", str(default_model_path), "-np", "2", "--grammar", YES_NO],
         "docker": [
             "-m",
             str(tiny_llama),
@@ -146,3 +149,9 @@ def test_a_refused_documented_flag_is_one_line(default_model_path: Path) -> None
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         "error: -mm is not supported: ubatch is text-only: no multimodal projector, images, audio or video"
     ]
+
+
+def test_the_server_grammar_is_every_request_default(servers: dict[str, Server]) -> None:
+    url = servers["function_calling"].url
+    r = httpx.post(url + "/completion", json={"prompt": "Is it?", "n_predict": 8, "temperature": 0}, timeout=120)
+    assert r.json()["content"] in (" yes", " no") and r.json()["generation_settings"]["grammar"] == YES_NO
