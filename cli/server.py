@@ -200,8 +200,7 @@ def server(
         metrics=metrics,
         slots=slots,
         slot_save_path=_slot_dir(slot_save_path),
-        alias=names[0] if names else None,
-        aliases=names,
+        aliases=names,  # (the `alias` field is a one-name shorthand for the Python API and tests)
         tags=_csv(tags),
         chat_template=chat_template,
         jinja=jinja,
