@@ -20,19 +20,28 @@ class Batch:
     pos: list[int] = field(default_factory=list)
     seq_id: list[list[int]] = field(default_factory=list)
     logits: list[bool] = field(default_factory=list)
+    # what each row is, for the records `explain` draws: "p" prompt, "g" generated, "d" drafted
+    # (empty: not said; the decode does not depend on it)
+    kind: list[str] = field(default_factory=list)
 
     @property
     def n_tokens(self) -> int:
         return len(self.token)
 
-    def add(self, token: int, pos: int, seq_ids: list[int] | int, logits: bool = False) -> None:
+    def add(self, token: int, pos: int, seq_ids: list[int] | int, logits: bool = False, kind: str = "p") -> None:
         self.token.append(int(token))
         self.pos.append(int(pos))
         self.seq_id.append([seq_ids] if isinstance(seq_ids, int) else list(seq_ids))
         self.logits.append(bool(logits))
+        self.kind.append(kind)
+
+    def kind_of(self, i: int) -> str:
+        return self.kind[i] if i < len(self.kind) else "p"
 
     @classmethod
-    def from_tokens(cls, tokens: list[int], pos0: int, seq_id: int = 0, all_logits: bool = False) -> Batch:
+    def from_tokens(
+        cls, tokens: list[int], pos0: int, seq_id: int = 0, all_logits: bool = False, kind: str = "p"
+    ) -> Batch:
         """Consecutive tokens of one sequence; only the last one is an output unless all_logits."""
         n = len(tokens)
         return cls(
@@ -40,6 +49,7 @@ class Batch:
             list(range(pos0, pos0 + n)),
             [[seq_id] for _ in range(n)],
             [all_logits or i == n - 1 for i in range(n)],
+            [kind] * n,
         )
 
 

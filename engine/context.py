@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 
 from ..kernels import backends
 from ..kernels.ops import Ops
-from .batch import Batch
+from .batch import Batch, UBatch
 from .embedding import model_causal, resolve_pooling
 from .errors import ContextError, allocate
 from .forward import GraphShape, build_forward, ubatch_inputs
@@ -94,6 +95,8 @@ class Context:
         self.logits = torch.empty(0, model.hparams.n_vocab)
         self.output_ids: list[int] = []  # batch index of each logits row
         self.records: list[UBatchRecord] = []  # ubatches of the last decode
+        # called after each ubatch as observer(batch, ubatch, record): `explain` keeps what it sees
+        self.observers: list[Callable[[Batch, UBatch, UBatchRecord], None]] = []
         self._prev_shape: dict[bool, GraphShape] = {}  # llama.cpp keeps one graph with outputs, one without
         self._graphs: OrderedDict[GraphShape, Graph] = OrderedDict()
         self.workspace = allocate(
@@ -252,17 +255,18 @@ class Context:
             row += len(out_rows)
             order.append(ub.batch_idx[out_rows])
             self.perf.n_ubatch += 1
-            self.records.append(
-                UBatchRecord(
-                    ub.n_tokens,
-                    len(out_rows),
-                    ub.n_seqs,
-                    sorted({int(s) for s in ub.seq_id0}),
-                    shape.n_kv,
-                    reused,
-                    (time.perf_counter() - tu) * 1e3,
-                )
+            rec = UBatchRecord(
+                ub.n_tokens,
+                len(out_rows),
+                ub.n_seqs,
+                sorted({int(s) for s in ub.seq_id0}),
+                shape.n_kv,
+                reused,
+                (time.perf_counter() - tu) * 1e3,
             )
+            self.records.append(rec)
+            for obs in self.observers:
+                obs(batch, ub, rec)
         idx = np.concatenate(order)
         logits = output[:row]
         if not np.all(idx[:-1] < idx[1:]):  # split_equal reorders slots: restore batch order

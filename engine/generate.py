@@ -138,7 +138,7 @@ def complete(
             break
         stats.n_shifts += gen.make_room(ctx.memory, seq_id)
         te = time.perf_counter()
-        ctx.decode(Batch.from_tokens([gen.sampled], len(cache), seq_id))
+        ctx.decode(Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g"))
         gen.decoded()
         stats.t_eval_ms += (time.perf_counter() - te) * 1e3
         stats.n_eval += 1

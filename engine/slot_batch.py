@@ -27,7 +27,7 @@ def assemble(slots: Sequence[Slot], budget: int, cont_batching: bool = True) -> 
     for s in slots:
         if s.state is SlotState.GENERATING:
             parts.append(SlotRows(s, 1, b.n_tokens))
-            b.add(s.gen.sampled, len(s.cache), s.id, True)  # type: ignore[union-attr]
+            b.add(s.gen.sampled, len(s.cache), s.id, True, "g")  # type: ignore[union-attr]
     if not cont_batching and b.n_tokens:
         return b, parts
     for s in slots:
