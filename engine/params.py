@@ -30,6 +30,16 @@ class ContextParams:
     backend: str = "auto"  # op backend (kernels.backends): auto, cpu, cpu-portable, torch
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One rule of `derive` that changed a value (`ubatch explain` shows them as they fired)."""
+
+    name: str
+    given: int
+    value: int
+    rule: str  # why, worded to follow "because"
+
+
 @dataclass(slots=True)
 class CParams:
     """The effective values a context runs with, after llama.cpp's clamps and rounding."""
@@ -47,6 +57,7 @@ class CParams:
     swa_full: bool
     causal_attn: bool
     warnings: list[str] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)  # each clamp or rounding that changed a value
 
 
 def derive(p: ContextParams, hp: HParams) -> CParams:
@@ -61,11 +72,27 @@ def derive(p: ContextParams, hp: HParams) -> CParams:
     for t in (p.type_k, p.type_v):
         if t not in KV_TYPES:
             raise ContextError(f"unsupported KV cache type {t!r}; use one of {', '.join(KV_TYPES)}")
+    steps: list[Step] = []
+
+    def step(name: str, given: int, value: int, rule: str) -> None:
+        if given != value:
+            steps.append(Step(name, given, value, rule))
+
+    if p.n_seq_max < 1:
+        step("n_seq_max", p.n_seq_max, n_seq_max, "at least one sequence")
     n_ctx = p.n_ctx or hp.n_ctx_train
+    step("n_ctx", p.n_ctx, n_ctx, f"-c 0 takes the model's training context (n_ctx_train = {hp.n_ctx_train})")
     # n_batch is clamped with the requested n_ctx, before it is padded
     n_batch = min(n_ctx, p.n_batch) if p.causal_attn else p.n_batch
-    n_ubatch = min(n_batch, p.n_ubatch or p.n_batch)
+    step("n_batch", p.n_batch, n_batch, f"n_ctx = {n_ctx} (a decode call never holds more than the context)")
+    n_ubatch = p.n_ubatch or p.n_batch
+    step("n_ubatch", p.n_ubatch, n_ubatch, "-ub 0 takes n_batch")
+    step("n_ubatch", n_ubatch, min(n_batch, n_ubatch), f"n_batch = {n_batch} (a ubatch is a piece of one batch)")
+    n_ubatch = min(n_batch, n_ubatch)
     n_outputs_max = n_batch if p.n_outputs_max == 0 else min(p.n_outputs_max, n_batch)
+    why = "0 takes n_batch" if p.n_outputs_max == 0 else f"n_batch = {n_batch} (at most one output per row)"
+    step("n_outputs_max", p.n_outputs_max, n_outputs_max, why)
+    step("n_ctx", n_ctx, round_up(n_ctx, N_CTX_PAD), f"n_ctx is padded to a multiple of {N_CTX_PAD}")
     n_ctx = round_up(n_ctx, N_CTX_PAD)
     warnings: list[str] = []
     if p.kv_unified:
@@ -74,7 +101,15 @@ def derive(p: ContextParams, hp: HParams) -> CParams:
         n_ctx_seq = round_up(n_ctx // n_seq_max, N_CTX_PAD)
         if n_ctx_seq == 0:
             raise ContextError("n_ctx_seq == 0: the context is too small for that many sequences")
+        step(
+            "n_ctx_seq",
+            n_ctx,
+            n_ctx_seq,
+            f"each of n_seq_max = {n_seq_max} sequences has its own stream: n_ctx / {n_seq_max}, "
+            f"rounded up to {N_CTX_PAD} (-kvu shares one)",
+        )
         if n_ctx != n_ctx_seq * n_seq_max:
+            step("n_ctx", n_ctx, n_ctx_seq * n_seq_max, f"n_ctx = n_ctx_seq x n_seq_max = {n_ctx_seq} x {n_seq_max}")
             n_ctx = n_ctx_seq * n_seq_max
             warnings.append(f"n_ctx is not divisible by n_seq_max - rounding down to {n_ctx}")
     if n_ctx_seq > hp.n_ctx_train:
@@ -100,4 +135,5 @@ def derive(p: ContextParams, hp: HParams) -> CParams:
         p.swa_full,
         p.causal_attn,
         warnings,
+        steps,
     )
