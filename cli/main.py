@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, complete, convert, info, server, tokenize
+from . import bench, complete, convert, explain, info, server, tokenize
 from .llama_command import LlamaGroup, llama_command
 
 app = typer.Typer(
@@ -37,6 +37,11 @@ app.command(
 app.command(
     "info", cls=llama_command("info"), help="The memory plan of a configuration (KV cache, compute buffer, why)."
 )(info.info)
+app.command(
+    "explain",
+    cls=llama_command("cli"),
+    help="Run a request and show how it was batched, split, padded and masked, and where the memory went.",
+)(explain.explain)
 app.command("tokenize", cls=llama_command("tokenize"), help="Tokenize text like llama-tokenize.")(tokenize.tokenize)
 app.command("convert", help="Write a Hugging Face checkpoint directory as a GGUF file (--outtype f16, bf16, q8_0).")(
     convert.convert
