@@ -9,13 +9,15 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .batch import Batch
 from .context import Context
 from .errors import ContextError
-from .generation import Generation, GenerationParams, shift_sequence
+from .generation import Generation, GenerationParams, Step, shift_sequence
 from .sampling import Sampler
+from .spec_verify import verify
+from .speculative import Draft, SpecStats, Speculator, n_draft_max
 from .units import DecodeRates
 
 
@@ -30,13 +32,14 @@ class CompletionStats(DecodeRates):
     n_prompt: int = 0
     t_prompt_ms: float = 0.0
     n_gen: int = 0  # tokens sampled
-    n_eval: int = 0  # single-token decodes
+    n_eval: int = 0  # tokens decoded while generating (one per step; more with speculation)
     t_eval_ms: float = 0.0
     t_sample_ms: float = 0.0
     stop_reason: str = ""  # "eog", "length", "context", "word"
     stopping_word: str = ""  # the stop string that ended it (stop_reason "word")
     n_past: int = 0  # tokens the sequence holds in the cache afterwards
     n_shifts: int = 0  # context shifts performed
+    spec: SpecStats = field(default_factory=SpecStats)  # drafts verified (speculative decoding)
 
 
 def check_prompt_fits(ctx: Context, n_prompt: int) -> None:
@@ -81,6 +84,30 @@ def context_shift(ctx: Context, n_past: int, n_keep: int, seq_id: int = 0) -> in
     return n_past - shift_sequence(ctx.memory, seq_id, n_past, n_keep)
 
 
+def _step(ctx: Context, gen: Generation, seq_id: int, spec: Speculator | None, stats: CompletionStats) -> list[Step]:
+    """Decode the sampled token (and a draft, if one is proposed); the target's next tokens."""
+    cache, p = gen.cache, gen.params
+    te = time.perf_counter()  # eval time: drafting and the decode (sampling is counted apart)
+    n = n_draft_max(gen.n_ctx, len(cache), p.n_predict, gen.n_decoded, spec.n_max) if spec else 0
+    draft = spec.draft(seq_id, cache, gen.sampled, n) if n > 0 else Draft([])  # type: ignore[union-attr]
+    b = Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g")
+    for i, t in enumerate(draft.tokens):
+        b.add(t, len(cache) + 1 + i, seq_id, True, "d")
+    ctx.decode(b)
+    stats.t_eval_ms += (time.perf_counter() - te) * 1e3
+    gen.decoded()
+    n_before = len(cache)
+    if not draft.tokens:
+        steps = [gen.sample(ctx.logits[-1])]
+    else:
+        v = verify(gen, ctx.logits, draft, ctx.memory, seq_id)
+        spec.stats.add(v.n_drafted, v.n_accepted, len(ctx.records))  # type: ignore[union-attr]
+        stats.spec.add(v.n_drafted, v.n_accepted, len(ctx.records))
+        steps = v.steps
+    stats.n_eval += 1 + len(cache) - n_before
+    return steps
+
+
 def complete(
     ctx: Context,
     prompt: list[int],
@@ -95,6 +122,7 @@ def complete(
     progress: Callable[[int, int], None] | None = None,
     cache: list[int] | None = None,
     extra: GenerationParams | None = None,
+    speculator: Speculator | None = None,
 ) -> Iterator[TokenEvent]:
     """Generate up to n_predict tokens (-1 = until end of generation or a full context).
 
@@ -104,7 +132,9 @@ def complete(
     `stats.n_past` is the sequence length afterwards; `cache`, when given, holds the n_past
     cached tokens and is kept equal to what the sequence's cells hold. `extra` carries the rest of
     a request's generation settings (stop strings, logit biases, a grammar); its n_predict and
-    shift settings are replaced by the arguments.
+    shift settings are replaced by the arguments. With a `speculator`, each step decodes the
+    sampled token and a draft in one batch and keeps what the target agrees with
+    (engine/spec_verify.py); the tokens are the same as without it.
     """
     stats = stats if stats is not None else CompletionStats()
     check_prompt_fits(ctx, n_past + len(prompt))
@@ -125,23 +155,19 @@ def complete(
     if n_predict == 0:  # llama-completion -n 0: evaluate the prompt, generate nothing
         stats.stop_reason = "length"
         return
+    pending = [gen.sample(ctx.logits[-1])]
     while True:
-        step = gen.sample(ctx.logits[-1])
         stats.n_gen, stats.t_sample_ms = gen.n_decoded, gen.t_sample_ms
-        if gen.stop_reason == "eog":  # the end-of-generation token carries what was held back
-            text = step.text + gen.finish()
-            if text:
-                yield TokenEvent(step.token, text)
-            break
-        yield TokenEvent(step.token, step.text)
-        if step.done:
+        for step in pending:
+            if gen.stop_reason == "eog" and step is pending[-1]:  # it carries what was held back
+                step.text += gen.finish()
+                if not step.text:
+                    continue
+            yield TokenEvent(step.token, step.text)
+        if gen.done:
             break
         stats.n_shifts += gen.make_room(ctx.memory, seq_id)
-        te = time.perf_counter()
-        ctx.decode(Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g"))
-        gen.decoded()
-        stats.t_eval_ms += (time.perf_counter() - te) * 1e3
-        stats.n_eval += 1
+        pending = _step(ctx, gen, seq_id, speculator, stats)
         stats.n_past = len(cache)
     stats.stop_reason, stats.stopping_word = gen.stop_reason, gen.stopping_word
     tail = gen.finish()

@@ -12,6 +12,7 @@ scheduler batch several sequences and, later, speculative decoding add several r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -143,15 +144,17 @@ class Generation:
         if self.grammar is not None:  # the prompt does not advance the grammar, only penalties
             self.grammar.seen.update(tokens)
 
-    def sample(self, logits: torch.Tensor) -> Step:
-        """Sample the next token from `logits` and apply llama-server's process_token rules."""
+    def sample(self, logits: torch.Tensor, choose: Callable[[torch.Tensor], int] | None = None) -> Step:
+        """Sample the next token from `logits` and apply llama-server's process_token rules.
+        `choose` replaces the sampler's draw (speculative rejection sampling, engine/spec_verify.py);
+        it sees the logits after the biases."""
         t0 = time.perf_counter()
         p = self.params
         x = logits.float()
         lp = torch.log_softmax(x, -1) if p.n_probs > 0 else None
         if self._bias is not None:
             x = x.index_put(self._bias[:1], self._bias[1], accumulate=True)
-        tok = self.sampler.sample(x)
+        tok = self.sampler.sample(x) if choose is None else choose(x)
         if self.grammar is not None:  # llama.cpp: check the chain's pick, resample only if refused
             tok = self.grammar.choose(x, tok, self.sampler)
             self.grammar.accept(tok)

@@ -176,3 +176,15 @@ class Sampler:
         for _, stage in self._stages:
             c = stage(c)
         return self._final(c)
+
+    def distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The candidates the final draw chooses from and their probabilities, for speculative
+        rejection sampling. None when the chain is not "stages, then dist" without other draws
+        (greedy in effect, mirostat, XTC): those are verified by sampling and matching."""
+        if self._greedy is not None or self.params.mirostat or any(n == "xtc" for n, _ in self._stages):
+            return None
+        c = Cands(logits.float())
+        for _, stage in self._stages:
+            c = stage(c)
+        ids = torch.arange(c.size) if c.ids is None else c.ids
+        return ids, torch.softmax(c.logits.double(), 0)
