@@ -60,14 +60,10 @@ def mask_section(e: Explanation) -> list[RenderableType]:
     out: list[RenderableType] = []
     for g in shown:
         first = max(0, g.n_cells - MAX_CELLS)
-        pad = f"; cells {g.n_cells}-{g.n_kv - 1} of n_kv {g.n_kv} are empty padding" if g.n_kv > g.n_cells else ""
+        pad = f"; cells {g.n_cells}-{g.n_kv - 1} of n_kv {g.n_kv}: empty (padding)" if g.n_kv > g.n_cells else ""
         cut = f" (cells {first}-{g.n_cells - 1} shown)" if first else ""
-        out.append(
-            Text.assemble(
-                (f"mask of ubatch {e.mask_ubatch + 1}, {g.cache} cache", "bold"),
-                f": {len(g.row_seq)} query rows x {g.n_cells} used cells{cut}{pad}",
-            )
-        )
+        out.append(Text(f"mask of ubatch {e.mask_ubatch + 1}, {g.cache} cache", style="bold"))
+        out.append(Text(f"  {len(g.row_seq)} query rows x {g.n_cells} used cells{cut}{pad}"))
         out += grid_lines(g)
     out.append(legend())
     return out

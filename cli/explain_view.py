@@ -31,9 +31,9 @@ def params_section(e: Explanation) -> RenderableType:
     cp = e.cparams
     head = Text.assemble(
         ("parameters", "bold"),
-        f": n_ctx {cp.n_ctx} · n_ctx_seq {cp.n_ctx_seq} · n_batch {cp.n_batch} · n_ubatch {cp.n_ubatch} · "
-        f"n_seq_max {cp.n_seq_max}{' (unified KV)' if cp.kv_unified else ''} · n_outputs_max {cp.n_outputs_max} · "
-        f"{e.n_slots} slot(s) of {e.n_ctx_slot} tokens",
+        f": n_ctx {cp.n_ctx}, n_ctx_seq {cp.n_ctx_seq}, n_batch {cp.n_batch}, n_ubatch {cp.n_ubatch}, "
+        f"n_seq_max {cp.n_seq_max}{' (unified KV)' if cp.kv_unified else ''}\n"
+        f"  n_outputs_max {cp.n_outputs_max}; {e.n_slots} slot(s), each holds {e.n_ctx_slot} tokens",
     )
     lines: list[RenderableType] = [head]
     for s in cp.steps:
@@ -67,11 +67,12 @@ def seq_summary(u: UBatchView) -> Text:
 
 
 def kv_cell(uses: list[CacheUse]) -> str:
-    """n_kv = the last used cell + the padding to the 256 quantum ('used' spans a group)."""
+    """n_kv = one past the last used cell + the padding to the 256 quantum; for a group of
+    alike ubatches, n_kv and the range of cells used."""
     a, b = uses[0], uses[-1]
-    used = f"{a.used_max_p1}" if a.used_max_p1 == b.used_max_p1 else f"{a.used_max_p1}-{b.used_max_p1}"
-    pad = f"{a.pad}" if a.pad == b.pad else f"{b.pad}-{a.pad}"
-    return f"{a.n_kv} = {used} + {pad}"
+    if len(uses) == 1:
+        return f"{a.n_kv} = {a.used_max_p1} + {a.pad}"
+    return f"{a.n_kv}, {a.used_max_p1}-{b.used_max_p1} used"
 
 
 def _span(a: int, b: int) -> str:
@@ -151,11 +152,27 @@ def note(w: WhatIf) -> str:
 def sequences_line(e: Explanation) -> Text:
     t = Text()
     t.append("request", style="bold")
-    t.append(f": {len(e.sequences)} sequence(s), {e.n_slots} slot(s):")
+    t.append(f": {len(e.sequences)} sequence(s) on {e.n_slots} slot(s):")
     for i, s in enumerate(e.sequences):
-        t.append(" " if i == 0 else "; ")
+        t.append(" " if i == 0 else ", ")
         t.append(f"s{s.slot}", style=seq_style(s.slot))
-        t.append(f" {s.n_prompt} prompt + {s.n_generated} generated tokens")
+        t.append(f" {s.n_prompt} prompt + {s.n_generated} generated")
+    return t
+
+
+def verdict(e: Explanation) -> Text:
+    """Why the compute buffer is this size, and the smallest -ub that costs no extra pass."""
+    p, given = e.plan, next(w for w in e.what_if if w.given)
+    largest = max((u.n_tokens for c in e.calls for u in c.ubatches), default=0)
+    t = Text.assemble(
+        ("compute buffer", "bold"),
+        f" {size(p.compute_bytes)}: reserved for a {p.worst_case[0]}-token ubatch over the full KV; "
+        f"this request's largest ubatch had {largest} rows.",
+    )
+    same = [w for w in e.what_if if w.n_passes == given.n_passes and w.compute_bytes < given.compute_bytes]
+    if same:
+        w = min(same, key=lambda w: w.compute_bytes)
+        t.append(f" -ub {w.n_ubatch_asked} would take the same {w.n_passes} passes in {size(w.compute_bytes)}.")
     return t
 
 
@@ -168,3 +185,4 @@ def render(e: Explanation, console: Console) -> None:
         console.print(part)
     console.print(plan_table(e.plan))
     console.print(what_if_section(e))
+    console.print(verdict(e))
