@@ -1,8 +1,9 @@
 """Triton's interpreter mode for the kernel tests: import this before anything imports triton kernels.
 
 `triton.jit` picks the interpreter when the kernel is *decorated*, so TRITON_INTERPRET must be
-set before a kernel module is first imported; `interpreted(module)` reloads a module that was
-imported earlier without it (another test importing the CUDA backend, say).
+set before a kernel module is first imported; `interpreted(...)` reloads modules that were
+imported earlier without it (another test importing the CUDA backend, say), in the order given
+(helpers first: a kernel calls the helper functions its module imported).
 
 Shim: triton 3.6's interpreter turns a runtime scalar into a 1-element numpy array and calls
 int() on it for `range(0, K, BLOCK)`; numpy >= 2.4 refuses that (only 0-d arrays convert), so
@@ -18,6 +19,7 @@ from types import ModuleType
 os.environ["TRITON_INTERPRET"] = "1"
 
 import triton.runtime.interpreter as _interp  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
 
 _original_patch = _interp._patch_lang_tensor
 
@@ -30,8 +32,8 @@ def _patch_lang_tensor(tensor, scope) -> None:  # type: ignore[no-untyped-def]
 _interp._patch_lang_tensor = _patch_lang_tensor
 
 
-def interpreted(module: ModuleType, *kernel_names: str) -> ModuleType:
-    """`module` with its kernels in interpreter mode (reloaded if they were compiled ones)."""
-    if any(not isinstance(getattr(module, k), _interp.InterpretedFunction) for k in kernel_names):
-        module = importlib.reload(module)
-    return module
+def interpreted(*modules: ModuleType) -> None:
+    """Make every kernel of `modules` an interpreted one (reloading them if any was compiled)."""
+    if any(isinstance(v, JITFunction) for m in modules for v in vars(m).values()):
+        for m in modules:
+            importlib.reload(m)

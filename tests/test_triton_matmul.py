@@ -1,0 +1,154 @@
+"""The Triton quantised matmul (kernels/triton/matmul.py) against dequantise-then-matmul.
+
+The kernels run in Triton's interpreter on the CPU (tiny shapes: the grid is a handful of
+programs), and are compiled for sm_90 by scripts/triton_compile_check.py in a subprocess that
+uses the real compiler. Tolerance: max |out - ref| / max |ref| <= 1e-5 against a float64
+reference of the exactly dequantised weights (kernels/dequant.py); the kernels accumulate in f32.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import triton_interp  # (sets TRITON_INTERPRET: before any kernel module is imported)
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+
+import ubatch.kernels.triton.matmul as mm
+import ubatch.kernels.triton.quant_tiles as qt
+from ubatch.kernels.dequant import dequantize
+from ubatch.kernels.weight import QWeight
+
+triton_interp.interpreted(qt, mm)
+
+ROOT = Path(__file__).resolve().parents[1]
+REL_TOL = 1e-5
+# byte offsets of the f16 fields inside a block: kept finite and small (random bytes would be NaN/Inf)
+F16_FIELDS = {
+    T.Q8_0: (0,),
+    T.Q4_0: (0,),
+    T.Q4_1: (0, 2),
+    T.Q5_0: (0,),
+    T.Q5_1: (0, 2),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
+}
+FLOATS = {T.F32: np.float32, T.F16: np.float16, T.BF16: None}
+# K per type: an odd number of blocks (3 x 32, 3 x 256) and an odd float width; N = 21 leaves a
+# partial tile of weight rows in every kernel
+COLS = {T.F32: 37, T.F16: 37, T.BF16: 37, T.Q4_K: 768, T.Q5_K: 768, T.Q6_K: 768}
+N_ROWS = 21
+ROWS = (1, 3, 16, 17, 70)  # GEMV at 1, 3, 16 (BLOCK_M 1, 4, 16); tiled beyond, 70 spans two row tiles
+
+
+def random_weight(t: T, n: int, k: int, seed: int = 0) -> QWeight:
+    """n x k weight of type t: random valid blocks (finite f16 fields in +-0.05) or random floats."""
+    rng = np.random.default_rng(seed + int(t))
+    if t in FLOATS:
+        vals = rng.standard_normal((n, k)).astype(np.float32)
+        if t == T.BF16:
+            raw = (vals.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        else:
+            raw = vals.astype(FLOATS[t]).view(np.uint8)
+    else:
+        block, type_size = GGML_QUANT_SIZES[t]
+        raw = rng.integers(0, 256, (n * k // block, type_size), dtype=np.uint8)
+        for off in F16_FIELDS[t]:
+            raw[:, off : off + 2] = rng.uniform(-0.05, 0.05, (len(raw), 1)).astype(np.float16).view(np.uint8)
+    return QWeight(f"w.{t.name}", torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(t), (n, k))
+
+
+def check(w: QWeight, m: int, seed: int = 1) -> float:
+    """Run linear on m random rows and return its max error relative to the reference's max."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, w.shape[1], generator=g)
+    out = torch.full((m, w.shape[0]), float("nan"))
+    assert mm.linear(x, w, out) is out
+    ref = x.double() @ dequantize(w.raw, w.ggml_type, w.shape).double().T
+    return float((out.double() - ref).abs().max() / ref.abs().max())
+
+
+TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+
+
+def test_supported_is_every_type_tested() -> None:
+    assert mm.SUPPORTED == frozenset(int(t) for t in TYPES)
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_linear_matches_dequantised_matmul(t: T, m: int) -> None:
+    w = random_weight(t, N_ROWS, COLS.get(t, 96))
+    assert check(w, m) <= REL_TOL
+
+
+def test_strided_rows_of_x_and_out() -> None:
+    """x and out may be row views of larger buffers (the workspace): only the rows are contiguous."""
+    w = random_weight(T.Q8_0, N_ROWS, 64)
+    for m in (2, 20):
+        xbuf, obuf = torch.randn(m, 100), torch.zeros(m, 50)
+        x, out = xbuf[:, 3:67], obuf[:, 5 : 5 + N_ROWS]
+        mm.linear(x, w, out)
+        ref = x @ w.dense().T
+        assert float((out - ref).abs().max() / ref.abs().max()) <= REL_TOL
+        assert not obuf[:, :5].any() and not obuf[:, 5 + N_ROWS :].any()  # nothing outside out written
+
+
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.IQ4_NL], ids=lambda t: t.name)
+def test_unsupported_type_is_refused(t: T) -> None:
+    block, type_size = GGML_QUANT_SIZES[t]
+    w = QWeight("blk.0.ffn_up.weight", torch.zeros(4 * type_size, dtype=torch.uint8), int(t), (4, block))
+    with pytest.raises(NotImplementedError, match=f"no Triton matmul kernel for {t.name}.*blk.0.ffn_up"):
+        mm.linear(torch.zeros(1, block), w, torch.zeros(1, 4))
+
+
+def test_bad_shapes_are_refused() -> None:
+    w = random_weight(T.Q4_0, 8, 64)
+    with pytest.raises(ValueError, match="linear"):
+        mm.linear(torch.zeros(1, 32), w, torch.zeros(1, 8))
+    with pytest.raises(ValueError, match="even offset"):
+        odd = QWeight("w", torch.zeros(8 * 36 + 1, dtype=torch.uint8)[1:], int(T.Q4_0), (8, 64))
+        mm.linear(torch.zeros(1, 64), odd, torch.zeros(1, 8))
+
+
+@pytest.fixture(scope="module")
+def default_gguf(default_model_path: Path):  # type: ignore[no-untyped-def]
+    from ubatch.engine.gguf_file import open_gguf
+
+    return open_gguf(default_model_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.0.attn_q.weight", "token_embd.weight"]
+)
+def test_real_tensor_rows(default_gguf, name: str) -> None:  # type: ignore[no-untyped-def]
+    """The first rows of real tensors of the default model (Q4_K, Q6_K, Q5_0, Q8_0)."""
+    t = default_gguf.tensors[name]
+    k = t.shape[-1]
+    raw = torch.from_numpy(t.data[: N_ROWS * t.data.size // t.shape[0]].copy())
+    w = QWeight(name, raw, t.ggml_type, (N_ROWS, k))
+    for m in (1, 17):
+        assert check(w, m) <= REL_TOL
+
+
+def test_compile_for_sm90_subset() -> None:
+    """A representative subset of COMPILE_SPECS compiles for sm_90 with the real compiler (the
+    script compiles all of them): the gathers of each block family, both kernels, both extremes
+    of BLOCK_M."""
+    subset = ["gemv[Q4_K,m1,", "gemv[Q5_0,m16,", "tiled[Q6_K,", "tiled[BF16,"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, str(ROOT / "scripts" / "triton_compile_check.py"), "--jobs", "2"]
+    r = subprocess.run(
+        cmd + [a for s in subset for a in ("--match", s)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("OK ")]
+    assert len(lines) == len(subset) and all("regs=" in ln for ln in lines), r.stdout
