@@ -47,6 +47,7 @@ def explain(
     validate.n_parallel(len(prompt), flag="-p (one sequence each)")
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
+    sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
     texts = [check_text(process_escapes(p) if escape else p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
     from ..engine.explain_run import Request, explain_request
     from ..engine.model import Model
@@ -67,7 +68,15 @@ def explain(
         swa_full=swa_full,
         backend=backend,
     )
-    req = Request(ids, n_predict, sampling.sampler_params(), sampling.ignore_eos, n_slots)
+    req = Request(
+        ids,
+        n_predict,
+        sampling.sampler_params(),
+        sampling.ignore_eos,
+        n_slots,
+        sampling.logit_biases(m.hparams.n_vocab),
+        sampling.compiled_grammar(),
+    )
     e = explain_request(m, params, req, WHAT_IF_UBATCHES)
     if as_json:
         from .explain_json import explanation_json

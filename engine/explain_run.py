@@ -35,6 +35,8 @@ class Request:
     sampling: SamplerParams = field(default_factory=SamplerParams)
     ignore_eos: bool = False
     n_slots: int = 0  # 0: one slot per prompt
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
+    grammar: Any = None  # a compiled grammar (engine/grammar), or None
     speculator: Any = None  # engine.speculative.Speculator, or None
 
 
@@ -97,7 +99,13 @@ def explain_request(model: Model, params: ContextParams, req: Request, sub_ubatc
     events: list[Any] = []
     tasks = []
     for i, p in enumerate(req.prompts):
-        tp = TaskParams(n_predict=req.n_predict, sampling=req.sampling, ignore_eos=req.ignore_eos, id_slot=-1)
+        tp = TaskParams(
+            n_predict=req.n_predict,
+            sampling=req.sampling,
+            ignore_eos=req.ignore_eos,
+            logit_bias=req.logit_bias,
+            grammar=req.grammar,
+        )
         tasks.append(Task(i, list(p), tp, events.append, index=i))
         sched.submit(tasks[-1])
     limit = 4 * (sum(map(len, req.prompts)) + len(req.prompts) * max(req.n_predict, sched.n_ctx_slot)) + 16
