@@ -8,6 +8,7 @@ Everything the explanation shows comes from the engine's own records: the deriva
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,8 @@ class Request:
     n_slots: int = 0  # 0: one slot per prompt
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
     grammar: Any = None  # a compiled grammar (engine/grammar), or None
-    speculator: Any = None  # engine.speculative.Speculator, or None
+    # the Speculator for the target context (engine/speculative.py), or None: speculation off
+    speculator: Callable[[Context], Any] | None = None
 
 
 @dataclass(slots=True)
@@ -93,7 +95,8 @@ def explain_request(model: Model, params: ContextParams, req: Request, sub_ubatc
         raise ExplainError("nothing to explain: give at least one -p")
     n_slots = req.n_slots or len(req.prompts)
     ctx = Context(model, params)
-    sched = Scheduler(ctx, n_slots, **({"speculator": req.speculator} if req.speculator is not None else {}))
+    spec = req.speculator(ctx) if req.speculator is not None else None
+    sched = Scheduler(ctx, n_slots, **({"speculator": spec} if spec is not None else {}))
     check_prompts(req, ctx.cparams, sched.n_ctx_slot, model.hparams.n_ctx_train)
     rec = Recorder.attach(ctx)
     events: list[Any] = []
