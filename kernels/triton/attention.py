@@ -1,0 +1,173 @@
+"""Triton attention over KV cells: the queries of one ubatch against n_kv cells of each group's
+stream, flash attention's online softmax, GQA (the r query heads of a KV head share one
+program, so each K/V tile is read once for all of them), f32 / f16 / Q8_0 caches dequantised
+as the tiles are loaded. Nothing the size of [n_tokens, n_kv] is written.
+
+The mask is either the engine's additive f16 tensor (MASK_CELLS False: read tile by tile, as
+the graph hands it over today), or computed in the kernel from the cells (MASK_CELLS True):
+a query sees a cell that is not empty, shares its first sequence id (a bit of the cell's
+sequence set), is not in its future when causal, and lies inside the sliding window.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from gguf import GGMLQuantizationType as T
+
+from ..ops import KV_CHUNK, MASKED, KVTensor
+
+FLOAT_KV = frozenset({int(T.F32), int(T.F16), int(T.BF16)})
+KV_TYPES = FLOAT_KV | {int(T.Q8_0)}
+_FLOOR = tl.constexpr(MASKED)  # the running max never drops below this (rows that saw nothing)
+
+
+@triton.jit
+def _load_kv(P, P8, P16, cell, hk, d, m, stride_cell, row_bytes, D: tl.constexpr, Q8: tl.constexpr):
+    """A [cells, d] tile of one KV head as f32: float rows, or Q8_0 blocks along the row."""
+    if Q8:
+        idx = hk * D + d
+        blk = cell * row_bytes + (idx // 32) * 34
+        q = tl.load(P8 + blk + 2 + idx % 32, mask=m, other=0).to(tl.float32)
+        s = tl.load(P16 + blk // 2, mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        return q * s
+    return tl.load(P + cell * stride_cell + hk * D + d, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def attention_kernel(
+    Q, K, K8, K16, V, V8, V16, STARTS, MASK, VIS, CPOS, CSEQ, QPOS, QSEQ, O,  # noqa: E741
+    T, R, n_head_kv, n_kv, sq_g, sq_t, sq_h, sk, k_rb, sv, v_rb, sm_g, sm_t, so, n_swa, scale,
+    D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+    KQ8: tl.constexpr, VQ8: tl.constexpr, MASK_CELLS: tl.constexpr, CAUSAL: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Program (g·Hkv + hk, block of BM query rows); row i is token i // R, head hk·R + i % R."""
+    pid = tl.program_id(0)
+    g, hk = (pid // n_head_kv).to(tl.int64), pid % n_head_kv
+    rows = tl.program_id(1) * BM + tl.arange(0, BM)
+    rm = rows < T * R
+    t, h = rows // R, hk * R + rows % R
+    d, dv = tl.arange(0, BD), tl.arange(0, BDV)
+    q = tl.load(Q + g * sq_g + t[:, None] * sq_t + h[:, None] * sq_h + d[None, :], mask=rm[:, None] & (d[None, :] < D))
+    start = tl.load(STARTS + g)
+    if MASK_CELLS:
+        qpos = tl.load(QPOS + g * T + t, mask=rm, other=0)
+        qseq = tl.load(QSEQ + g * T + t, mask=rm, other=0)
+    m_i = tl.full([BM], _FLOOR, tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BDV], tl.float32)
+    for n0 in range(0, n_kv, BN):
+        if tl.load(VIS + n0 // CHUNK):  # some query of the ubatch sees a cell of this chunk
+            cols = n0 + tl.arange(0, BN)
+            cell = start + cols
+            cm = cols < n_kv
+            k = _load_kv(K, K8, K16, cell[:, None], hk, d[None, :], cm[:, None] & (d[None, :] < D), sk, k_rb, D, KQ8)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            if MASK_CELLS:
+                cpos = tl.load(CPOS + g * n_kv + cols, mask=cm, other=-1)
+                cseq = tl.load(CSEQ + g * n_kv + cols, mask=cm, other=0)
+                vis = (cpos[None, :] >= 0) & ((cseq[None, :] & qseq[:, None]) != 0)
+                if CAUSAL:
+                    vis = vis & (cpos[None, :] <= qpos[:, None])
+                if n_swa > 0:
+                    vis = vis & (qpos[:, None] - cpos[None, :] < n_swa)
+                s = tl.where(vis, s, float("-inf"))
+            else:
+                mk = tl.load(
+                    MASK + g * sm_g + t[:, None] * sm_t + cols[None, :],
+                    mask=rm[:, None] & cm[None, :],
+                    other=float("-inf"),
+                )
+                s = s + mk.to(tl.float32)
+            m_new = tl.maximum(tl.maximum(m_i, tl.max(s, axis=1)), _FLOOR)
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = _load_kv(
+                V, V8, V16, cell[:, None], hk, dv[None, :], cm[:, None] & (dv[None, :] < DV), sv, v_rb, DV, VQ8
+            )
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(O + (g * T + t[:, None]) * so + h[:, None] * DV + dv[None, :], out, mask=rm[:, None] & (dv[None, :] < DV))
+
+
+def blocks(rows: int, d: int) -> tuple[int, int]:
+    """(BM, BN): query rows and cells per tile; wide heads take smaller tiles (registers)."""
+    wide = d > 128
+    bm = 16 if rows <= 16 else (32 if wide else 64)
+    return bm, 32 if wide else 64
+
+
+def _views(kv: KVTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    """(float data, int8 view, int16 view, cell stride in elements, row bytes) of a store."""
+    if kv.ggml_type == T.Q8_0:
+        flat = kv.data.view(-1)
+        return flat, flat.view(torch.int8), flat.view(torch.int16), 0, kv.data.shape[1]
+    return kv.data, kv.data, kv.data, kv.n_head * kv.head_dim, 0
+
+
+def attention(
+    q: torch.Tensor,
+    k: KVTensor,
+    v: KVTensor,
+    starts: torch.Tensor,
+    n_kv: int,
+    mask: torch.Tensor | None,
+    scale: float,
+    out: torch.Tensor,
+    visible: torch.Tensor,
+    cells: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool] | None = None,
+) -> torch.Tensor:
+    """q (G, T, H, D) with unit stride in D; out (G·T, H·Dv) contiguous; starts (G,) int64 on
+    q's device; visible (n_kv / 256,) bool. `cells` = (cell pos (G, n_kv) int32, cell sequence
+    bits (G, n_kv) int64, query pos (G·T,) int32, query sequence bit (G·T,) int64, n_swa, causal)
+    computes the mask in the kernel instead of reading `mask` (G, T, n_kv)."""
+    g, t, h, d = q.shape
+    r = h // k.n_head
+    bm, bn = blocks(t * r, d)
+    kf, k8, k16, sk, k_rb = _views(k)
+    vf, v8, v16, sv, v_rb = _views(v)
+    if cells is None:
+        cpos = cseq = qpos = qseq = starts
+        n_swa, causal, mk, sm = 0, True, mask, (mask.stride(0), mask.stride(1))
+    else:
+        cpos, cseq, qpos, qseq, n_swa, causal = cells
+        mk, sm = starts, (0, 0)
+    grid = (g * k.n_head, triton.cdiv(t * r, bm))
+    attention_kernel[grid](
+        q, kf, k8, k16, vf, v8, v16, starts, mk, visible, cpos, cseq, qpos, qseq, out,
+        t, r, k.n_head, n_kv, q.stride(0), q.stride(1), q.stride(2), sk, k_rb, sv, v_rb, sm[0], sm[1],
+        out.stride(0), n_swa, scale,
+        D=d, DV=v.head_dim, BD=triton.next_power_of_2(d), BDV=triton.next_power_of_2(v.head_dim),
+        KQ8=k.ggml_type == T.Q8_0, VQ8=v.ggml_type == T.Q8_0, MASK_CELLS=cells is not None, CAUSAL=causal,
+        BM=bm, BN=bn, CHUNK=KV_CHUNK,
+    )  # fmt: skip
+    return out
+
+
+def _spec(d: int, kv: str, q8: bool, mask_cells: bool, rows: int) -> tuple:
+    bm, bn = blocks(rows, d)
+    kv = "u8" if q8 else kv
+    ptr = {"K": f"*{kv}", "K8": "*i8", "K16": "*i16", "V": f"*{kv}", "V8": "*i8", "V16": "*i16"}
+    sig = {"Q": "*fp32", **ptr, "STARTS": "*i64", "MASK": "*fp16", "VIS": "*i1", "CPOS": "*i32", "CSEQ": "*i64",
+           "QPOS": "*i32", "QSEQ": "*i64", "O": "*fp32"}  # fmt: skip
+    sig |= {a: "i32" for a in ("T", "R", "n_head_kv", "n_kv", "sq_g", "sq_t", "sq_h", "sk", "k_rb", "sv", "v_rb",
+                               "sm_g", "sm_t", "so", "n_swa")}  # fmt: skip
+    sig["scale"] = "fp32"
+    const = {"D": d, "DV": d, "BD": d, "BDV": d, "KQ8": q8, "VQ8": q8, "MASK_CELLS": mask_cells, "CAUSAL": True,
+             "BM": bm, "BN": bn, "CHUNK": KV_CHUNK}  # fmt: skip
+    sig |= {c: "constexpr" for c in const}
+    name = f"attention_d{d}_{'q8_0' if q8 else kv}_{'cells' if mask_cells else 'mask'}_bm{bm}"
+    return (name, attention_kernel, sig, const)
+
+
+COMPILE_SPECS = [
+    _spec(d, kv, q8, cells, rows)
+    for d in (64, 128, 256)
+    for kv, q8 in (("fp16", False), ("fp32", False), ("fp16", True))
+    for cells in (False, True)
+    for rows in (4, 512)
+]
