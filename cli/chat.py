@@ -40,6 +40,7 @@ class ChatOptions:
     keep: int = 0
     extra: Any = None  # GenerationParams for every answer (-r, -l, --grammar)
     color: str = "auto"  # -co: on, off, auto
+    speculator: Any = None  # engine/speculative.py Speculator (-md, --spec-type)
 
 
 class Chat:
@@ -187,6 +188,7 @@ def run_chat(ctx: Any, sampler: Any, opts: ChatOptions, load_ms: float) -> None:
         ctx_shift=opts.context_shift,
         keep=opts.keep,
         extra=opts.extra,
+        speculator=opts.speculator,
     )
     if not opts.log_disable:
         if opts.verbose:

@@ -15,10 +15,12 @@ from . import validate
 from .common import check_text, err_console, process_escapes, read_text_file, user_errors
 from .options import CHAT, OUTPUT, opt
 from .sampling_flags import SamplingFlags, sampling_options
+from .spec_flags import SpecFlags, spec_options
 
 
 @user_errors
 @sampling_options
+@spec_options
 def cli(
     model: Optional[Path] = opt("model", None),
     prompt: Optional[str] = opt("prompt", None),
@@ -115,12 +117,15 @@ def cli(
         False, "--prompt-cache-ro", help="--prompt-cache: use the file, never update it"
     ),
     sampling: SamplingFlags = SamplingFlags(),
+    spec: SpecFlags = SpecFlags(),
 ) -> None:
     validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
     validate.generation_flags(n_predict, keep)
     validate.at_least("--n-outputs-max", n_outputs_max, "n_outputs_max", 0)
     validate.choice("-co", color, "color", ("on", "off", "auto"))
     sampling.check()
+    for note in spec.check():
+        err_console.print(note, markup=False)
     validate.n_parallel(parallel)  # these three import the engine's tables: last
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
@@ -201,6 +206,7 @@ def cli(
             simple_io=simple_io,
             show_timings=show_timings,
             sampling=sampling,
+            spec=spec,
             prompt_cache=prompt_cache,
             prompt_cache_ro=prompt_cache_ro,
             prompt_cache_all=prompt_cache_all,

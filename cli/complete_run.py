@@ -12,6 +12,7 @@ from typing import Any
 
 from .common import err_console, resolve_model
 from .sampling_flags import SamplingFlags
+from .spec_flags import SpecFlags
 
 PROMPT_COLOUR, INPUT_COLOUR, RESET = "\x1b[33m", "\x1b[1;32m", "\x1b[0m"
 
@@ -55,6 +56,7 @@ class Run:
     simple_io: bool
     show_timings: bool
     sampling: SamplingFlags = field(default_factory=SamplingFlags)
+    spec: SpecFlags = field(default_factory=SpecFlags)  # speculative decoding (-md, --spec-*)
     prompt_cache: Path | None = None  # --prompt-cache (cli/prompt_cache_file.py), one-shot only
     prompt_cache_ro: bool = False
     prompt_cache_all: bool = False
@@ -83,10 +85,11 @@ def run(r: Run) -> None:
             type_v=r.ctv,
             swa_full=r.swa_full,
             kv_unified=r.kv_unified,
-            n_outputs_max=r.n_outputs_max,
+            n_outputs_max=r.spec.params().n_outputs_max(r.n_outputs_max, r.parallel),
             backend=r.backend,
         )
         ctx = Context(m, params)
+        speculator = r.spec.build(ctx)  # the draft model, if any, loads here too
         if chat and r.warmup:
             ctx.warmup()
     sp = r.sampling.sampler_params()  # llama.cpp's sampler chain, shared by every mode
@@ -109,10 +112,11 @@ def run(r: Run) -> None:
             keep=r.keep,
             extra=generation_params(r, ctx),
             color=r.color,
+            speculator=speculator,
         )
         run_chat(ctx, Sampler(sp, ctx.cparams.n_ctx_seq, m.vocab), opts, (time.perf_counter() - t_start) * 1e3)
         return
-    once(r, ctx, Sampler(sp, ctx.cparams.n_ctx_seq, m.vocab), t_start)
+    once(r, ctx, Sampler(sp, ctx.cparams.n_ctx_seq, m.vocab), t_start, speculator)
 
 
 def generation_params(r: Run, ctx: Any) -> Any:
@@ -127,13 +131,14 @@ def generation_params(r: Run, ctx: Any) -> Any:
     )
 
 
-def once(r: Run, ctx: Any, sampler: Any, t_start: float) -> None:
+def once(r: Run, ctx: Any, sampler: Any, t_start: float, speculator: Any = None) -> None:
     """llama-completion: the prompt, its continuation streamed to stdout, then the summary;
     with -i the loop in cli/interactive.py takes over after the first answer."""
     from ..engine.generate import CompletionStats, check_prompt_fits, complete
     from ..engine.report import memory_plan
     from .memory_view import breakdown_table
     from .present import perf_lines, startup_lines
+    from .spec_view import spec_startup_lines, spec_summary_lines
 
     m = ctx.model
     prompt = r.prompt or ""
@@ -145,7 +150,7 @@ def once(r: Run, ctx: Any, sampler: Any, t_start: float) -> None:
     pc, n_past, cache = prompt_cache(r, ctx, ids)  # after the warmup, which clears the cache
     load_ms = (time.perf_counter() - t_start) * 1e3
     if not r.log_disable:
-        for line in startup_lines(ctx):
+        for line in startup_lines(ctx) + spec_startup_lines(speculator, ctx):
             err_console.print(line, markup=False, highlight=False, soft_wrap=True)
         err_console.print(f"sampler seed: {sampler.seed}", markup=False, highlight=False)
     context_shift = r.context_shift
@@ -167,7 +172,7 @@ def once(r: Run, ctx: Any, sampler: Any, t_start: float) -> None:
     if r.mode == "interactive":
         from .interactive import interact
 
-        interact(r, ctx, sampler, ids, st, extra, context_shift, n_keep, colour)
+        interact(r, ctx, sampler, ids, st, extra, context_shift, n_keep, colour, speculator)
     else:
         for ev in complete(
             ctx,
@@ -181,6 +186,7 @@ def once(r: Run, ctx: Any, sampler: Any, t_start: float) -> None:
             n_keep=n_keep,
             cache=cache,
             extra=extra,
+            speculator=speculator,
         ):
             if pc is not None:
                 pc.after_prompt(ctx, cache)  # once, before the first sampled token is decoded
@@ -206,7 +212,7 @@ def once(r: Run, ctx: Any, sampler: Any, t_start: float) -> None:
             markup=False,
             highlight=False,
         )
-        for line in perf_lines(ctx, st, load_ms, total_ms):
+        for line in perf_lines(ctx, st, load_ms, total_ms) + spec_summary_lines(st.spec):
             err_console.print(line, markup=False, highlight=False, soft_wrap=True)
         err_console.print(breakdown_table(memory_plan(ctx)))
 

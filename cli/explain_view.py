@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from math import ceil
 
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -18,7 +19,7 @@ from .explain_mask_view import mask_section
 from .memory_view import plan_table, size
 
 SEQ_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
-DIAGRAM_WIDTH = 32
+DIAGRAM_WIDTH = 20
 KINDS = {"p": "prompt", "g": "generated", "d": "drafted"}
 
 
@@ -71,7 +72,7 @@ def kv_cell(uses: list[CacheUse]) -> str:
     alike ubatches, n_kv and the range of cells used."""
     a, b = uses[0], uses[-1]
     if len(uses) == 1:
-        return f"{a.n_kv} = {a.used_max_p1} + {a.pad}"
+        return f"{a.n_kv} = {a.used_max_p1}+{a.pad}"
     return f"{a.n_kv}, {a.used_max_p1}-{b.used_max_p1} used"
 
 
@@ -98,10 +99,14 @@ def calls_section(e: Explanation) -> RenderableType:
     ubs = [u for c in e.calls for u in c.ubatches]
     names = [k.cache for k in ubs[0].kv] if ubs else []
     t = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
         title=f"{len(e.calls)} decode calls, {len(ubs)} ubatches (forward passes)",
         title_justify="left",
         caption="rows: p prompt, g generated, d drafted, coloured by sequence (s0, s1, ...); "
-        "n_kv = cells attended: the last used cell rounded up to 256",
+        "n_kv = cells attended = last used cell + padding to a multiple of 256; "
+        "graph: a new shape, or the previous one reused",
         caption_justify="left",
     )
     t.add_column("call", justify="right")
@@ -110,14 +115,14 @@ def calls_section(e: Explanation) -> RenderableType:
     t.add_column("a char per row", no_wrap=True)
     t.add_column("sequences")
     for n in names:
-        t.add_column(f"n_kv {n}" if len(names) > 1 else "n_kv", justify="right")
+        t.add_column(f"n_kv {n}" if len(names) > 1 else "n_kv", justify="right", no_wrap=True)
     t.add_column("graph")
     for g in groups(ubs):
         a, b = g[0], g[-1]
         row: list[RenderableType] = [_span(a.call, b.call), _span(a.index, b.index), str(a.n_tokens)]
         row += [diagram(a), seq_summary(a)]
         row += [kv_cell([u.kv[i] for u in g]) for i in range(len(names))]
-        row.append("reused" if a.reused else "new shape")
+        row.append("reused" if a.reused else "new")
         t.add_row(*row)
     return t
 

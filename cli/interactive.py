@@ -31,9 +31,11 @@ def _add(total: CompletionStats, st: CompletionStats) -> None:
     total.t_prompt_ms += st.t_prompt_ms
     total.n_gen += st.n_gen
     total.n_eval += st.n_eval
+    total.n_eval_calls += st.n_eval_calls
     total.t_eval_ms += st.t_eval_ms
     total.t_sample_ms += st.t_sample_ms
     total.n_shifts += st.n_shifts
+    total.spec.merge(st.spec)
     total.n_past, total.stop_reason, total.stopping_word = st.n_past, st.stop_reason, st.stopping_word
 
 
@@ -47,6 +49,7 @@ def interact(
     shift: bool,
     n_keep: int,
     colour: bool = False,
+    speculator: Any = None,
 ) -> None:
     """The loop; `total` collects every round's counts for the summary. With `colour`, what you
     type shows green (the terminal echoes it in the colour set before reading)."""
@@ -87,6 +90,7 @@ def interact(
             n_keep=n_keep,
             cache=cache,
             extra=extra,
+            speculator=speculator,
         )
         last = -1
         for ev in events:

@@ -63,12 +63,14 @@ def perf_lines(ctx: Context, st: CompletionStats, load_ms: float, total_ms: floa
     n_p, n_e = max(st.n_prompt, 1), max(st.n_eval, 1)
     unacc = total_ms - st.t_sample_ms - st.t_prompt_ms - st.t_eval_ms
     tps = tokens_per_second
+    # speculation decodes several tokens per call: then the count is tokens, and the calls beside it
+    runs = f"tokens in {st.n_eval_calls} calls " if st.n_eval_calls != st.n_eval else "runs   "
     return [
         f"{p}    sampling time = {st.t_sample_ms:10.2f} ms",
         f"{p}        load time = {load_ms:10.2f} ms",
         f"{p} prompt eval time = {st.t_prompt_ms:10.2f} ms / {n_p:5d} tokens "
         f"({st.t_prompt_ms / n_p:8.2f} ms per token, {tps(n_p, st.t_prompt_ms):8.2f} tokens per second)",
-        f"{p}        eval time = {st.t_eval_ms:10.2f} ms / {n_e:5d} runs   "
+        f"{p}        eval time = {st.t_eval_ms:10.2f} ms / {n_e:5d} {runs}"
         f"({st.t_eval_ms / n_e:8.2f} ms per token, {tps(n_e, st.t_eval_ms):8.2f} tokens per second)",
         f"{p}       total time = {total_ms:10.2f} ms / {st.n_prompt + st.n_gen:5d} tokens",
         f"{p} unaccounted time = {unacc:10.2f} ms / {100 * unacc / max(total_ms, 1e-9):5.1f} %      (total - sampling - prompt eval - eval) / (total)",

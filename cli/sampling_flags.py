@@ -6,11 +6,8 @@ one `SamplingFlags`, which checks them and builds the engine's `SamplerParams` a
 from __future__ import annotations
 
 import functools
-import inspect
 import math
-import typing
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,6 +16,7 @@ import typer
 from ..engine.errors import UbatchError
 from . import validate
 from .common import read_text_file
+from .flag_group import flag_group
 from .options import SAMPLING
 
 _P = SAMPLING
@@ -222,23 +220,5 @@ def _options(d: SamplingFlags) -> dict[str, tuple[Any, Any]]:
     }
 
 
-def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the sampling flags to a command; it receives them as `sampling: SamplingFlags`."""
-    names = [f.name for f in fields(SamplingFlags)]
-    sig = inspect.signature(fn)
-    kept = [p for p in sig.parameters.values() if p.name != "sampling"]
-    added = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=ann)
-        for name, (ann, option) in _options(SamplingFlags()).items()
-    ]
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        flags = SamplingFlags(**{n: kwargs.pop(n) for n in names})
-        return fn(*args, sampling=flags, **kwargs)
-
-    wrapper.__signature__ = sig.replace(parameters=kept + added)  # type: ignore[attr-defined]
-    hints = {k: v for k, v in typing.get_type_hints(fn).items() if k != "sampling"}
-    wrapper.__annotations__ = hints | {p.name: p.annotation for p in added}
-    del wrapper.__wrapped__  # Typer must read the signature above, not fn's
-    return wrapper
+# Add the sampling flags to a command; it receives them as `sampling: SamplingFlags`.
+sampling_options = flag_group(SamplingFlags, _options, "sampling")

@@ -48,6 +48,7 @@ class ChatSession:
     ctx_shift: bool = False  # drop the oldest exchanges (and shift within an answer) when full
     keep: int = 0  # tokens kept by a shift within an answer (plus BOS); -1: the first prompt
     extra: Any = None  # GenerationParams: reverse prompts (-r), logit biases (-l), a grammar
+    speculator: Any = None  # engine/speculative.py Speculator: drafts verified with each step
     seq_id: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # what the KV cache holds, position i = tokens[i]
@@ -58,8 +59,7 @@ class ChatSession:
     def __post_init__(self) -> None:
         self.vocab = self.ctx.model.vocab
         mem = self.ctx.memory
-        # within an answer llama.cpp's K-shift needs every cache to hold the whole context
-        self.shift_in_answer = self.ctx_shift and mem.can_shift
+        self.shift_in_answer = self.ctx_shift and mem.can_shift  # K-shift: every cache holds all
         self.n_swa = self.ctx.model.hparams.n_swa if mem.is_iswa else 0
         self._stream: list[int] | None = None  # conversation tokens: cache + pending; None: re-render
         self._pending = 0  # sampled answer tokens at the end of _stream that are not decoded
@@ -101,7 +101,6 @@ class ChatSession:
         self.tokens = self.tokens[:n]
         return n
 
-    # -- what a turn brings into the cache --------------------------------------------------------
     def _tokenize(self, text: str, add_special: bool) -> list[int]:
         return self.vocab.tokenize(text, add_special=add_special, parse_special=True)
 
@@ -227,6 +226,7 @@ class ChatSession:
                 progress=progress,
                 cache=cache,
                 extra=self.extra,
+                speculator=self.speculator,
             ):
                 if ev.token >= 0 and not self.vocab.is_eog(ev.token):
                     sampled.append(ev.token)

@@ -79,7 +79,7 @@ def check_prompts(req: Request, cp: CParams, n_ctx_slot: int, n_ctx_train: int) 
         if n_ctx_slot == n_ctx_train and n_ctx_train < cp.n_ctx_seq:
             fix = f"the model was trained for {n_ctx_train} tokens: shorten the prompt"
         elif cp.n_seq_max > 1 and not cp.kv_unified:
-            fix = f"raise -c (each of -np {cp.n_seq_max} sequences gets n_ctx / {cp.n_seq_max}), or use -kvu"
+            fix = f"raise -c (n_ctx is split over -np {cp.n_seq_max} sequences), or use -kvu (one shared cache)"
         else:
             fix = "raise -c"
         raise ExplainError(

@@ -33,6 +33,7 @@ class CompletionStats(DecodeRates):
     t_prompt_ms: float = 0.0
     n_gen: int = 0  # tokens sampled
     n_eval: int = 0  # tokens decoded while generating (one per step; more with speculation)
+    n_eval_calls: int = 0  # decode calls while generating (n_eval without speculation)
     t_eval_ms: float = 0.0
     t_sample_ms: float = 0.0
     stop_reason: str = ""  # "eog", "length", "context", "word"
@@ -105,6 +106,7 @@ def _step(ctx: Context, gen: Generation, seq_id: int, spec: Speculator | None, s
         stats.spec.add(v.n_drafted, v.n_accepted, len(ctx.records))
         steps = v.steps
     stats.n_eval += 1 + len(cache) - n_before
+    stats.n_eval_calls += 1
     return steps
 
 

@@ -18,25 +18,26 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import torch
-
 from .batch import Batch
 from .context import Context
 from .engine_thread import EngineThread, shutdown_error
-from .generation import Generation, GenerationParams
+from .generation import Generation, GenerationParams, Step
 from .memory import DecodeError
 from .prompt_cache import pick_slot, reuse_cache
 from .prompt_progress import prompt_chunk_done, prompt_started
 from .sampling import Sampler
 from .server_stats import IterationRecord, ReleaseRecord, SchedulerStats
-from .server_task import Failed, Final, Partial, RequestError, Task, context_error
+from .server_task import Failed, Partial, RequestError, Task, context_error
 from .slot import Slot, SlotState
 from .slot_batch import SlotRows, assemble, record_of
+from .slot_ends import SlotEnds
+from .slot_spec import drop_drafts, plan_drafts, verify_slot
+from .speculative import Speculator
 
 __all__ = ["IterationRecord", "ReleaseRecord", "Scheduler", "SchedulerStats", "Slot", "SlotState"]
 
 
-class Scheduler(EngineThread):
+class Scheduler(SlotEnds, EngineThread):
     def __init__(
         self,
         ctx: Context,
@@ -47,6 +48,7 @@ class Scheduler(EngineThread):
         slot_prompt_similarity: float = 0.1,
         cont_batching: bool = True,
         history: int = 256,
+        speculator: Speculator | None = None,
     ) -> None:
         cp, hp = ctx.cparams, ctx.model.hparams
         if not 1 <= n_slots <= cp.n_seq_max:
@@ -64,6 +66,7 @@ class Scheduler(EngineThread):
         self.cache_reuse = cache_reuse if can_shift else 0
         self.similarity = slot_prompt_similarity
         self.cont_batching = cont_batching
+        self.speculator = speculator  # drafts verified with each generating slot's row
         self.stats = SchedulerStats()
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.releases: deque[ReleaseRecord] = deque(maxlen=history)
@@ -86,6 +89,7 @@ class Scheduler(EngineThread):
             if s.state is SlotState.GENERATING and s.gen is not None:
                 s.gen.make_room(self.ctx.memory, s.id)
         budget, retries = self.ctx.cparams.n_batch, 0
+        plan_drafts(self.slots, self.speculator, budget)
         while True:
             batch, parts = assemble(self.slots, budget, self.cont_batching)
             if batch.n_tokens == 0:
@@ -97,7 +101,7 @@ class Scheduler(EngineThread):
             except DecodeError as e:
                 retries += 1
                 if e.code == 1:  # no room in the KV cache
-                    if self._purge_idle():
+                    if drop_drafts(self.slots) or self._purge_idle():
                         continue
                     n_gen = sum(1 for s, n, _ in parts if s.state is SlotState.GENERATING)
                     n_prompt = batch.n_tokens - n_gen
@@ -140,16 +144,22 @@ class Scheduler(EngineThread):
                 s.state, s.t_prompt_done = SlotState.GENERATING, now
                 self.stats.prompt_done(s.n_prompt_done, (now - s.t_start) * 1e3)
             try:
-                self._sample(s, self.ctx.logits[out_row[out]])
+                if s.draft.tokens:
+                    r = out_row[out]
+                    rows = self.ctx.logits[r : r + 1 + len(s.draft.tokens)]
+                    for step in verify_slot(s, rows, self.ctx.memory, self.speculator, len(self.ctx.records)):  # type: ignore[arg-type]
+                        self._emit(s, step)
+                else:
+                    self._emit(s, s.gen.sample(self.ctx.logits[out_row[out]]))  # type: ignore[union-attr]
             except Exception as e:
                 self._fail(s, RequestError(f"sampling failed: {e}", 500, "server_error"))
 
     # -- per slot ---------------------------------------------------------------------------------
-    def _sample(self, s: Slot, logits: torch.Tensor) -> None:
-        """One token for the slot from its output row; stream it, finish on a stop rule."""
+    def _emit(self, s: Slot, step: Step) -> None:
+        """One sampled token of the slot: stream it, finish on a stop rule."""
         task, gen = s.task, s.gen
-        assert task is not None and gen is not None
-        step = gen.sample(logits)
+        if task is None or gen is None:  # the slot finished on an earlier token of this step
+            return
         s.t_last = time.perf_counter()
         p = task.params
         if p.stream:
@@ -157,81 +167,6 @@ class Scheduler(EngineThread):
             task.emit(Partial(task, s.id, step.token, step.text, gen.n_decoded, len(task.prompt), step.prob, tm))
         if step.done:
             self._finish(s)
-
-    def _finish(self, s: Slot, stop_type: str = "", reason: str = "") -> None:
-        """The task's Final event; `stop_type` / `reason` override the generation's own (shutdown)."""
-        task, gen = s.task, s.gen
-        assert task is not None and gen is not None
-        tail = gen.finish()
-        content = tail if task.params.stream else gen.text
-        task.emit(
-            Final(
-                task,
-                s.id,
-                content,
-                list(gen.tokens),
-                gen.n_decoded,
-                len(task.prompt),
-                len(s.cache),
-                stop_type or s.stop_type,
-                gen.stopping_word,
-                gen.truncated,
-                gen.has_new_line,
-                s.timings(),
-                gen.probs,
-            )
-        )
-        self.stats.generation_done(gen.n_decoded, (s.t_last - s.t_prompt_done) * 1e3)
-        self._release(s, reason or s.stop_type)
-
-    def _release(self, s: Slot, reason: str) -> None:
-        task = s.task
-        self.releases.append(
-            ReleaseRecord(s.id, task.id if task else -1, reason, self.iteration, task.cancel_iteration if task else -1)
-        )
-        s.last_task, s.task = task, None
-        s.state = SlotState.IDLE
-        s.t_last_used = time.perf_counter()
-        self._notify("release", s)
-
-    def _notify(self, kind: str, s: Slot) -> None:
-        if self.listener is not None:
-            try:
-                self.listener(kind, s)
-            except Exception:  # a logging hook must not break the engine
-                pass
-
-    def _fail(self, s: Slot, err: RequestError) -> None:
-        """Error the slot's task, free its cells (llama-server clears a failed slot's KV)."""
-        if not s.busy:
-            return
-        s.task.emit(Failed(s.task, err))  # type: ignore[union-attr]
-        self.ctx.memory.seq_rm(s.id)
-        s.cache.clear()
-        self._release(s, "error")
-
-    def _reap_cancelled(self) -> None:
-        for s in self.slots:
-            if s.busy and s.task.cancelled:  # type: ignore[union-attr]
-                self.stats.n_cancelled += 1
-                self.ctx.memory.seq_rm(s.id)
-                s.cache.clear()
-                self._release(s, "cancelled")
-        if any(t.cancelled for t in self.queue):
-            self.stats.n_cancelled += sum(t.cancelled for t in self.queue)
-            self.queue = deque(t for t in self.queue if not t.cancelled)
-
-    def _purge_idle(self) -> bool:
-        """Unified KV: drop the largest idle slot's cached prompt to make room (llama-server)."""
-        if not self.ctx.cparams.kv_unified:
-            return False
-        idle = [s for s in self.slots if not s.busy and s.cache]
-        if not idle:
-            return False
-        s = max(idle, key=lambda s: len(s.cache))
-        self.ctx.memory.seq_rm(s.id)
-        s.cache.clear()
-        return True
 
     # -- starting a task ----------------------------------------------------------------------------
     def _busy(self) -> bool:

@@ -131,11 +131,13 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    draft_n: int = 0  # speculative decoding: tokens drafted, and accepted by the target
+    draft_n_accepted: int = 0
 
     def to_json(self) -> dict[str, float | int]:
         """llama.cpp's `timings`; the first generated token is excluded from the rate."""
         pn, pms, gn, gms = self.prompt_n, self.prompt_ms, self.predicted_n - 1, self.predicted_ms
-        return {
+        out: dict[str, float | int] = {
             "cache_n": self.cache_n,
             "prompt_n": pn,
             "prompt_ms": pms,
@@ -146,6 +148,9 @@ class Timings:
             "predicted_per_token_ms": gms / gn if gn > 0 else 0.0,
             "predicted_per_second": tokens_per_second(max(gn, 0), gms),
         }
+        if self.draft_n > 0:  # llama-server adds these only when something was drafted
+            out["draft_n"], out["draft_n_accepted"] = self.draft_n, self.draft_n_accepted
+        return out
 
 
 @dataclass(slots=True)

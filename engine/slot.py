@@ -13,6 +13,7 @@ from enum import Enum
 
 from .generation import Generation
 from .server_task import Task, Timings
+from .speculative import Draft, SpecStats
 
 # llama-server's stop types for the reasons a generation ends
 STOP_TYPES = {"": "none", "eog": "eos", "word": "word", "length": "limit", "context": "limit"}
@@ -34,6 +35,8 @@ class Slot:
     cache: list[int] = field(default_factory=list)  # tokens whose K/V sit in the cache, by position
     i_prompt: int = 0  # next prompt token to evaluate
     gen: Generation | None = None  # the current (or, when idle, the last) task's generation
+    draft: Draft = field(default_factory=lambda: Draft([]))  # tokens to verify in this iteration
+    spec: SpecStats = field(default_factory=SpecStats)  # the current task's drafts
     n_prompt_cache: int = 0
     n_prompt_done: int = 0
     t_start: float = 0.0
@@ -73,6 +76,8 @@ class Slot:
             (self.t_prompt_done - self.t_start) * 1e3,
             self.n_decoded,
             t_gen * 1e3,
+            self.spec.n_drafted,
+            self.spec.n_accepted,
         )
 
     def start(self, task: Task) -> None:
@@ -81,3 +86,4 @@ class Slot:
         self.t_start = time.perf_counter()
         self.n_prompt_cache = self.n_prompt_done = 0
         self.gen = None
+        self.draft, self.spec = Draft([]), SpecStats()

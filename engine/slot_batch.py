@@ -22,12 +22,15 @@ class SlotRows(NamedTuple):
 
 
 def assemble(slots: Sequence[Slot], budget: int, cont_batching: bool = True) -> tuple[Batch, list[SlotRows]]:
-    """The batch for this iteration and each slot's share; `budget` caps the prompt rows."""
+    """The batch for this iteration and each slot's share; `budget` caps the prompt rows.
+    A generating slot contributes its sampled token and then its draft (engine/slot_spec.py)."""
     b, parts = Batch(), []
     for s in slots:
         if s.state is SlotState.GENERATING:
-            parts.append(SlotRows(s, 1, b.n_tokens))
+            parts.append(SlotRows(s, 1 + len(s.draft.tokens), b.n_tokens))
             b.add(s.gen.sampled, len(s.cache), s.id, True, "g")  # type: ignore[union-attr]
+            for i, t in enumerate(s.draft.tokens):  # speculative: each drafted token, an output each
+                b.add(t, len(s.cache) + 1 + i, s.id, True, "d")
     if not cont_batching and b.n_tokens:
         return b, parts
     for s in slots:

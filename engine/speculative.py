@@ -76,6 +76,20 @@ class SpecParams:
         if not 1 <= self.ngram_size_n <= 1024 or not 1 <= self.ngram_size_m <= 1024:
             raise SpecError("--spec-ngram-simple-size-n and -size-m must be between 1 and 1024")
 
+    def draft_max(self) -> int:
+        """The longest draft the requested drafters may propose (0 when off): --spec-draft-n-max for
+        the draft model, --spec-ngram-simple-size-m for n-grams, as llama.cpp caps each."""
+        if not self.enabled:
+            return 0
+        return max((self.n_max if t == "draft-simple" else self.ngram_size_m for t in self.ordered()), default=0)
+
+    def n_outputs_max(self, n_outputs_max: int, n_parallel: int) -> int:
+        """llama-server's n_outputs_max with speculation: room for every slot's row and draft,
+        n_parallel x (1 + draft); a larger request (or 0, which means n_batch) stands."""
+        if not self.enabled or n_outputs_max == 0:
+            return n_outputs_max
+        return max(n_outputs_max, n_parallel * (1 + self.draft_max()))
+
     def ordered(self) -> list[str]:
         """The drafters to try, n-gram ones first (llama.cpp's priority), each once."""
         seen = [t for i, t in enumerate(self.types) if t != "none" and t not in self.types[:i]]
@@ -126,7 +140,8 @@ class SpecStats:
         return (self.n_accepted + self.n_drafts) / self.n_drafts if self.n_drafts else 0.0
 
     def per_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_pos, self.drafted_per_pos)]
+        """Acceptance at each draft position over all verifications (llama.cpp's "acc per pos")."""
+        return [a / self.n_drafts if self.n_drafts else 0.0 for a in self.accepted_per_pos]
 
 
 @dataclass(slots=True)

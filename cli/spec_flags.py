@@ -1,0 +1,172 @@
+"""llama.cpp's speculative-decoding flags, declared once for `ubatch cli`, `ubatch server` and
+`ubatch explain`: `@spec_options` adds them to a command and hands it one `SpecFlags`, which
+checks them before anything loads, loads the draft model and builds the engine's `Speculator`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..engine.errors import UbatchError
+from .flag_group import flag_group
+
+PANEL = "Speculative decoding"
+
+
+@dataclass
+class SpecFlags:
+    """The flags as typed (llama.cpp's names and defaults)."""
+
+    model_draft: Optional[Path] = None
+    spec_type: Optional[list[str]] = None
+    spec_draft_n_max: int = 3
+    spec_draft_n_min: int = 0
+    spec_draft_p_min: float = 0.0
+    spec_draft_sampling: str = "greedy"
+    spec_ngram_simple_size_n: int = 12
+    spec_ngram_simple_size_m: int = 48
+    spec_ngram_simple_min_hits: int = 1
+    spec_draft_type_k: str = "f16"
+    spec_draft_type_v: str = "f16"
+
+    def types(self) -> tuple[str, ...]:
+        """--spec-type values: comma lists, repeatable, in the order given (as llama.cpp appends)."""
+        return tuple(t.strip() for v in self.spec_type or [] for t in v.split(",") if t.strip())
+
+    def params(self) -> Any:
+        from ..engine.speculative import SpecParams
+
+        return SpecParams(
+            types=self.types(),
+            n_max=self.spec_draft_n_max,
+            n_min=self.spec_draft_n_min,
+            p_min=self.spec_draft_p_min,
+            probabilistic=self.spec_draft_sampling == "probabilistic",
+            ngram_size_n=self.spec_ngram_simple_size_n,
+            ngram_size_m=self.spec_ngram_simple_size_m,
+            ngram_min_hits=self.spec_ngram_simple_min_hits,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.params().enabled)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return "draft-simple" in self.types()
+
+    def check(self) -> list[str]:
+        """Every value checked before anything loads; returns the notices to print."""
+        from ..engine.kv_cache import KV_TYPES
+
+        if self.spec_draft_sampling not in ("greedy", "probabilistic"):
+            raise UbatchError(
+                f"--spec-draft-sampling {self.spec_draft_sampling}: invalid value, must be one of: greedy, probabilistic"
+            )
+        if self.spec_ngram_simple_min_hits < 1:
+            raise UbatchError("--spec-ngram-simple-min-hits must be at least 1")
+        for flag, v in (("-ctkd", self.spec_draft_type_k), ("-ctvd", self.spec_draft_type_v)):
+            if v not in KV_TYPES:
+                raise UbatchError(f"{flag} {v}: unsupported KV cache type; use one of {', '.join(KV_TYPES)}")
+        p = self.params()
+        p.check()
+        notes = []
+        if self.uses_draft_model:
+            if self.model_draft is None:
+                raise UbatchError("--spec-type draft-simple needs a draft model: give it with -md FILE")
+            if p.n_max == 0:
+                raise UbatchError(
+                    "--spec-draft-n-max 0 leaves the draft model nothing to draft; use 1 or more (default 3)"
+                )
+            if not self.model_draft.exists():
+                raise UbatchError(f"draft model not found: {self.model_draft} (-md); give the path of a GGUF file")
+        elif self.model_draft is not None:
+            notes.append(
+                f"notice: -md {self.model_draft}: not loaded, since --spec-type does not include draft-simple "
+                "(llama.cpp needs both; add --spec-type draft-simple)"
+            )
+        return notes
+
+    def build(self, ctx: Any) -> Any:
+        """The Speculator for a target context (None when speculation is off); the draft model gets
+        its own context with the target's n_ctx, batch sizes and sequences (n_outputs_max = them)."""
+        if not self.enabled:
+            return None
+        from ..engine.context import Context
+        from ..engine.model import Model
+        from ..engine.params import ContextParams
+        from ..engine.speculative import Speculator
+
+        draft_ctx = None
+        if self.uses_draft_model:
+            cp = ctx.cparams
+            dm = Model.load(self.model_draft)
+            draft_ctx = Context(
+                dm,
+                ContextParams(
+                    n_ctx=cp.n_ctx,
+                    n_batch=cp.n_batch,
+                    n_ubatch=cp.n_ubatch,
+                    n_seq_max=cp.n_seq_max,
+                    kv_unified=cp.kv_unified,
+                    n_threads=cp.n_threads,
+                    type_k=self.spec_draft_type_k,
+                    type_v=self.spec_draft_type_v,
+                    n_outputs_max=cp.n_seq_max,
+                    backend=ctx.params.backend,
+                ),
+            )
+        return Speculator.create(self.params(), ctx, draft_ctx)
+
+
+def _options(d: SpecFlags) -> dict[str, tuple[Any, Any]]:
+    o = functools.partial(typer.Option, rich_help_panel=PANEL)
+    return {
+        "model_draft": (
+            Optional[Path],
+            o(None, "-md", "--model-draft", "--spec-draft-model", help="draft model (GGUF) for draft-simple"),
+        ),
+        "spec_type": (
+            Optional[list[str]],
+            o(None, "--spec-type", help="drafters, comma-separated: ngram-simple, draft-simple, none"),
+        ),
+        "spec_draft_n_max": (int, o(d.spec_draft_n_max, "--spec-draft-n-max", help="tokens the draft model drafts")),
+        "spec_draft_n_min": (int, o(d.spec_draft_n_min, "--spec-draft-n-min", help="shorter drafts are dropped")),
+        "spec_draft_p_min": (
+            float,
+            o(d.spec_draft_p_min, "--spec-draft-p-min", "--draft-p-min", help="stop drafting below this probability"),
+        ),
+        "spec_draft_sampling": (
+            str,
+            o(d.spec_draft_sampling, "--spec-draft-sampling", help="greedy, or probabilistic (rejection sampling)"),
+        ),
+        "spec_ngram_simple_size_n": (
+            int,
+            o(d.spec_ngram_simple_size_n, "--spec-ngram-simple-size-n", help="ngram-simple: tokens looked up"),
+        ),
+        "spec_ngram_simple_size_m": (
+            int,
+            o(d.spec_ngram_simple_size_m, "--spec-ngram-simple-size-m", help="ngram-simple: tokens drafted at most"),
+        ),
+        "spec_ngram_simple_min_hits": (
+            int,
+            o(d.spec_ngram_simple_min_hits, "--spec-ngram-simple-min-hits", help="ngram-simple: hits needed"),
+        ),
+        "spec_draft_type_k": (
+            str,
+            o(d.spec_draft_type_k, "-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", help="draft KV type for K"),
+        ),
+        "spec_draft_type_v": (
+            str,
+            o(d.spec_draft_type_v, "-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", help="draft KV type for V"),
+        ),
+    }
+
+
+# Add the speculative flags to a command; it receives them as `spec: SpecFlags`.
+spec_options = flag_group(SpecFlags, _options, "spec")
