@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.text import Text
 
+from ..engine.explain import MASK_MAX_ROWS
 from ..engine.explain_mask import EMPTY, FUTURE, OTHER_SEQ, REASONS, VISIBLE, WINDOW, MaskGrid
 from ..engine.explain_run import Explanation
 
@@ -25,7 +26,7 @@ def legend() -> Text:
 
 def grid_lines(g: MaskGrid) -> list[Text]:
     """Per sequence group: a cell-index ruler, then one line per query row."""
-    lo = max(0, g.n_cells - MAX_CELLS)
+    lo = max(g.first_cell, g.n_cells - MAX_CELLS)
     per = len(g.row_seq) // len(g.codes)
     label_w = 20
     out: list[Text] = []
@@ -39,7 +40,7 @@ def grid_lines(g: MaskGrid) -> list[Text]:
         for r, codes in enumerate(rows):
             i = gi * per + r
             t = Text(f"  s{g.row_seq[i]} pos {g.row_pos[i]:<5} {g.row_kind[i]:<2}".ljust(label_w))
-            for code in codes[lo:]:
+            for code in codes[lo - g.first_cell :]:
                 ch, style = GLYPH[code]
                 t.append(ch, style=style)
             out.append(t)
@@ -49,7 +50,7 @@ def grid_lines(g: MaskGrid) -> list[Text]:
 def mask_section(e: Explanation) -> list[RenderableType]:
     """The chosen ubatch's mask for each cache (once when the caches agree)."""
     if not e.mask:
-        return [Text("mask: no ubatch of at most 16 rows in this run to draw", style="dim")]
+        return [Text(f"mask: no ubatch of at most {MASK_MAX_ROWS} rows in this run to draw", style="dim")]
     shown: list[MaskGrid] = []
     for g in e.mask:
         same = next((s for s in shown if s.codes == g.codes and s.cell_pos == g.cell_pos), None)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from .batch import Batch, UBatch
 from .context import Context, UBatchRecord
 from .explain_mask import MaskGrid, mask_grid
-from .kv_cache import N_KV_PAD
 
 MASK_MAX_ROWS = 16  # a mask grid is drawn for a ubatch of at most this many rows
 
@@ -130,7 +129,7 @@ class Recorder:
 
     def _maybe_mask(self, ub: UBatch, view: UBatchView, kinds: str) -> None:
         """Keep the mask of the most telling small ubatch: several sequences, then several rows."""
-        if view.n_tokens > MASK_MAX_ROWS or any(k.used_max_p1 > 4 * N_KV_PAD for k in view.kv):
+        if view.n_tokens > MASK_MAX_ROWS:
             return
         rank = 2 * (len(view.seq_ids) > 1) + (view.n_tokens > 1)
         if rank <= self._mask_rank:

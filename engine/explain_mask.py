@@ -15,6 +15,7 @@ from .batch import UBatch
 from .kv_cache import KVCache
 
 VISIBLE, EMPTY, OTHER_SEQ, FUTURE, WINDOW = range(5)
+MAX_GRID_CELLS = 256
 REASONS = ("visible", "empty", "other sequence", "future", "outside the window")
 
 
@@ -40,12 +41,13 @@ def classify(cache: KVCache, ub: UBatch, streams: list[int], n_kv: int, causal: 
 @dataclass(slots=True)
 class MaskGrid:
     """One cache's mask for one ubatch, as reasons: rows are the ubatch's queries (in ubatch
-    order), columns the cells [0, n_cells) of each group's stream; cells from n_cells to n_kv
-    are empty (the padding of n_kv to its 256 quantum)."""
+    order), columns the cells [first_cell, n_cells) of each group's stream; cells from n_cells
+    to n_kv are empty (the padding of n_kv to its 256 quantum)."""
 
     cache: str
     n_kv: int
-    n_cells: int
+    n_cells: int  # one past the last used cell
+    first_cell: int  # the grid's first cell (only the last MAX_GRID_CELLS used cells are kept)
     streams: list[int]
     row_seq: list[int]  # the sequence id each query row attends as
     row_pos: list[int]
@@ -55,19 +57,21 @@ class MaskGrid:
 
 
 def mask_grid(cache: KVCache, ub: UBatch, kinds: str, n_kv: int, causal: bool = True) -> MaskGrid:
-    """The reasons grid of one ubatch for one cache, cut to the cells in use (what is past them
-    is empty by definition of used_max_p1)."""
+    """The reasons grid of one ubatch for one cache, cut to the last MAX_GRID_CELLS cells in use
+    (what is past them is empty by definition of used_max_p1)."""
     streams = cache.ubatch_streams(ub)
     n_cells = max(cache.streams[s].used_max_p1 for s in streams)
-    codes = classify(cache, ub, streams, n_kv, causal)[:, :, :n_cells]
+    first = max(0, n_cells - MAX_GRID_CELLS)
+    codes = classify(cache, ub, streams, n_kv, causal)[:, :, first:n_cells]
     return MaskGrid(
         cache.name or "KV",
         n_kv,
         n_cells,
+        first,
         streams,
         [int(s) for s in ub.seq_id0],
         [int(p) for p in ub.pos],
         kinds,
-        [cache.streams[s].pos[:n_cells].tolist() for s in streams],
+        [cache.streams[s].pos[first:n_cells].tolist() for s in streams],
         codes.tolist(),
     )

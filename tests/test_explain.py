@@ -161,7 +161,7 @@ def test_the_rendered_view_fits_100_columns(tiny_gemma: Path) -> None:
         "n_batch 2048 -> 1024 because n_ctx = 1024",
         "3 decode calls, 3 ubatches",
         "s0:4p s1:3p",
-        "256 = 7 + 249",
+        "256 = 7+249",
         "mask of ubatch 1",
         "memory plan",
         "what if -ub",
