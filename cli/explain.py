@@ -11,15 +11,17 @@ from typing import Optional
 import typer
 
 from . import validate
-from .common import check_text, process_escapes, resolve_model, user_errors
+from .common import check_text, err_console, process_escapes, resolve_model, user_errors
 from .options import opt
 from .sampling_flags import SamplingFlags, sampling_options
+from .spec_flags import SpecFlags, spec_options
 
 WHAT_IF_UBATCHES = (512, 256, 128, 64)
 
 
 @user_errors
 @sampling_options
+@spec_options
 def explain(
     model: Optional[Path] = opt("model", None),
     prompt: Optional[list[str]] = opt("prompt", None, help="a prompt; repeat -p for sequences decoded together"),
@@ -37,12 +39,15 @@ def explain(
     escape: bool = typer.Option(True, "--escape/--no-escape", "-e", help="process \\n, \\t, \\xHH escapes in prompts"),
     as_json: bool = typer.Option(False, "--json", help="print the explanation as JSON"),
     sampling: SamplingFlags = SamplingFlags(),
+    spec: SpecFlags = SpecFlags(),
 ) -> None:
     if not prompt:
         raise typer.BadParameter("give at least one prompt to explain", param_hint="-p")
     validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
     validate.generation_flags(n_predict)
     sampling.check()
+    for note in spec.check():
+        err_console.print(note, markup=False)
     n_slots = validate.n_parallel(parallel) if parallel is not None else len(prompt)
     validate.n_parallel(len(prompt), flag="-p (one sequence each)")
     validate.kv_types(ctk, ctv)
@@ -61,7 +66,8 @@ def explain(
         n_ubatch=ubatch_size,
         n_seq_max=n_slots,
         n_threads=threads if threads > 0 else 0,
-        n_outputs_max=n_slots,  # as llama-server: one output row per slot
+        # as llama-server: one output row per slot, and with speculation one per drafted token
+        n_outputs_max=min(batch_size, spec.params().n_outputs_max(n_slots, n_slots)),
         type_k=ctk,
         type_v=ctv,
         kv_unified=kv_unified,
@@ -76,6 +82,7 @@ def explain(
         n_slots,
         sampling.logit_biases(m.hparams.n_vocab),
         sampling.compiled_grammar(),
+        spec.build,  # the Speculator for the target context (None: speculation off)
     )
     e = explain_request(m, params, req, WHAT_IF_UBATCHES)
     if as_json:

@@ -72,4 +72,5 @@ def explanation_json(e: Explanation) -> dict[str, Any]:
         "mask": {"ubatch": e.mask_ubatch, "caches": [mask_json(g) for g in e.mask]},
         "memory": plan_json(e.plan),
         "what_if": [asdict(w) for w in e.what_if],
+        "speculative": asdict(e.spec) if e.spec is not None else None,
     }

@@ -81,18 +81,26 @@ def _span(a: int, b: int) -> str:
 
 
 def groups(ubs: list[UBatchView]) -> list[list[UBatchView]]:
-    """Consecutive ubatches alike in all but the cells in use (a generation's steps), as one line."""
+    """Consecutive ubatches alike in all but the cells in use and the graph's reuse (a prompt's
+    equal pieces, a generation's steps), as one line."""
 
     def key(u: UBatchView) -> tuple:
-        return (u.n_tokens, u.row_kind, tuple(map(tuple, u.row_seq)), tuple(k.n_kv for k in u.kv), u.reused)
+        return (u.n_tokens, u.row_kind, tuple(map(tuple, u.row_seq)), tuple(k.n_kv for k in u.kv))
 
     out: list[list[UBatchView]] = []
     for u in ubs:
-        if out and key(out[-1][-1]) == key(u) and out[-1][-1].call + 1 == u.call:
+        if out and key(out[-1][-1]) == key(u) and u.call - out[-1][-1].call <= 1:
             out[-1].append(u)
         else:
             out.append([u])
     return out
+
+
+def graph_cell(g: list[UBatchView]) -> str:
+    n_new = sum(not u.reused for u in g)
+    if n_new in (0, len(g)):
+        return "new" if n_new else "reused"
+    return "new, reused" if n_new == 1 and not g[0].reused else f"{n_new} new"
 
 
 def calls_section(e: Explanation) -> RenderableType:
@@ -122,7 +130,7 @@ def calls_section(e: Explanation) -> RenderableType:
         row: list[RenderableType] = [_span(a.call, b.call), _span(a.index, b.index), str(a.n_tokens)]
         row += [diagram(a), seq_summary(a)]
         row += [kv_cell([u.kv[i] for u in g]) for i in range(len(names))]
-        row.append("reused" if a.reused else "new")
+        row.append(graph_cell(g))
         t.add_row(*row)
     return t
 
@@ -181,11 +189,28 @@ def verdict(e: Explanation) -> Text:
     return t
 
 
+def spec_line(e: Explanation) -> Text:
+    """Speculative decoding: the drafts, and the passes their verification took."""
+    st, ub = e.spec, e.cparams.n_ubatch
+    drafted = [c for c in e.calls if "d" in c.batch.kind]
+    t = Text.assemble(
+        ("speculative", "bold"),
+        f": {st.n_drafts} drafts, {st.n_drafted} tokens drafted, {st.n_accepted} accepted; "
+        f"the {len(drafted)} calls with drafted rows took {sum(len(c.ubatches) for c in drafted)} forward passes",
+    )
+    longest = max((c.batch.kind.count("d") for c in drafted), default=0)
+    if longest + 1 > ub:
+        t.append(f" (a {longest}-token draft and its sampled row are {longest + 1} rows: more than -ub {ub})")
+    return t
+
+
 def render(e: Explanation, console: Console) -> None:
     """The whole explanation, section by section."""
     console.print(sequences_line(e))
     console.print(params_section(e))
     console.print(calls_section(e))
+    if e.spec is not None:
+        console.print(spec_line(e))
     for part in mask_section(e):
         console.print(part)
     console.print(plan_table(e.plan))

@@ -64,6 +64,7 @@ class Explanation:
     plan: MemoryPlan
     what_if: list[WhatIf]
     warnings: list[str] = field(default_factory=list)
+    spec: Any = None  # the speculator's SpecStats (engine/speculative.py), None when off
 
     @property
     def n_ubatches(self) -> int:
@@ -137,6 +138,7 @@ def explain_request(model: Model, params: ContextParams, req: Request, sub_ubatc
         memory_plan(ctx),
         what_if(model, params, rec.calls, sub_ubatches),
         [*ctx.cparams.warnings, *sched.warnings],
+        spec.stats if spec is not None else None,
     )
 
 

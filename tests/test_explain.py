@@ -169,3 +169,17 @@ def test_the_rendered_view_fits_100_columns(tiny_gemma: Path) -> None:
         assert needle in text, needle
     grid = [x for x in lines if x.startswith("  s1 pos 2")]
     assert grid and grid[0].rstrip().endswith("oooo###")
+
+
+def test_a_5_token_draft_under_ub4_takes_2_passes(tiny_gemma: Path) -> None:
+    """The tiny model repeats its last token, so after "...z" it samples z, and ngram-simple finds
+    the earlier "zz" followed by five tokens: a 5-token draft, 6 rows with the sampled one."""
+    spec = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "5"]
+    d = explain_json(tiny_gemma, "-p", "zzbcdfgjmqrz", "-n", "8", "-ub", "4", "-c", "512", *spec)
+    drafted = [c for c in d["calls"] if c["row_kind"] == "gddddd"]
+    assert drafted and all([u["n_tokens"] for u in c["ubatches"]] == [4, 2] for c in drafted)
+    assert [u["row_kind"] for u in drafted[0]["ubatches"]] == ["gddd", "dd"]
+    assert d["speculative"]["n_drafted"] >= 5 and d["effective"]["n_outputs_max"] >= 6
+    # the what-if replays the drafts (and the cells their rejection freed): one pass each at -ub 512
+    passes = {w["n_ubatch_asked"]: w["n_passes"] for w in d["what_if"]}
+    assert passes[4] == d["n_ubatch"] and passes[512] == d["n_decode"]
