@@ -45,7 +45,13 @@ FLOATS = {T.F32: np.float32, T.F16: np.float16, T.BF16: None}
 # partial tile of weight rows in every kernel
 COLS = {T.F32: 37, T.F16: 37, T.BF16: 37, T.Q4_K: 768, T.Q5_K: 768, T.Q6_K: 768}
 N_ROWS = 21
-ROWS = (1, 3, 16, 17, 70)  # GEMV at 1, 3, 16 (BLOCK_M 1, 4, 16); tiled beyond, 70 spans two row tiles
+ROWS = (
+    1,
+    3,
+    16,
+    17,
+    130,
+)  # GEMV at 1 (reduce), 3 and 16 (rows padded to 16, tl.dot); tiled beyond, 130 spans two row tiles
 
 
 def random_weight(t: T, n: int, k: int, seed: int = 0) -> QWeight:

@@ -34,14 +34,49 @@ import triton.language as tl
 
 from ..dequant import type_name
 from ..weight import QWeight
-from .quant_tiles import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, weight_tile
+from .quant_tiles import BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, weight_groups
 
 SUPPORTED: frozenset[int] = frozenset((F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K))
 GEMV_MAX_ROWS = 16
-# padded rows -> (BLOCK_N, BLOCK_K); BLOCK_M * BLOCK_N * BLOCK_K stays <= 8192
-GEMV_CONFIGS: dict[int, tuple[int, int]] = {1: (16, 256), 2: (16, 128), 4: (16, 64), 8: (16, 32), 16: (16, 32)}
-TILED_CONFIG = (64, 64, 64)  # BLOCK_M, BLOCK_N, BLOCK_K
-NUM_WARPS = 4
+# Block sizes for sm_90, chosen so that no specialisation spills registers (cuobjdump, see
+# scripts/triton_compile_check.py); to be tuned by measurement on a device.
+# GEMV: padded rows (BLOCK_M) -> (BLOCK_N, BLOCK_K, num_warps)
+GEMV_CONFIGS: dict[int, tuple[int, int, int]] = {1: (8, 256, 4), GEMV_MAX_ROWS: (32, 64, 4)}
+TILED_CONFIG = (128, 64, 32, 8)  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps
+DOT_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
+
+
+@triton.jit
+def _groups(wq, wh, rb, n_ok, k0, K, TYPE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The [BN, BLOCK_K // 32, 32] dequantised tile of columns k0.. of the rows at offsets rb [BN, 1, 1]."""
+    s = (k0 // 32 + tl.arange(0, BLOCK_K // 32))[None, :, None]
+    lane = tl.arange(0, 32)[None, None, :]
+    k = s * 32 + lane
+    if TYPE == 0:  # float rows may end mid-group: mask elements
+        mask = n_ok & (k < K)
+    elif TYPE == 1:
+        mask = n_ok & (k < K)
+    elif TYPE == 30:
+        mask = n_ok & (k < K)
+    else:  # block rows are whole groups: mask groups (scales are loaded per group)
+        mask = n_ok & (s * 32 < K)
+    return weight_groups(wq, wh, rb, s, lane, mask, TYPE), k
+
+
+@triton.jit
+def _dot_rows(
+    x, wq, wh, rb, n_ok, m, m_ok, K, stride_xm, TYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """sum over K of x[m, k] * w[n, k] for the rows m and the weight rows at rb, on tensor cores."""
+    xrow = x + m.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros((m.shape[0], BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w, _ = _groups(wq, wh, rb, n_ok, k0, K, TYPE, BLOCK_K)
+        w = tl.trans(tl.reshape(w, (BLOCK_N, BLOCK_K)))  # [BK, BN]
+        k = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.load(xrow + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
+        acc = tl.dot(xt, w, acc, input_precision=DOT_PRECISION)
+    return acc
 
 
 @triton.jit
@@ -61,19 +96,22 @@ def gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Rows [pid * BLOCK_N, +BLOCK_N) of out for all M (<= BLOCK_M) rows of x."""
+    """Rows [pid * BLOCK_N, +BLOCK_N) of out for all M (<= BLOCK_M) rows of x: each weight block
+    is read once. One row: element-wise partial sums reduced after the loop; up to 16: tl.dot
+    with the rows padded to 16 (tensor-core work is free while the weights' bytes bound the time)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_ok = n < N
     m_ok = m < M
-    rb = n.to(tl.int64)[:, None] * row_bytes
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
-        w = weight_tile(wq, wh, rb, k[None, :], n_ok[:, None] & k_ok[None, :], TYPE)  # [BN, BK]
-        xt = tl.load(x + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(xt[:, None, :] * w[None, :, :], axis=2)
+    rb = n.to(tl.int64)[:, None, None] * row_bytes
+    if BLOCK_M == 1:
+        part = tl.zeros((BLOCK_N, BLOCK_K // 32, 32), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            w, k = _groups(wq, wh, rb, n_ok[:, None, None], k0, K, TYPE, BLOCK_K)  # [BN, NS, 32]
+            part += w * tl.load(x + k, mask=k < K, other=0.0)
+        acc = tl.sum(tl.sum(part, axis=2), axis=1)[None, :]
+    else:
+        acc = _dot_rows(x, wq, wh, rb, n_ok[:, None, None], m, m_ok, K, stride_xm, TYPE, BLOCK_N, BLOCK_K)
     tl.store(out + m[:, None] * stride_om + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -99,22 +137,15 @@ def tiled_kernel(
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = n < N
     m_ok = m < M
-    rb = n.to(tl.int64)[None, :] * row_bytes
-    xrow = x + m.to(tl.int64)[:, None] * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
-        w = weight_tile(wq, wh, rb, k[:, None], k_ok[:, None] & n_ok[None, :], TYPE)  # [BK, BN]
-        xt = tl.load(xrow + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(xt, w, acc, input_precision="tf32x3")
+    rb = n.to(tl.int64)[:, None, None] * row_bytes
+    acc = _dot_rows(x, wq, wh, rb, n_ok[:, None, None], m, m_ok, K, stride_xm, TYPE, BLOCK_N, BLOCK_K)
     o = out + m.to(tl.int64)[:, None] * stride_om + n[None, :]
     tl.store(o, acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
 def gemv_rows(m: int) -> int:
     """The padded row count (BLOCK_M) of the GEMV specialisation for m rows."""
-    return 1 << max(0, m - 1).bit_length()
+    return 1 if m == 1 else GEMV_MAX_ROWS
 
 
 def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor) -> torch.Tensor:
@@ -134,13 +165,13 @@ def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor) -> torch.Tensor:
     args = (x, raw, raw.view(torch.int16), out, m, n, k, raw.numel() // n, x.stride(0), out.stride(0))
     if m <= GEMV_MAX_ROWS:
         bm = gemv_rows(m)
-        bn, bk = GEMV_CONFIGS[bm]
+        bn, bk, nw = GEMV_CONFIGS[bm]
         grid = (triton.cdiv(n, bn),)
-        gemv_kernel[grid](*args, TYPE=t, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=NUM_WARPS)
+        gemv_kernel[grid](*args, TYPE=t, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw)
     else:
-        bm, bn, bk = TILED_CONFIG
+        bm, bn, bk, nw = TILED_CONFIG
         grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
-        tiled_kernel[grid](*args, TYPE=t, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=NUM_WARPS)
+        tiled_kernel[grid](*args, TYPE=t, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw)
     return out
 
 
@@ -154,10 +185,10 @@ _SIGNATURE = {
 }
 
 
-def _spec(kind: str, fn: object, t: int, bm: int, bn: int, bk: int) -> tuple:
+def _spec(kind: str, fn: object, t: int, bm: int, bn: int, bk: int, nw: int) -> tuple:
     consts = {"TYPE": t, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
     name = f"matmul.{kind}[{type_name(t)},m{bm},n{bn},k{bk}]"
-    return (name, fn, dict(_SIGNATURE), consts, {"num_warps": NUM_WARPS})
+    return (name, fn, dict(_SIGNATURE), consts, {"num_warps": nw})
 
 
 COMPILE_SPECS: list[tuple] = [

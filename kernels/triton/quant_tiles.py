@@ -1,11 +1,14 @@
-"""Triton device functions that dequantise weight elements straight from the GGUF blocks.
+"""Triton device functions that dequantise weight tiles straight from the GGUF blocks.
 
-Every function is element-wise over broadcast index tensors: `rb` is the byte offset of each
-element's weight row (int64), `k` the element's column (int32), `mask` which elements exist. The
-same functions therefore build a [BLOCK_N, BLOCK_K] tile (GEMV) or a [BLOCK_K, BLOCK_N] tile
-(tl.dot) depending only on how the caller broadcasts `rb` and `k`. Each element computes the byte
-addresses of its quant bits and scales; neighbouring elements share bytes, which the hardware
-merges within a warp, so DRAM traffic stays the block bytes themselves.
+A tile is addressed in groups of 32 consecutive elements of a row (every block type is whole
+32-element groups: one block of Q4_0..Q8_0, one sub-block of the 256-element K-quants):
+`rb` is each row's byte offset (int64), `s` the group index along the row (element k = 32 s + ln)
+and `ln` the lane 0..31, passed as broadcastable index tensors, e.g. rb [BN, 1, 1], s [1, NS, 1],
+ln [1, 1, 32] for a [BN, NS, 32] tile. The caller picks the axis order (GEMV wants rows first,
+tl.dot wants k first). Scales, mins and high-bit words are loaded on the [.., NS, 1] shapes, once
+per group rather than per element, and the quant bytes of a group are contiguous in `ln`, so the
+compiler can load them as vectors where the alignment allows it (Q4_K/Q5_K blocks are multiples
+of 16 bytes).
 
 Two views of the same bytes come in: `wq` (uint8) and `wh` (int16). Every block size and every
 f16 field offset is even, so an f16 field is one aligned 16-bit load (`wh[off // 2]`), where a
@@ -20,6 +23,7 @@ import triton.language as tl
 
 # ggml type ids (gguf's GGMLQuantizationType), spelled out: constexpr branches compare literals.
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+GROUP = 32  # elements per group: the tile's innermost axis
 
 
 @triton.jit
@@ -40,50 +44,55 @@ def _i8(wq, off, mask):
 
 
 @triton.jit
-def _nibble(wq, blk, e, base, mask):
-    """32-element block layout: element e is the low nibble of byte e % 16, then the high ones."""
-    return (_u8(wq, blk + base + (e % 16), mask) >> ((e // 16) * 4)) & 15
+def _nibble(wq, qs, ln, mask):
+    """32-element block layout at byte `qs`: low nibbles of bytes 0..15, then their high nibbles."""
+    return (_u8(wq, qs + (ln % 16), mask) >> ((ln // 16) * 4)) & 15
 
 
 @triton.jit
-def _q5_bit(wq, blk, base, e, mask):
-    """Q5_0/Q5_1 5th bit of element e: bit e % 8 of byte e // 8 of the 32-bit qh field."""
-    return (_u8(wq, blk + base + (e // 8), mask) >> (e % 8)) & 1
+def _qh32(wq, off, mask):
+    """Q5_0/Q5_1's 32-bit high-bit field at a 2-aligned offset, from its four bytes."""
+    return (
+        _u8(wq, off, mask)
+        | (_u8(wq, off + 1, mask) << 8)
+        | (_u8(wq, off + 2, mask) << 16)
+        | (_u8(wq, off + 3, mask) << 24)
+    )
 
 
 @triton.jit
-def _q8_0(wq, wh, rb, k, mask):
-    blk = rb + (k // 32) * 34
-    return _f16(wh, blk, mask) * _i8(wq, blk + 2 + (k % 32), mask)
+def _q8_0(wq, wh, rb, s, ln, mask):
+    blk = rb + s * 34
+    return _f16(wh, blk, mask) * _i8(wq, blk + 2 + ln, mask)
 
 
 @triton.jit
-def _q4_0(wq, wh, rb, k, mask):
-    blk = rb + (k // 32) * 18
-    q = _nibble(wq, blk, k % 32, 2, mask) - 8
+def _q4_0(wq, wh, rb, s, ln, mask):
+    blk = rb + s * 18
+    q = _nibble(wq, blk + 2, ln, mask) - 8
     return _f16(wh, blk, mask) * q.to(tl.float32)
 
 
 @triton.jit
-def _q4_1(wq, wh, rb, k, mask):
-    blk = rb + (k // 32) * 20
-    q = _nibble(wq, blk, k % 32, 4, mask)
+def _q4_1(wq, wh, rb, s, ln, mask):
+    blk = rb + s * 20
+    q = _nibble(wq, blk + 4, ln, mask)
     return _f16(wh, blk, mask) * q.to(tl.float32) + _f16(wh, blk + 2, mask)
 
 
 @triton.jit
-def _q5_0(wq, wh, rb, k, mask):
-    blk = rb + (k // 32) * 22
-    e = k % 32
-    q = (_nibble(wq, blk, e, 6, mask) | (_q5_bit(wq, blk, 2, e, mask) << 4)) - 16
+def _q5_0(wq, wh, rb, s, ln, mask):
+    blk = rb + s * 22
+    hi = (_qh32(wq, blk + 2, mask) >> ln) & 1
+    q = (_nibble(wq, blk + 6, ln, mask) | (hi << 4)) - 16
     return _f16(wh, blk, mask) * q.to(tl.float32)
 
 
 @triton.jit
-def _q5_1(wq, wh, rb, k, mask):
-    blk = rb + (k // 32) * 24
-    e = k % 32
-    q = _nibble(wq, blk, e, 8, mask) | (_q5_bit(wq, blk, 4, e, mask) << 4)
+def _q5_1(wq, wh, rb, s, ln, mask):
+    blk = rb + s * 24
+    hi = (_qh32(wq, blk + 4, mask) >> ln) & 1
+    q = _nibble(wq, blk + 8, ln, mask) | (hi << 4)
     return _f16(wh, blk, mask) * q.to(tl.float32) + _f16(wh, blk + 2, mask)
 
 
@@ -100,39 +109,39 @@ def _k_scale_min(wq, blk, j, mask):
 
 
 @triton.jit
-def _q4_k(wq, wh, rb, k, mask):
-    blk = rb + (k // 256) * 144
-    e = k % 256
-    j = e // 32
+def _q4_k(wq, wh, rb, s, ln, mask):
+    blk = rb + (s // 8) * 144
+    j = s % 8  # sub-block
     sc, mn = _k_scale_min(wq, blk, j, mask)
-    q = (_u8(wq, blk + 16 + (j // 2) * 32 + (e % 32), mask) >> ((j % 2) * 4)) & 15
-    return (_f16(wh, blk, mask) * sc) * q.to(tl.float32) - _f16(wh, blk + 2, mask) * mn
+    dl = _f16(wh, blk, mask) * sc
+    ml = _f16(wh, blk + 2, mask) * mn
+    q = (_u8(wq, blk + 16 + (j // 2) * 32 + ln, mask) >> ((j % 2) * 4)) & 15
+    return dl * q.to(tl.float32) - ml
 
 
 @triton.jit
-def _q5_k(wq, wh, rb, k, mask):
-    blk = rb + (k // 256) * 176
-    e = k % 256
-    j = e // 32
-    l = e % 32  # noqa: E741
+def _q5_k(wq, wh, rb, s, ln, mask):
+    blk = rb + (s // 8) * 176
+    j = s % 8
     sc, mn = _k_scale_min(wq, blk, j, mask)
-    lo = (_u8(wq, blk + 48 + (j // 2) * 32 + l, mask) >> ((j % 2) * 4)) & 15
-    hi = (_u8(wq, blk + 16 + l, mask) >> j) & 1
-    q = lo | (hi << 4)
-    return (_f16(wh, blk, mask) * sc) * q.to(tl.float32) - _f16(wh, blk + 2, mask) * mn
+    dl = _f16(wh, blk, mask) * sc
+    ml = _f16(wh, blk + 2, mask) * mn
+    lo = (_u8(wq, blk + 48 + (j // 2) * 32 + ln, mask) >> ((j % 2) * 4)) & 15
+    hi = (_u8(wq, blk + 16 + ln, mask) >> j) & 1
+    return dl * (lo | (hi << 4)).to(tl.float32) - ml
 
 
 @triton.jit
-def _q6_k(wq, wh, rb, k, mask):
-    blk = rb + (k // 256) * 210
-    e = k % 256
-    g = e // 32
-    l = e % 32  # noqa: E741
-    lo = (_u8(wq, blk + (g // 4) * 64 + (g % 2) * 32 + l, mask) >> (((g // 2) % 2) * 4)) & 15
-    hi = (_u8(wq, blk + 128 + (g // 4) * 32 + l, mask) >> ((g % 4) * 2)) & 3
+def _q6_k(wq, wh, rb, s, ln, mask):
+    """Group g = s % 8 of a 256-element block; its two 16-element halves have their own scales."""
+    blk = rb + (s // 8) * 210
+    g = s % 8
+    lo = (_u8(wq, blk + (g // 4) * 64 + (g % 2) * 32 + ln, mask) >> (((g // 2) % 2) * 4)) & 15
+    hi = (_u8(wq, blk + 128 + (g // 4) * 32 + ln, mask) >> ((g % 4) * 2)) & 3
     q = (lo | (hi << 4)) - 32
-    sc = _i8(wq, blk + 192 + e // 16, mask)
-    return (_f16(wh, blk + 208, mask) * sc) * q.to(tl.float32)
+    d = _f16(wh, blk + 208, mask)
+    dl = tl.where(ln < 16, d * _i8(wq, blk + 192 + 2 * g, mask), d * _i8(wq, blk + 193 + 2 * g, mask))
+    return dl * q.to(tl.float32)
 
 
 @triton.jit
@@ -141,37 +150,41 @@ def _u16(wh, idx, mask):
 
 
 @triton.jit
-def _float(wh, rb, k, mask, TYPE: tl.constexpr):
+def _float(wh, rb, s, ln, mask, TYPE: tl.constexpr):
     """F16 / BF16 / F32 elements through the 16-bit view (2-byte alignment is all they need)."""
-    h = rb >> 1  # row start in 16-bit units
+    k = s * 32 + ln
     if TYPE == 1:
         w = _f16(wh, rb + 2 * k, mask)
     elif TYPE == 30:
-        w = (_u16(wh, h + k, mask) << 16).to(tl.float32, bitcast=True)
+        w = (_u16(wh, (rb >> 1) + k, mask) << 16).to(tl.float32, bitcast=True)
     else:
-        w = (_u16(wh, h + 2 * k, mask) | (_u16(wh, h + 2 * k + 1, mask) << 16)).to(tl.float32, bitcast=True)
+        i = (rb >> 1) + 2 * k
+        w = (_u16(wh, i, mask) | (_u16(wh, i + 1, mask) << 16)).to(tl.float32, bitcast=True)
     return w
 
 
 @triton.jit
-def weight_tile(wq, wh, rb, k, mask, TYPE: tl.constexpr):
-    """Dequantised f32 weights at (row byte offset rb, column k); 0 where `mask` is false."""
+def weight_groups(wq, wh, rb, s, ln, mask, TYPE: tl.constexpr):
+    """Dequantised f32 weights of row offset rb, group s, lane ln (broadcast); 0 where `mask` is false.
+
+    `mask` covers rows and groups (it broadcasts like rb and s); lanes are always in range.
+    """
     if TYPE == 8:
-        w = _q8_0(wq, wh, rb, k, mask)
+        w = _q8_0(wq, wh, rb, s, ln, mask)
     elif TYPE == 2:
-        w = _q4_0(wq, wh, rb, k, mask)
+        w = _q4_0(wq, wh, rb, s, ln, mask)
     elif TYPE == 3:
-        w = _q4_1(wq, wh, rb, k, mask)
+        w = _q4_1(wq, wh, rb, s, ln, mask)
     elif TYPE == 6:
-        w = _q5_0(wq, wh, rb, k, mask)
+        w = _q5_0(wq, wh, rb, s, ln, mask)
     elif TYPE == 7:
-        w = _q5_1(wq, wh, rb, k, mask)
+        w = _q5_1(wq, wh, rb, s, ln, mask)
     elif TYPE == 12:
-        w = _q4_k(wq, wh, rb, k, mask)
+        w = _q4_k(wq, wh, rb, s, ln, mask)
     elif TYPE == 13:
-        w = _q5_k(wq, wh, rb, k, mask)
+        w = _q5_k(wq, wh, rb, s, ln, mask)
     elif TYPE == 14:
-        w = _q6_k(wq, wh, rb, k, mask)
+        w = _q6_k(wq, wh, rb, s, ln, mask)
     else:
-        w = _float(wh, rb, k, mask, TYPE)
+        w = _float(wh, rb, s, ln, mask, TYPE)
     return tl.where(mask, w, 0.0)
