@@ -19,10 +19,11 @@ import torch
 from ..kernels import backends
 from ..kernels.ops import Ops
 from .batch import Batch, UBatch
+from .cuda_graphs import run_step
 from .embedding import model_causal, resolve_pooling
 from .errors import ContextError, allocate
 from .forward import GraphShape, build_forward, ubatch_inputs
-from .graph import Graph, run_graph
+from .graph import Graph
 from .memory import DecodeError, KVMemory
 from .model import Model
 from .params import ContextParams, derive
@@ -250,7 +251,7 @@ class Context:
                 self.workspace_regrows += 1
             inputs = ubatch_inputs(self.model, self.ops, self.memory, ub, slots, shape, self.cparams.causal_attn)
             with torch.inference_mode():
-                logits = run_graph(graph, self.ops, self.workspace, inputs)
+                logits = run_step(graph, self.ops, self.workspace, inputs)  # CUDA graphs if the backend asks
                 output[row : row + len(out_rows)].copy_(logits)
             row += len(out_rows)
             order.append(ub.batch_idx[out_rows])

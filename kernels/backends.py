@@ -2,7 +2,8 @@
 
 `torch` is the reference (dense f32 copies, any device); `cpu` computes from the GGUF blocks
 with the C kernels (`cpu-portable` forces their portable build); `auto` takes the fastest one
-that can run here and says why when it has to fall back. A CUDA backend registers beside them.
+that can run here and says why when it has to fall back. `cuda` runs the Triton kernels on the
+GPU (kernels/cuda_ops.py); `--device` (cli/device.py) chooses it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def _cpu(n: int, portable: bool | None = None) -> Ops:
     return CpuOps(n, portable)
 
 
+def _cuda(n: int) -> Ops:
+    from .cuda_ops import create as create_cuda
+
+    return create_cuda(n)
+
+
 register("torch", _torch)
 register("cpu", _cpu)
 register("cpu-portable", lambda n: _cpu(n, portable=True))
+register("cuda", _cuda)  # Triton kernels on the GPU (kernels/cuda_ops.py); cli/device.py picks it

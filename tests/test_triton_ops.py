@@ -132,12 +132,13 @@ def test_attention_matches_the_reference_with_the_mask_tensor_or_the_cells(
     out = torch.empty(g * t, h * d)
     scratch = [torch.empty(s, dtype=dt) for s, dt in attn_scratch(g, t, h, hkv, n_kv, d, d)]
     want = REF.attention(q, k, v, starts, n_kv, mask, 0.125, out.clone(), scratch, visible)
-    got = ta.attention(q, k, v, starts, n_kv, mask, 0.125, torch.empty_like(out), visible)
+    tiles = ta.blocks(t * (h // hkv), d)  # the GPU's tiles (the interpreter's default is one chunk wide)
+    got = ta.attention(q, k, v, starts, n_kv, mask, 0.125, torch.empty_like(out), visible, tiles=tiles)
     assert rel_err(got, want) <= 1e-5
     bits = (seqs.astype(np.int64) << np.arange(3)).sum(2)
     cells = (
         torch.from_numpy(pos), torch.from_numpy(bits), torch.from_numpy(qpos.reshape(-1)),
         torch.from_numpy(np.int64(1) << qseq.reshape(-1)), n_swa, True,
     )  # fmt: skip
-    got = ta.attention(q, k, v, starts, n_kv, None, 0.125, torch.empty_like(out), visible, cells)
+    got = ta.attention(q, k, v, starts, n_kv, None, 0.125, torch.empty_like(out), visible, cells)  # one-chunk tiles
     assert rel_err(got, want) <= 1e-5

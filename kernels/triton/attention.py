@@ -17,6 +17,7 @@ import triton.language as tl
 from gguf import GGMLQuantizationType as T
 
 from ..ops import KV_CHUNK, MASKED, KVTensor
+from . import mode
 
 FLOAT_KV = frozenset({int(T.F32), int(T.F16), int(T.BF16)})
 KV_TYPES = FLOAT_KV | {int(T.Q8_0)}
@@ -90,12 +91,15 @@ def attention_kernel(
             )
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
             m_i = m_new
-    out = acc / l_i[:, None]
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a row that saw no cell: 0, not 0/0
     tl.store(O + (g * T + t[:, None]) * so + h[:, None] * DV + dv[None, :], out, mask=rm[:, None] & (dv[None, :] < DV))
 
 
-def blocks(rows: int, d: int) -> tuple[int, int]:
-    """(BM, BN): query rows and cells per tile; wide heads take smaller tiles (registers)."""
+def blocks(rows: int, d: int, interpreted: bool = False) -> tuple[int, int]:
+    """(BM, BN): query rows and cells per tile; wide heads take smaller tiles (registers). The
+    interpreter pays per operation, not per element: there one tile spans a 256-cell chunk."""
+    if interpreted:
+        return max(16, triton.next_power_of_2(rows)), KV_CHUNK
     wide = d > 128
     bm = 16 if rows <= 16 else (32 if wide else 64)
     return bm, 32 if wide else 64
@@ -120,14 +124,16 @@ def attention(
     out: torch.Tensor,
     visible: torch.Tensor,
     cells: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool] | None = None,
+    tiles: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """q (G, T, H, D) with unit stride in D; out (G·T, H·Dv) contiguous; starts (G,) int64 on
     q's device; visible (n_kv / 256,) bool. `cells` = (cell pos (G, n_kv) int32, cell sequence
     bits (G, n_kv) int64, query pos (G·T,) int32, query sequence bit (G·T,) int64, n_swa, causal)
-    computes the mask in the kernel instead of reading `mask` (G, T, n_kv)."""
+    computes the mask in the kernel instead of reading `mask` (G, T, n_kv). `tiles` = (BM, BN)
+    overrides `blocks` (tests run the GPU's tiles in the interpreter)."""
     g, t, h, d = q.shape
     r = h // k.n_head
-    bm, bn = blocks(t * r, d)
+    bm, bn = tiles or blocks(t * r, d, mode.interpreted())
     kf, k8, k16, sk, k_rb = _views(k)
     vf, v8, v16, sv, v_rb = _views(v)
     if cells is None:
