@@ -125,7 +125,7 @@ def cli(
     validate.choice("-co", color, "color", ("on", "off", "auto"))
     sampling.check()
     for note in spec.check():
-        err_console.print(note, markup=False)
+        err_console.print(note, markup=False, soft_wrap=True)
     validate.n_parallel(parallel)  # these three import the engine's tables: last
     validate.kv_types(ctk, ctv)
     validate.backend(backend)

@@ -26,7 +26,8 @@ _GPU = "ubatch runs on the CPU here: there is no GPU to offload layers, KV or op
 _LOAD = "weights are read from the GGUF file into ubatch's own buffers (no mmap/mlock/direct-I/O choice)"
 _THREADS = "one pool of -t threads runs prompt and generation; affinity and priority are left to the OS"
 _FA = "ubatch has one attention implementation over the KV cells (no separate flash-attention path)"
-_SPEC = "speculative decoding is not built yet: tokens are generated one per step (same output)"
+_SPEC = "ubatch's drafters (ngram-simple, draft-simple) do not use this setting; verified tokens are the target's either way"
+_SPEC_DEV = "the draft model runs where the target runs, with the same -t threads"
 _LOG = "ubatch's log lines have one fixed format"
 _ROUTER = "one model per server: there is no router mode"
 _UI = "no web UI or tool runtime is bundled with ubatch"
@@ -56,6 +57,28 @@ _add(NO_EFFECT, _THREADS, "--threads-batch", "--cpu-mask", "--cpu-range", "--cpu
 _add(NO_EFFECT, _THREADS, "--cpu-mask-batch", "--cpu-range-batch", "--cpu-strict-batch", "--prio-batch")
 _add(NO_EFFECT, _THREADS, "--poll-batch", "--threads-http")
 _add(NO_EFFECT, _FA, "--flash-attn")
+_add(
+    NO_EFFECT,
+    _SPEC_DEV,
+    "--spec-draft-threads",
+    "--spec-draft-threads-batch",
+    "--spec-draft-ngl",
+    "--spec-draft-device",
+)
+_add(
+    NO_EFFECT,
+    _SPEC_DEV,
+    "--spec-draft-cpu-mask",
+    "--spec-draft-cpu-range",
+    "--spec-draft-cpu-strict",
+    "--spec-draft-prio",
+)
+_add(NO_EFFECT, _SPEC_DEV, "--spec-draft-poll", "--spec-draft-cpu-mask-batch", "--spec-draft-cpu-range-batch")
+_add(NO_EFFECT, _SPEC_DEV, "--spec-draft-cpu-strict-batch", "--spec-draft-prio-batch", "--spec-draft-poll-batch")
+_add(NO_EFFECT, _SPEC_DEV, "--spec-draft-override-tensor", "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe")
+_add(REFUSED, _DOWNLOAD, "--spec-draft-hf")
+_REMOVED = "the argument has been removed (as in llama.cpp): use --spec-draft-n-max or --spec-ngram-mod-n-max"
+_add(REFUSED, _REMOVED, "--draft", "--draft-n", "--draft-max", "--draft-min", "--draft-n-min")
 _add(NO_EFFECT, _LOG, "--log-file", "--log-jsonl", "--log-colors", "--log-prefix", "--log-timestamps")
 _add(NO_EFFECT, _LOG, "--log-prompts-dir", "--perf", "--verbose-prompt", "--print-token-count")
 _add(NO_EFFECT, _ROUTER, "--models-dir", "--models-preset", "--models-max", "--models-autoload")

@@ -14,9 +14,10 @@ from typing import Any, Optional
 import typer
 
 from . import validate
-from .common import process_escapes, read_text_file, user_errors
+from .common import err_console, process_escapes, read_text_file, user_errors
 from .options import BATCH, CTX, MODEL, SERVER, opt
 from .sampling_flags import SamplingFlags, sampling_options
+from .spec_flags import SpecFlags, spec_options
 
 EMBD = "Embeddings"
 
@@ -27,6 +28,7 @@ def _csv(v: str | None) -> tuple[str, ...]:
 
 @user_errors
 @sampling_options
+@spec_options
 def server(
     model: Optional[Path] = opt("model", None),
     alias: Optional[str] = typer.Option(
@@ -163,6 +165,7 @@ def server(
     ),
     special: bool = opt("special", False),
     sampling: SamplingFlags = SamplingFlags(),
+    spec: SpecFlags = SpecFlags(),
 ) -> None:
     validate.in_range("--port", port, "port", 0, 65535)
     validate.positive("-to", timeout, "timeout")
@@ -175,6 +178,8 @@ def server(
     if not _csv(host):
         raise validate.invalid("--host", host, "host", "give at least one address")
     sampling.check()
+    for note in spec.check():
+        err_console.print(note, markup=False, soft_wrap=True)
     validate.n_parallel(n_parallel, auto=True)  # these three import the engine's tables: last
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
@@ -246,6 +251,7 @@ def server(
             embedding=embedding,
             pooling=pooling,
             reranking=reranking,
+            spec=spec,
         )
 
     serve(host, port, options, load, timeout=timeout, log_disable=log_disable, log_verbosity=log_verbosity)

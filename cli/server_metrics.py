@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from ..engine.scheduler import Scheduler, Slot
+from ..engine.speculative import SpecStats
 from ..engine.units import tokens_per_second
 
 SLOTS_DEBUG = os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "") not in ("", "0")
@@ -26,7 +27,7 @@ def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
     res: dict[str, Any] = {
         "id": s.id,
         "n_ctx": s.n_ctx,
-        "speculative": False,
+        "speculative": s.speculative,
         "is_processing": s.busy,
         "n_cache_tokens": len(s.cache),
     }
@@ -86,6 +87,7 @@ def metrics_text(sch: Scheduler) -> str:
     """Prometheus text with llama.cpp's `llamacpp:` metrics, then this project's `ubatch:` ones
     (how many sequences and rows each decode carried)."""
     st = sch.stats
+    spec = sch.speculator.stats if sch.speculator is not None else SpecStats()
     counters = [
         st.n_prompt_tokens_total,
         st.n_prompt_cached_total,
@@ -94,9 +96,9 @@ def metrics_text(sch: Scheduler) -> str:
         st.t_predicted_ms_total / 1e3,
         st.n_decode_total,
         st.n_tokens_max,
-        0,  # no speculative decoding
-        0,
-        0,
+        spec.n_drafted,
+        spec.n_accepted,
+        spec.n_drafts,
     ]
     gauges = [
         tokens_per_second(st.n_prompt_tokens, st.t_prompt_ms),
@@ -110,6 +112,10 @@ def metrics_text(sch: Scheduler) -> str:
     for kind, items, vals in (("counter", _COUNTERS, counters), ("gauge", _GAUGES, gauges)):
         for (name, help), v in zip(items, vals):
             lines += [f"# HELP llamacpp:{name} {help}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {_num(v)}"]
+    if spec.accepted_per_pos:  # llama-server's labelled counter, one series per draft position
+        name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+        lines += [f"# HELP {name} Accepted tokens per draft position", f"# TYPE {name} counter"]
+        lines += [f'{name}{{position="{i}"}} {n}' for i, n in enumerate(spec.accepted_per_pos)]
 
     def emit(name: str, help: str, kind: str, v: float | list[tuple[str, float]]) -> None:
         lines.extend([f"# HELP ubatch:{name} {help}", f"# TYPE ubatch:{name} {kind}"])

@@ -151,12 +151,14 @@ def load_scheduler(
     embedding: bool = False,
     pooling: str | None = None,
     reranking: bool = False,
+    spec: Any = None,
 ) -> Any:
     """The model, its context (one sequence and one output row per slot) and the started
     scheduler, logging llama-server's startup lines unless quiet. `embedding` (--embedding)
     reserves hidden-state rows and, as llama-server, every row of a batch as an output, with
     n_batch cut to n_ubatch; `pooling` is --pooling (None: the model's); `reranking` is
-    --reranking (embedding with rank pooling)."""
+    --reranking (embedding with rank pooling); `spec` the speculative flags (cli/spec_flags.py),
+    whose drafts each slot verifies, so n_outputs_max grows to n_parallel x (1 + draft)."""
     from ..engine.context import Context
     from ..engine.model import Model
     from ..engine.params import ContextParams
@@ -176,7 +178,7 @@ def load_scheduler(
         n_ubatch=ubatch_size,
         n_seq_max=n_parallel,
         n_threads=threads if threads > 0 else 0,
-        n_outputs_max=batch_size if embedding else n_parallel,
+        n_outputs_max=batch_size if embedding else min(batch_size, _n_outputs(spec, n_parallel)),
         type_k=ctk,
         type_v=ctv,
         kv_unified=kv_unified,
@@ -184,6 +186,7 @@ def load_scheduler(
         backend=backend,
     )
     ctx = Context(m, params, embeddings=embedding, pooling=pooling)
+    speculator = spec.build(ctx) if spec is not None and not embedding else None
     if not no_warmup:
         ctx.warmup()
     sch = Scheduler(
@@ -193,11 +196,13 @@ def load_scheduler(
         cache_reuse=cache_reuse,
         slot_prompt_similarity=sps,
         cont_batching=cont_batching,
+        speculator=speculator,
     )
     if not quiet:
         from .present import startup_lines
+        from .spec_view import spec_startup_lines
 
-        for line in startup_lines(ctx):
+        for line in startup_lines(ctx) + spec_startup_lines(speculator, ctx):
             log(line)
         for w in notes:
             log(f"srv    load_model: WARN {w}")
@@ -214,6 +219,11 @@ def load_scheduler(
         sch.listener = _slot_logger(sch)
     sch.start()
     return sch
+
+
+def _n_outputs(spec: Any, n_parallel: int) -> int:
+    """One output row per slot, and with speculation one per drafted token too."""
+    return n_parallel if spec is None else spec.params().n_outputs_max(n_parallel, n_parallel)
 
 
 def _slot_logger(sch: Any) -> Any:
@@ -238,5 +248,9 @@ def _slot_logger(sch: Any) -> Any:
             f"{tm['predicted_n']:5d} tokens ({tm['predicted_per_second']:8.2f} tokens per second) | "
             f"stop = {rec.reason}, truncated = {int(s.truncated)}, n_tokens = {len(s.cache)}"
         )
+        if s.spec.n_drafts:  # llama-server's acceptance line at the end of a speculative slot
+            from .spec_view import spec_summary_lines
+
+            log(f"slot print_timing: id {s.id:2d} | task {t.id} | {spec_summary_lines(s.spec)[0]}")
 
     return on

@@ -67,6 +67,8 @@ class Scheduler(SlotEnds, EngineThread):
         self.similarity = slot_prompt_similarity
         self.cont_batching = cont_batching
         self.speculator = speculator  # drafts verified with each generating slot's row
+        for s in self.slots:
+            s.speculative = speculator is not None
         self.stats = SchedulerStats()
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.releases: deque[ReleaseRecord] = deque(maxlen=history)

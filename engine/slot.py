@@ -37,6 +37,7 @@ class Slot:
     gen: Generation | None = None  # the current (or, when idle, the last) task's generation
     draft: Draft = field(default_factory=lambda: Draft([]))  # tokens to verify in this iteration
     spec: SpecStats = field(default_factory=SpecStats)  # the current task's drafts
+    speculative: bool = False  # the server drafts for its slots (/slots' "speculative")
     n_prompt_cache: int = 0
     n_prompt_done: int = 0
     t_start: float = 0.0

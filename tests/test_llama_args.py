@@ -76,7 +76,8 @@ def test_policies_say_why() -> None:
     by_name = {n: f for f in flags_for("cli") for n in f.all_names}
     assert policy_for(by_name["-ngl"], "cli").status == NO_EFFECT  # type: ignore[union-attr]
     assert policy_for(by_name["--lora"], "cli").status == REFUSED  # type: ignore[union-attr]
-    assert "not built yet" in policy_for(by_name["-md"], "cli").reason  # type: ignore[union-attr]
+    assert "do not use this setting" in policy_for(by_name["--spec-draft-p-split"], "cli").reason  # type: ignore[union-attr]
+    assert "has been removed" in policy_for(by_name["--draft-max"], "cli").reason  # type: ignore[union-attr]
 
 
 CASES: list[tuple[list[str], dict[str, str], int, list[str], list[str]]] = [
@@ -116,10 +117,10 @@ CASES: list[tuple[list[str], dict[str, str], int, list[str], list[str]]] = [
         [],
     ),
     (
-        ["server", "-m", MISSING, "--spec-draft-n-max", "4", "-md", "d.gguf"],
+        ["server", "-m", MISSING, "--spec-draft-n-max", "4", "-md", "d.gguf", "-ngld", "99", "--draft-max", "4"],
         {},
         1,
-        ["speculative decoding is not built yet"],
+        ["notice: --spec-draft-ngl 99", "is not supported: the argument has been removed"],
         [],
     ),
     (

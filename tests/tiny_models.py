@@ -33,6 +33,7 @@ class TinySpec:
     embd_type: int = T.Q8_0
     seed: int = 0
     extra: Callable[[gguf.GGUFWriter, np.random.Generator], None] | None = None  # more keys / tensors
+    vocab: tuple[list[str], list[float], list[int]] | None = None  # another model's tokens (a draft)
 
 
 def _random_k_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: int) -> np.ndarray:
@@ -63,7 +64,7 @@ def _tensor(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: int, rng: np.
 def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
     s = spec or TinySpec()
     rng = np.random.default_rng(s.seed)
-    tokens, scores, types = tiny_spm_vocab()
+    tokens, scores, types = s.vocab or tiny_spm_vocab()
     n_vocab = len(tokens)
     w = gguf.GGUFWriter(str(path), s.arch)
     w.add_context_length(s.n_ctx_train)
