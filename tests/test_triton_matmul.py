@@ -1,7 +1,7 @@
 """The Triton quantised matmul (kernels/triton/matmul.py) against dequantise-then-matmul.
 
-The kernels run in Triton's interpreter on the CPU (tiny shapes: the grid is a handful of
-programs), and are compiled for sm_90 by scripts/triton_compile_check.py in a subprocess that
+Without a GPU the kernels run in Triton's interpreter on the CPU (tiny shapes: the grid is a
+handful of programs); with one, compiled on it (tests/triton_interp.py). They are also compiled for sm_90 by scripts/triton_compile_check.py in a subprocess that
 uses the real compiler. Tolerance: max |out - ref| / max |ref| <= 1e-5 against a float64
 reference of the exactly dequantised weights (kernels/dequant.py); the kernels accumulate in f32.
 """
@@ -16,16 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import triton_interp  # (sets TRITON_INTERPRET: before any kernel module is imported)
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
+from triton_interp import DEVICE  # first: interpreter mode without a GPU
 
 import ubatch.kernels.triton.matmul as mm
-import ubatch.kernels.triton.quant_tiles as qt
 from ubatch.kernels.dequant import dequantize
 from ubatch.kernels.weight import QWeight
-
-triton_interp.interpreted(qt, mm)
 
 ROOT = Path(__file__).resolve().parents[1]
 REL_TOL = 1e-5
@@ -68,17 +65,18 @@ def random_weight(t: T, n: int, k: int, seed: int = 0) -> QWeight:
         raw = rng.integers(0, 256, (n * k // block, type_size), dtype=np.uint8)
         for off in F16_FIELDS[t]:
             raw[:, off : off + 2] = rng.uniform(-0.05, 0.05, (len(raw), 1)).astype(np.float16).view(np.uint8)
-    return QWeight(f"w.{t.name}", torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1), int(t), (n, k))
+    raw_t = torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1).to(DEVICE)
+    return QWeight(f"w.{t.name}", raw_t, int(t), (n, k))
 
 
 def check(w: QWeight, m: int, seed: int = 1) -> float:
     """Run linear on m random rows and return its max error relative to the reference's max."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, w.shape[1], generator=g)
-    out = torch.full((m, w.shape[0]), float("nan"))
-    assert mm.linear(x, w, out) is out
-    ref = x.double() @ dequantize(w.raw, w.ggml_type, w.shape).double().T
-    return float((out.double() - ref).abs().max() / ref.abs().max())
+    out = torch.full((m, w.shape[0]), float("nan"), device=DEVICE)
+    assert mm.linear(x.to(DEVICE), w, out) is out
+    ref = x.double() @ dequantize(w.raw.cpu(), w.ggml_type, w.shape).double().T
+    return float((out.cpu().double() - ref).abs().max() / ref.abs().max())
 
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -99,11 +97,11 @@ def test_strided_rows_of_x_and_out() -> None:
     """x and out may be row views of larger buffers (the workspace): only the rows are contiguous."""
     w = random_weight(T.Q8_0, N_ROWS, 64)
     for m in (2, 20):
-        xbuf, obuf = torch.randn(m, 100), torch.zeros(m, 50)
+        xbuf, obuf = torch.randn(m, 100, device=DEVICE), torch.zeros(m, 50, device=DEVICE)
         x, out = xbuf[:, 3:67], obuf[:, 5 : 5 + N_ROWS]
         mm.linear(x, w, out)
-        ref = x @ w.dense().T
-        assert float((out - ref).abs().max() / ref.abs().max()) <= REL_TOL
+        ref = x.cpu() @ w.to("cpu").dense().T
+        assert float((out.cpu() - ref).abs().max() / ref.abs().max()) <= REL_TOL
         assert not obuf[:, :5].any() and not obuf[:, 5 + N_ROWS :].any()  # nothing outside out written
 
 
@@ -140,7 +138,7 @@ def test_real_tensor_rows(default_gguf, name: str) -> None:  # type: ignore[no-u
     t = default_gguf.tensors[name]
     k = t.shape[-1]
     raw = torch.from_numpy(t.data[: N_ROWS * t.data.size // t.shape[0]].copy())
-    w = QWeight(name, raw, t.ggml_type, (N_ROWS, k))
+    w = QWeight(name, raw.to(DEVICE), t.ggml_type, (N_ROWS, k))
     for m in (1, 17):
         assert check(w, m) <= REL_TOL
 
