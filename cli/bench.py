@@ -72,6 +72,7 @@ def bench(
     ctv: Optional[List[str]] = opt("ctv", None, show_default="f16", panel=PARAMS),
     threads: Optional[List[str]] = opt("threads", None, show_default="all", panel=PARAMS),
     backend: str = opt("backend", "auto", panel=PARAMS),
+    device: str = opt("device", "auto", panel=PARAMS),
     n_outputs_max: Optional[List[str]] = typer.Option(
         None,
         "-nom",
@@ -145,6 +146,9 @@ def bench(
     from .bench_target import check_plot_path, output_target, write_file
 
     validate.backend(backend)
+    from .device import load_on, resolve_device
+
+    dev, p.backend = resolve_device(device, backend)
     p.type_k = str_list(ctk, ["f16"], "-ctk", KV_TYPES)
     p.type_v = str_list(ctv, ["f16"], "-ctv", KV_TYPES)
     fmt, out_path = output_target(output, "-o")
@@ -176,7 +180,7 @@ def bench(
             progress.update(task, completed=e.test_index)
 
     with progress:
-        results = run_bench(p, on_event)
+        results = run_bench(p, on_event, {m: load_on(m, dev) for m in p.models} if dev.type != "cpu" else None)
     text = format_results(fmt, p, results, extras=profile)
     if out_path is not None:
         write_file(out_path, text, "-o")
@@ -210,6 +214,7 @@ def batched_bench(
     ubatch_size: int = opt("ubatch_size", 512, panel=PARAMS),
     threads: int = opt("threads", -1, panel=PARAMS),
     backend: str = opt("backend", "auto", panel=PARAMS),
+    device: str = opt("device", "auto", panel=PARAMS),
     ctk: str = opt("ctk", "f16", panel=PARAMS),
     ctv: str = opt("ctv", "f16", panel=PARAMS),
     kvu: bool = opt("kv_unified", False, help="one KV stream shared by all sequences", panel=PARAMS),
@@ -227,6 +232,9 @@ def batched_bench(
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
     from ..engine.batched_bench import BatchedParams, run_batched_bench
+    from .device import load_on, resolve_device
+
+    dev, backend = resolve_device(device, backend)
     from .batched_format import batched_header_line, batched_jsonl_row, batched_md_head, batched_md_row
 
     p = BatchedParams(
@@ -262,7 +270,7 @@ def batched_bench(
             progress.update(task, completed=e.test_index)
 
     with progress:
-        header, results = run_batched_bench(p, on_event)
+        header, results = run_batched_bench(p, on_event, load_on(p.model, dev))
     out = sys.stdout
     if output_format == "md":
         out.write("\n" + batched_header_line(header) + "\n")

@@ -50,6 +50,7 @@ OPTIONS: dict[str, Spec] = {
     "ubatch_size": Spec(("-ub", "--ubatch-size"), "physical batch size (max tokens per forward pass)", BATCH),
     "threads": Spec(("-t", "--threads"), "CPU threads (-1 = all)", BATCH),
     "backend": Spec(("--backend",), BACKEND_HELP, BATCH),
+    "device": Spec(("-dev", "--device"), "where the model runs: cuda, cpu or auto (cuda when a GPU is visible)", BATCH),
     "n_outputs_max": Spec(("--n-outputs-max",), "output rows the compute buffer is reserved for", BATCH),
     "warmup": Spec(("--warmup/--no-warmup",), "run one empty decode before the first request", BATCH),
     "chat_template": Spec(
