@@ -15,6 +15,7 @@ from .batch import Batch
 from .context import Context
 from .errors import ContextError
 from .generation import Generation, GenerationParams, Step, shift_sequence
+from .memory import DecodeError
 from .sampling import Sampler
 from .spec_verify import verify
 from .speculative import Draft, SpecStats, Speculator, n_draft_max
@@ -94,7 +95,13 @@ def _step(ctx: Context, gen: Generation, seq_id: int, spec: Speculator | None, s
     b = Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g")
     for i, t in enumerate(draft.tokens):
         b.add(t, len(cache) + 1 + i, seq_id, True, "d")
-    ctx.decode(b)
+    try:
+        ctx.decode(b)
+    except DecodeError as e:  # no cells for the draft (a full window cache): verify nothing
+        if e.code != 1 or not draft.tokens:
+            raise
+        draft = Draft([])
+        ctx.decode(Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g"))
     stats.t_eval_ms += (time.perf_counter() - te) * 1e3
     gen.decoded()
     n_before = len(cache)

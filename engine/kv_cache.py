@@ -102,6 +102,10 @@ class KVCache:
         self.k = {il: KVStore(n, n_head_kv, head_k, type_k, device) for il in layers}
         self.v = {il: KVStore(n, n_head_kv, head_v, type_v, device) for il in layers}
         self.pending_copies: list[tuple[int, int]] = []  # (src stream, dst stream) at next update
+        # while a batch with drafted rows is placed: per sequence, its first row's position. A
+        # window cell is reused only if that row cannot see it either, so removing rejected
+        # drafts never leaves the next row without a key it needs
+        self.window_floor: dict[int, int] = {}
 
     def stream_of(self, s: int) -> int:
         return 0 if self.n_stream == 1 else s
@@ -170,9 +174,11 @@ class KVCache:
         usable = c.pos < 0
         if self.n_swa > 0:
             owners = c.seq.sum(1) == 1
-            seq_max = np.array([c.seq_pos_max(s) for s in range(c.n_seq_max)])
+            first = np.array([c.seq_pos_max(s) + 1 for s in range(c.n_seq_max)])
+            for s, p in self.window_floor.items():
+                first[s] = min(first[s], p)
             owner = c.seq.argmax(1)
-            usable |= owners & (c.pos >= 0) & self.masked_swa(c.pos, seq_max[owner] + 1)
+            usable |= owners & (c.pos >= 0) & self.masked_swa(c.pos, first[owner])
         after = np.flatnonzero(usable[head:])
         if after.size >= n:
             return after[:n] + head

@@ -82,6 +82,20 @@ class KVMemory:
     # -- splitting and placement ----------------------------------------------------------------
     def init_batch(self, batch: Batch, n_ubatch: int) -> list[UBatch]:
         """Split as llama.cpp's memory does and check every ubatch fits (error code 1 if not)."""
+        floor: dict[int, int] = {}
+        if "d" in batch.kind:  # a verification: its drafts may be removed again (seq_rm)
+            for pos, sids in zip(batch.pos, batch.seq_id):
+                for s in sids:
+                    floor[s] = min(floor.get(s, pos), pos)
+        for c in self.caches:
+            c.window_floor = floor
+        try:
+            return self._init_batch(batch, n_ubatch)
+        finally:
+            for c in self.caches:
+                c.window_floor = {}
+
+    def _init_batch(self, batch: Batch, n_ubatch: int) -> list[UBatch]:
         self._planned = []
         try:
             if self.n_stream == 1:

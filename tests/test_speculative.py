@@ -89,9 +89,7 @@ def test_a_tiny_random_draft_with_the_same_vocabulary(
         [float(x) for x in md["tokenizer.ggml.scores"]],
         [int(x) for x in md["tokenizer.ggml.token_type"]],
     )
-    path = write_tiny_model(
-        tmp_path / "draft.gguf", TinySpec(n_embd=32, n_layer=2, n_ff=64, vocab=vocab)
-    )
+    path = write_tiny_model(tmp_path / "draft.gguf", TinySpec(n_embd=32, n_layer=2, n_ff=64, vocab=vocab))
     spec = SpecParams(types=("draft-simple",), n_max=3)
     toks, st = greedy(default_model, 40, spec, draft=Model.load(path))
     assert toks == plain  # a bad draft costs speed, never tokens
@@ -232,3 +230,38 @@ def test_server_slots_verify_drafts_under_concurrency(default_model_path: Path, 
     finally:
         live.close()
         sch.stop()
+
+
+def test_window_cache_keeps_what_the_next_row_needs_after_a_rejected_draft(tmp_path: Path) -> None:
+    """gemma3's sliding-window cache reuses cells the window left. With n_swa + n_ubatch exactly
+    one 256-cell pad there is no slack: a verification split over several ubatches must not reuse
+    a cell that the row after a rejected draft still sees (nor fail: it verifies fewer rows)."""
+    model = Model.load(write_tiny_model(tmp_path / "w.gguf", TinySpec(n_swa=254, seed=3)))
+    draft = Model.load(write_tiny_model(tmp_path / "d.gguf", TinySpec(arch="llama", n_layer=1, seed=5)))
+
+    def run(spec: SpecParams | None) -> tuple[list[int], CompletionStats]:
+        ctx = Context(model, ContextParams(n_ctx=1024, n_batch=64, n_ubatch=2, n_outputs_max=8))
+        assert ctx.memory.caches[1].size == 256  # the window cache wraps within this run
+        sp = None
+        if spec is not None:  # a random draft with the tiny vocabulary: 4-token drafts, mostly rejected
+            dctx = Context(draft, ContextParams(n_ctx=1024, n_batch=64, n_ubatch=2))
+            sp = Speculator.create(spec, ctx, dctx)
+        swa = ctx.memory.caches[1]
+
+        def window_complete(batch: Any, ub: Any, rec: Any) -> None:  # what the first row must see
+            if batch.kind_of(int(ub.batch_idx[0])) == "g":
+                p, cells = int(ub.pos[0]), swa.streams[0]
+                missing.extend(set(range(max(0, p - 253), p)) - set(cells.pos[cells.pos >= 0].tolist()))
+
+        ctx.observers.append(window_complete)
+        st = CompletionStats()
+        ids = model.vocab.tokenize("a b c a b c a b", add_special=True)
+        sampler = Sampler(SamplerParams(temp=0))
+        return [e.token for e in complete(ctx, ids, 360, sampler, st, ignore_eos=True, speculator=sp)], st
+
+    missing: list[int] = []
+    plain, _ = run(None)
+    toks, st = run(SpecParams(types=("draft-simple",), n_max=4))
+    assert not missing
+    assert st.spec.n_drafts > 20 and st.spec.n_accepted < st.spec.n_drafted  # drafts were rejected
+    assert toks == plain
