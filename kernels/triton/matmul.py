@@ -41,7 +41,10 @@ GEMV_MAX_ROWS = 16
 # Block sizes for sm_90, chosen so that no specialisation spills registers (cuobjdump, see
 # scripts/triton_compile_check.py); to be tuned by measurement on a device.
 # GEMV: padded rows (BLOCK_M) -> (BLOCK_N, BLOCK_K, num_warps)
-GEMV_CONFIGS: dict[int, tuple[int, int, int]] = {1: (8, 256, 4), GEMV_MAX_ROWS: (32, 64, 4)}
+GEMV_CONFIGS: dict[int, tuple[int, int, int]] = {1: (8, 512, 4), GEMV_MAX_ROWS: (32, 64, 4)}
+# The one-row loop is software-pipelined like the tl.dot loops are by default: without it a
+# program has one K tile of blocks in flight, a few KB per SM, far from what hides DRAM latency.
+GEMV_STAGES: tl.constexpr = tl.constexpr(3)
 TILED_CONFIG = (128, 64, 32, 8)  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps
 DOT_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
 
@@ -106,7 +109,7 @@ def gemv_kernel(
     rb = n.to(tl.int64)[:, None, None] * row_bytes
     if BLOCK_M == 1:
         part = tl.zeros((BLOCK_N, BLOCK_K // 32, 32), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=GEMV_STAGES):  # cp.async keeps blocks in flight
             w, k = _groups(wq, wh, rb, n_ok[:, None, None], k0, K, TYPE, BLOCK_K)  # [BN, NS, 32]
             part += w * tl.load(x + k, mask=k < K, other=0.0)
         acc = tl.sum(tl.sum(part, axis=2), axis=1)[None, :]
