@@ -86,8 +86,12 @@ def context_shift(ctx: Context, n_past: int, n_keep: int, seq_id: int = 0) -> in
     return n_past - shift_sequence(ctx.memory, seq_id, n_past, n_keep)
 
 
-def _step(ctx: Context, gen: Generation, seq_id: int, spec: Speculator | None, stats: CompletionStats) -> list[Step]:
-    """Decode the sampled token (and a draft, if one is proposed); the target's next tokens."""
+def decode_step(
+    ctx: Context, gen: Generation, seq_id: int, spec: Speculator | None, stats: CompletionStats
+) -> list[Step]:
+    """Decode the sampled token (and a draft, if one is proposed); the target's next tokens.
+    The one generation step every caller of a single sequence shares (completions, chat turns,
+    the `Llama` API); the server's slots do the same per slot in engine/slot_spec.py."""
     cache, p = gen.cache, gen.params
     te = time.perf_counter()  # eval time: drafting and the decode (sampling is counted apart)
     n = n_draft_max(gen.n_ctx, len(cache), p.n_predict, gen.n_decoded, spec.n_max) if spec else 0
@@ -176,7 +180,7 @@ def complete(
         if gen.done:
             break
         stats.n_shifts += gen.make_room(ctx.memory, seq_id)
-        pending = _step(ctx, gen, seq_id, speculator, stats)
+        pending = decode_step(ctx, gen, seq_id, speculator, stats)
         stats.n_past = len(cache)
     stats.stop_reason, stats.stopping_word = gen.stop_reason, gen.stopping_word
     tail = gen.finish()

@@ -7,8 +7,6 @@ longest common prefix of the previous evaluation instead of re-evaluating it.
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,12 +21,12 @@ from .engine.default_model import default_model_path
 from .engine.embedding import POOLING_TYPES, embed_prompts
 from .engine.embedding_task import fit_prompt
 from .engine.errors import ContextError
-from .engine.generate import check_prompt_fits
-from .engine.generation import Generation, GenerationParams, TokenProb
 from .engine.grammar import compile_grammar
 from .engine.model import Model
 from .engine.params import ContextParams
-from .engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
+from .engine.sampling import LLAMA_DEFAULT_SEED, SamplerParams
+from .engine.speculative import SpecError, SpecParams, SpecStats
+from .llama_completion import completion_chunks, speculator_for
 
 
 class Llama:
@@ -49,8 +47,18 @@ class Llama:
         backend: str = "auto",
         embedding: bool = False,
         pooling_type: int | str | None = None,  # LLAMA_POOLING_TYPE_* (-1: the model's) or a name
+        spec_type: str | None = None,  # speculative decoding, as --spec-type: "ngram-simple", "draft-simple"
+        draft_model: str | Path | None = None,  # the draft model's GGUF, for draft-simple (-md)
+        spec_draft_n_max: int = 3,
+        spec_ngram_size_n: int = 12,
+        spec_ngram_size_m: int = 48,
         **_ignored: Any,
     ) -> None:
+        types = tuple(t.strip() for t in (spec_type or "").split(",") if t.strip())
+        spec = SpecParams(types, spec_draft_n_max, ngram_size_n=spec_ngram_size_n, ngram_size_m=spec_ngram_size_m)
+        spec.check()  # before anything loads
+        if "draft-simple" in types and draft_model is None:
+            raise SpecError("spec_type draft-simple needs draft_model (a GGUF path)")
         self.model_path = str(model_path or default_model_path())
         self.model = Model.load(self.model_path)
         self.vocab = self.model.vocab
@@ -63,13 +71,15 @@ class Llama:
             n_threads=n_threads or 0,
             type_k=type_k,
             type_v=type_v,
-            n_outputs_max=0 if logits_all or embedding else n_seq_max,  # 0: n_batch (every row)
+            n_outputs_max=0 if logits_all or embedding else spec.n_outputs_max(n_seq_max, n_seq_max),  # 0: n_batch
             backend=backend,
         )
         if isinstance(pooling_type, int):
             pooling_type = POOLING_TYPES[pooling_type] if 0 <= pooling_type < len(POOLING_TYPES) else None
         self.ctx = Context(self.model, params, embeddings=embedding, pooling=pooling_type)
         self.embedding = embedding
+        self.speculator = speculator_for(spec, self.ctx, draft_model)
+        self.spec_stats = SpecStats()  # drafts verified over this object's completions
         self.ctx.warmup()
         self.seed = seed
         self.logits_all = logits_all
@@ -125,6 +135,17 @@ class Llama:
                 self.scores[len(chunk) - 1] = logits[-1].numpy()
             self.input_ids[n_past : n_past + len(chunk)] = chunk
             self.n_tokens += len(chunk)
+
+    def after_step(self, cache: list[int], n_before: int, n_rows: int) -> None:
+        """A generation step decoded rows n_before.. (the sampled token, then accepted drafts)."""
+        self.input_ids[: len(cache)] = cache
+        self.n_tokens = len(cache)
+        logits = self.ctx.logits[:n_rows]
+        self._last_logits = logits[-1]
+        if self.logits_all:
+            self.scores[n_before : n_before + n_rows] = logits.numpy()
+        else:
+            self.scores[0] = logits[-1].numpy()
 
     save_state, load_state = llama_state.save, llama_state.load  # llama-cpp-python's names
     save_state_file, load_state_file = llama_state.save_file, llama_state.load_file
@@ -221,80 +242,5 @@ class Llama:
 
     __call__ = create_completion
 
-    def _completion(
-        self,
-        prompt: str | list[int],
-        max_tokens: int | None,
-        sp: SamplerParams,
-        logprobs: int | None,
-        echo: bool,
-        stop: str | list[str] | None,
-        grammar: Any,
-        logit_bias: list[tuple[int, float]],
-    ) -> Iterator[dict[str, Any]]:
-        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        ids = prompt if isinstance(prompt, list) else self.vocab.tokenize(prompt, True, True)
-        check_prompt_fits(self.ctx, len(ids))
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        limit = -1 if max_tokens is None or max_tokens <= 0 else max_tokens  # -1: until the context is full
-        sampler = Sampler(sp, self.ctx.cparams.n_ctx_seq, self.vocab)
-        self._prefix_eval(ids)
-
-        def chunk(text: str, finish: str | None, lp: dict[str, Any] | None = None) -> dict[str, Any]:
-            return {
-                "id": cid,
-                "object": "text_completion",
-                "created": created,
-                "model": self.model_path,
-                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": n_gen, "total_tokens": len(ids) + n_gen},
-            }
-
-        n_gen, emitted = 0, 0
-        if echo:
-            yield chunk(self.vocab.detokenize(ids), None)
-        cache = self.input_ids[: self.n_tokens].tolist()
-        gen = Generation(
-            self.vocab,
-            sampler,
-            GenerationParams(
-                n_predict=limit,
-                stop=stops,
-                n_probs=0 if logprobs is None else max(logprobs, 1),
-                grammar=grammar,
-                logit_bias=logit_bias,
-            ),
-            self.ctx.n_ctx,
-            cache,
-        )
-        gen.accept_prompt(ids)
-        while True:
-            step = gen.sample(self._last_logits)
-            if gen.stop_reason == "eog":
-                break
-            n_gen += 1
-            lp = None if step.prob is None else self._logprobs(step.prob, emitted)
-            if step.text or (lp and gen.stop_reason != "word"):
-                emitted += len(step.text)
-                yield chunk(step.text, None, lp)
-            if step.done:
-                break
-            self.eval([gen.sampled])
-            gen.decoded()
-        tail = gen.finish()  # at the end of generation or length, what was held back is text after all
-        if tail:
-            yield chunk(tail, None)
-        yield chunk("", "length" if gen.stop_reason in ("length", "context") else "stop")
-
-    def _logprobs(self, prob: TokenProb, offset: int) -> dict[str, Any]:
-        """One token's entry of llama-cpp-python's `logprobs` (text pieces, not token ids)."""
-
-        def text(piece: bytes) -> str:
-            return piece.decode("utf-8", errors="replace")
-
-        return {
-            "tokens": [text(prob.piece)],
-            "token_logprobs": [prob.logprob],
-            "top_logprobs": [{text(p): lp for _, p, lp in prob.top}],
-            "text_offset": [offset],
-        }
+    def _completion(self, *args: Any) -> Iterator[dict[str, Any]]:
+        return completion_chunks(self, *args)
