@@ -69,14 +69,20 @@ class GraphRunner:
             return output
         self._entries.move_to_end(key)
         if e.cuda_graph is None:
-            e.cuda_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(e.cuda_graph):
-                for step in steps:
-                    step()
+            e.cuda_graph = self.capture(steps)
             self.counters.captures += 1
         e.cuda_graph.replay()
         self.counters.replays += 1
         return output
+
+    @staticmethod
+    def capture(steps: list) -> Any:
+        """The steps recorded into a CUDA graph (nothing runs until it is replayed)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for step in steps:
+                step()
+        return graph
 
     def clear(self) -> None:
         self._entries.clear()

@@ -132,3 +132,46 @@ def test_without_a_gpu_or_the_interpreter_the_backend_says_why(monkeypatch) -> N
         pytest.skip("a GPU is present")
     with pytest.raises(backends.BackendError, match="cannot run here: no CUDA GPU"):
         backends.create("cuda")
+
+
+class _Recorded:
+    """Stands in for a captured CUDA graph on the CPU: replay runs the recorded steps."""
+
+    def __init__(self, steps: list) -> None:
+        self.steps = steps
+
+    def replay(self) -> None:
+        for s in self.steps:
+            s()
+
+
+def test_graph_runner_runs_eagerly_then_captures_then_replays(models, monkeypatch) -> None:
+    """The runner's bookkeeping, with a stand-in for CUDA graph capture: the first sight of a
+    shape runs eagerly, the second is captured, then replayed; a ubatch over GRAPH_MAX_TOKENS
+    rows is never captured. Replays must give the reference's logits."""
+    from ubatch.engine import cuda_graphs
+    from ubatch.kernels.torch_ops import TorchOps
+
+    assert cuda_graphs.runner(TorchOps()) is None  # CPU backends: plain run_graph
+    ops = cuda_ops()
+    ops.cuda_graphs = True
+    monkeypatch.setattr(cuda_graphs.GraphRunner, "capture", staticmethod(_Recorded))
+    monkeypatch.setattr(cuda_graphs, "GRAPH_MAX_TOKENS", 4)
+    model, params, prompt = models["llama"], ContextParams(n_ctx=256, n_ubatch=8), PROMPT[:6]  # 6 rows: eager
+    want_toks, want = greedy(Context(model, params, backends.create("torch")), prompt, 4)
+    toks, got = greedy(Context(model, params, ops), prompt, 4, want_toks)
+    c = cuda_graphs.counters(ops)
+    assert (c.eager, c.captures, c.replays) == (2, 1, 3)  # the prefill and the first decode eager
+    assert toks == want_toks and rel_err(got, want) <= 1e-4
+    assert c.line() == "CUDA graphs: 1 captured, 3 replays, 2 steps launched eagerly"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_replays_equal_eager_steps_on_the_gpu(tmp_path) -> None:
+    model = Model.load(write_tiny_model(tmp_path / "g.gguf", TinySpec()), "cuda")
+    params = ContextParams(n_ctx=256, n_ubatch=8)
+    want_toks, want = greedy(Context(Model.load(model.path), params, backends.create("torch")), PROMPT, 6)
+    ops = backends.create("cuda")
+    toks, got = greedy(Context(model, params, ops), PROMPT, 6, want_toks)
+    assert toks == want_toks and rel_err(got.cpu(), want) <= 1e-4
+    assert ops.graph_runner.counters.replays >= 4

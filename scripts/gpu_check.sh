@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The prepared check for a lent H200 (the `device` tool's run; under 8 minutes). Once, here:
+#   echo /.whl/ >> .git/info/exclude; echo /.gpu/ >> .git/info/exclude
+#   python scripts/gpu_synth.py prepare ~/.cache/ubatch/gemma-3-270m-q4_k_m.gguf .gpu
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux2014_x86_64 --platform any -d .whl gguf==0.19.0
+# then run with carry [".whl", ".gpu"] and the command: bash scripts/gpu_check.sh
+# The device has torch 2.11 and triton 3.6 but not gguf: carried wheels install from .whl with
+# --no-index (nothing comes from the network). Extra arguments go to scripts/gpu_check.py
+# (--device cpu: the dry run here, in Triton's interpreter on tiny shapes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+if [ -n "${OUT:-}" ]; then
+  set -o pipefail
+  timeout 470 "$PY" scripts/gpu_check.py "$@" 2>&1 | tee "$OUT/gpu_check.log"
+else
+  timeout 470 "$PY" scripts/gpu_check.py "$@"
+fi
