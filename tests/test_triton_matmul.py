@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES
@@ -25,19 +24,10 @@ from ubatch.kernels.dequant import dequantize
 from ubatch.kernels.weight import QWeight
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import triton_matmul_bench as bench  # noqa: E402  (random valid blocks; the device benchmark)
+
 REL_TOL = 1e-5
-# byte offsets of the f16 fields inside a block: kept finite and small (random bytes would be NaN/Inf)
-F16_FIELDS = {
-    T.Q8_0: (0,),
-    T.Q4_0: (0,),
-    T.Q4_1: (0, 2),
-    T.Q5_0: (0,),
-    T.Q5_1: (0, 2),
-    T.Q4_K: (0, 2),
-    T.Q5_K: (0, 2),
-    T.Q6_K: (208,),
-}
-FLOATS = {T.F32: np.float32, T.F16: np.float16, T.BF16: None}
 # K per type: an odd number of blocks (3 x 32, 3 x 256) and an odd float width; N = 21 leaves a
 # partial tile of weight rows in every kernel
 COLS = {T.F32: 37, T.F16: 37, T.BF16: 37, T.Q4_K: 768, T.Q5_K: 768, T.Q6_K: 768}
@@ -49,24 +39,6 @@ ROWS = (
     17,
     130,
 )  # GEMV at 1 (reduce), 3 and 16 (rows padded to 16, tl.dot); tiled beyond, 130 spans two row tiles
-
-
-def random_weight(t: T, n: int, k: int, seed: int = 0) -> QWeight:
-    """n x k weight of type t: random valid blocks (finite f16 fields in +-0.05) or random floats."""
-    rng = np.random.default_rng(seed + int(t))
-    if t in FLOATS:
-        vals = rng.standard_normal((n, k)).astype(np.float32)
-        if t == T.BF16:
-            raw = (vals.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-        else:
-            raw = vals.astype(FLOATS[t]).view(np.uint8)
-    else:
-        block, type_size = GGML_QUANT_SIZES[t]
-        raw = rng.integers(0, 256, (n * k // block, type_size), dtype=np.uint8)
-        for off in F16_FIELDS[t]:
-            raw[:, off : off + 2] = rng.uniform(-0.05, 0.05, (len(raw), 1)).astype(np.float16).view(np.uint8)
-    raw_t = torch.from_numpy(np.ascontiguousarray(raw)).reshape(-1).to(DEVICE)
-    return QWeight(f"w.{t.name}", raw_t, int(t), (n, k))
 
 
 def check(w: QWeight, m: int, seed: int = 1) -> float:
@@ -89,13 +61,13 @@ def test_supported_is_every_type_tested() -> None:
 @pytest.mark.parametrize("m", ROWS)
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 def test_linear_matches_dequantised_matmul(t: T, m: int) -> None:
-    w = random_weight(t, N_ROWS, COLS.get(t, 96))
+    w = bench.random_weight(t, N_ROWS, COLS.get(t, 96), DEVICE)
     assert check(w, m) <= REL_TOL
 
 
 def test_strided_rows_of_x_and_out() -> None:
     """x and out may be row views of larger buffers (the workspace): only the rows are contiguous."""
-    w = random_weight(T.Q8_0, N_ROWS, 64)
+    w = bench.random_weight(T.Q8_0, N_ROWS, 64, DEVICE)
     for m in (2, 20):
         xbuf, obuf = torch.randn(m, 100, device=DEVICE), torch.zeros(m, 50, device=DEVICE)
         x, out = xbuf[:, 3:67], obuf[:, 5 : 5 + N_ROWS]
@@ -114,7 +86,7 @@ def test_unsupported_type_is_refused(t: T) -> None:
 
 
 def test_bad_shapes_are_refused() -> None:
-    w = random_weight(T.Q4_0, 8, 64)
+    w = bench.random_weight(T.Q4_0, 8, 64, DEVICE)
     with pytest.raises(ValueError, match="linear"):
         mm.linear(torch.zeros(1, 32), w, torch.zeros(1, 8))
     with pytest.raises(ValueError, match="even offset"):
@@ -141,6 +113,16 @@ def test_real_tensor_rows(default_gguf, name: str) -> None:  # type: ignore[no-u
     w = QWeight(name, raw.to(DEVICE), t.ggml_type, (N_ROWS, k))
     for m in (1, 17):
         assert check(w, m) <= REL_TOL
+
+
+def test_bench_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """scripts/triton_matmul_bench.py works before a device is lent: every kernel it times, with
+    the block sizes it sweeps, agrees with the reference."""
+    assert bench.main(["--dry-run", "--types", "Q4_K", "--sweep"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if " err " in ln]
+    sweeps = len(bench.GEMV1_SWEEP) + len(bench.GEMV16_SWEEP) + len(bench.TILED_SWEEP)
+    assert len(rows) == 3 + sweeps
+    assert all(float(ln.rsplit("err ", 1)[1]) <= REL_TOL for ln in rows), rows
 
 
 def test_compile_for_sm90_subset() -> None:
