@@ -67,10 +67,9 @@ class SpecParams:
                 )
         if self.n_max < 0:
             raise SpecError(f"--spec-draft-n-max must be >= 0, not {self.n_max}")
-        if self.n_min < 0 or self.n_min > max(self.n_max, 0):
-            raise SpecError(
-                f"--spec-draft-n-min must be between 0 and --spec-draft-n-max ({self.n_max}), not {self.n_min}"
-            )
+        cap = self.draft_max() if self.enabled else self.n_max
+        if self.n_min < 0 or self.n_min > max(cap, 0):
+            raise SpecError(f"--spec-draft-n-min must be between 0 and the longest draft ({cap}), not {self.n_min}")
         if not 0.0 <= self.p_min <= 1.0:
             raise SpecError(f"--spec-draft-p-min must be between 0 and 1, not {self.p_min}")
         if not 1 <= self.ngram_size_n <= 1024 or not 1 <= self.ngram_size_m <= 1024:

@@ -124,7 +124,7 @@ def test_spec_params_are_checked() -> None:
         (SpecParams(types=("draft-eagle3",)), "not supported by ubatch"),
         (SpecParams(types=("bogus",)), "unknown --spec-type"),
         (SpecParams(types=("ngram-simple",), n_max=-1), "--spec-draft-n-max must be >= 0"),
-        (SpecParams(types=("ngram-simple",), n_min=5, n_max=3), "--spec-draft-n-min"),
+        (SpecParams(types=("draft-simple",), n_min=5, n_max=3), "--spec-draft-n-min"),
     ]:
         with pytest.raises(SpecError, match=msg):
             p.check()
