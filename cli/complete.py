@@ -43,6 +43,7 @@ def cli(
     ubatch_size: int = opt("ubatch_size", 512),
     threads: int = opt("threads", -1),
     backend: str = opt("backend", "auto"),
+    device: str = opt("device", "auto"),
     warmup: bool = opt("warmup", True),
     escape: bool = typer.Option(
         True, "--escape/--no-escape", "-e", help="process \\n, \\t, \\xHH escapes in prompts", rich_help_panel=OUTPUT
@@ -129,6 +130,9 @@ def cli(
     validate.n_parallel(parallel)  # these three import the engine's tables: last
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
+    from .device import resolve_device
+
+    dev, backend = resolve_device(device, backend)  # --device cuda without a GPU: one line, exit 1
     from .complete_run import Run, run
 
     if interactive_first:
@@ -188,6 +192,7 @@ def cli(
             ubatch_size=ubatch_size,
             threads=threads,
             backend=backend,
+            device=str(dev),
             warmup=warmup,
             display_prompt=display_prompt,
             special=special,

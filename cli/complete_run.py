@@ -57,6 +57,7 @@ class Run:
     show_timings: bool
     sampling: SamplingFlags = field(default_factory=SamplingFlags)
     spec: SpecFlags = field(default_factory=SpecFlags)  # speculative decoding (-md, --spec-*)
+    device: str = "cpu"  # the torch device the model is loaded on (--device, cli/device.py)
     prompt_cache: Path | None = None  # --prompt-cache (cli/prompt_cache_file.py), one-shot only
     prompt_cache_ro: bool = False
     prompt_cache_all: bool = False
@@ -74,7 +75,7 @@ def run(r: Run) -> None:
     chat = r.mode == "chat"
     spinner = chat and not (r.log_disable or r.simple_io) and err_console.is_terminal
     with err_console.status("loading the model", spinner="dots") if spinner else contextlib.nullcontext():
-        m = Model.load(path)
+        m = Model.load(path, r.device)
         params = ContextParams(
             n_ctx=r.ctx_size,
             n_batch=r.batch_size,

@@ -158,6 +158,7 @@ def server(
     ),
     threads: int = opt("threads", -1),
     backend: str = opt("backend", "auto"),
+    device: str = opt("device", "auto"),
     warmup: bool = opt("warmup", True),
     n_predict: int = opt("n_predict", -1, help="default tokens to generate per request (-1 = unlimited)"),
     reverse_prompt: Optional[list[str]] = typer.Option(
@@ -183,6 +184,9 @@ def server(
     validate.n_parallel(n_parallel, auto=True)  # these three import the engine's tables: last
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
+    from .device import resolve_device
+
+    dev, backend = resolve_device(device, backend)  # --device cuda without a GPU: one line, exit 1
     if n_parallel < 0:  # llama-server's auto: 4 slots and a unified KV cache, whatever -no-kvu says
         n_parallel, kv_unified = 4, True
     if chat_template is None and chat_template_file is not None:
@@ -252,6 +256,7 @@ def server(
             pooling=pooling,
             reranking=reranking,
             spec=spec,
+            device=str(dev),
         )
 
     serve(host, port, options, load, timeout=timeout, log_disable=log_disable, log_verbosity=log_verbosity)

@@ -152,6 +152,7 @@ def load_scheduler(
     pooling: str | None = None,
     reranking: bool = False,
     spec: Any = None,
+    device: str = "cpu",
 ) -> Any:
     """The model, its context (one sequence and one output row per slot) and the started
     scheduler, logging llama-server's startup lines unless quiet. `embedding` (--embedding)
@@ -164,7 +165,7 @@ def load_scheduler(
     from ..engine.params import ContextParams
     from ..engine.scheduler import Scheduler
 
-    m = Model.load(resolve_model(model))
+    m = Model.load(resolve_model(model), device)
     embedding, pooling = embedding or reranking, "rank" if reranking else pooling
     notes = []
     if embedding and batch_size > (ubatch_size or batch_size):

@@ -105,7 +105,7 @@ class SpecFlags:
         draft_ctx = None
         if self.uses_draft_model:
             cp = ctx.cparams
-            dm = Model.load(self.model_draft)
+            dm = Model.load(self.model_draft, ctx.model.device)
             draft_ctx = Context(
                 dm,
                 ContextParams(
