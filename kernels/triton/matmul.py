@@ -41,7 +41,7 @@ GEMV_MAX_ROWS = 16
 # Block sizes for sm_90, chosen so that no specialisation spills registers (cuobjdump, see
 # scripts/triton_compile_check.py); to be tuned by measurement on a device.
 # GEMV: padded rows (BLOCK_M) -> (BLOCK_N, BLOCK_K, num_warps)
-GEMV_CONFIGS: dict[int, tuple[int, int, int]] = {1: (8, 512, 4), GEMV_MAX_ROWS: (32, 64, 4)}
+GEMV_CONFIGS: dict[int, tuple[int, int, int]] = {1: (8, 512, 4), GEMV_MAX_ROWS: (64, 32, 4)}
 # The one-row loop is software-pipelined like the tl.dot loops are by default: without it a
 # program has one K tile of blocks in flight, a few KB per SM, far from what hides DRAM latency.
 GEMV_STAGES: tl.constexpr = tl.constexpr(3)
