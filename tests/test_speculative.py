@@ -280,3 +280,17 @@ def test_llama_api_speculates_with_the_same_text(default_model_path: Path) -> No
     assert spec.n_tokens == len(spec.tokenize(PROMPT.encode())) + 31  # the last token is sampled, not decoded
     with pytest.raises(SpecError, match="needs draft_model"):
         Llama(str(default_model_path), spec_type="draft-simple", **kw)
+
+
+def test_probabilistic_drafts_are_verified_by_rejection(tiny_gemma_model: Model) -> None:
+    ctx = Context(tiny_gemma_model, ContextParams(n_ctx=512, n_outputs_max=8))
+    dctx = Context(tiny_gemma_model, ContextParams(n_ctx=512, n_outputs_max=1))
+    sp = Speculator.create(SpecParams(types=("draft-simple",), n_max=4, probabilistic=True), ctx, dctx)
+    sampler = Sampler(SamplerParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3))
+    ids = tiny_gemma_model.vocab.tokenize("a b c", add_special=True)
+    st = CompletionStats()
+    toks = [e.token for e in complete(ctx, ids, 64, sampler, st, ignore_eos=True, speculator=sp) if e.token >= 0]
+    assert len(toks) == 64 and st.spec.n_drafts > 0
+    assert all(q for q in sp.drafters[0].draft(0, ids, toks[0], 2).q)  # the draft's probabilities travel
+    # the draft is the target at temperature 1 over its top 10: most drafted tokens pass p/q
+    assert st.spec.acceptance > 0.5
