@@ -30,6 +30,11 @@ from .params import ContextParams, derive
 from .reserve import Reservation, check_fits, plan_sizes, reserve
 
 
+# planned graphs kept by shape: speculative verifications come in many row counts (1 + draft), and
+# rebuilding a graph costs about as much as running it
+GRAPHS_KEPT = 32
+
+
 @dataclass(slots=True)
 class PerfCounters:
     """llama_perf_context's counters: multi-token decodes are prompt eval, 1-token ones eval."""
@@ -194,7 +199,7 @@ class Context:
         g = self._graphs.get(shape)
         if g is None:
             g = self._graphs[shape] = build_forward(self.model, self.memory, shape, self.ops)
-            while len(self._graphs) > 8:
+            while len(self._graphs) > GRAPHS_KEPT:
                 self._graphs.popitem(last=False)
         self._graphs.move_to_end(shape)
         return g
