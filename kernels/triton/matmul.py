@@ -5,15 +5,18 @@ dequantises the blocks it reads in registers (kernels/triton/quant_tiles.py) and
 f32. Two shapes:
 
 - `gemv_kernel` (decode, m <= 16 rows of x): one program owns BLOCK_N weight rows and streams
-  their blocks once for all m rows (x is tiny and stays in cache), a broadcast multiply and a
-  reduction per K tile. BLOCK_M (the padded row count: 1, 2, 4, 8, 16) sets the tile shape so
-  the product tile stays at 4096-8192 elements per program (registers, not spills).
+  their blocks once for all m rows (x is tiny and stays in cache). One row: element-wise partial
+  sums over a software-pipelined K loop, reduced once at the end; 2..16 rows: the rows padded
+  to 16 and tl.dot (tensor-core work is free while the weights' bytes bound the time).
 - `tiled_kernel` (prefill, m > 16): a [BLOCK_M, BLOCK_N] output tile per program; each K step
-  dequantises a [BLOCK_K, BLOCK_N] weight tile and feeds tl.dot with input_precision "tf32x3"
-  (three tf32 MMAs: f32-level error on tensor cores; plain tf32 would lose ~3 digits).
+  dequantises a [BLOCK_K, BLOCK_N] weight tile and feeds tl.dot.
+
+Every tl.dot uses input_precision "tf32x3" (three tf32 MMAs: f32-level error on tensor cores;
+plain tf32 would lose ~3 digits, and Gemma's activations reach 1e5).
 
 Launches do no host sync (grids come from shapes, no .item()), so a CUDA graph can capture them.
-The block sizes are first choices for sm_90, to be tuned on a device; tests in interpreter mode
+The block sizes are first choices for sm_90 (no spills, see below), to be tuned on a device with
+scripts/triton_matmul_bench.py --sweep; tests in interpreter mode
 use the same kernels on tiny shapes.
 
 COMPILE_SPECS format (shared by every kernels/triton module; scripts/triton_compile_check.py
@@ -23,7 +26,8 @@ optionally followed by a 5th element, options: dict[str, object] (triton.compile
 as num_warps / num_stages; the launch must pass the same ones). `signature` names every
 argument of `fn` in order, with Triton type strings ("*fp32", "*u8", "*i16", "i32", "fp32")
 and "constexpr" for constexpr arguments, whose values are in `constexprs`. One entry per
-specialisation the backend can launch.
+specialisation the backend can launch (the script's --aligned also compiles each as the JIT
+specialises 16-aligned arguments).
 """
 
 from __future__ import annotations
