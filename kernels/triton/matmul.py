@@ -15,9 +15,9 @@ Every tl.dot uses input_precision "tf32x3" (three tf32 MMAs: f32-level error on 
 plain tf32 would lose ~3 digits, and Gemma's activations reach 1e5).
 
 Launches do no host sync (grids come from shapes, no .item()), so a CUDA graph can capture them.
-The block sizes are first choices for sm_90 (no spills, see below), to be tuned on a device with
-scripts/triton_matmul_bench.py --sweep; tests in interpreter mode
-use the same kernels on tiny shapes.
+The block sizes are first choices for sm_90 (none spills registers), to be tuned on a device
+with scripts/triton_matmul_bench.py --sweep; the interpreter tests run the same kernels on tiny
+shapes.
 
 COMPILE_SPECS format (shared by every kernels/triton module; scripts/triton_compile_check.py
 compiles each entry for GPUTarget("cuda", 90, 32)): a list of tuples
