@@ -29,7 +29,6 @@ from .model import Model
 from .params import ContextParams, derive
 from .reserve import Reservation, check_fits, plan_sizes, reserve
 
-
 # planned graphs kept by shape: speculative verifications come in many row counts (1 + draft), and
 # rebuilding a graph costs about as much as running it
 GRAPHS_KEPT = 32
