@@ -113,7 +113,7 @@ def write_llama(out: Path, n_embd: int = 4096, n_layer: int = 32, n_head: int = 
 
     def mat(name: str, rows: int, cols: int, qtype: int) -> None:
         qtype = qtype if cols % GGML_QUANT_SIZES[T(qtype)][0] == 0 else T.Q8_0
-        w.add_tensor(name, random_blocks(rng, qtype, rows, cols), raw_shape=(rows, cols), raw_dtype=T(qtype))
+        w.add_tensor(name, random_blocks(rng, qtype, rows, cols), raw_dtype=T(qtype))
 
     def vec(name: str, n: int) -> None:
         w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))

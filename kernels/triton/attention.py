@@ -25,15 +25,19 @@ _FLOOR = tl.constexpr(MASKED)  # the running max never drops below this (rows th
 
 
 @triton.jit
-def _load_kv(P, P8, P16, cell, hk, d, m, stride_cell, row_bytes, D: tl.constexpr, Q8: tl.constexpr):
-    """A [cells, d] tile of one KV head as f32: float rows, or Q8_0 blocks along the row."""
+def _load_kv(P, P8, P16, cell, cm, hk, stride_cell, row_bytes, D: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
+    """A [cells, BD] tile of one KV head as f32 (zeros past D and for cells outside cm): float
+    rows, or Q8_0 blocks read as [cells, blocks, 32] codes times one f16 scale per block."""
     if Q8:
-        idx = hk * D + d
-        blk = cell * row_bytes + (idx // 32) * 34
-        q = tl.load(P8 + blk + 2 + idx % 32, mask=m, other=0).to(tl.float32)
+        b = tl.arange(0, BD // 32)[None, :, None]
+        j = tl.arange(0, 32)[None, None, :]
+        blk = cell[:, None, None] * row_bytes + (hk * (D // 32) + b) * 34
+        m = cm[:, None, None] & (b * 32 < D)
+        q = tl.load(P8 + blk + 2 + j, mask=m, other=0).to(tl.float32)
         s = tl.load(P16 + blk // 2, mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        return q * s
-    return tl.load(P + cell * stride_cell + hk * D + d, mask=m, other=0.0).to(tl.float32)
+        return tl.reshape(q * s, [cell.shape[0], BD])
+    d = tl.arange(0, BD)[None, :]
+    return tl.load(P + cell[:, None] * stride_cell + hk * D + d, mask=cm[:, None] & (d < D), other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -64,7 +68,7 @@ def attention_kernel(
             cols = n0 + tl.arange(0, BN)
             cell = start + cols
             cm = cols < n_kv
-            k = _load_kv(K, K8, K16, cell[:, None], hk, d[None, :], cm[:, None] & (d[None, :] < D), sk, k_rb, D, KQ8)
+            k = _load_kv(K, K8, K16, cell, cm, hk, sk, k_rb, D, BD, KQ8)
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             if MASK_CELLS:
                 cpos = tl.load(CPOS + g * n_kv + cols, mask=cm, other=-1)
@@ -86,23 +90,23 @@ def attention_kernel(
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = _load_kv(
-                V, V8, V16, cell[:, None], hk, dv[None, :], cm[:, None] & (dv[None, :] < DV), sv, v_rb, DV, VQ8
-            )
+            v = _load_kv(V, V8, V16, cell, cm, hk, sv, v_rb, DV, BDV, VQ8)
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
             m_i = m_new
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a row that saw no cell: 0, not 0/0
     tl.store(O + (g * T + t[:, None]) * so + h[:, None] * DV + dv[None, :], out, mask=rm[:, None] & (dv[None, :] < DV))
 
 
-def blocks(rows: int, d: int, interpreted: bool = False) -> tuple[int, int]:
-    """(BM, BN): query rows and cells per tile; wide heads take smaller tiles (registers). The
+def blocks(rows: int, d: int, interpreted: bool = False) -> tuple[int, int, int]:
+    """(BM, BN, num_warps): query rows and cells per tile. The f32 (ieee) tl.dot runs on FMA
+    units and holds its tiles in registers, so the tiles are the largest that compile for sm_90
+    with (almost) no spill: checked with scripts/triton_compile_check.py's register column. The
     interpreter pays per operation, not per element: there one tile spans a 256-cell chunk."""
     if interpreted:
-        return max(16, triton.next_power_of_2(rows)), KV_CHUNK
-    wide = d > 128
-    bm = 16 if rows <= 16 else (32 if wide else 64)
-    return bm, 32 if wide else 64
+        return max(16, triton.next_power_of_2(rows)), KV_CHUNK, 4
+    if rows <= 16:  # decode
+        return 16, 64 if d <= 64 else 32, 4
+    return {64: (64, 64, 8), 128: (32, 32, 4)}.get(d, (32, 32, 8))
 
 
 def _views(kv: KVTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
@@ -124,16 +128,16 @@ def attention(
     out: torch.Tensor,
     visible: torch.Tensor,
     cells: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool] | None = None,
-    tiles: tuple[int, int] | None = None,
+    tiles: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """q (G, T, H, D) with unit stride in D; out (G·T, H·Dv) contiguous; starts (G,) int64 on
     q's device; visible (n_kv / 256,) bool. `cells` = (cell pos (G, n_kv) int32, cell sequence
     bits (G, n_kv) int64, query pos (G·T,) int32, query sequence bit (G·T,) int64, n_swa, causal)
-    computes the mask in the kernel instead of reading `mask` (G, T, n_kv). `tiles` = (BM, BN)
+    computes the mask in the kernel instead of reading `mask` (G, T, n_kv). `tiles` = (BM, BN, warps)
     overrides `blocks` (tests run the GPU's tiles in the interpreter)."""
     g, t, h, d = q.shape
     r = h // k.n_head
-    bm, bn = tiles or blocks(t * r, d, mode.interpreted())
+    bm, bn, nw = tiles or blocks(t * r, d, mode.interpreted())
     kf, k8, k16, sk, k_rb = _views(k)
     vf, v8, v16, sv, v_rb = _views(v)
     if cells is None:
@@ -149,13 +153,13 @@ def attention(
         out.stride(0), n_swa, scale,
         D=d, DV=v.head_dim, BD=triton.next_power_of_2(d), BDV=triton.next_power_of_2(v.head_dim),
         KQ8=k.ggml_type == T.Q8_0, VQ8=v.ggml_type == T.Q8_0, MASK_CELLS=cells is not None, CAUSAL=causal,
-        BM=bm, BN=bn, CHUNK=KV_CHUNK,
+        BM=bm, BN=bn, CHUNK=KV_CHUNK, num_warps=nw,
     )  # fmt: skip
     return out
 
 
 def _spec(d: int, kv: str, q8: bool, mask_cells: bool, rows: int) -> tuple:
-    bm, bn = blocks(rows, d)
+    bm, bn, nw = blocks(rows, d)
     kv = "u8" if q8 else kv
     ptr = {"K": f"*{kv}", "K8": "*i8", "K16": "*i16", "V": f"*{kv}", "V8": "*i8", "V16": "*i16"}
     sig = {"Q": "*fp32", **ptr, "STARTS": "*i64", "MASK": "*fp16", "VIS": "*i1", "CPOS": "*i32", "CSEQ": "*i64",
@@ -167,7 +171,7 @@ def _spec(d: int, kv: str, q8: bool, mask_cells: bool, rows: int) -> tuple:
              "BM": bm, "BN": bn, "CHUNK": KV_CHUNK}  # fmt: skip
     sig |= {c: "constexpr" for c in const}
     name = f"attention_d{d}_{'q8_0' if q8 else kv}_{'cells' if mask_cells else 'mask'}_bm{bm}"
-    return (name, attention_kernel, sig, const)
+    return (name, attention_kernel, sig, const, {"num_warps": nw})
 
 
 COMPILE_SPECS = [

@@ -20,6 +20,7 @@ GATHER_BLOCK = 256  # columns per program (a multiple of every block size: 32)
 FLOAT_TYPES = {int(T.F32): torch.float32, int(T.F16): torch.float16, int(T.BF16): torch.bfloat16}
 GET_ROWS_TYPES = frozenset({*FLOAT_TYPES, int(T.Q8_0), int(T.Q4_0)})
 KV_STORE_TYPES = frozenset({*FLOAT_TYPES, int(T.Q8_0)})
+EXACT = {"enable_fp_fusion": False}  # the quantiser's x·(1/d) + 0.5 must round twice, as ggml's C does
 
 
 @triton.jit
@@ -125,7 +126,7 @@ def kv_store(data: torch.Tensor, ggml_type: int, cells: torch.Tensor, x: torch.T
         flat = data.view(-1)
         nb = min(8, triton.next_power_of_2(width // 32))
         kv_store_q8_0_kernel[_grid(n, width // 32, nb)](
-            x, cells, flat.view(torch.int8), flat.view(torch.int16), width, data.shape[1], NB=nb
+            x, cells, flat.view(torch.int8), flat.view(torch.int16), width, data.shape[1], NB=nb, **EXACT
         )
         return
     block = min(GATHER_BLOCK * 4, triton.next_power_of_2(width))
@@ -153,7 +154,7 @@ COMPILE_SPECS = [
     ],
     *[
         ("kv_store_q8_0", kv_store_q8_0_kernel, {"X": "*fp32", "CELLS": "*i64", "D8": "*i8", "D16": "*i16",
-         "width": "i32", "row_bytes": "i32", "NB": "constexpr"}, {"NB": nb})
+         "width": "i32", "row_bytes": "i32", "NB": "constexpr"}, {"NB": nb}, EXACT)
         for nb in (1, 2, 4, 8)
     ],
 ]  # fmt: skip
