@@ -37,6 +37,8 @@ def resolve_device(flag: str = "auto", backend: str = "auto") -> tuple[torch.dev
         if backend not in ("auto", "cuda"):
             raise DeviceError(f"--device cuda: --backend {backend} computes on the CPU; use --backend cuda or auto")
         return torch.device("cuda", 0), "cuda"
+    if backend == "cuda" and gpu:
+        raise DeviceError("--backend cuda computes on the GPU: use --device cuda (or auto)")
     return torch.device("cpu"), backend
 
 

@@ -77,14 +77,14 @@ def bench(model, tiny: bool) -> dict[str, object]:  # type: ignore[no-untyped-de
     from ubatch.engine.params import ContextParams
     from ubatch.kernels import backends
 
-    pp, tg, npl, p_agg, tg_agg = (16, 4, (1, 2), 4, 2) if tiny else (512, 128, (1, 8, 64), 16, 32)
+    pp, tg, npl, p_agg, tg_agg = (8, 2, (1, 2), 4, 1) if tiny else (512, 128, (1, 8, 64), 16, 32)
     ops = backends.create("cuda")
     rng = torch.Generator().manual_seed(0)
     toks = torch.randint(4, model.hparams.n_vocab, (pp + tg,), generator=rng).tolist()
     ctx = Context(model, ContextParams(n_ctx=1024, n_batch=pp, n_ubatch=pp), ops)
-    for _ in range(2):  # warm-up: Triton compiles every shape once
+    for _ in range(1 if tiny else 2):  # warm-up: Triton compiles every shape once, graphs are captured
         ctx.decode(Batch.from_tokens(toks[:pp], 0))
-        for i in range(3):
+        for i in range(1 if tiny else 3):
             ctx.decode(Batch.from_tokens([toks[i]], i + pp))
         ctx.memory.clear()
     t0 = time.perf_counter()

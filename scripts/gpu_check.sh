@@ -7,7 +7,8 @@
 # then run with carry [".whl", ".gpu"] and the command: bash scripts/gpu_check.sh
 # The device has torch 2.11 and triton 3.6 but not gguf: carried wheels install from .whl with
 # --no-index (nothing comes from the network). Extra arguments go to scripts/gpu_check.py
-# (--device cpu: the dry run here, in Triton's interpreter on tiny shapes).
+# (--device cpu: the dry run here, in Triton's interpreter on tiny shapes; it takes longer than
+# the GPU run: GPU_CHECK_TIMEOUT=1500).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -19,7 +20,7 @@ PY=python3
 [ -x .venv/bin/python ] && PY=.venv/bin/python
 if [ -n "${OUT:-}" ]; then
   set -o pipefail
-  timeout 470 "$PY" scripts/gpu_check.py "$@" 2>&1 | tee "$OUT/gpu_check.log"
+  timeout "${GPU_CHECK_TIMEOUT:-470}" "$PY" scripts/gpu_check.py "$@" 2>&1 | tee "$OUT/gpu_check.log"
 else
-  timeout 470 "$PY" scripts/gpu_check.py "$@"
+  timeout "${GPU_CHECK_TIMEOUT:-470}" "$PY" scripts/gpu_check.py "$@"
 fi

@@ -175,3 +175,22 @@ def test_cuda_graph_replays_equal_eager_steps_on_the_gpu(tmp_path) -> None:
     toks, got = greedy(Context(model, params, ops), PROMPT, 6, want_toks)
     assert toks == want_toks and rel_err(got.cpu(), want) <= 1e-4
     assert ops.graph_runner.counters.replays >= 4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_device_flag_without_a_gpu() -> None:
+    """`--device cuda` without a GPU: one line, exit 1, before a model loads; auto is the CPU."""
+    from cli_inproc import run_cli
+
+    from ubatch.cli.device import DeviceError, resolve_device
+
+    for cmd in (["bench", "-p", "8", "-n", "0"], ["batched-bench", "-npp", "8", "-ntg", "1", "-npl", "1"]):
+        r = run_cli([*cmd, "--device", "cuda"])
+        assert r.returncode == 1
+        assert r.stderr.splitlines() == [
+            "error: --device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is False); use --device cpu"
+        ]
+    assert resolve_device("auto", "cpu") == (torch.device("cpu"), "cpu")
+    assert resolve_device("none") == (torch.device("cpu"), "auto")  # llama.cpp's spelling
+    with pytest.raises(DeviceError, match="--device tpu: unknown device; use cuda, cpu or auto"):
+        resolve_device("tpu")
