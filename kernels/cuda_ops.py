@@ -25,6 +25,8 @@ from .torch_ops import TorchOps
 from .triton import mode
 from .weight import QWeight
 
+_PLAIN_OPS = frozenset({"get_rows", "linear", "rope", "scale", "add", "glu", "rows", "softcap"})
+
 
 def _rows_ok(*ts: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.is_contiguous() for t in ts)
@@ -107,8 +109,9 @@ class CudaOps(TorchOps):
             if _rows_ok(x, w, out):
                 self._last = (step, x, w, eps, out)
             return step
-        method = getattr(self, op, None)
-        return None if method is None else functools.partial(method, *args, out=out)
+        if op in _PLAIN_OPS:
+            return functools.partial(getattr(self, op), *args, out=out)
+        return None  # anything else: the graph's generic call of the method
 
     # -- ops ------------------------------------------------------------------------------------
     def get_rows(self, w: QWeight, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -97,7 +97,7 @@ def bench(model, tiny: bool) -> dict[str, object]:  # type: ignore[no-untyped-de
     t_tg = time.perf_counter() - t0
     weight_bytes = sum(w.nbytes for w in model.matrices() if w is not model.tok_embd or w is model.output)
     res: dict[str, object] = {
-        "weights MiB": f"{weight_bytes / 2**20:.0f}",
+        "weights MiB": f"{weight_bytes / 2**20:.1f}",
         f"pp{pp} t/s": f"{pp / t_pp:.1f}",
         f"tg{tg} t/s": f"{tg / t_tg:.1f}",
     }
