@@ -47,5 +47,6 @@ def spec_summary_lines(st: Any) -> list[str]:
         f"mean len = {st.mean_len:5.2f}",
         f"     acc per pos = ({acc})",
         f"     verifications = {st.n_drafts}, forward passes = {st.n_verify_ubatches} "
-        f"({st.n_verify_ubatches / st.n_drafts:.2f} per verification)",
+        f"({st.n_verify_ubatches / st.n_drafts:.2f} per verification)"
+        + (f", {st.t_verify_ms / st.n_drafts:.2f} ms per verification" if st.t_verify_ms else ""),
     ]

@@ -99,6 +99,7 @@ def decode_step(
     b = Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g")
     for i, t in enumerate(draft.tokens):
         b.add(t, len(cache) + 1 + i, seq_id, True, "d")
+    td = time.perf_counter()
     try:
         ctx.decode(b)
     except DecodeError as e:  # no cells for the draft (a full window cache): verify nothing
@@ -106,15 +107,17 @@ def decode_step(
             raise
         draft = Draft([])
         ctx.decode(Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g"))
-    stats.t_eval_ms += (time.perf_counter() - te) * 1e3
+    t_end = time.perf_counter()
+    stats.t_eval_ms += (t_end - te) * 1e3
     gen.decoded()
     n_before = len(cache)
     if not draft.tokens:
         steps = [gen.sample(ctx.logits[-1])]
     else:
         v = verify(gen, ctx.logits, draft, ctx.memory, seq_id)
-        spec.stats.add(v.n_drafted, v.n_accepted, len(ctx.records))  # type: ignore[union-attr]
-        stats.spec.add(v.n_drafted, v.n_accepted, len(ctx.records))
+        ms = (t_end - td) * 1e3  # the verification's decode alone
+        spec.stats.add(v.n_drafted, v.n_accepted, len(ctx.records), ms)  # type: ignore[union-attr]
+        stats.spec.add(v.n_drafted, v.n_accepted, len(ctx.records), ms)
         steps = v.steps
     stats.n_eval += 1 + len(cache) - n_before
     stats.n_eval_calls += 1

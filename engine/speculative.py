@@ -103,11 +103,13 @@ class SpecStats:
     n_drafted: int = 0  # tokens proposed
     n_accepted: int = 0  # proposed tokens the target agreed with
     n_verify_ubatches: int = 0  # forward passes the verifications took
+    t_verify_ms: float = 0.0  # time in the verifications' decodes (one sequence's; 0 in the server)
     accepted_per_pos: list[int] = field(default_factory=list)  # [i]: drafts whose token i was accepted
     drafted_per_pos: list[int] = field(default_factory=list)  # [i]: drafts that had a token i
 
-    def add(self, n_drafted: int, n_accepted: int, n_ubatches: int = 0) -> None:
+    def add(self, n_drafted: int, n_accepted: int, n_ubatches: int = 0, ms: float = 0.0) -> None:
         self.n_drafts += 1
+        self.t_verify_ms += ms
         self.n_drafted += n_drafted
         self.n_accepted += n_accepted
         self.n_verify_ubatches += n_ubatches
@@ -124,6 +126,7 @@ class SpecStats:
         self.n_drafted += other.n_drafted
         self.n_accepted += other.n_accepted
         self.n_verify_ubatches += other.n_verify_ubatches
+        self.t_verify_ms += other.t_verify_ms
         n = max(len(self.drafted_per_pos), len(other.drafted_per_pos))
         for name in ("drafted_per_pos", "accepted_per_pos"):
             a, b = getattr(self, name), getattr(other, name)
