@@ -42,13 +42,15 @@ def _load_kv(P, P8, P16, cell, cm, hk, stride_cell, row_bytes, D: tl.constexpr, 
 
 @triton.jit
 def attention_kernel(
-    Q, K, K8, K16, V, V8, V16, STARTS, MASK, VIS, CPOS, CSEQ, QPOS, QSEQ, O,  # noqa: E741
+    Q, K, K8, K16, V, V8, V16, STARTS, MASK, VIS, CPOS, CSEQ, QPOS, QSEQ, O, PART,  # noqa: E741
     T, R, n_head_kv, n_kv, sq_g, sq_t, sq_h, sk, k_rb, sv, v_rb, sm_g, sm_t, so, n_swa, scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     KQ8: tl.constexpr, VQ8: tl.constexpr, MASK_CELLS: tl.constexpr, CAUSAL: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, CHUNK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """Program (g·Hkv + hk, block of BM query rows); row i is token i // R, head hk·R + i % R."""
+    """Program (g·Hkv + hk, block of BM query rows, split s); row i is token i // R, head
+    hk·R + i % R. SPLIT > 1 (decode over many cells): split s reads 1/SPLIT of the cells and
+    leaves its running max, sum and unnormalised output in PART for attention_combine_kernel."""
     pid = tl.program_id(0)
     g, hk = (pid // n_head_kv).to(tl.int64), pid % n_head_kv
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
@@ -63,7 +65,13 @@ def attention_kernel(
     m_i = tl.full([BM], _FLOOR, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
-    for n0 in range(0, n_kv, BN):
+    if SPLIT == 1:
+        lo, hi = 0, n_kv
+    else:
+        span = tl.cdiv(tl.cdiv(n_kv, SPLIT), BN) * BN
+        lo = tl.multiple_of(tl.program_id(2) * span, BN)
+        hi = tl.minimum(lo + span, n_kv)
+    for n0 in range(lo, hi, BN):
         if tl.load(VIS + n0 // CHUNK):  # some query of the ubatch sees a cell of this chunk
             cols = n0 + tl.arange(0, BN)
             cell = start + cols
@@ -93,7 +101,50 @@ def attention_kernel(
             v = _load_kv(V, V8, V16, cell, cm, hk, sv, v_rb, DV, BDV, VQ8)
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
             m_i = m_new
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a row that saw no cell: 0, not 0/0
+    if SPLIT == 1:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a row that saw no cell: 0, not 0/0
+        o = O + (g * T + t[:, None]) * so + h[:, None] * DV + dv[None, :]
+        tl.store(o, out, mask=rm[:, None] & (dv[None, :] < DV))
+    else:
+        rec = BM * (BDV + 2)
+        base = ((pid.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * SPLIT + tl.program_id(2)) * rec
+        r = tl.arange(0, BM)
+        tl.store(PART + base + r, m_i)
+        tl.store(PART + base + BM + r, l_i)
+        tl.store(PART + base + 2 * BM + r[:, None] * BDV + dv[None, :], acc)
+
+
+@triton.jit
+def attention_combine_kernel(
+    PART,
+    O,  # noqa: E741
+    T,
+    R,
+    n_head_kv,
+    so,
+    DV: tl.constexpr,
+    BDV: tl.constexpr,
+    BM: tl.constexpr,
+    SPLIT: tl.constexpr,  # noqa: E741
+):
+    """The SPLIT partial results of one program of attention_kernel, rescaled to their common
+    running max and summed: the same softmax as one pass over all the cells."""
+    pid = tl.program_id(0)
+    g, hk = (pid // n_head_kv).to(tl.int64), pid % n_head_kv
+    rows = tl.program_id(1) * BM + tl.arange(0, BM)
+    rm = rows < T * R
+    t, h = rows // R, hk * R + rows % R
+    r, dv = tl.arange(0, BM), tl.arange(0, BDV)
+    rec = BM * (BDV + 2)
+    base = (pid.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * SPLIT * rec
+    m = tl.max(tl.load(PART + base + tl.arange(0, SPLIT)[:, None] * rec + r[None, :]), axis=0)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BDV], tl.float32)
+    for s in tl.static_range(SPLIT):
+        w = tl.exp(tl.load(PART + base + s * rec + r) - m)
+        l_i += tl.load(PART + base + s * rec + BM + r) * w
+        acc += tl.load(PART + base + s * rec + 2 * BM + r[:, None] * BDV + dv[None, :]) * w[:, None]
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(O + (g * T + t[:, None]) * so + h[:, None] * DV + dv[None, :], out, mask=rm[:, None] & (dv[None, :] < DV))
 
 
@@ -107,6 +158,15 @@ def blocks(rows: int, d: int, interpreted: bool = False) -> tuple[int, int, int]
     if rows <= 16:  # decode
         return 16, 64 if d <= 64 else 32, 4
     return {64: (64, 64, 8), 128: (32, 32, 4)}.get(d, (32, 32, 8))
+
+
+def splits(rows: int, n_kv: int, programs: int, interpreted: bool = False) -> int:
+    """How many ways a decode's cells are split: until the GPU's 132 SMs have work, each split
+    keeping at least 128 cells; 1 for prefill (its row blocks fill the GPU) and the interpreter."""
+    s = 1
+    while not interpreted and rows <= 16 and s < 8 and programs * s * 2 <= 132 and n_kv // (2 * s) >= 128:
+        s *= 2
+    return s
 
 
 def _views(kv: KVTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
@@ -129,12 +189,13 @@ def attention(
     visible: torch.Tensor,
     cells: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool] | None = None,
     tiles: tuple[int, int, int] | None = None,
+    split: int | None = None,
 ) -> torch.Tensor:
     """q (G, T, H, D) with unit stride in D; out (G·T, H·Dv) contiguous; starts (G,) int64 on
     q's device; visible (n_kv / 256,) bool. `cells` = (cell pos (G, n_kv) int32, cell sequence
     bits (G, n_kv) int64, query pos (G·T,) int32, query sequence bit (G·T,) int64, n_swa, causal)
     computes the mask in the kernel instead of reading `mask` (G, T, n_kv). `tiles` = (BM, BN, warps)
-    overrides `blocks` (tests run the GPU's tiles in the interpreter)."""
+    overrides `blocks` and `split` overrides `splits` (tests run the GPU's choices in the interpreter)."""
     g, t, h, d = q.shape
     r = h // k.n_head
     bm, bn, nw = tiles or blocks(t * r, d, mode.interpreted())
@@ -147,37 +208,60 @@ def attention(
         cpos, cseq, qpos, qseq, n_swa, causal = cells
         mk, sm = starts, (0, 0)
     grid = (g * k.n_head, triton.cdiv(t * r, bm))
-    attention_kernel[grid](
-        q, kf, k8, k16, vf, v8, v16, starts, mk, visible, cpos, cseq, qpos, qseq, out,
+    spills = k.ggml_type == T.Q8_0 and d > 128  # the Q8_0 tile loads spill there: keep one pass (for now)
+    sp = split or splits(t * r, n_kv, grid[0] * grid[1], mode.interpreted() or spills)
+    bdv = triton.next_power_of_2(v.head_dim)
+    part = torch.empty(grid[0] * grid[1] * sp * bm * (bdv + 2), device=q.device) if sp > 1 else out
+    attention_kernel[(*grid, sp)](
+        q, kf, k8, k16, vf, v8, v16, starts, mk, visible, cpos, cseq, qpos, qseq, out, part,
         t, r, k.n_head, n_kv, q.stride(0), q.stride(1), q.stride(2), sk, k_rb, sv, v_rb, sm[0], sm[1],
         out.stride(0), n_swa, scale,
-        D=d, DV=v.head_dim, BD=triton.next_power_of_2(d), BDV=triton.next_power_of_2(v.head_dim),
+        D=d, DV=v.head_dim, BD=triton.next_power_of_2(d), BDV=bdv,
         KQ8=k.ggml_type == T.Q8_0, VQ8=v.ggml_type == T.Q8_0, MASK_CELLS=cells is not None, CAUSAL=causal,
-        BM=bm, BN=bn, CHUNK=KV_CHUNK, num_warps=nw,
+        BM=bm, BN=bn, CHUNK=KV_CHUNK, SPLIT=sp, num_warps=nw,
     )  # fmt: skip
+    if sp > 1:
+        attention_combine_kernel[grid](
+            part, out, t, r, k.n_head, out.stride(0), DV=v.head_dim, BDV=bdv, BM=bm, SPLIT=sp
+        )
     return out
 
 
-def _spec(d: int, kv: str, q8: bool, mask_cells: bool, rows: int) -> tuple:
+def _spec(d: int, kv: str, q8: bool, mask_cells: bool, rows: int, split: int = 1) -> tuple:
     bm, bn, nw = blocks(rows, d)
     kv = "u8" if q8 else kv
     ptr = {"K": f"*{kv}", "K8": "*i8", "K16": "*i16", "V": f"*{kv}", "V8": "*i8", "V16": "*i16"}
     sig = {"Q": "*fp32", **ptr, "STARTS": "*i64", "MASK": "*fp16", "VIS": "*i1", "CPOS": "*i32", "CSEQ": "*i64",
-           "QPOS": "*i32", "QSEQ": "*i64", "O": "*fp32"}  # fmt: skip
+           "QPOS": "*i32", "QSEQ": "*i64", "O": "*fp32", "PART": "*fp32"}  # fmt: skip
     sig |= {a: "i32" for a in ("T", "R", "n_head_kv", "n_kv", "sq_g", "sq_t", "sq_h", "sk", "k_rb", "sv", "v_rb",
                                "sm_g", "sm_t", "so", "n_swa")}  # fmt: skip
     sig["scale"] = "fp32"
     const = {"D": d, "DV": d, "BD": d, "BDV": d, "KQ8": q8, "VQ8": q8, "MASK_CELLS": mask_cells, "CAUSAL": True,
-             "BM": bm, "BN": bn, "CHUNK": KV_CHUNK}  # fmt: skip
+             "BM": bm, "BN": bn, "CHUNK": KV_CHUNK, "SPLIT": split}  # fmt: skip
     sig |= {c: "constexpr" for c in const}
-    name = f"attention_d{d}_{'q8_0' if q8 else kv}_{'cells' if mask_cells else 'mask'}_bm{bm}"
+    name = f"attention_d{d}_{'q8_0' if q8 else kv}_{'cells' if mask_cells else 'mask'}_bm{bm}_split{split}"
     return (name, attention_kernel, sig, const, {"num_warps": nw})
 
 
+def _combine_spec(d: int, split: int) -> tuple:
+    sig = {"PART": "*fp32", "O": "*fp32", "T": "i32", "R": "i32", "n_head_kv": "i32", "so": "i32"}
+    const = {"DV": d, "BDV": d, "BM": 16, "SPLIT": split}
+    return (
+        f"attention_combine_d{d}_split{split}",
+        attention_combine_kernel,
+        sig | dict.fromkeys(const, "constexpr"),
+        const,
+    )
+
+
 COMPILE_SPECS = [
-    _spec(d, kv, q8, cells, rows)
-    for d in (64, 128, 256)
-    for kv, q8 in (("fp16", False), ("fp32", False), ("fp16", True))
-    for cells in (False, True)
-    for rows in (4, 512)
+    *[
+        _spec(d, kv, q8, cells, rows)
+        for d in (64, 128, 256)
+        for kv, q8 in (("fp16", False), ("fp32", False), ("fp16", True))
+        for cells in (False, True)
+        for rows in (4, 512)
+    ],
+    *[_spec(d, "fp16", q8, False, 4, sp) for d in (64, 128, 256) for q8 in (False, True) for sp in (2, 4, 8)],
+    *[_combine_spec(d, sp) for d in (64, 128, 256) for sp in (2, 4, 8)],
 ]
