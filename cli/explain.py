@@ -36,6 +36,7 @@ def explain(
     ctv: str = opt("ctv", "f16"),
     threads: int = opt("threads", -1),
     backend: str = opt("backend", "auto"),
+    device: str = opt("device", "auto"),
     escape: bool = typer.Option(True, "--escape/--no-escape", "-e", help="process \\n, \\t, \\xHH escapes in prompts"),
     as_json: bool = typer.Option(False, "--json", help="print the explanation as JSON"),
     sampling: SamplingFlags = SamplingFlags(),
@@ -47,18 +48,21 @@ def explain(
     validate.generation_flags(n_predict)
     sampling.check()
     for note in spec.check():
-        err_console.print(note, markup=False)
+        err_console.print(note, markup=False, soft_wrap=True)
     n_slots = validate.n_parallel(parallel) if parallel is not None else len(prompt)
     validate.n_parallel(len(prompt), flag="-p (one sequence each)")
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
+    from .device import resolve_device
+
+    dev, backend = resolve_device(device, backend)
     sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
     texts = [check_text(process_escapes(p) if escape else p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
     from ..engine.explain_run import Request, explain_request
     from ..engine.model import Model
     from ..engine.params import ContextParams
 
-    m = Model.load(resolve_model(model))
+    m = Model.load(resolve_model(model), dev)
     ids = [m.vocab.tokenize(t, add_special=True, parse_special=True) for t in texts]
     params = ContextParams(
         n_ctx=ctx_size,

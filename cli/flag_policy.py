@@ -22,7 +22,7 @@ class Policy:
     reason: str
 
 
-_GPU = "ubatch runs on the CPU here: there is no GPU to offload layers, KV or ops to"
+_GPU = "ubatch runs a whole model on one device (--device cuda|cpu): no per-layer, per-tensor or split offload"
 _LOAD = "weights are read from the GGUF file into ubatch's own buffers (no mmap/mlock/direct-I/O choice)"
 _THREADS = "one pool of -t threads runs prompt and generation; affinity and priority are left to the OS"
 _FA = "ubatch has one attention implementation over the KV cells (no separate flash-attention path)"
@@ -47,7 +47,8 @@ def _add(status: str, reason: str, *names: str) -> None:
         _TABLE[n] = (status, reason)
 
 
-_add(NO_EFFECT, _GPU, "--n-gpu-layers", "--device", "--split-mode", "--tensor-split", "--main-gpu")
+_add(NO_EFFECT, _GPU, "--n-gpu-layers", "--split-mode", "--tensor-split", "--main-gpu")
+_add(NO_EFFECT, "this command computes nothing on a device (--device is taken where a model runs)", "--device")
 _add(NO_EFFECT, _GPU, "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--n-cpu-ffn", "--kv-offload")
 _add(NO_EFFECT, _GPU, "--no-kv-offload", "--op-offload", "--no-op-offload", "--no-host", "--repack")
 _add(NO_EFFECT, _GPU, "--fit", "--fit-target", "--fit-ctx", "--list-devices", "--backend-sampling")
