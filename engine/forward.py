@@ -16,6 +16,7 @@ import torch
 from ..kernels.ops import KV_CHUNK, Ops
 from .batch import UBatch
 from .graph import Graph, GraphBuilder
+from .kv_cache import KVCache
 from .memory import KVMemory
 from .model import Model
 
@@ -39,6 +40,38 @@ def rope_keys(model: Model) -> list[tuple[float, float]]:
     return keys
 
 
+SEQ_BITS = 64  # sequences one cell's bit set can hold in the kernel's int64
+NO_CAUSAL = np.iinfo(np.int32).max  # a query's causal limit where attention is not causal
+
+
+def mask_in_kernel(ops: Ops, mem: KVMemory) -> bool:
+    """Whether attention computes the mask from the cells (the backend can, and every cell's
+    sequence set fits in SEQ_BITS bits): then no [n_tokens, n_kv] mask exists in memory."""
+    return bool(getattr(ops, "mask_in_kernel", False)) and all(c.n_seq_max <= SEQ_BITS for c in mem.caches)
+
+
+def _mask_inputs(b: GraphBuilder, mem: KVMemory, shape: GraphShape, cells: bool) -> list:
+    """Per cache: the kq_mask tensor input, or the cell and query inputs the kernel masks from
+    (cell positions and sequence bits per group; the queries' positions, causal limits and
+    sequence bits, shared by the caches)."""
+    n, pairs = shape.n_tokens, list(zip(shape.n_groups, shape.n_kv))
+    if not cells:
+        return [b.input(f"kq_mask_{c}", (g, n // g, n_kv), torch.float16) for c, (g, n_kv) in enumerate(pairs)]
+    qpos, qlim = b.input("inp_q_pos", (n,), torch.int32), b.input("inp_q_lim", (n,), torch.int32)
+    qseq = b.input("inp_q_seq", (n,), torch.int64)
+    return [
+        (
+            b.input(f"kv_pos_{c}", (g, n_kv), torch.int32),
+            b.input(f"kv_seq_{c}", (g, n_kv), torch.int64),
+            qpos,
+            qseq,
+            mem.caches[c].n_swa,
+            qlim,
+        )
+        for c, (g, n_kv) in enumerate(pairs)
+    ]
+
+
 def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> Graph:
     hp, b = model.hparams, GraphBuilder(ops)
     n, n_out = shape.n_tokens, shape.n_outputs
@@ -46,10 +79,7 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     ropes = {}
     for i, key in enumerate(rope_keys(model)):
         ropes[key] = (b.input(f"inp_cos_{i}", (n, hp.n_rot // 2)), b.input(f"inp_sin_{i}", (n, hp.n_rot // 2)))
-    masks = [
-        b.input(f"kq_mask_{c}", (g, n // g, n_kv), torch.float16)
-        for c, (g, n_kv) in enumerate(zip(shape.n_groups, shape.n_kv))
-    ]
+    masks = _mask_inputs(b, mem, shape, mask_in_kernel(ops, mem))
     slots = [b.input(f"kv_idxs_{c}", (n,), torch.int64) for c in range(len(mem.caches))]
     # per cache: the first cell of each group's stream, and which 256-cell chunks any query sees
     starts = [b.input(f"kv_starts_{c}", (g,), torch.int64) for c, g in enumerate(shape.n_groups)]
@@ -119,10 +149,16 @@ def ubatch_inputs(
     for i, (base, scale) in enumerate(rope_keys(model)):
         cos, sin = ops.rope_cache(pos, model.hparams.n_rot, base, scale, model.rope_freqs)
         inputs[f"inp_cos_{i}"], inputs[f"inp_sin_{i}"] = cos, sin
+    cells = mask_in_kernel(ops, mem)
+    if cells:
+        inputs |= _query_inputs(ub, causal, dev)
     for c, cache in enumerate(mem.caches):
         streams = cache.ubatch_streams(ub)
-        mask = cache.mask(ub, streams, shape.n_kv[c], causal)
-        inputs[f"kq_mask_{c}"] = torch.from_numpy(mask).to(dev)
+        mask = cache.mask(ub, streams, shape.n_kv[c], causal)  # on the host: which chunks to read
+        if cells:
+            inputs |= _cell_inputs(cache, streams, shape.n_kv[c], c, dev)
+        else:
+            inputs[f"kq_mask_{c}"] = torch.from_numpy(mask).to(dev)
         inputs[f"kv_idxs_{c}"] = torch.from_numpy(slots[c]).to(dev)
         inputs[f"kv_starts_{c}"] = torch.tensor([s * cache.size for s in streams], dtype=torch.int64)
         # 256-cell chunks no query can see (other sequences, outside the window) are skipped
@@ -131,3 +167,23 @@ def ubatch_inputs(
     if shape.n_outputs < shape.n_tokens:
         inputs["inp_out_ids"] = torch.from_numpy(np.flatnonzero(ub.output)).to(dev)
     return inputs
+
+
+def _query_inputs(ub: UBatch, causal: bool, dev: torch.device) -> dict[str, torch.Tensor]:
+    pos = ub.pos.astype(np.int32)
+    lim = pos if causal else np.full_like(pos, NO_CAUSAL)
+    bits = np.left_shift(np.uint64(1), ub.seq_id0.astype(np.uint64)).view(np.int64)
+    return {
+        "inp_q_pos": torch.from_numpy(pos).to(dev),
+        "inp_q_lim": torch.from_numpy(lim).to(dev),
+        "inp_q_seq": torch.from_numpy(bits).to(dev),
+    }
+
+
+def _cell_inputs(cache: KVCache, streams: list[int], n_kv: int, c: int, dev: torch.device) -> dict[str, torch.Tensor]:
+    """Each group's first n_kv cells: position (-1 = empty) and sequence set as bits."""
+    cells = [cache.streams[s] for s in streams]
+    pos = np.stack([x.pos[:n_kv] for x in cells]).astype(np.int32)
+    weights = np.left_shift(np.uint64(1), np.arange(cache.n_seq_max, dtype=np.uint64))
+    bits = np.stack([(x.seq[:n_kv].astype(np.uint64) * weights).sum(1, dtype=np.uint64) for x in cells])
+    return {f"kv_pos_{c}": torch.from_numpy(pos).to(dev), f"kv_seq_{c}": torch.from_numpy(bits.view(np.int64)).to(dev)}

@@ -172,17 +172,21 @@ class GraphBuilder:
         v: KVTensor,
         starts: Sym,
         n_kv: int,
-        mask: Sym,
+        mask: Sym | tuple,
         visible: Sym,
         scale: float,
         after: tuple[Sym, Sym],
         name: str,
     ) -> Sym:
-        """Attention of q over the layer's KV stores; `after` orders it behind this layer's stores."""
+        """Attention of q over the layer's KV stores; `after` orders it behind this layer's stores.
+        `mask` is the mask tensor, or the cells the backend computes it from (cell pos, cell
+        sequence bits, query pos, query sequence bit, n_swa, query causal limit): those follow
+        `after` in the node's arguments and the mask slot holds None."""
         g, t, h, d = q.shape
+        cells = mask if isinstance(mask, tuple) else ()
         return self._add(
             "attention",
-            (q, k, v, starts, n_kv, mask, scale, visible, *after),
+            (q, k, v, starts, n_kv, None if cells else mask, scale, visible, *after, *cells),
             (g * t, h * v.head_dim),
             torch.float32,
             name,
@@ -263,9 +267,10 @@ def bind(g: Graph, ops: Ops, workspace: torch.Tensor) -> list[Callable[[], Any]]
             steps.append(functools.partial(ops.kv_store, a[0], a[1], a[2], scratch))
         elif n.op == "attention":
             q, k, v, starts, n_kv, mask, scale, visible = a[:8]
+            kw = {"cells": tuple(a[10:])} if len(a) > 10 else {}
             steps.append(
                 functools.partial(
-                    ops.attention, q, k, v, starts, n_kv, mask, scale, out=out, scratch=scratch, visible=visible
+                    ops.attention, q, k, v, starts, n_kv, mask, scale, out=out, scratch=scratch, visible=visible, **kw
                 )
             )
         elif n.scratch:

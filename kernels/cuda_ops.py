@@ -47,6 +47,7 @@ class _Step:
 
 class CudaOps(TorchOps):
     name = "cuda"
+    mask_in_kernel = True  # the attention kernel applies the mask rules to the cells itself
 
     def __init__(self, n_threads: int = 1) -> None:
         super().__init__(n_threads)
@@ -102,7 +103,8 @@ class CudaOps(TorchOps):
             return functools.partial(self.kv_store, *args[:3], scratch)
         if op == "attention":
             q, k, v, starts, n_kv, mask, scale, visible = args[:8]
-            return functools.partial(self.attention, q, k, v, starts, n_kv, mask, scale, out, scratch, visible)
+            cells = tuple(args[10:]) or None  # the mask rules' inputs (engine/forward.py)
+            return functools.partial(self.attention, q, k, v, starts, n_kv, mask, scale, out, scratch, visible, cells)
         if op == "rms_norm":
             x, w, eps = args
             step = _Step(functools.partial(self.rms_norm, x, w, eps, out, scratch))
@@ -189,22 +191,39 @@ class CudaOps(TorchOps):
         out: torch.Tensor,
         scratch: list[torch.Tensor],
         visible: torch.Tensor | None = None,
+        cells: tuple | None = None,
     ) -> torch.Tensor:
-        """The Triton kernel reads the cells and the mask tile by tile; the reference's scratch
-        the graph plans for this node is not touched."""
+        """The Triton kernel reads the cells and the mask tile by tile, or with `cells` applies
+        the mask rules itself; the reference's scratch the graph plans for this node is not
+        touched. A cache type the kernel does not read takes the reference, with the mask
+        built from the cells for that call."""
         ta = self._ta
+        mask_ok = cells is not None or (mask.dtype == torch.float16 and mask.stride(-1) == 1)
         if (
             k.ggml_type in ta.KV_TYPES
             and v.ggml_type in ta.KV_TYPES
             and q.stride(-1) == 1
             and _rows_ok(out)
-            and mask.dtype == torch.float16
-            and mask.stride(-1) == 1
+            and mask_ok
         ):
             if visible is None:
                 visible = torch.ones(-(-n_kv // 256), dtype=torch.bool, device=q.device)
-            return ta.attention(q, k, v, starts.to(q.device), n_kv, mask, scale, out, visible)
+            return ta.attention(q, k, v, starts.to(q.device), n_kv, mask, scale, out, visible, cells)
+        if cells is not None:
+            mask = mask_from_cells(q.shape[1], cells)
         return super().attention(q, k, v, starts, n_kv, mask, scale, out, scratch, visible)
+
+
+def mask_from_cells(t: int, cells: tuple) -> torch.Tensor:
+    """The additive (G, T, n_kv) f16 mask the rules give (as KVCache.mask), for the reference path."""
+    cpos, cseq, qpos, qseq, n_swa, qlim = cells
+    g = cpos.shape[0]
+    qp, ql, qs = (x.view(g, t, 1) for x in (qpos, qlim, qseq))
+    vis = (cpos[:, None, :] >= 0) & ((cseq[:, None, :] & qs) != 0) & (cpos[:, None, :] <= ql)
+    if n_swa > 0:
+        vis &= qp - cpos[:, None, :] < n_swa
+    zero = torch.zeros((), dtype=torch.float16, device=cpos.device)
+    return torch.where(vis, zero, torch.tensor(float("-inf"), dtype=torch.float16, device=cpos.device))
 
 
 def available() -> str | None:

@@ -66,6 +66,9 @@ class Ops(Protocol):
 
     name: str
     notices: list[str]  # things the user should know (missing kernels, portable fallback)
+    # True: attention computes the mask from the cells' positions and sequence bits (`cells`),
+    # so the graph declares no [n_tokens, n_kv] mask tensor (engine/forward.py)
+    mask_in_kernel: bool
 
     # weights: the backend owns their layout and says what it holds beyond the file's bytes
     def prepare_weights(self, weights: list[QWeight]) -> None: ...

@@ -21,6 +21,7 @@ class TorchOps:
     """Reference implementation: plain torch on any device, weights dequantised once to f32."""
 
     name = "torch"
+    mask_in_kernel = False  # attention reads the engine's [n_tokens, n_kv] mask tensor
 
     def __init__(self, n_threads: int = 1, compute_dtype: torch.dtype = torch.float32) -> None:
         self.compute_dtype = compute_dtype

@@ -42,7 +42,7 @@ def _load_kv(P, P8, P16, cell, cm, hk, stride_cell, row_bytes, D: tl.constexpr, 
 
 @triton.jit
 def attention_kernel(
-    Q, K, K8, K16, V, V8, V16, STARTS, MASK, VIS, CPOS, CSEQ, QPOS, QSEQ, O, PART,  # noqa: E741
+    Q, K, K8, K16, V, V8, V16, STARTS, MASK, VIS, CPOS, CSEQ, QPOS, QLIM, QSEQ, O, PART,  # noqa: E741
     T, R, n_head_kv, n_kv, sq_g, sq_t, sq_h, sk, k_rb, sv, v_rb, sm_g, sm_t, so, n_swa, scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     KQ8: tl.constexpr, VQ8: tl.constexpr, MASK_CELLS: tl.constexpr, CAUSAL: tl.constexpr,
@@ -62,6 +62,8 @@ def attention_kernel(
     if MASK_CELLS:
         qpos = tl.load(QPOS + g * T + t, mask=rm, other=0)
         qseq = tl.load(QSEQ + g * T + t, mask=rm, other=0)
+        if CAUSAL:  # the last position a query may see: its own, or past every cell (no causality)
+            qlim = tl.load(QLIM + g * T + t, mask=rm, other=0)
     m_i = tl.full([BM], _FLOOR, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
@@ -83,7 +85,7 @@ def attention_kernel(
                 cseq = tl.load(CSEQ + g * n_kv + cols, mask=cm, other=0)
                 vis = (cpos[None, :] >= 0) & ((cseq[None, :] & qseq[:, None]) != 0)
                 if CAUSAL:
-                    vis = vis & (cpos[None, :] <= qpos[:, None])
+                    vis = vis & (cpos[None, :] <= qlim[:, None])
                 if n_swa > 0:
                     vis = vis & (qpos[:, None] - cpos[None, :] < n_swa)
                 s = tl.where(vis, s, float("-inf"))
@@ -187,14 +189,16 @@ def attention(
     scale: float,
     out: torch.Tensor,
     visible: torch.Tensor,
-    cells: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool] | None = None,
+    cells: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool | torch.Tensor] | None = None,
     tiles: tuple[int, int, int] | None = None,
     split: int | None = None,
 ) -> torch.Tensor:
     """q (G, T, H, D) with unit stride in D; out (G·T, H·Dv) contiguous; starts (G,) int64 on
     q's device; visible (n_kv / 256,) bool. `cells` = (cell pos (G, n_kv) int32, cell sequence
     bits (G, n_kv) int64, query pos (G·T,) int32, query sequence bit (G·T,) int64, n_swa, causal)
-    computes the mask in the kernel instead of reading `mask` (G, T, n_kv). `tiles` = (BM, BN, warps)
+    computes the mask in the kernel instead of reading `mask` (G, T, n_kv); causal is a bool or
+    each query's causal limit (G·T,) int32 (its position, or INT32_MAX where attention is not
+    causal), so a graph planned before it knows the context's attention type serves both. `tiles` = (BM, BN, warps)
     overrides `blocks` and `split` overrides `splits` (tests run the GPU's choices in the interpreter)."""
     g, t, h, d = q.shape
     r = h // k.n_head
@@ -202,10 +206,11 @@ def attention(
     kf, k8, k16, sk, k_rb = _views(k)
     vf, v8, v16, sv, v_rb = _views(v)
     if cells is None:
-        cpos = cseq = qpos = qseq = starts
+        cpos = cseq = qpos = qlim = qseq = starts
         n_swa, causal, mk, sm = 0, True, mask, (mask.stride(0), mask.stride(1))
     else:
         cpos, cseq, qpos, qseq, n_swa, causal = cells
+        qlim, causal = (causal, True) if isinstance(causal, torch.Tensor) else (qpos, causal)
         mk, sm = starts, (0, 0)
     grid = (g * k.n_head, triton.cdiv(t * r, bm))
     spills = k.ggml_type == T.Q8_0 and d > 128  # the Q8_0 tile loads spill there: keep one pass (for now)
@@ -213,7 +218,7 @@ def attention(
     bdv = triton.next_power_of_2(v.head_dim)
     part = torch.empty(grid[0] * grid[1] * sp * bm * (bdv + 2), device=q.device) if sp > 1 else out
     attention_kernel[(*grid, sp)](
-        q, kf, k8, k16, vf, v8, v16, starts, mk, visible, cpos, cseq, qpos, qseq, out, part,
+        q, kf, k8, k16, vf, v8, v16, starts, mk, visible, cpos, cseq, qpos, qlim, qseq, out, part,
         t, r, k.n_head, n_kv, q.stride(0), q.stride(1), q.stride(2), sk, k_rb, sv, v_rb, sm[0], sm[1],
         out.stride(0), n_swa, scale,
         D=d, DV=v.head_dim, BD=triton.next_power_of_2(d), BDV=bdv,
@@ -232,7 +237,7 @@ def _spec(d: int, kv: str, q8: bool, mask_cells: bool, rows: int, split: int = 1
     kv = "u8" if q8 else kv
     ptr = {"K": f"*{kv}", "K8": "*i8", "K16": "*i16", "V": f"*{kv}", "V8": "*i8", "V16": "*i16"}
     sig = {"Q": "*fp32", **ptr, "STARTS": "*i64", "MASK": "*fp16", "VIS": "*i1", "CPOS": "*i32", "CSEQ": "*i64",
-           "QPOS": "*i32", "QSEQ": "*i64", "O": "*fp32", "PART": "*fp32"}  # fmt: skip
+           "QPOS": "*i32", "QLIM": "*i32", "QSEQ": "*i64", "O": "*fp32", "PART": "*fp32"}  # fmt: skip
     sig |= {a: "i32" for a in ("T", "R", "n_head_kv", "n_kv", "sq_g", "sq_t", "sq_h", "sk", "k_rb", "sv", "v_rb",
                                "sm_g", "sm_t", "so", "n_swa")}  # fmt: skip
     sig["scale"] = "fp32"
@@ -262,6 +267,12 @@ COMPILE_SPECS = [
         for cells in (False, True)
         for rows in (4, 512)
     ],
-    *[_spec(d, "fp16", q8, False, 4, sp) for d in (64, 128, 256) for q8 in (False, True) for sp in (2, 4, 8)],
+    *[
+        _spec(d, "fp16", q8, cells, 4, sp)
+        for d in (64, 128, 256)
+        for q8 in (False, True)
+        for cells in (False, True)
+        for sp in (2, 4, 8)
+    ],
     *[_combine_spec(d, sp) for d in (64, 128, 256) for sp in (2, 4, 8)],
 ]
