@@ -184,13 +184,19 @@ class GraphBuilder:
         `after` in the node's arguments and the mask slot holds None."""
         g, t, h, d = q.shape
         cells = mask if isinstance(mask, tuple) else ()
+        plan = getattr(self.ops, "attention_scratch", None)  # a backend whose kernel needs other scratch
+        scratch = (
+            plan(g, t, h, k.n_head, n_kv, d, v.head_dim, k.ggml_type, v.ggml_type)
+            if plan
+            else attn_scratch(g, t, h, k.n_head, n_kv, d, v.head_dim)
+        )
         return self._add(
             "attention",
             (q, k, v, starts, n_kv, None if cells else mask, scale, visible, *after, *cells),
             (g * t, h * v.head_dim),
             torch.float32,
             name,
-            scratch=attn_scratch(g, t, h, k.n_head, n_kv, d, v.head_dim),
+            scratch=scratch,
         )
 
     def finish(self, output: Sym) -> Graph:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .dequant import dequantize, type_name
-from .ops import KVTensor, ScratchSpec
+from .ops import KVTensor, ScratchSpec, attn_scratch
 from .torch_ops import TorchOps
 from .triton import mode
 from .weight import QWeight
@@ -86,6 +86,17 @@ class CudaOps(TorchOps):
 
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
         return []
+
+    def attention_scratch(
+        self, g: int, t: int, h: int, n_head_kv: int, n_kv: int, d: int, dv: int, type_k: int, type_v: int
+    ) -> ScratchSpec:
+        """What the attention node really uses, so the compute buffer counts it: the Triton
+        kernel's split-decode partials (nothing for one pass), or the reference's tiles for a
+        cache type the kernel does not read."""
+        if type_k in self._ta.KV_TYPES and type_v in self._ta.KV_TYPES:
+            n = self._ta.partials(g, t, h, d, n_head_kv, n_kv, dv, type_k == self._ta.T.Q8_0)
+            return [((n,), torch.float32)] if n else []
+        return attn_scratch(g, t, h, n_head_kv, n_kv, d, dv)
 
     # -- binding: one call per node, the post-norm + residual add fused ---------------------------
     def bind(
@@ -194,8 +205,7 @@ class CudaOps(TorchOps):
         cells: tuple | None = None,
     ) -> torch.Tensor:
         """The Triton kernel reads the cells and the mask tile by tile, or with `cells` applies
-        the mask rules itself; the reference's scratch the graph plans for this node is not
-        touched. A cache type the kernel does not read takes the reference, with the mask
+        the mask rules itself; its scratch is the split partials (`attention_scratch`). A cache type the kernel does not read takes the reference, with the mask
         built from the cells for that call."""
         ta = self._ta
         mask_ok = cells is not None or (mask.dtype == torch.float16 and mask.stride(-1) == 1)
@@ -208,7 +218,8 @@ class CudaOps(TorchOps):
         ):
             if visible is None:
                 visible = torch.ones(-(-n_kv // 256), dtype=torch.bool, device=q.device)
-            return ta.attention(q, k, v, starts.to(q.device), n_kv, mask, scale, out, visible, cells)
+            part = scratch[0] if len(scratch) == 1 else None  # the planned split partials
+            return ta.attention(q, k, v, starts.to(q.device), n_kv, mask, scale, out, visible, cells, part=part)
         if cells is not None:
             mask = mask_from_cells(q.shape[1], cells)
         return super().attention(q, k, v, starts, n_kv, mask, scale, out, scratch, visible)

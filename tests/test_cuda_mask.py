@@ -118,3 +118,27 @@ def test_more_sequences_than_bits_keep_the_mask_tensor(models) -> None:  # noqa:
         ContextParams(n_ctx=SEQ_BITS * 256 * 2, n_seq_max=SEQ_BITS + 1, kv_unified=True), models["llama"].hparams
     )
     assert not mask_in_kernel(cuda_ops(), KVMemory.build(models["llama"].hparams, cp, sizes_only=True))
+
+
+def test_a_split_decode_writes_its_partials_into_the_planned_scratch(models, monkeypatch) -> None:  # noqa: F811
+    """The GPU's choices in the interpreter (decode tiles, the cells split 2 ways): the attention
+    node's planned scratch is exactly the split partials, and the logits equal the reference."""
+    from types import SimpleNamespace
+
+    from ubatch.kernels.triton import attention as ta
+
+    monkeypatch.setattr(ta, "mode", SimpleNamespace(interpreted=lambda: False))
+    params = ContextParams(n_ctx=256, n_ubatch=16)
+    out = {}
+    for name in ("torch", "cuda"):
+        ctx = Context(models["llama"], params, cuda_ops() if name == "cuda" else backends.create(name))
+        ctx.decode(Batch.from_tokens(PROMPT, 0))
+        ctx.decode(Batch.from_tokens([7], len(PROMPT)))
+        out[name] = ctx.logits.clone()
+        if name == "cuda":
+            (shape,) = [s for s in ctx._graphs if s.n_tokens == 1]
+            node = next(n for n in ctx._graphs[shape].nodes if n.op == "attention")
+            hp = models["llama"].hparams
+            n = ta.partials(1, 1, hp.n_head, hp.n_embd_head_k, hp.n_head_kv, 256, hp.n_embd_head_v, False)
+            assert n > 0 and node.scratch == [((n,), torch.float32)]
+    assert rel_err(out["cuda"], out["torch"]) <= 1e-4

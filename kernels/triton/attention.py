@@ -171,6 +171,21 @@ def splits(rows: int, n_kv: int, programs: int, interpreted: bool = False) -> in
     return s
 
 
+def _split(rows: int, d: int, n_kv: int, programs: int, kq8: bool) -> int:
+    spills = kq8 and d > 128  # the Q8_0 tile loads spill there: keep one pass (for now)
+    return splits(rows, n_kv, programs, mode.interpreted() or spills)
+
+
+def partials(g: int, t: int, h: int, d: int, n_head_kv: int, n_kv: int, dv: int, kq8: bool) -> int:
+    """f32 elements of a split decode's partial results (0 for one pass): what `attention`
+    needs as `part` for these shapes with the default tiles and splits."""
+    r = h // n_head_kv
+    bm = blocks(t * r, d, mode.interpreted())[0]
+    programs = g * n_head_kv * triton.cdiv(t * r, bm)
+    sp = _split(t * r, d, n_kv, programs, kq8)
+    return programs * sp * bm * (triton.next_power_of_2(dv) + 2) if sp > 1 else 0
+
+
 def _views(kv: KVTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
     """(float data, int8 view, int16 view, cell stride in elements, row bytes) of a store."""
     if kv.ggml_type == T.Q8_0:
@@ -192,14 +207,17 @@ def attention(
     cells: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool | torch.Tensor] | None = None,
     tiles: tuple[int, int, int] | None = None,
     split: int | None = None,
+    part: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q (G, T, H, D) with unit stride in D; out (G·T, H·Dv) contiguous; starts (G,) int64 on
     q's device; visible (n_kv / 256,) bool. `cells` = (cell pos (G, n_kv) int32, cell sequence
     bits (G, n_kv) int64, query pos (G·T,) int32, query sequence bit (G·T,) int64, n_swa, causal)
     computes the mask in the kernel instead of reading `mask` (G, T, n_kv); causal is a bool or
     each query's causal limit (G·T,) int32 (its position, or INT32_MAX where attention is not
-    causal), so a graph planned before it knows the context's attention type serves both. `tiles` = (BM, BN, warps)
-    overrides `blocks` and `split` overrides `splits` (tests run the GPU's choices in the interpreter)."""
+    causal), so a graph planned before it knows the attention type serves both. `tiles` =
+    (BM, BN, warps) overrides `blocks` and `split` overrides `splits` (tests run the GPU's
+    choices in the interpreter). `part`: f32 scratch of at least `partials` elements for a
+    split decode (the graph plans it in the workspace), else allocated here."""
     g, t, h, d = q.shape
     r = h // k.n_head
     bm, bn, nw = tiles or blocks(t * r, d, mode.interpreted())
@@ -213,10 +231,13 @@ def attention(
         qlim, causal = (causal, True) if isinstance(causal, torch.Tensor) else (qpos, causal)
         mk, sm = starts, (0, 0)
     grid = (g * k.n_head, triton.cdiv(t * r, bm))
-    spills = k.ggml_type == T.Q8_0 and d > 128  # the Q8_0 tile loads spill there: keep one pass (for now)
-    sp = split or splits(t * r, n_kv, grid[0] * grid[1], mode.interpreted() or spills)
+    sp = split or _split(t * r, d, n_kv, grid[0] * grid[1], k.ggml_type == T.Q8_0)
     bdv = triton.next_power_of_2(v.head_dim)
-    part = torch.empty(grid[0] * grid[1] * sp * bm * (bdv + 2), device=q.device) if sp > 1 else out
+    n_part = grid[0] * grid[1] * sp * bm * (bdv + 2) if sp > 1 else 0
+    if n_part == 0:
+        part = out
+    elif part is None or part.numel() < n_part:
+        part = torch.empty(n_part, device=q.device)
     attention_kernel[(*grid, sp)](
         q, kf, k8, k16, vf, v8, v16, starts, mk, visible, cpos, cseq, qpos, qlim, qseq, out, part,
         t, r, k.n_head, n_kv, q.stride(0), q.stride(1), q.stride(2), sk, k_rb, sv, v_rb, sm[0], sm[1],
