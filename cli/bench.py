@@ -167,8 +167,12 @@ def bench(
 
     progress = _progress()
     task = progress.add_task("starting", total=len(tests), rep="")
+    from .bench_graphs import GraphTally
+
+    tally = GraphTally()
 
     def on_event(e) -> None:  # noqa: ANN001
+        tally.on_event(e, _test_label)
         if e.kind == "note":
             progress.console.print(f"[yellow]note:[/] {e.text}", highlight=False)
         elif e.kind == "load":
@@ -190,6 +194,8 @@ def bench(
         sys.stdout.flush()
     if output_err is not None:
         sys.stderr.write(format_results(output_err, p, results, extras=profile))
+    if p.backend == "cuda":  # captures and replays per test, beside llama-bench's own columns
+        sys.stderr.write("".join(f"{line}\n" for line in tally.lines()))
     if plot is not None:
         write_plot(results, plot, tests)
         err_console.print(f"wrote {plot}", highlight=False)

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from ..engine.report import MemoryPlan
 from ..engine.units import mib
+from .device import device_name
 
 Rows = list[tuple[str, str]]  # (label, text): the chat's panel and /stats
 
@@ -35,11 +36,12 @@ def llama_lines(p: MemoryPlan) -> list[str]:
         L.append(
             f"llama_context: n_ctx_seq ({p.n_ctx_seq}) < n_ctx_train ({p.n_ctx_train}) -- the full capacity of the model will not be utilized"
         )
+    dev = device_name(p.device)  # the KV cache and the compute buffer; the logits rows stay on the host
     L.append(f"llama_context: {'CPU':>10}  output buffer size = {mib(p.output_bytes):8.2f} MiB")
     for i in p.kv:
         if i.name:
             L.append(f"llama_kv_cache_iswa: creating {i.name:>7} KV cache, size = {i.size} cells")
-        L.append(f"llama_kv_cache: {'CPU':>10} KV buffer size = {mib(i.k_bytes + i.v_bytes):8.2f} MiB")
+        L.append(f"llama_kv_cache: {dev:>10} KV buffer size = {mib(i.k_bytes + i.v_bytes):8.2f} MiB")
         L.append(
             f"llama_kv_cache: size = {mib(i.k_bytes + i.v_bytes):7.2f} MiB ({i.size:6d} cells, "
             f"{i.n_layer:3d} layers, {i.n_seq_max:2d}/{i.n_stream} seqs), K ({i.type_k}): "
@@ -48,7 +50,7 @@ def llama_lines(p: MemoryPlan) -> list[str]:
     n, s, o = p.worst_case
     L += [
         f"llama_context: worst-case: n_tokens = {n}, n_seqs = {s}, n_outputs = {o}",
-        f"sched_reserve: {'CPU':>10} compute buffer size = {mib(p.compute_bytes):8.2f} MiB",
+        f"sched_reserve: {dev:>10} compute buffer size = {mib(p.compute_bytes):8.2f} MiB",
         f"sched_reserve: graph (pp bs={n}, tg bs={s}): nodes = {p.graph_nodes[0]} / {p.graph_nodes[1]}, "
         f"workspace = {mib(p.pp_bytes):.2f} / {mib(p.tg_bytes):.2f} MiB",
         f"ubatch: the compute buffer peaks with these tensors alive (n_outputs_max = {p.n_outputs_max}):",
@@ -67,7 +69,7 @@ def breakdown_table(p: MemoryPlan) -> Table:
     for col in ("device", "total", "model", f"{p.backend} backend", "context (KV + out)", "compute"):
         t.add_column(col, justify="right" if col != "device" else "left")
     t.add_row(
-        "CPU",
+        device_name(p.device),
         f"{mib(p.total_bytes):.2f}",
         f"{mib(p.model_bytes):.2f}",
         f"{mib(p.backend_bytes):.2f}",

@@ -4,6 +4,7 @@ log is cli.memory_view's, so it reads the same in every command."""
 from __future__ import annotations
 
 from ..engine.context import Context
+from ..engine.cuda_graphs import counters, summary
 from ..engine.generate import CompletionStats
 from ..engine.model import Model
 from ..engine.params import ContextParams, derive
@@ -75,4 +76,12 @@ def perf_lines(ctx: Context, st: CompletionStats, load_ms: float, total_ms: floa
         f"{p}       total time = {total_ms:10.2f} ms / {st.n_prompt + st.n_gen:5d} tokens",
         f"{p} unaccounted time = {unacc:10.2f} ms / {100 * unacc / max(total_ms, 1e-9):5.1f} %      (total - sampling - prompt eval - eval) / (total)",
         f"{p}    graphs reused = {ctx.perf.graphs_reused:10d}",
+        *cuda_graph_lines(ctx, p),
     ]
+
+
+def cuda_graph_lines(ctx: Context, prefix: str) -> list[str]:
+    """The cuda backend's CUDA-graph captures and replays (nothing for the CPU backends)."""
+    if ctx.ops.name != "cuda":
+        return []
+    return [f"{prefix} {summary(counters(ctx.ops))}"]

@@ -36,6 +36,21 @@ class GraphCounters:
     def line(self) -> str:
         return f"CUDA graphs: {self.captures} captured, {self.replays} replays, {self.eager} steps launched eagerly"
 
+    def since(self, before: GraphCounters) -> GraphCounters:
+        """The counts added after `before` (a copy taken earlier)."""
+        return GraphCounters(self.captures - before.captures, self.replays - before.replays, self.eager - before.eager)
+
+
+def summary(c: GraphCounters | None) -> str:
+    """The counters' line, or 'off' where no step went through a runner (on a GPU the first
+    step of every shape runs eagerly, so a run there never counts nothing)."""
+    if c is None or c == GraphCounters():
+        return "CUDA graphs: off (the kernels run in Triton's interpreter)"
+    return c.line()
+
+
+TOTALS = GraphCounters()  # every runner of the process together: `ubatch bench` reads it per test
+
 
 @dataclass
 class _Entry:
@@ -53,7 +68,7 @@ class GraphRunner:
         for name, t in inputs.items():
             views[name].copy_(t)
         if views["inp_tokens"].shape[0] > GRAPH_MAX_TOKENS:
-            self.counters.eager += 1
+            self._count("eager")
             for step in steps:
                 step()
             return output
@@ -63,17 +78,21 @@ class GraphRunner:
             self._entries[key] = _Entry(g)
             while len(self._entries) > MAX_GRAPHS:
                 self._entries.popitem(last=False)
-            self.counters.eager += 1
+            self._count("eager")
             for step in steps:
                 step()
             return output
         self._entries.move_to_end(key)
         if e.cuda_graph is None:
             e.cuda_graph = self.capture(steps)
-            self.counters.captures += 1
+            self._count("captures")
         e.cuda_graph.replay()
-        self.counters.replays += 1
+        self._count("replays")
         return output
+
+    def _count(self, what: str) -> None:
+        for c in (self.counters, TOTALS):
+            setattr(c, what, getattr(c, what) + 1)
 
     @staticmethod
     def capture(steps: list) -> Any:

@@ -44,6 +44,7 @@ class MemoryPlan:
     graph_nodes: tuple[int, int]
     peak: list[tuple[str, tuple[int, ...], int]]
     warnings: list[str] = field(default_factory=list)
+    device: str = "cpu"  # where the weights, the KV cache and the compute buffer live (torch's name)
 
     @property
     def kv_bytes(self) -> int:
@@ -119,6 +120,7 @@ def _plan(
         graph_nodes=r.n_nodes,
         peak=r.peak,
         warnings=[*cp.warnings, *ops.notices],
+        device=str(m.device),
     )
 
 
