@@ -48,7 +48,7 @@ def watch_forward_passes(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> list:
         found.extend(m.foreign)
         return out
 
-    monkeypatch.setattr("ubatch.engine.context.run_graph", watched)
+    monkeypatch.setattr("ubatch.engine.cuda_graphs.run_graph", watched)
     return found
 
 
