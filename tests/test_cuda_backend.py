@@ -72,8 +72,7 @@ def greedy(
     return toks, torch.cat(rows)
 
 
-@pytest.mark.parametrize("kv", ["f16", "q8_0"])
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch, kv", [("llama", "f16"), ("gemma3", "q8_0")])
 def test_greedy_tokens_and_logits_equal_the_torch_backend(models, arch: str, kv: str) -> None:
     model = models[arch]
     params = ContextParams(n_ctx=256, n_ubatch=8, type_k=kv, type_v=kv)  # the prompt takes 2 ubatches

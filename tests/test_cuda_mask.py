@@ -37,8 +37,7 @@ def two_sequences(ctx: Context, steps: int, forced: list[list[int]] | None = Non
     return toks, torch.cat(rows)
 
 
-@pytest.mark.parametrize("unified", [False, True])
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch, unified", [("llama", True), ("gemma3", False)])
 def test_two_sequences_with_the_mask_in_the_kernel_equal_the_torch_backend(models, arch: str, unified: bool) -> None:  # noqa: F811
     params = ContextParams(n_ctx=512, n_ubatch=16, n_seq_max=2, kv_unified=unified)
     want_toks, want = two_sequences(Context(models[arch], params, backends.create("torch")), 2)

@@ -49,7 +49,7 @@ def greedy(model: Model, n: int, spec: SpecParams | None = None, draft: Model | 
 
 @pytest.fixture(scope="module")
 def plain(default_model: Model) -> list[int]:
-    return greedy(default_model, 40)[0]
+    return greedy(default_model, 32)[0]
 
 
 def test_ngram_simple_follows_llama_cpp() -> None:
@@ -63,7 +63,7 @@ def test_ngram_simple_follows_llama_cpp() -> None:
 
 @pytest.mark.parametrize("ub", [512, 4])
 def test_ngram_drafts_give_the_same_greedy_tokens(default_model: Model, plain: list[int], ub: int) -> None:
-    toks, st = greedy(default_model, 40, NGRAM, ub=ub)
+    toks, st = greedy(default_model, 32, NGRAM, ub=ub)
     assert toks == plain
     assert st.spec.n_drafts > 0 and st.spec.n_accepted > 0  # speculation really happened
     assert st.n_eval_calls < st.n_eval  # fewer decode calls than tokens
@@ -75,7 +75,7 @@ def test_ngram_drafts_give_the_same_greedy_tokens(default_model: Model, plain: l
 
 def test_the_model_as_its_own_draft(default_model: Model, plain: list[int]) -> None:
     spec = SpecParams(types=("draft-simple",), n_max=4)
-    toks, st = greedy(default_model, 40, spec, draft=default_model)
+    toks, st = greedy(default_model, 32, spec, draft=default_model)
     assert toks == plain
     assert st.spec.acceptance > 0.9  # the draft is the target: nearly everything is accepted
 
@@ -91,7 +91,7 @@ def test_a_tiny_random_draft_with_the_same_vocabulary(
     )
     path = write_tiny_model(tmp_path / "draft.gguf", TinySpec(n_embd=32, n_layer=2, n_ff=64, vocab=vocab))
     spec = SpecParams(types=("draft-simple",), n_max=3)
-    toks, st = greedy(default_model, 40, spec, draft=Model.load(path))
+    toks, st = greedy(default_model, 32, spec, draft=Model.load(path))
     assert toks == plain  # a bad draft costs speed, never tokens
     assert st.spec.n_drafted > 0
 
@@ -181,7 +181,7 @@ def test_server_slots_verify_drafts_under_concurrency(default_model_path: Path, 
         ctx = Context(default_model, ContextParams(n_ctx=1024))
         ids = default_model.vocab.tokenize(p, add_special=True)
         expected.append(
-            [e.token for e in complete(ctx, ids, 32, Sampler(SamplerParams(temp=0)), ignore_eos=True) if e.token >= 0]
+            [e.token for e in complete(ctx, ids, 24, Sampler(SamplerParams(temp=0)), ignore_eos=True) if e.token >= 0]
         )
     spec = SpecFlags(spec_type=["ngram-simple"], spec_ngram_simple_size_n=3, spec_ngram_simple_size_m=5)
     sch = load_scheduler(
@@ -211,7 +211,7 @@ def test_server_slots_verify_drafts_under_concurrency(default_model_path: Path, 
 
         def ask(i: int) -> None:
             barrier.wait()
-            body = {"prompt": prompts[i], "n_predict": 32, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+            body = {"prompt": prompts[i], "n_predict": 24, "temperature": 0, "ignore_eos": True, "return_tokens": True}
             out[i] = post(live.url, "/completion", body).json()
 
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
@@ -257,7 +257,7 @@ def test_window_cache_keeps_what_the_next_row_needs_after_a_rejected_draft(tmp_p
         st = CompletionStats()
         ids = model.vocab.tokenize("a b c a b c a b", add_special=True)
         sampler = Sampler(SamplerParams(temp=0))
-        return [e.token for e in complete(ctx, ids, 360, sampler, st, ignore_eos=True, speculator=sp)], st
+        return [e.token for e in complete(ctx, ids, 300, sampler, st, ignore_eos=True, speculator=sp)], st
 
     missing: list[int] = []
     plain, _ = run(None)

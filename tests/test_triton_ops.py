@@ -107,9 +107,11 @@ def _cells_mask(pos: np.ndarray, seqs: np.ndarray, qpos: np.ndarray, qseq: np.nd
     return vis & ~((qpos[:, None] - pos[None, :] >= n_swa) if n_swa > 0 else False)
 
 
-@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
-@pytest.mark.parametrize("t", [1, 5])
-@pytest.mark.parametrize("heads", [(4, 1), (4, 2)], ids=["mqa", "gqa"])
+@pytest.mark.parametrize(
+    "kv_type, t, heads",
+    [("f32", 5, (4, 2)), ("f16", 1, (4, 2)), ("f16", 5, (4, 1)), ("q8_0", 1, (4, 1)), ("q8_0", 5, (4, 2))],
+    ids=["f32-5-gqa", "f16-1-gqa", "f16-5-mqa", "q8_0-1-mqa", "q8_0-5-gqa"],
+)
 def test_attention_matches_the_reference_with_the_mask_tensor_or_the_cells(
     kv_type: str, t: int, heads: tuple[int, int]
 ) -> None:
