@@ -40,6 +40,7 @@ def info(
     ctk: str = opt("ctk", "f16", panel="Options"),
     ctv: str = opt("ctv", "f16", panel="Options"),
     backend: str = opt("backend", "auto", panel="Options"),
+    device: str = opt("device", "auto", panel="Options"),
     n_outputs_max: Optional[int] = typer.Option(
         None,
         "--n-outputs-max",
@@ -58,13 +59,16 @@ def info(
     validate.n_parallel(parallel)  # these three import the engine's tables: last
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
+    from .device import resolve_device
+
+    dev, backend = resolve_device(device, backend)  # the plan of that device's buffers
     from ..engine.model import Model
     from ..engine.params import ContextParams
     from ..engine.report import fit, plan_for
     from .memory_view import breakdown_table, plan_json, plan_table
     from .present import startup_lines
 
-    m = Model.load(resolve_model(model))
+    m = Model.load(resolve_model(model), dev)
     params = ContextParams(
         n_ctx=ctx_size,
         n_batch=batch_size,

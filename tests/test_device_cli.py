@@ -19,6 +19,8 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine 
         ["server", "--port", "0"],
         ["bench", "-p", "8", "-n", "0", "-r", "1"],
         ["batched-bench", "-npp", "8", "-ntg", "1", "-npl", "1"],
+        ["info"],
+        ["explain", "-p", "hi"],
     ],
 )
 def test_device_cuda_without_a_gpu_is_one_line(args: list[str], tiny_gemma: Path) -> None:
