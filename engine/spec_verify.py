@@ -42,7 +42,11 @@ def rejection_choice(sampler: Sampler, x: torch.Tensor, token: int, q: dict[int,
     q_tok = q.get(token, 0.0)
     if q_tok > 0 and sampler.rng.uniform() * q_tok < p_tok:
         return token
-    q_ids = torch.tensor([q.get(int(i), 0.0) for i in ids.tolist()], dtype=torch.float64)
+    # q over the chain's candidates, vectorised: the draft has at most its top 10, the chain may
+    # keep the whole vocabulary
+    q_tok_ids = torch.tensor(list(q), dtype=ids.dtype)
+    q_vals = torch.tensor(list(q.values()), dtype=torch.float64)
+    q_ids = ((ids.unsqueeze(1) == q_tok_ids).double() * q_vals).sum(1)
     residual = torch.clamp(p - q_ids, min=0.0)
     weights = residual if float(residual.sum()) > 0 else p
     cum = torch.cumsum(weights, 0)
