@@ -59,8 +59,10 @@ def _cpu(n: int, portable: bool | None = None) -> Ops:
 
 
 def _cuda(n: int) -> Ops:
-    from .cuda_ops import create as create_cuda
-
+    try:
+        from .cuda_ops import create as create_cuda
+    except ImportError as e:  # a GPU without Triton: say what to install, in one line
+        raise BackendError(f"backend 'cuda' needs Triton ({e}); pip install 'ubatch[cuda]'") from None
     return create_cuda(n)
 
 
