@@ -20,8 +20,9 @@ class Batch:
     pos: list[int] = field(default_factory=list)
     seq_id: list[list[int]] = field(default_factory=list)
     logits: list[bool] = field(default_factory=list)
-    # what each row is, for the records `explain` draws: "p" prompt, "g" generated, "d" drafted
-    # (empty: not said; the decode does not depend on it)
+    # what each row is: "p" prompt, "g" generated, "d" drafted (empty: not said). `explain` draws
+    # it; the placement reads it once: drafted rows may be removed again, so a batch with them
+    # keeps the window cells its first row still sees (engine/memory.py init_batch)
     kind: list[str] = field(default_factory=list)
 
     @property
