@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 4
+ABI_VERSION = 5
 FAST_FLAGS = ("avx2", "fma", "f16c")
 
 
