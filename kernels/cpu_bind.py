@@ -2,19 +2,20 @@
 
 A graph's tensors are views of a workspace at fixed offsets, so every pointer, shape and stride
 an op needs is known when the graph is bound; `bind_node` turns a node into
-`functools.partial(lib.ub_..., <pointers and sizes>)`. A node the C kernels do not cover (or
-whose tensors are not laid out as they expect) stays a call of the backend's Python method.
+a `CCall(op, lib.ub_..., <pointers and sizes>)` (kernels/cpu_program.py, which also fuses runs of
+them into one call). A node the C kernels do not cover (or whose tensors are not laid out as they
+expect) stays a call of the backend's Python method.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from gguf import GGMLQuantizationType as T
 
+from .cpu_program import CCall
 from .ops import KVTensor
 
 GEMV_MAX_ROWS = 16  # measured: the fused kernel beats dequantise + GEMM up to here
@@ -32,7 +33,7 @@ def bind_node(
     ops: Any, op: str, a: list, out: torch.Tensor | None, scratch: list[torch.Tensor]
 ) -> Callable[[], Any] | None:
     """A zero-argument C call computing the node, or None to keep the Python method."""
-    lib, nth, P = ops._lib, ops.n_threads, functools.partial
+    lib, nth = ops._lib, ops.n_threads
     if op == "linear":
         x, w = a
         m, (n, k) = x.shape[0], w.shape
@@ -46,79 +47,74 @@ def bind_node(
             or not out.is_contiguous()
         ):
             return None
-        return P(
+        return CCall(
+            "gemv",
             lib.ub_gemv,
-            w.ggml_type,
-            w.raw.data_ptr(),
-            w.row_bytes,
-            n,
-            k,
-            x.data_ptr(),
-            m,
-            x.stride(0),
-            out.data_ptr(),
-            out.stride(0),
-            nth,
+            (
+                w.ggml_type,
+                w.raw.data_ptr(),
+                w.row_bytes,
+                n,
+                k,
+                x.data_ptr(),
+                m,
+                x.stride(0),
+                out.data_ptr(),
+                out.stride(0),
+                nth,
+            ),
         )
     if op == "get_rows":
         w, ids = a
         if w.ggml_type not in KERNEL_TYPES or ids.dtype != torch.int64 or not ids.is_contiguous():
             return None
-        return P(
+        return CCall(
+            "get_rows",
             lib.ub_get_rows,
-            w.ggml_type,
-            w.raw.data_ptr(),
-            w.row_bytes,
-            ids.data_ptr(),
-            ids.numel(),
-            w.shape[1],
-            out.data_ptr(),
-            nth,
+            (w.ggml_type, w.raw.data_ptr(), w.row_bytes, ids.data_ptr(), ids.numel(), w.shape[1], out.data_ptr(), nth),
         )
     if op == "rms_norm":
         x, w, eps = a
         if not _f32(x, w, out):
             return None
         n = x.shape[-1]
-        return P(lib.ub_rms_norm, x.data_ptr(), n, w.data_ptr(), x.numel() // n, n, eps, out.data_ptr(), n, nth)
+        return CCall(
+            "rms_norm", lib.ub_rms_norm, (x.data_ptr(), n, w.data_ptr(), x.numel() // n, n, eps, out.data_ptr(), n, nth)
+        )
     if op == "rope":
         x, cos, sin, neox = a
         if not _f32(x, cos, sin, out):
             return None
         n, h, d = x.shape
-        return P(
+        return CCall(
+            "rope",
             lib.ub_rope,
-            x.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            n,
-            h,
-            d,
-            cos.shape[1],
-            int(neox),
-            out.data_ptr(),
-            nth,
+            (x.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, h, d, cos.shape[1], int(neox), out.data_ptr(), nth),
         )
     if op == "glu":
         gate, up, act = a
         if act not in ("gelu_tanh", "silu") or not _f32(gate, up, out):
             return None
-        return P(lib.ub_glu, gate.data_ptr(), up.data_ptr(), gate.numel(), int(act == "gelu_tanh"), out.data_ptr(), nth)
+        return CCall(
+            "glu",
+            lib.ub_glu,
+            (gate.data_ptr(), up.data_ptr(), gate.numel(), int(act == "gelu_tanh"), out.data_ptr(), nth),
+        )
     if op == "add":
         x, y = a
         if not _f32(x, y, out) or x.shape != y.shape:
             return None
-        return P(lib.ub_add, x.data_ptr(), y.data_ptr(), x.numel(), out.data_ptr())
+        return CCall("add", lib.ub_add, (x.data_ptr(), y.data_ptr(), x.numel(), out.data_ptr()))
     if op == "scale":
         x, s = a
         if not _f32(x, out):
             return None
-        return P(lib.ub_scale, x.data_ptr(), s, x.numel(), out.data_ptr())
+        return CCall("scale", lib.ub_scale, (x.data_ptr(), s, x.numel(), out.data_ptr()))
     if op == "rows":
         x, idx = a
         if not _f32(x, out) or idx.dtype != torch.int64 or not idx.is_contiguous():
             return None
-        return P(lib.ub_rows, x.data_ptr(), idx.data_ptr(), idx.numel(), x[0].numel(), out.data_ptr())
+        return CCall("rows", lib.ub_rows, (x.data_ptr(), idx.data_ptr(), idx.numel(), x[0].numel(), out.data_ptr()))
     if op == "kv_store":
         kv, cells, x = a
         return _bind_kv_store(lib, kv, cells, x)
@@ -132,14 +128,10 @@ def _bind_kv_store(lib: Any, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor)
     if kv.ggml_type not in (T.F32, T.F16) or not _f32(x) or not kv.data.is_contiguous():
         return None
     n = x.shape[0]
-    return functools.partial(
+    return CCall(
+        "kv_store",
         lib.ub_kv_store,
-        x.data_ptr(),
-        n,
-        x.numel() // max(n, 1),
-        cells.data_ptr(),
-        int(kv.ggml_type == T.F16),
-        kv.data.data_ptr(),
+        (x.data_ptr(), n, x.numel() // max(n, 1), cells.data_ptr(), int(kv.ggml_type == T.F16), kv.data.data_ptr()),
     )
 
 
@@ -165,23 +157,26 @@ def _bind_attention(
         or not mask.is_contiguous()
     ):
         return None
-    return functools.partial(
+    return CCall(
+        "attention",
         lib.ub_attn,
-        q.data_ptr(),
-        g,
-        t,
-        h,
-        d,
-        k.data.data_ptr(),
-        int(k.ggml_type == T.F16),
-        v.data.data_ptr(),
-        int(v.ggml_type == T.F16),
-        k.n_head,
-        v.head_dim,
-        starts.data_ptr(),
-        n_kv,
-        mask.data_ptr(),
-        scale,
-        out.data_ptr(),
-        nth,
+        (
+            q.data_ptr(),
+            g,
+            t,
+            h,
+            d,
+            k.data.data_ptr(),
+            int(k.ggml_type == T.F16),
+            v.data.data_ptr(),
+            int(v.ggml_type == T.F16),
+            k.n_head,
+            v.head_dim,
+            starts.data_ptr(),
+            n_kv,
+            mask.data_ptr(),
+            scale,
+            out.data_ptr(),
+            nth,
+        ),
     )

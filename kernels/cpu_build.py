@@ -21,8 +21,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cpu_program import check_arities
+
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 5
+ABI_VERSION = 6
 FAST_FLAGS = ("avx2", "fma", "f16c")
 
 
@@ -131,6 +133,10 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_kv_store.argtypes = [c_p, c_l, c_l, c_p, c_i, c_p]
     for f in (lib.ub_glu, lib.ub_add, lib.ub_scale, lib.ub_rows, lib.ub_kv_store):
         f.restype = None
+    lib.ub_run.argtypes = [c_p, c_l]
+    lib.ub_run.restype = c_l
+    lib.ub_program_arity.argtypes = [c_i]
+    lib.ub_program_arity.restype = c_i
 
 
 _LOADED: dict[bool, CpuLibrary] = {}
@@ -166,6 +172,7 @@ def load(portable: bool | None = None) -> CpuLibrary:
     _bind(lib)
     if lib.ub_abi_version() != ABI_VERSION:
         raise OSError(f"{path}: kernel ABI {lib.ub_abi_version()} != {ABI_VERSION}; delete it")
+    check_arities(lib)
     simd = "avx2" if lib.ub_simd() == 2 else "portable"
     _LOADED[portable] = CpuLibrary(lib, path, simd, built, notice)
     return _LOADED[portable]

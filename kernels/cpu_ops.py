@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 
 from .cpu_bind import GEMV_MAX_ROWS, KERNEL_TYPES, bind_node
 from .cpu_build import CpuLibrary, load
+from .cpu_program import fuse
 from .dequant import dequantize
 from .ops import KVTensor, ScratchSpec
 from .quantize import activations_i16
@@ -84,6 +85,10 @@ class CpuOps(TorchOps):
         self, op: str, args: list, out: torch.Tensor | None, scratch: list[torch.Tensor]
     ) -> Callable[[], Any] | None:
         return bind_node(self, op, args, out, scratch)
+
+    def fuse(self, steps: list[Callable[[], Any]]) -> list[Callable[[], Any]]:
+        """A bound graph's consecutive C calls as single calls (kernels/cpu_program.py)."""
+        return fuse(self._lib, steps)
 
     def _c(self, op: str, args: list, out: torch.Tensor | None, scratch: list[torch.Tensor]) -> bool:
         f = bind_node(self, op, args, out, scratch)

@@ -263,3 +263,41 @@ def test_a_cpu_without_avx2_gets_the_portable_build_with_a_notice(monkeypatch) -
     ops = backends.create("cpu", 2)
     assert ops.library.simd == "portable"
     assert any("CPU lacks avx2, f16c" in n and "portable" in n for n in ops.notices)
+
+
+def test_a_fused_program_computes_what_its_calls_compute_one_by_one() -> None:
+    """Bound C calls fused into one ub_run call (cpu_program.fuse) give bit-identical outputs,
+    and a step that is not a C call splits the program."""
+    from ubatch.kernels.cpu_program import CCall, Program
+
+    ops = CpuOps(2)
+    w = weight(T.Q5_0, 48, 64)
+    x, g = torch.randn(3, 64), torch.randn(64)
+    bufs = [torch.empty(3, 48), torch.empty(3, 64), torch.empty(3, 64), torch.empty(3, 48)]
+
+    def steps(out: list[torch.Tensor], marker: list[int]) -> list:
+        y, n, s, a = out
+        calls = [
+            ops.bind("linear", [x, w], y, []),
+            ops.bind("rms_norm", [x, g, 1e-6], n, []),
+            ops.bind("scale", [n, 0.5], s, []),
+            lambda: marker.append(1),  # a Python step between C calls
+            ops.bind("add", [y, y], a, []),
+            ops.bind("glu", [y, a, "gelu_tanh"], a, []),
+        ]
+        assert all(isinstance(c, CCall) for i, c in enumerate(calls) if i != 3)
+        return calls
+
+    one = [torch.zeros_like(b) for b in bufs]
+    seen: list[int] = []
+    for f in steps(one, seen):
+        f()
+    fused_bufs = [torch.zeros_like(b) for b in bufs]
+    fused = ops.fuse(steps(fused_bufs, seen))
+    assert [type(f).__name__ for f in fused] == ["Program", "function", "Program"]
+    assert isinstance(fused[0], Program) and len(fused[0].calls) == 3
+    for f in fused:
+        f()
+    assert seen == [1, 1]
+    for a, b in zip(one, fused_bufs):
+        assert torch.equal(a, b)

@@ -7,7 +7,7 @@
 #include "quant_avx2.h"
 #include "act16.h"
 
-int ub_abi_version(void) { return 5; }
+int ub_abi_version(void) { return 6; }
 int ub_simd(void) { return UB_AVX2 ? 2 : 0; } /* 2: AVX2+FMA+F16C, 0: portable */
 
 static inline int has_min(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }

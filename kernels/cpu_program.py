@@ -1,0 +1,92 @@
+"""Runs of bound C calls fused into one call of `ub_run` (kernels/csrc/program.c).
+
+A decode step of the default model is about 400 small kernels; through ctypes each costs a
+microsecond or more of argument conversion before any work starts. `bind_node` returns each call
+as a `CCall` (op, ctypes function, arguments); `fuse` turns every run of consecutive CCalls in a
+bound graph into one program (a flat int64 array the C side walks), so the step pays one ctypes
+call per run. A CCall still runs alone when called, which is how the unfused paths use it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# op -> (code, arity, positions of float arguments); the codes and arities are program.c's
+PROGRAM_OPS: dict[str, tuple[int, int, tuple[int, ...]]] = {
+    "gemv": (0, 11, ()),
+    "get_rows": (1, 8, ()),
+    "rms_norm": (2, 9, (5,)),
+    "rope": (3, 10, ()),
+    "glu": (4, 6, ()),
+    "add": (5, 4, ()),
+    "scale": (6, 4, (1,)),
+    "rows": (7, 5, ()),
+    "kv_store": (8, 6, ()),
+    "attention": (9, 17, (14,)),
+}
+
+
+class CCall:
+    """One kernel call with every argument bound."""
+
+    __slots__ = ("op", "fn", "args")
+
+    def __init__(self, op: str, fn: Callable[..., Any], args: tuple) -> None:
+        self.op, self.fn, self.args = op, fn, args
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args)
+
+    def words(self) -> list[int]:
+        code, arity, floats = PROGRAM_OPS[self.op]
+        assert len(self.args) == arity, (self.op, len(self.args))
+        out = [code]
+        for i, v in enumerate(self.args):
+            out.append(struct.unpack("<I", struct.pack("<f", v))[0] if i in floats else int(v))
+        return out
+
+
+class Program:
+    """Consecutive CCalls as one `ub_run` call; the array lives as long as the program."""
+
+    __slots__ = ("calls", "_buf", "_run", "_n")
+
+    def __init__(self, lib: Any, calls: Sequence[CCall]) -> None:
+        self.calls = list(calls)
+        words = [w for c in self.calls for w in c.words()]
+        self._buf = (ctypes.c_int64 * len(words))(*words)
+        self._run, self._n = lib.ub_run, len(self.calls)
+
+    def __call__(self) -> None:
+        done = self._run(self._buf, self._n)
+        if done != self._n:
+            raise RuntimeError(f"ub_run stopped at node {done} ({self.calls[done].op})")
+
+
+def fuse(lib: Any, steps: Sequence[Callable[[], Any]]) -> list[Callable[[], Any]]:
+    """The steps with every run of two or more CCalls replaced by one Program."""
+    out: list[Callable[[], Any]] = []
+    run: list[CCall] = []
+
+    def flush() -> None:
+        out.extend([Program(lib, run)] if len(run) > 1 else run)
+        run.clear()
+
+    for s in steps:
+        if isinstance(s, CCall):
+            run.append(s)
+        else:
+            flush()
+            out.append(s)
+    flush()
+    return out
+
+
+def check_arities(lib: Any) -> None:
+    """The table above against the library's (a stale library or table fails loudly, once)."""
+    for op, (code, arity, _) in PROGRAM_OPS.items():
+        if lib.ub_program_arity(code) != arity:
+            raise OSError(f"kernel program table: {op} has arity {lib.ub_program_arity(code)} in C, {arity} here")
