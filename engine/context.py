@@ -19,15 +19,16 @@ import torch
 from ..kernels import backends
 from ..kernels.ops import Ops
 from .batch import Batch, UBatch
-from .cuda_graphs import run_step
+from .cuda_graphs import run_step, runner
 from .embedding import model_causal, resolve_pooling
 from .errors import ContextError, allocate
-from .forward import GraphShape, build_forward, ubatch_inputs
-from .graph import Graph
+from .forward import GraphShape, build_forward
+from .graph import Graph, bind_output, input_views
 from .memory import DecodeError, KVMemory
 from .model import Model
 from .params import ContextParams, derive
 from .reserve import Reservation, check_fits, plan_sizes, reserve
+from .step_inputs import StepInputs
 
 # planned graphs kept by shape: speculative verifications come in many row counts (1 + draft), and
 # rebuilding a graph costs about as much as running it
@@ -96,6 +97,7 @@ class Context:
         _, self.reservation, self.sizes = plan_sizes(model, self.cparams, self.ops)
         check_fits(self.sizes, self.cparams, model.device)
         self.memory = KVMemory.build(model.hparams, self.cparams, model.device)
+        self.step_inputs = StepInputs(model, self.ops, self.cparams.causal_attn)
         self.perf = PerfCounters()
         self.logits = torch.empty(0, model.hparams.n_vocab)
         self.output_ids: list[int] = []  # batch index of each logits row
@@ -253,11 +255,16 @@ class Context:
             if graph.size > self.workspace.numel():  # cannot happen for shapes within the reservation
                 self.workspace = torch.empty(graph.size, dtype=torch.uint8, device=self.model.device)
                 self.workspace_regrows += 1
-            inputs = ubatch_inputs(self.model, self.ops, self.memory, ub, slots, shape, self.cparams.causal_attn)
+            n_out = len(out_rows)
+            dest = output[row : row + n_out]
+            # without CUDA graphs the last node writes the output rows itself: no copy after
+            direct = n_out > 0 and runner(self.ops) is None and bind_output(graph, self.ops, self.workspace, dest)
             with torch.inference_mode():
-                logits = run_step(graph, self.ops, self.workspace, inputs)  # CUDA graphs if the backend asks
-                output[row : row + len(out_rows)].copy_(logits)
-            row += len(out_rows)
+                self.step_inputs.fill(self.memory, ub, slots, shape, *input_views(graph, self.ops, self.workspace))
+                logits = run_step(graph, self.ops, self.workspace, {})  # CUDA graphs if the backend asks
+                if n_out and not direct:
+                    dest.copy_(logits)
+            row += n_out
             order.append(ub.batch_idx[out_rows])
             self.perf.n_ubatch += 1
             rec = UBatchRecord(

@@ -1,9 +1,9 @@
 """The forward pass of llama and gemma3 over one ubatch shape, written once as a graph.
 
 `build_forward` records the pass with a GraphBuilder (nothing is computed); the context plans
-it into its workspace and runs it with real inputs. Every row is independent except inside
-attention, which reads other tokens only through the KV cache and the mask. Names follow
-llama.cpp's graph (`attn_norm-0`, `Qcur-0`, `ffn_out-17`, ...).
+it into its workspace and runs it with the inputs engine/step_inputs.py writes. Every row is
+independent except inside attention, which reads other tokens only through the KV cache and
+the mask. Names follow llama.cpp's graph (`attn_norm-0`, `Qcur-0`, `ffn_out-17`, ...).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import numpy as np
 import torch
 
 from ..kernels.ops import KV_CHUNK, Ops
-from .batch import UBatch
-from .graph import Graph, GraphBuilder
-from .kv_cache import KVCache
+from .graph import Graph
+from .graph_builder import GraphBuilder
 from .memory import KVMemory
 from .model import Model
 
@@ -135,55 +134,3 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     if hp.final_logit_softcap:
         logits = b.softcap(logits, hp.final_logit_softcap, "result_softcap")
     return b.finish(logits)
-
-
-def ubatch_inputs(
-    model: Model, ops: Ops, mem: KVMemory, ub: UBatch, slots: list[np.ndarray], shape: GraphShape, causal: bool = True
-) -> dict[str, torch.Tensor]:
-    """The values of a graph's inputs for one ubatch (llama.cpp's set_input step), all computed
-    on the host from the cell arrays: nothing here waits for the device. `causal` False: a
-    query also sees the later tokens of its sequence (models with attention.causal = false)."""
-    dev = model.device
-    pos = torch.from_numpy(ub.pos)  # host positions: the rope tables are gathered on the host
-    inputs = {"inp_tokens": torch.from_numpy(ub.token).to(dev)}
-    for i, (base, scale) in enumerate(rope_keys(model)):
-        cos, sin = ops.rope_cache(pos, model.hparams.n_rot, base, scale, model.rope_freqs)
-        inputs[f"inp_cos_{i}"], inputs[f"inp_sin_{i}"] = cos, sin
-    cells = mask_in_kernel(ops, mem)
-    if cells:
-        inputs |= _query_inputs(ub, causal, dev)
-    for c, cache in enumerate(mem.caches):
-        streams = cache.ubatch_streams(ub)
-        mask = cache.mask(ub, streams, shape.n_kv[c], causal)  # on the host: which chunks to read
-        if cells:
-            inputs |= _cell_inputs(cache, streams, shape.n_kv[c], c, dev)
-        else:
-            inputs[f"kq_mask_{c}"] = torch.from_numpy(mask).to(dev)
-        inputs[f"kv_idxs_{c}"] = torch.from_numpy(slots[c]).to(dev)
-        inputs[f"kv_starts_{c}"] = torch.tensor([s * cache.size for s in streams], dtype=torch.int64)
-        # 256-cell chunks no query can see (other sequences, outside the window) are skipped
-        vis = (mask != -np.inf).reshape(-1, shape.n_kv[c] // KV_CHUNK, KV_CHUNK).any(2).any(0)
-        inputs[f"kv_visible_{c}"] = torch.from_numpy(vis)
-    if shape.n_outputs < shape.n_tokens:
-        inputs["inp_out_ids"] = torch.from_numpy(np.flatnonzero(ub.output)).to(dev)
-    return inputs
-
-
-def _query_inputs(ub: UBatch, causal: bool, dev: torch.device) -> dict[str, torch.Tensor]:
-    pos = ub.pos.astype(np.int32)
-    lim = pos if causal else np.full_like(pos, NO_CAUSAL)
-    bits = np.left_shift(np.uint64(1), ub.seq_id0.astype(np.uint64)).view(np.int64)
-    return {
-        "inp_q_pos": torch.from_numpy(pos).to(dev),
-        "inp_q_lim": torch.from_numpy(lim).to(dev),
-        "inp_q_seq": torch.from_numpy(bits).to(dev),
-    }
-
-
-def _cell_inputs(cache: KVCache, streams: list[int], n_kv: int, c: int, dev: torch.device) -> dict[str, torch.Tensor]:
-    """Each group's first n_kv cells: position (-1 = empty) and sequence set as bits."""
-    cells = [cache.streams[s] for s in streams]
-    pos = np.stack([x.pos[:n_kv] for x in cells]).astype(np.int32)
-    weights = np.left_shift(np.uint64(1), np.arange(cache.n_seq_max, dtype=np.uint64))
-    bits = np.stack([(x.seq[:n_kv].astype(np.uint64) * weights).sum(1, dtype=np.uint64) for x in cells])
-    return {f"kv_pos_{c}": torch.from_numpy(pos).to(dev), f"kv_seq_{c}": torch.from_numpy(bits.view(np.int64)).to(dev)}

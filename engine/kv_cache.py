@@ -32,6 +32,11 @@ KV_TYPES: dict[str, tuple[int, torch.dtype | None]] = {
 }
 
 
+def as_mask(visible: np.ndarray) -> np.ndarray:
+    """A visibility array as the additive float16 mask attention adds: 0 or -inf."""
+    return np.where(visible, np.float16(0.0), np.float16(-np.inf))
+
+
 def round_up(x: int, n: int) -> int:
     return -(-x // n) * n
 
@@ -174,7 +179,7 @@ class KVCache:
         usable = c.pos < 0
         if self.n_swa > 0:
             owners = c.seq.sum(1) == 1
-            first = np.array([c.seq_pos_max(s) + 1 for s in range(c.n_seq_max)])
+            first = c.seq_pos_max_all() + 1
             for s, p in self.window_floor.items():
                 first[s] = min(first[s], p)
             owner = c.seq.argmax(1)
@@ -186,46 +191,61 @@ class KVCache:
         return cand[:n] if cand.size >= n else None
 
     def apply_ubatch(self, ub: UBatch, slots: np.ndarray) -> None:
-        for s in sorted(set((slots // self.size).tolist())):
-            sel = slots // self.size == s
-            self._apply_stream(
-                self.streams[s], slots[sel] % self.size, ub.pos[sel], [ub.seq_id[i] for i in np.flatnonzero(sel)]
-            )
+        if self.n_stream == 1:
+            self._apply_stream(self.streams[0], slots, ub.pos, ub.seq_id, ub.seq_id0)
+            return
+        stream = slots // self.size
+        for s in np.unique(stream).tolist():
+            sel = stream == s
+            seq_ids = [ub.seq_id[i] for i in np.flatnonzero(sel).tolist()]
+            self._apply_stream(self.streams[s], slots[sel] - s * self.size, ub.pos[sel], seq_ids, ub.seq_id0[sel])
 
     @staticmethod
-    def _apply_stream(c: KVCells, cells: np.ndarray, pos: np.ndarray, seq_ids: list[list[int]]) -> None:
+    def _apply_stream(
+        c: KVCells, cells: np.ndarray, pos: np.ndarray, seq_ids: list[list[int]], seq0: np.ndarray
+    ) -> None:
         lost: dict[int, int] = {}
-        for cell in cells[c.pos[cells] >= 0]:
-            for s in np.flatnonzero(c.seq[cell]):
-                lost[int(s)] = max(lost.get(int(s), -1), int(c.pos[cell]))
+        for cell in cells[c.pos[cells] >= 0].tolist():  # reused cells (SWA): whose positions go
+            for s in np.flatnonzero(c.seq[cell]).tolist():
+                lost[s] = max(lost.get(s, -1), int(c.pos[cell]))
         c.free(cells)
         c.pos[cells] = pos
+        c.seq[cells, seq0] = True
         for cell, sids in zip(cells, seq_ids):
-            c.seq[cell, sids] = True
-        placed = np.zeros(c.size, dtype=bool)
-        placed[cells] = True
-        for s, p in lost.items():  # keep each sequence's positions contiguous
-            sel = c.seq[:, s] & (c.pos <= p) & ~placed
-            c.seq[sel, s] = False
-            c.free(sel & ~c.seq.any(1))
+            if len(sids) > 1:
+                c.seq[cell, sids] = True
+        if lost:
+            placed = np.zeros(c.size, dtype=bool)
+            placed[cells] = True
+            for s, p in lost.items():  # keep each sequence's positions contiguous
+                sel = c.seq[:, s] & (c.pos <= p) & ~placed
+                c.seq[sel, s] = False
+                c.free(sel & ~c.seq.any(1))
         c.head = int(cells[-1]) + 1
 
     # -- what a ubatch's attention sees -------------------------------------------------------
-    def mask(self, ub: UBatch, streams: list[int], n_kv: int, causal: bool = True) -> np.ndarray:
-        """Additive mask [n_groups, n_tokens / n_groups, n_kv]: 0 = visible, -inf = hidden.
+    def visible(self, ub: UBatch, streams: list[int], n_kv: int, causal: bool = True) -> np.ndarray:
+        """Which cells each query sees, bool [n_groups, n_tokens / n_groups, n_kv].
 
         A query sees a cell that is not empty, holds the query's first sequence id, is not in
         its future (unless not `causal`), and (SWA) is inside its window.
         """
         per = ub.n_tokens // len(streams)
-        out = np.empty((len(streams), per, n_kv), dtype=np.float16)  # 0 and -inf are exact
+        out = np.empty((len(streams), per, n_kv), dtype=bool)
         for g, s in enumerate(streams):
-            c, rows = self.streams[s], slice(g * per, (g + 1) * per)
-            pos, p1 = c.pos[:n_kv][None, :], ub.pos[rows, None]
-            vis = (pos >= 0) & c.seq[:n_kv][:, ub.seq_id0[rows]].T & ((pos <= p1) | (not causal))
-            vis &= ~self.masked_swa(pos, p1)
-            out[g] = np.where(vis, 0.0, -np.inf)
+            c, rows, vis = self.streams[s], slice(g * per, (g + 1) * per), out[g]
+            pos, p1 = c.pos[:n_kv], ub.pos[rows, None]
+            np.logical_and(pos >= 0, c.seq[:n_kv, ub.seq_id0[rows]].T, out=vis)
+            if causal:
+                vis &= pos <= p1
+            if self.n_swa > 0:
+                vis &= ~self.masked_swa(pos, p1)
         return out
+
+    def mask(self, ub: UBatch, streams: list[int], n_kv: int, causal: bool = True) -> np.ndarray:
+        """The additive mask [n_groups, n_tokens / n_groups, n_kv] of `visible`: 0 = visible,
+        -inf = hidden (both exact in float16)."""
+        return as_mask(self.visible(ub, streams, n_kv, causal))
 
     # -- state for prepare() --------------------------------------------------------------------
     def snapshot(self) -> list[KVCells]:

@@ -48,6 +48,10 @@ class KVCells:
         p = self.pos[self.seq[:, s]]
         return int(p.max()) if p.size else -1
 
+    def seq_pos_max_all(self) -> np.ndarray:
+        """seq_pos_max of every sequence at once, int64 [n_seq_max] (-1: no cell)."""
+        return np.where(self.seq, self.pos[:, None], -1).max(0, initial=-1)
+
     def seq_pos_min(self, s: int) -> int:
         p = self.pos[self.seq[:, s]]
         return int(p.min()) if p.size else -1

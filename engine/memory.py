@@ -117,8 +117,16 @@ class KVMemory:
         return ubs
 
     def prepare(self, ubs: list[UBatch]) -> bool:
-        """Simulate placing every ubatch, then restore the cells exactly as they were. The cells
-        found are kept, so that `place` applies each ubatch without searching again."""
+        """Find the cells of every ubatch and keep them, so that `place` applies each ubatch
+        without searching again. One ubatch (every decode step) is only searched for: the
+        search changes no cell. Several: each is placed in turn so the next is searched for in
+        the cells it leaves, then the cells are restored exactly as they were."""
+        if len(ubs) == 1:
+            slots = [c.find_slot(ubs[0]) for c in self.caches]
+            if any(sl is None for sl in slots):
+                return False
+            self._planned = [(ubs[0], slots)]
+            return True
         snaps = [c.snapshot() for c in self.caches]
         planned: list[list[np.ndarray]] = []
         try:
