@@ -9,6 +9,7 @@ is the reference for dequantisation.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .errors import ModelLoadError
 from .metadata import bad_value, is_int
+from .string_array import StringArray
 
 GGUF_MAGIC = b"GGUF"
 
@@ -51,7 +53,7 @@ _NP_SCALARS = {
     12: "<f8",
 }
 _STRING, _ARRAY = 8, 9
-LARGE_ARRAY = 4096  # numeric arrays longer than this (token scores, types) stay numpy arrays
+LARGE_ARRAY = 4096  # arrays longer than this (token texts, scores, types) stay compact: numpy / StringArray
 
 
 @dataclass(slots=True)
@@ -113,6 +115,9 @@ class _Cursor:
             etype, count = self.take("<I", 4), self.take("<Q", 8)
             if count * (8 if etype == _STRING else 1) > len(self.buf) - self.pos:
                 raise EOFError  # bounded by the bytes left before anything is read or built
+            if etype == _STRING and count > LARGE_ARRAY:  # a vocabulary: one blob, no str per token
+                arr, self.pos = StringArray.parse(self.buf, self.pos, count)
+                return arr
             if etype == _STRING:
                 return [self.string() for _ in range(count)]
             if etype in _NP_SCALARS:
@@ -126,6 +131,15 @@ class _Cursor:
                 return arr.astype(bool).tolist() if etype == 7 else arr.tolist()
             raise ValueError(f"unsupported array element type {etype}")
         raise ValueError(f"unknown value type {vtype}")
+
+
+def _drop_header_pages(mmo: mmap.mmap, data_offset: int) -> None:
+    """The header (6 MiB for a 262,144-token vocabulary) was copied out while parsing: hand its
+    file pages back rather than keep them resident beside the weights. Only whole pages before
+    the first tensor byte are dropped; nothing was written there, so a later read re-faults them."""
+    n = data_offset // mmap.PAGESIZE * mmap.PAGESIZE
+    if n and hasattr(mmap, "MADV_DONTNEED"):
+        mmo.madvise(mmap.MADV_DONTNEED, 0, n)
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
@@ -143,7 +157,9 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         raise ModelLoadError(f"{p}: cannot read ({e.strerror}); check the path and permissions") from None
     if magic != GGUF_MAGIC:
         raise ModelLoadError(f"{p}: not a GGUF file (bad magic {magic!r}); pass a .gguf model")
-    mm = np.memmap(p, dtype=np.uint8, mode="c")  # copy-on-write: torch views need writable arrays
+    with p.open("rb") as f:  # copy-on-write: torch views need writable arrays
+        mmo = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    mm = np.frombuffer(mmo, np.uint8)
     cur = _Cursor(memoryview(mm))
     cur.pos = 4
     try:
@@ -189,6 +205,7 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     if not is_int(alignment) or alignment <= 0 or alignment & (alignment - 1):
         raise bad_value(str(p), "general.alignment", alignment, "a power of two")
     data_offset = -(-cur.pos // alignment) * alignment
+    _drop_header_pages(mmo, data_offset)
     tensors: dict[str, TensorInfo] = {}
     for name, ne, ttype, offset in infos:
         if ttype not in GGML_QUANT_SIZES:

@@ -14,6 +14,7 @@ import numpy as np
 
 from .errors import ModelLoadError
 from .metadata import MISSING, bad_value, check_int, meta_float, meta_int, meta_per_layer, meta_str, show
+from .string_array import StringArray
 
 SUPPORTED_ARCHS = ("llama", "gemma3")
 LLAMA_MAX_LAYERS = 512  # llama.cpp's bound on block_count
@@ -95,7 +96,7 @@ def hparams_from_metadata(meta: dict[str, Any], source: str = "model") -> HParam
     if n_rot % 2:
         raise bad_value(source, a + "rope.dimension_count", n_rot, "an even number (RoPE rotates pairs)")
     tokens = meta.get("tokenizer.ggml.tokens")
-    n_tokens = len(tokens) if isinstance(tokens, (list, np.ndarray)) else 0
+    n_tokens = len(tokens) if isinstance(tokens, (list, np.ndarray, StringArray)) else 0
     n_vocab = meta_int(meta, a + "vocab_size", source, n_tokens or MISSING, hi=MAX_VOCAB)
     linear = meta_float(meta, a + "rope.scale_linear", source, 0.0)
     scale_factor = meta_float(meta, a + "rope.scaling.factor", source, linear)

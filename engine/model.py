@@ -16,6 +16,7 @@ from .errors import ModelLoadError
 from .gguf_file import GGUFFile, TensorInfo
 from .hf_checkpoint import open_model_file
 from .hparams import HParams, hparams_from_metadata
+from .string_array import StringArray
 from .vocab import Vocab
 
 
@@ -77,7 +78,7 @@ def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
     if "blk.0.attn_qkv.weight" in g.tensors:
         raise ModelLoadError(f"{src}: fused attn_qkv tensors are not supported")
     tokens = g.metadata.get("tokenizer.ggml.tokens")
-    if isinstance(tokens, list) and len(tokens) != hp.n_vocab:
+    if isinstance(tokens, (list, StringArray)) and len(tokens) != hp.n_vocab:
         raise ModelLoadError(f"{src}: metadata {a}.vocab_size = {hp.n_vocab} differs from {len(tokens)} tokens")
     for name, (shape, required) in expected_tensors(hp).items():
         t = g.tensors.get(name)

@@ -7,7 +7,14 @@ directly: building them as message objects costs ~30 MB of heap that is never gi
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from .string_array import StringArray
+from .vocab_tables import BYTE as _BYTE
+from .vocab_tables import NORMAL as _NORMAL
+from .vocab_tables import UNKNOWN as _UNKNOWN
 
 _SMALL = [bytes((i,)) for i in range(0x80)]
 
@@ -24,7 +31,35 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def bpe_model_proto(texts: list[str], scores: np.ndarray, kinds: list[int], unk: int) -> bytes:
+def _pieces(texts: StringArray, scores: np.ndarray, kinds: np.ndarray) -> bytes:
+    """ModelProto.pieces (field 1) for every token, in wire format. Each entry is
+    0a <len> [0a <len> text] [15 score] [18 kind]; with texts under 117 bytes every length is one
+    byte, so the entries are laid out with numpy in one pass; longer texts take the loop."""
+    lens = texts.lengths()
+    score_bytes = np.asarray(scores, "<f4").view(np.uint8).reshape(-1, 4)
+    if len(lens) and (lens.max() > 116 or kinds.max() > 0x7F):
+        out = bytearray()
+        for i, (a, b) in enumerate(texts.spans()):
+            t = texts.blob[a:b]
+            body = b"\x0a" + _varint(len(t)) + t + b"\x15" + score_bytes[i].tobytes() + b"\x18" + _varint(int(kinds[i]))
+            out += b"\x0a" + _varint(len(body)) + body
+        return bytes(out)
+    start = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens + 11, out=start[1:])
+    out = np.empty(int(start[-1]), np.uint8)
+    head, tail = start[:-1], start[:-1] + 4 + lens
+    text_at = np.ones(len(out), bool)
+    for k, v in enumerate((0x0A, lens + 9, 0x0A, lens)):
+        out[head + k] = v
+        text_at[head + k] = False
+    for k, v in enumerate((0x15, *score_bytes.T, 0x18, kinds)):
+        out[tail + k] = v
+        text_at[tail + k] = False
+    out[text_at] = np.frombuffer(texts.blob, np.uint8)
+    return out.tobytes()
+
+
+def bpe_model_proto(texts: StringArray, scores: np.ndarray, kinds: np.ndarray, unk: int) -> bytes:
     """ModelProto bytes: pieces (text, score, SentencePiece type) plus the trainer and normalizer
     specs (BPE, byte fallback, identity normalization, no dummy prefix)."""
     from sentencepiece import sentencepiece_model_pb2 as pb
@@ -38,10 +73,18 @@ def bpe_model_proto(texts: list[str], scores: np.ndarray, kinds: list[int], unk:
     ns = m.normalizer_spec  # identity: no NFKC, no whitespace clean-up, no dummy prefix
     ns.name, ns.add_dummy_prefix, ns.remove_extra_whitespaces = "identity", False, False
     ns.escape_whitespaces = True
-    pieces = bytearray()
-    score_bytes = np.asarray(scores, "<f4").tobytes()
-    for i, (text, kind) in enumerate(zip(texts, kinds)):
-        b = text.encode("utf-8")
-        body = b"\x0a" + _varint(len(b)) + b + b"\x15" + score_bytes[4 * i : 4 * i + 4] + b"\x18" + _varint(kind)
-        pieces += b"\x0a" + _varint(len(body)) + body  # ModelProto.pieces (field 1)
-    return bytes(pieces) + m.SerializeToString()
+    return _pieces(texts, scores, kinds) + m.SerializeToString()
+
+
+def sentencepiece_for(texts: StringArray, scores: np.ndarray, unk: int, byte_ids: list[int]) -> Any | None:
+    """A processor whose merge loop is llama.cpp's: every piece NORMAL but the unknown and byte
+    pieces; None if sentencepiece refuses the vocabulary."""
+    import sentencepiece as spm
+
+    kinds = np.full(len(texts), _NORMAL, np.uint8)
+    kinds[byte_ids] = _BYTE
+    kinds[unk] = _UNKNOWN
+    try:
+        return spm.SentencePieceProcessor(model_proto=bpe_model_proto(texts, scores, kinds, unk))
+    except RuntimeError:
+        return None

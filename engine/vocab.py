@@ -1,10 +1,13 @@
 """The SPM tokenizer (tokenizer.ggml.model "llama") exactly as llama.cpp's llama-vocab.cpp runs it.
 
 tokenize = special-token partitioning ("global longest first", done here) + llama.cpp's
-score-driven merge loop on each raw fragment. The merge loop runs in `sentencepiece`, from a BPE
-ModelProto built out of the GGUF vocabulary (reference/gguf-models.md §4.6): it is several times
-faster than the pure-Python loop below, which stays as the fallback for vocabularies that
-sentencepiece cannot express (no byte tokens, no unknown token). Detokenisation follows §4.4.
+score-driven merge loop on each raw fragment. Texts of SP_MIN_CHARS or more run the loop in
+`sentencepiece`, from a BPE ModelProto built out of the GGUF vocabulary the first time one comes
+(reference/gguf-models.md §4.6): it is ~10x faster than the pure-Python loop (engine/spm_merge.py),
+but its 262,144 pieces cost ~40 MiB that a short prompt does not need. Shorter texts, and
+vocabularies sentencepiece cannot express (no byte tokens, no unknown token), take the Python loop.
+The texts live in one StringArray with a TokenIndex over it: no Python object per token.
+Detokenisation follows §4.4.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ import numpy as np
 from .errors import ModelLoadError
 from .metadata import bad_value, is_int, meta_bool
 from .spm_merge import spm_merge
+from .spm_model import sentencepiece_for
+from .string_array import StringArray
+from .token_index import TokenIndex
+from .vocab_partition import group_specials, partition
 from .vocab_tables import (
     A_BYTE,
     A_CONTROL,
@@ -24,16 +31,18 @@ from .vocab_tables import (
     A_UNUSED,
     A_USER_DEFINED,
     AUTO_SPECIAL_TEXTS,
-    BYTE,
     BYTE_TEXTS,
     EOG_TEXTS,
     HIDDEN_ATTRS,
     NORMAL,
     SPM_SPACE,
     TYPE_ATTR,
-    UNKNOWN,
     UNSUPPORTED_MODELS,
 )
+
+SP_MIN_CHARS = 512  # a call whose raw fragments hold this many characters takes sentencepiece
+_UNBUILT: Any = object()
+_SPACE_BYTES = SPM_SPACE.encode()
 
 
 def _numbers(metadata: dict[str, Any], key: str, n: int, dtype: type, source: str) -> np.ndarray | None:
@@ -44,7 +53,7 @@ def _numbers(metadata: dict[str, Any], key: str, n: int, dtype: type, source: st
     arr = np.asarray(v) if isinstance(v, (list, np.ndarray)) else None
     if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iuf" or len(arr) != n:
         raise bad_value(source, key, v, f"an array of {n} numbers, one per token")
-    return arr.astype(dtype)
+    return arr.astype(dtype, copy=False)  # the file's own array when it is already that type
 
 
 class Vocab:
@@ -63,7 +72,14 @@ class Vocab:
     eog: frozenset[int]
 
     @classmethod
-    def from_metadata(cls, metadata: dict[str, Any], source: str = "", *, use_sentencepiece: bool = True) -> Vocab:
+    def from_metadata(
+        cls,
+        metadata: dict[str, Any],
+        source: str = "",
+        *,
+        use_sentencepiece: bool = True,
+        sp_min_chars: int = SP_MIN_CHARS,
+    ) -> Vocab:
         """Read the tokenizer.ggml.* keys; ModelLoadError (naming `source`) if we cannot."""
         model = metadata.get("tokenizer.ggml.model")
         if model is None:
@@ -76,32 +92,40 @@ class Vocab:
                 f"{source}: tokenizer '{model}'{kind} is not supported; only SentencePiece vocabularies ('llama': Llama 2, Gemma) are"
             )
         tokens = metadata.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        if isinstance(tokens, list) and tokens and all(isinstance(t, str) for t in tokens):
+            tokens = StringArray.from_strings(tokens)
+        if not isinstance(tokens, StringArray) or not len(tokens):
             raise bad_value(source, "tokenizer.ggml.tokens", tokens, "a non-empty array of strings")
         n = len(tokens)
         scores = _numbers(metadata, "tokenizer.ggml.scores", n, np.float32, source)
         types = _numbers(metadata, "tokenizer.ggml.token_type", n, np.int64, source)
         scores = np.zeros(n, np.float32) if scores is None else scores
         types = np.full(n, NORMAL) if types is None else types
-        return cls(list(tokens), scores, types.tolist(), metadata, source, use_sentencepiece)
+        sp_min = sp_min_chars if use_sentencepiece else None
+        return cls(tokens, scores, types, metadata, source, sp_min)
 
     def __init__(
         self,
-        tokens: list[str],
+        tokens: StringArray,
         scores: np.ndarray,
-        types: list[int],
+        types: np.ndarray,
         metadata: dict[str, Any],
         source: str,
-        use_sentencepiece: bool,
+        sp_min_chars: int | None,
     ) -> None:
         n = self.n_tokens = len(tokens)
-        self._text = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        if np.any(tokens.lengths() == 0):  # (rare) an empty text gets a placeholder, as llama.cpp's
+            tokens = StringArray.from_strings(t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens))
+        self._text, self._blob, self._off = tokens, tokens.blob, tokens.off
         self._scores = scores
-        self._id = {t: i for i, t in enumerate(self._text)}
-        if len(self._id) != n:
-            dup = next(t for i, t in enumerate(self._text) if self._id[t] != i)
-            raise ModelLoadError(f"{source}: duplicate token {dup!r} in the vocabulary")
-        attr = self._attr = [TYPE_ATTR.get(t, 0) for t in types]
+        self._id = TokenIndex(tokens)
+        if (dup := self._id.first_duplicate()) is not None:
+            raise ModelLoadError(f"{source}: duplicate token {tokens[dup]!r} in the vocabulary")
+        lut = np.zeros(max(TYPE_ATTR) + 1, np.uint8)
+        lut[list(TYPE_ATTR)] = list(TYPE_ATTR.values())
+        known = (types >= 0) & (types < len(lut))
+        attr = self._attr = np.where(known, lut[np.where(known, types, 0)], 0).astype(np.uint8)
+        self._attr_of = memoryview(attr)  # fast scalar reads (detokenisation)
 
         def key(name: str, default: int | None) -> int | None:
             v = metadata.get(f"tokenizer.ggml.{name}")  # out-of-range ids ignored, as llama.cpp
@@ -129,13 +153,13 @@ class Vocab:
             if found[name] is None and hits:
                 found[name] = force_control(hits[0])
         self.eot = found["eot"]
-        for i, t in enumerate(self._text):  # control tokens named "unused" are also UNUSED
-            if attr[i] & A_CONTROL and "unused" in t:
+        for i in np.flatnonzero(attr & A_CONTROL).tolist():  # control tokens named "unused" are also UNUSED
+            if "unused" in tokens[i]:
                 attr[i] |= A_UNUSED
         eog = {found[k] for k in ("fim_pad", "fim_rep", "fim_sep")} - {None}
         eog |= {force_control(self._id[t]) for t in EOG_TEXTS if t in self._id}
         eog |= {t for t in (eos, self.eot, found["eom"]) if t is not None}
-        texts = {self._text[i] for i in eog}  # (llama.cpp's BPE-only <|end|> rule is left out)
+        texts = {tokens[i] for i in eog}  # (llama.cpp's BPE-only <|end|> rule is left out)
         if "<|tool_response>" in texts and "</s>" in texts:  # gemma4/paddleocr: </s> is no EOG
             eog.discard(self._id["</s>"])
             attr[self._id["</s>"]] = A_NORMAL
@@ -143,74 +167,45 @@ class Vocab:
         self.nl = self._id.get("<0x0A>", self._id.get("\n", self.pad))
 
         # Special-token list: longest (in bytes) first; ties by id (llama.cpp leaves them open).
-        special = sorted(
-            (i for i in range(n) if attr[i] & (HIDDEN_ATTRS | A_USER_DEFINED)),
-            key=lambda i: -len(self._text[i].encode()),
-        )
+        special = np.flatnonzero(attr & (HIDDEN_ATTRS | A_USER_DEFINED))
+        special = special[np.argsort(-tokens.lengths()[special], kind="stable")].tolist()
         self._specials = {
-            True: _group(special, self._text),
-            False: _group([i for i in special if not attr[i] & HIDDEN_ATTRS], self._text),
+            True: group_specials(special, tokens),
+            False: group_specials([i for i in special if not attr[i] & HIDDEN_ATTRS], tokens),
         }
         self._suspects: list[str] = []
-        self._sp = self._build_sentencepiece() if use_sentencepiece else None
+        self.sp_min_chars = sp_min_chars  # None: never sentencepiece
+        self._processor: Any = _UNBUILT
 
     # ---- tokenisation ------------------------------------------------------------------------
+
+    @property
+    def _sp(self) -> Any | None:
+        """The sentencepiece processor, built on first use (~40 MiB for 262,144 pieces)."""
+        if self._processor is _UNBUILT:
+            self._processor = None if self.sp_min_chars is None else self._build_sentencepiece()
+        return self._processor
 
     def _build_sentencepiece(self) -> Any | None:
         """A BPE ModelProto whose merge loop is llama.cpp's; None if the vocab cannot be one."""
         byte_ids = [self._id.get(t) for t in BYTE_TEXTS]
         if None in byte_ids or self._text[self.unk] in BYTE_TEXTS:
             return None
-        import sentencepiece as spm
-
-        from .spm_model import bpe_model_proto
-
         # All other pieces are NORMAL so merges reach control/user-defined tokens as in llama.cpp
         # (we split special texts out ourselves). SentencePiece never merges into byte/unknown
         # pieces, llama.cpp could: fragments holding such a buildable text take the Python loop.
         reserved = {self.unk, *byte_ids}
         self._suspects = [self._text[i] for i in reserved if self._buildable(self._text[i])]
-        kinds = [UNKNOWN if i == self.unk else BYTE if i in reserved else NORMAL for i in range(self.n_tokens)]
-        try:
-            return spm.SentencePieceProcessor(model_proto=bpe_model_proto(self._text, self._scores, kinds, self.unk))
-        except RuntimeError:
-            return None
+        return sentencepiece_for(self._text, self._scores, self.unk, byte_ids)  # type: ignore[arg-type]
 
     def _buildable(self, text: str) -> bool:
         """Could the merge loop build `text`? Its last merge joins two tokens or single chars."""
         ok = lambda s: len(s) == 1 or s in self._id  # noqa: E731
         return any(ok(text[:k]) and ok(text[k:]) for k in range(1, len(text)))
 
-    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
-        """llama.cpp's tokenizer_st_partition: split special texts out, longest token first."""
-        # Only specials present in the whole text can split a fragment. A 3-char prefix test
-        # skips most groups; big groups (6,242 "<unusedN>") are matched at each prefix hit.
-        present: set[tuple[int, str, int]] = set()
-        for prefix, (members, lengths) in self._specials[parse_special].items():
-            if prefix not in text:
-                continue
-            if len(members) <= 16:
-                present.update(m for t, m in members.items() if t in text)
-                continue
-            pos = text.find(prefix)
-            while pos >= 0:
-                present.update(members[t] for k in lengths if (t := text[pos : pos + k]) in members)
-                pos = text.find(prefix, pos + 1)
-        frags: list[str | int] = [text] if text else []
-        for _, tok_text, tok in sorted(present):
-            out: list[str | int] = []
-            for f in frags:
-                if isinstance(f, str) and tok_text in f:
-                    for j, part in enumerate(f.split(tok_text)):
-                        out.extend(([tok] if j else []) + ([part] if part else []))
-                else:
-                    out.append(f)
-            frags = out
-        return frags
-
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Ids of `text`. add_special: BOS/EOS as the vocab asks; parse_special: control texts."""
-        frags = self._partition(text, parse_special)
+        frags = partition(text, self._specials[parse_special])
         prev_special, raw = True, []
         for i, f in enumerate(frags):
             if isinstance(f, str):
@@ -225,7 +220,8 @@ class Vocab:
         return out + [self.eos] if add_special and self.add_eos else out
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
-        if self._sp is None:
+        # short texts take the Python loop: sentencepiece is only built for a text that needs its speed
+        if self.sp_min_chars is None or sum(map(len, texts)) < self.sp_min_chars or self._sp is None:
             return [self._merge(t) for t in texts]
         if self._suspects and any(s in t for s in self._suspects for t in texts):
             return [self._merge(t) if any(s in t for s in self._suspects) else self._sp.encode(t) for t in texts]
@@ -249,15 +245,18 @@ class Vocab:
 
     def token_to_piece(self, tok: int, special: bool = False) -> bytes:
         """One token's bytes: control/unknown only if `special`; ▁ -> space; bytes raw."""
-        attr, text = self._attr[tok], self._text[tok]
+        attr = self._attr_of[tok]
         if attr & HIDDEN_ATTRS and not special:
             return b""  # also for </s>, user-defined but forced to CONTROL as an EOG token
+        if tok < 0:
+            tok += self.n_tokens  # (a list's negative index, as before)
+        piece = self._blob[self._off[tok] : self._off[tok + 1]]
         if attr & (HIDDEN_ATTRS | A_USER_DEFINED):
-            return text.encode()
+            return piece
         if attr & A_NORMAL:
-            return text.replace(SPM_SPACE, " ").encode()
+            return piece.replace(_SPACE_BYTES, b" ")
         if attr & A_BYTE:
-            return bytes([int(text[3:5], 16)])
+            return bytes([int(piece[3:5], 16)])
         return b""  # unused / undefined types print nothing
 
     def detokenize(self, ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False) -> str:
@@ -272,17 +271,3 @@ class Vocab:
         if strip_space and pieces and pieces[0].startswith(b" "):
             pieces[0] = pieces[0][1:]
         return b"".join(pieces).decode("utf-8", errors="replace")
-
-
-_Groups = dict[str, tuple[dict[str, tuple[int, str, int]], list[int]]]
-
-
-def _group(ids: list[int], text: list[str]) -> _Groups:
-    """Specials as (rank in partition order, text, id), grouped by their first 3 characters."""
-    groups: _Groups = {}
-    for rank, i in enumerate(ids):
-        members, lengths = groups.setdefault(text[i][:3], ({}, []))
-        members[text[i]] = (rank, text[i], i)
-        if len(text[i]) not in lengths:
-            lengths.append(len(text[i]))
-    return groups
