@@ -23,8 +23,9 @@ class StringArray:
 
     def __init__(self, blob: bytes, offsets: np.ndarray) -> None:
         self.blob = blob
-        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-        self.off = memoryview(self.offsets).cast("B").cast("q")  # fast scalar reads as Python ints
+        wide = len(offsets) and int(offsets[-1]) >= 1 << 31
+        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64 if wide else np.int32)
+        self.off = memoryview(self.offsets).cast("B").cast("q" if wide else "i")  # fast reads as Python ints
 
     @classmethod
     def from_strings(cls, items: Iterable[str]) -> StringArray:

@@ -119,7 +119,7 @@ class Vocab:
         self._text, self._blob, self._off = tokens, tokens.blob, tokens.off
         self._scores = scores
         self._id = TokenIndex(tokens)
-        if (dup := self._id.first_duplicate()) is not None:
+        if (dup := self._id.duplicate) is not None:
             raise ModelLoadError(f"{source}: duplicate token {tokens[dup]!r} in the vocabulary")
         lut = np.zeros(max(TYPE_ATTR) + 1, np.uint8)
         lut[list(TYPE_ATTR)] = list(TYPE_ATTR.values())

@@ -149,8 +149,8 @@ def test_token_index_is_a_dict_of_the_texts() -> None:
     rng = random.Random(3)
     texts = sorted({"".join(rng.choice("ab▁日🙂") for _ in range(rng.randrange(1, 6))) for _ in range(3000)})
     ix = TokenIndex(StringArray.from_strings(texts))
-    assert all(ix.get(t) == i for i, t in enumerate(texts)) and ix.first_duplicate() is None
+    assert all(ix.get(t) == i for i, t in enumerate(texts)) and ix.duplicate is None
     probes = ["".join(rng.choice("ab▁日🙂c") for _ in range(rng.randrange(0, 7))) for _ in range(3000)]
     d = {t: i for i, t in enumerate(texts)}
     assert [ix.get(p) for p in probes] == [d.get(p) for p in probes]
-    assert TokenIndex(StringArray.from_strings(["x", "y", "z", "y", "x"])).first_duplicate() == 0
+    assert TokenIndex(StringArray.from_strings(["x", "y", "z", "y", "x"])).duplicate == 0
