@@ -69,6 +69,8 @@ class Graph:
     _bound: tuple[tuple[int, int], list] | None = None  # ((workspace ptr, ops id), bind's list)
     _host: dict[str, np.ndarray] | None = None  # numpy views of the input views (host memory)
     _out_call: tuple | None = None  # (step index, op, args, scratch) of the output node
+    _raw: list = field(default_factory=list)  # the bound calls before fusing
+    _head: list = field(default_factory=list)  # the fused calls before the output node's
 
     @property
     def size(self) -> int:
@@ -143,10 +145,18 @@ def _step(ops: Ops, op: str, a: list, out: torch.Tensor, scratch: list[torch.Ten
     return functools.partial(getattr(ops, op), *a, out=out)
 
 
+def _fuse(ops: Ops, steps: list[Callable[[], Any]]) -> list[Callable[[], Any]]:
+    """Runs of consecutive calls as one call each where the backend can (`fuse`: the CPU
+    backend's C calls become one ctypes call per run), else the steps as they are."""
+    fuse = getattr(ops, "fuse", None)
+    return fuse(steps) if fuse else list(steps)
+
+
 def bind(g: Graph, ops: Ops, workspace: torch.Tensor) -> list:
     """The graph as [input views, ready calls, output]: every node's inputs, output and scratch
     resolved to views of the workspace once per (buffer, backend), so a step runs no lookups per
-    node. On host memory the input views also get numpy views (`host_inputs`)."""
+    node, and runs of calls fused where the backend can. On host memory the input views also
+    get numpy views (`input_views`)."""
     assert g.layout is not None and g.layout.size <= workspace.numel()
     key = (workspace.data_ptr(), id(ops))
     if g._bound is not None and g._bound[0] == key:
@@ -176,7 +186,10 @@ def bind(g: Graph, ops: Ops, workspace: torch.Tensor) -> list:
         steps.append(_step(ops, n.op, a, out, scratch))
     inputs = {n.name: vals[n.id] for n in g.nodes if n.op == "input"}
     g._host = {k: v.numpy() for k, v in inputs.items()} if workspace.device.type == "cpu" else None
-    bound = [inputs, steps, vals[g.output]]
+    # the output node's call starts a run of its own, so pointing it elsewhere re-fuses only that
+    cut = g._out_call[0] if g._out_call else len(steps)
+    g._raw, g._head = steps, _fuse(ops, steps[:cut])
+    bound = [inputs, g._head + _fuse(ops, steps[cut:]), vals[g.output]]
     g._bound = (key, bound)
     return bound
 
@@ -203,7 +216,8 @@ def bind_output(g: Graph, ops: Ops, workspace: torch.Tensor, dest: torch.Tensor)
     if not dest.is_contiguous():
         return False
     i, op, a, scratch = call
-    bound[1][i] = _step(ops, op, a, dest, scratch)
+    g._raw[i] = _step(ops, op, a, dest, scratch)
+    bound[1][:] = g._head + _fuse(ops, g._raw[i:])
     bound[2] = dest
     return True
 

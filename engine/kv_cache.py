@@ -156,8 +156,7 @@ class KVCache:
         """The stream of each sequence group of the ubatch (one group when unified)."""
         if self.n_stream == 1:
             return [0]
-        per = ub.n_tokens // ub.n_seqs
-        return [self.stream_of(int(ub.seq_id0[g * per])) for g in range(ub.n_seqs)]
+        return ub.seq_id0[:: ub.n_tokens // ub.n_seqs].tolist()  # stream s holds sequence s
 
     def find_slot(self, ub: UBatch) -> np.ndarray | None:
         """Global cell index for each slot (stream * size + cell), or None if there is no room."""
@@ -191,14 +190,12 @@ class KVCache:
         return cand[:n] if cand.size >= n else None
 
     def apply_ubatch(self, ub: UBatch, slots: np.ndarray) -> None:
-        if self.n_stream == 1:
-            self._apply_stream(self.streams[0], slots, ub.pos, ub.seq_id, ub.seq_id0)
-            return
-        stream = slots // self.size
-        for s in np.unique(stream).tolist():
-            sel = stream == s
-            seq_ids = [ub.seq_id[i] for i in np.flatnonzero(sel).tolist()]
-            self._apply_stream(self.streams[s], slots[sel] - s * self.size, ub.pos[sel], seq_ids, ub.seq_id0[sel])
+        """Write the ubatch into the cells `find_slot` gave it: group g's rows into its stream."""
+        streams = self.ubatch_streams(ub)
+        per = ub.n_tokens // len(streams)
+        for g, s in enumerate(streams):
+            r = slice(g * per, (g + 1) * per)
+            self._apply_stream(self.streams[s], slots[r] - s * self.size, ub.pos[r], ub.seq_id[r], ub.seq_id0[r])
 
     @staticmethod
     def _apply_stream(

@@ -2,7 +2,10 @@
 
 It lives with the kernels because it only knows the `Ops` protocol: it wraps a backend, passes
 every call through, and adds up wall-clock time per op category. The bench turns those sums into
-its "where the time goes" table; nothing in a normal run pays for the timers.
+its "where the time goes" table; nothing in a normal run pays for the timers. A timed node is a
+Python closure, so a profiled graph runs every node as its own call (the backend cannot fuse
+runs of C calls into one, `Ops.fuse`): the per-call overhead a normal run no longer pays shows
+up in each op's category.
 """
 
 from __future__ import annotations
