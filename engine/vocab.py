@@ -40,7 +40,7 @@ from .vocab_tables import (
     UNSUPPORTED_MODELS,
 )
 
-SP_MIN_CHARS = 512  # a call whose raw fragments hold this many characters takes sentencepiece
+SP_MIN_CHARS = 256  # a call whose raw fragments hold this many characters takes sentencepiece
 _UNBUILT: Any = object()
 _SPACE_BYTES = SPM_SPACE.encode()
 
@@ -169,9 +169,10 @@ class Vocab:
         # Special-token list: longest (in bytes) first; ties by id (llama.cpp leaves them open).
         special = np.flatnonzero(attr & (HIDDEN_ATTRS | A_USER_DEFINED))
         special = special[np.argsort(-tokens.lengths()[special], kind="stable")].tolist()
+        texts = {i: tokens[i] for i in special}  # one str per special, shared by both groupings
         self._specials = {
-            True: group_specials(special, tokens),
-            False: group_specials([i for i in special if not attr[i] & HIDDEN_ATTRS], tokens),
+            True: group_specials(special, texts),
+            False: group_specials([i for i in special if not attr[i] & HIDDEN_ATTRS], texts),
         }
         self._suspects: list[str] = []
         self.sp_min_chars = sp_min_chars  # None: never sentencepiece

@@ -3,12 +3,10 @@ special tokens it contains, longest first, before the merge loop sees the pieces
 
 from __future__ import annotations
 
-from .string_array import StringArray
-
 Groups = dict[str, tuple[dict[str, tuple[int, str, int]], list[int]]]
 
 
-def group_specials(ids: list[int], text: StringArray) -> Groups:
+def group_specials(ids: list[int], text: dict[int, str]) -> Groups:
     """Specials as (rank in partition order, text, id), grouped by their first 3 characters."""
     groups: Groups = {}
     for rank, i in enumerate(ids):
