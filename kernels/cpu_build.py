@@ -24,7 +24,7 @@ from pathlib import Path
 from .cpu_program import check_arities
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 6
+ABI_VERSION = 7
 FAST_FLAGS = ("avx2", "fma", "f16c")
 
 

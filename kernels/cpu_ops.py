@@ -21,11 +21,9 @@ from .cpu_build import CpuLibrary, load
 from .cpu_program import fuse
 from .dequant import dequantize
 from .ops import KVTensor, ScratchSpec
-from .quantize import activations_i16
 from .torch_ops import TorchOps
 from .weight import QWeight
 
-FLOAT_TYPES = frozenset(int(t) for t in (T.F32, T.F16, T.BF16))
 TILE_MIN_ROWS = 64  # a GEMM tile narrower than this loses BLAS efficiency
 
 
@@ -65,15 +63,7 @@ class CpuOps(TorchOps):
     def kernel_path(self, ggml_type: int) -> str:
         if ggml_type not in KERNEL_TYPES:
             return "dequantise per use + BLAS"
-        x16 = "" if ggml_type in FLOAT_TYPES else " x 16-bit activations"
-        return f"C {self.library.simd}: fused dequant GEMV{x16} (<= {GEMV_MAX_ROWS} rows), dequantised tiles + BLAS GEMM (more rows)"
-
-    def linear_input(self, x: torch.Tensor, w: QWeight) -> torch.Tensor:
-        """Decode-shaped products with block-type weights multiply 16-bit activations (one scale
-        per 32 values, kernels/csrc/act16.h); float weights and prefill's GEMM take x itself."""
-        if x.shape[0] <= GEMV_MAX_ROWS and w.ggml_type in KERNEL_TYPES and w.ggml_type not in FLOAT_TYPES:
-            return activations_i16(x)
-        return x
+        return f"C {self.library.simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows), dequantised tiles + BLAS GEMM (more rows)"
 
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
         if m <= GEMV_MAX_ROWS or w.ggml_type == T.F32 or w.ggml_type not in KERNEL_TYPES:

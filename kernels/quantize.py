@@ -38,13 +38,3 @@ def quantize_q4_0(x: torch.Tensor) -> torch.Tensor:
 
 
 QUANTIZERS = {int(T.Q8_0): quantize_q8_0, int(T.Q4_0): quantize_q4_0}
-
-
-def activations_i16(x: torch.Tensor) -> torch.Tensor:
-    """x (..., k), k % 32 == 0, as the CPU GEMV of block types multiplies it (kernels/csrc/act16.h):
-    per 32 values q = round_half_even(x * (32767 / amax)), then q * (amax / 32767), in f32."""
-    b = x.float().reshape(-1, 32)
-    amax = b.abs().amax(1, keepdim=True)
-    inv = torch.where(amax > 0, 32767.0 / amax, torch.zeros_like(amax))
-    q = torch.round(b * inv).clamp(-32767, 32767)
-    return (q * (amax / 32767.0)).reshape(x.shape)

@@ -50,10 +50,6 @@ class TorchOps:
     def kernel_path(self, ggml_type: int) -> str:
         return f"torch: dense {str(self.compute_dtype).removeprefix('torch.')} copy + torch.mm"
 
-    def linear_input(self, x: torch.Tensor, w: QWeight) -> torch.Tensor:
-        """The activations `linear(x, w)` multiplies, as this backend rounds them (here: x)."""
-        return x
-
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
         return []
 

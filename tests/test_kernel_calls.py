@@ -1,0 +1,67 @@
+"""The CPU backend's call structure: fused programs and row-count independence.
+
+A graph's C calls run as fused `ub_run` programs (kernels/cpu_program.py), and a row of a
+product must not depend on how many rows share the call (speculative verification compares a
+drafted batch against one-row decodes token for token).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from test_kernels import FLOATS, QUANT, run_linear, weight
+
+from ubatch.kernels.cpu_ops import CpuOps
+
+
+def test_a_fused_program_computes_what_its_calls_compute_one_by_one() -> None:
+    """Bound C calls fused into one ub_run call (cpu_program.fuse) give bit-identical outputs,
+    and a step that is not a C call splits the program."""
+    from ubatch.kernels.cpu_program import CCall, Program
+
+    ops = CpuOps(2)
+    w = weight(T.Q5_0, 48, 64)
+    x, g = torch.randn(3, 64), torch.randn(64)
+    bufs = [torch.empty(3, 48), torch.empty(3, 64), torch.empty(3, 64), torch.empty(3, 48)]
+
+    def steps(out: list[torch.Tensor], marker: list[int]) -> list:
+        y, n, s, a = out
+        calls = [
+            ops.bind("linear", [x, w], y, []),
+            ops.bind("rms_norm", [x, g, 1e-6], n, []),
+            ops.bind("scale", [n, 0.5], s, []),
+            lambda: marker.append(1),  # a Python step between C calls
+            ops.bind("add", [y, y], a, []),
+            ops.bind("glu", [y, a, "gelu_tanh"], a, []),
+        ]
+        assert all(isinstance(c, CCall) for i, c in enumerate(calls) if i != 3)
+        return calls
+
+    one = [torch.zeros_like(b) for b in bufs]
+    seen: list[int] = []
+    for f in steps(one, seen):
+        f()
+    fused_bufs = [torch.zeros_like(b) for b in bufs]
+    fused = ops.fuse(steps(fused_bufs, seen))
+    assert [type(f).__name__ for f in fused] == ["Program", "function", "Program"]
+    assert isinstance(fused[0], Program) and len(fused[0].calls) == 3
+    for f in fused:
+        f()
+    assert seen == [1, 1]
+    for a, b in zip(one, fused_bufs):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
+def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(t: T) -> None:
+    """Speculative verification relies on it: a drafted batch of 1 + k rows must give each row
+    exactly what a one-row decode gives (else a greedy tie can flip between the two)."""
+    ops = CpuOps(2)
+    k = 256 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 96
+    w = weight(t, 40, k)
+    x = torch.randn(16, k, generator=torch.Generator().manual_seed(7))
+    whole = run_linear(ops, w, x)
+    for rows in ([0], [3], [5, 6], [1, 2, 3, 4, 5], list(range(9))):
+        part = run_linear(ops, w, x[rows].contiguous())
+        assert torch.equal(part, whole[rows]), rows
