@@ -306,19 +306,14 @@ def test_console_script_exists() -> None:
 
 
 def write_gguf_arch(path: Path, arch: str) -> Path:
-    from tiny_vocab import tiny_spm_vocab
+    from tiny_vocab import add_spm_vocab, tiny_spm_vocab
 
     tokens, scores, types = tiny_spm_vocab()
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(256)
     w.add_embedding_length(64)
     w.add_block_count(1)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
+    add_spm_vocab(w, tokens, scores, types)
     w.add_tensor("token_embd.weight", np.zeros((len(tokens), 64), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

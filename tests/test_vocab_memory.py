@@ -14,7 +14,7 @@ from pathlib import Path
 
 import gguf
 import pytest
-from tiny_vocab import tiny_spm_vocab
+from tiny_vocab import add_spm_vocab, tiny_spm_vocab
 
 from ubatch.engine import vocab as vocab_module
 from ubatch.engine.gguf_file import open_gguf
@@ -101,12 +101,7 @@ def test_loading_the_vocabulary_stays_small(default_model_path: Path) -> None:
 
 def _write(path: Path, tokens: list[str], scores: list[float], types: list[int]) -> Path:
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
+    add_spm_vocab(w, tokens, scores, types)
     w.add_unk_token_id(3)
     w.write_header_to_file()
     w.write_kv_data_to_file()

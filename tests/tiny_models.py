@@ -12,7 +12,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from tiny_vocab import tiny_spm_vocab
+from tiny_vocab import add_spm_vocab, tiny_spm_vocab
 
 K_TYPES = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
 
@@ -83,12 +83,7 @@ def write_tiny_model(path: Path, spec: TinySpec | None = None) -> Path:
         w.add_sliding_window_pattern(s.swa_pattern)
     else:
         w.add_rope_freq_base(10_000.0)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
+    add_spm_vocab(w, tokens, scores, types)
     w.add_unk_token_id(3)
     w.add_pad_token_id(0)
     w.add_add_bos_token(True)

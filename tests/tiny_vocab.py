@@ -39,3 +39,13 @@ def tiny_spm_vocab() -> tuple[list[str], list[float], list[int]]:
 def piece_id(piece: str) -> int:
     """Id of a piece of the tiny vocabulary (for readable expected values in tests)."""
     return tiny_spm_vocab()[0].index(piece)
+
+
+def add_spm_vocab(w, tokens: list[str], scores: list[float], types: list[int]) -> None:
+    """The SPM tokenizer keys every test GGUF carries (BOS 2, EOS 1), on a gguf.GGUFWriter."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
