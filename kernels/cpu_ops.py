@@ -166,6 +166,33 @@ class CpuOps(TorchOps):
             super().attention(q, k, v, starts, n_kv, mask, scale, out, scratch, visible)
         return out
 
+    def softmax_tile(
+        self,
+        s: torch.Tensor,
+        mask: torch.Tensor,
+        scale: float,
+        m: torch.Tensor,
+        rowsum: torch.Tensor,
+        acc: torch.Tensor,
+        tmp: torch.Tensor,
+        r: int,
+    ) -> None:
+        """The tile's ten torch passes as one C call of two passes (kernels/csrc/attention.c)."""
+        b, rows, c = s.shape
+        if not (
+            s.is_contiguous()
+            and mask.dtype == torch.float16
+            and mask.stride(2) == 1
+            and m.stride() == rowsum.stride()
+            and m.stride(1) == 1
+            and acc.stride(2) == 1
+            and acc.stride(1) == acc.shape[2]
+        ):
+            return super().softmax_tile(s, mask, scale, m, rowsum, acc, tmp, r)
+        grid = (b, rows, c, mask.data_ptr(), b // mask.shape[0], r, mask.stride(0), mask.stride(1), scale)
+        state = (m.data_ptr(), rowsum.data_ptr(), m.stride(0), acc.data_ptr(), acc.stride(0), acc.shape[2])
+        self._lib.ub_softmax_tile(s.data_ptr(), *grid, *state, self.n_threads)
+
     def _dequant(self, w: QWeight, r0: int, n: int, tile: torch.Tensor) -> None:
         self._lib.ub_dequant_rows(
             w.ggml_type, w.raw.data_ptr(), w.row_bytes, r0, n, w.shape[1], tile.data_ptr(), self.n_threads

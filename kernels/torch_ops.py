@@ -12,7 +12,7 @@ import math
 import torch
 
 from .dequant import dequantize
-from .ops import KV_CHUNK, MASKED, KVTensor, ScratchSpec, query_block
+from .ops import KV_CHUNK, MASKED, TRIM_MIN_TOKENS, KVTensor, ScratchSpec, query_block, visible_span
 from .quantize import QUANTIZERS
 from .weight import QWeight
 
@@ -171,6 +171,7 @@ class TorchOps:
             qh, oh = scratch[6].view(b, t * r, d), scratch[7]
             scratch[6].copy_(q.view(g, t, n_head_kv, r, d).permute(0, 2, 1, 3, 4))
             acc = oh.view(b, t * r, dv)
+        trim = mask.device.type == "cpu"  # reading the tile's span costs no device sync there
         m.fill_(MASKED)
         rowsum.zero_()
         acc.zero_()
@@ -184,28 +185,51 @@ class TorchOps:
                 self.kv_chunk(v, st + c0, c, vcv[gi * n_head_kv : (gi + 1) * n_head_kv])
             for t0 in range(0, t, qb):
                 tb = min(qb, t - t0)
-                mc = mask[:, t0 : t0 + tb, c0 : c0 + c]
+                lo, hi = visible_span(mask, t0, tb, c0, c) if trim and tb >= TRIM_MIN_TOKENS else (0, c)
+                if lo >= hi:  # no query of this block sees any cell of the chunk
+                    continue
+                cc = hi - lo
+                mc = mask[:, t0 : t0 + tb, c0 + lo : c0 + hi]
                 rows = slice(t0 * r, (t0 + tb) * r)
-                sv, tv = s[:, : tb * r, :c], tmp[:, : tb * r]
+                sv, tv = s.view(-1)[: b * tb * r * cc].view(b, tb * r, cc), tmp[:, : tb * r]
                 mv, lv, av = m[:, rows], rowsum[:, rows], acc[:, rows]
-                torch.bmm(qh[:, rows], kcv.transpose(1, 2), out=sv)
-                if scale != 1.0:
-                    sv.mul_(scale)
-                sv.view(g, n_head_kv, tb, r, c).add_(mc[:, None, :, None, :])
-                torch.amax(sv, -1, keepdim=True, out=tv)
-                torch.maximum(tv, mv, out=tv).clamp_(min=MASKED)  # new running max
-                mv.sub_(tv).exp_()  # m now holds the correction exp(m_old - m_new)
-                sv.sub_(tv).exp_()
-                lv.mul_(mv)
-                av.mul_(mv)
-                torch.sum(sv, -1, keepdim=True, out=mv)
-                lv.add_(mv)
-                av.baddbmm_(sv, vcv)
-                mv.copy_(tv)
+                torch.bmm(qh[:, rows], kcv[:, lo:hi].transpose(1, 2), out=sv)
+                self.softmax_tile(sv, mc, scale, mv, lv, av, tv, r)
+                av.baddbmm_(sv, vcv[:, lo:hi])
         acc.div_(rowsum)
         if n_head_kv > 1:
             out.view(g, t, n_head_kv, r, dv).copy_(oh.permute(0, 2, 1, 3, 4))
         return out
+
+    def softmax_tile(
+        self,
+        s: torch.Tensor,
+        mask: torch.Tensor,
+        scale: float,
+        m: torch.Tensor,
+        rowsum: torch.Tensor,
+        acc: torch.Tensor,
+        tmp: torch.Tensor,
+        r: int,
+    ) -> None:
+        """One online-softmax step on a score tile s (b, tb·r, c), in place: s = exp(scale·s +
+        mask - m_new), with the running max m, sum and accumulator rows (b, tb·r, ·) brought up
+        to date; mask (g, tb, c) is shared by the b / g KV heads of a group and the r query heads
+        of a token."""
+        b, rows, c = s.shape
+        g, tb = mask.shape[0], mask.shape[1]
+        if scale != 1.0:
+            s.mul_(scale)
+        s.view(g, b // g, tb, r, c).add_(mask[:, None, :, None, :])
+        torch.amax(s, -1, keepdim=True, out=tmp)
+        torch.maximum(tmp, m, out=tmp).clamp_(min=MASKED)  # new running max
+        m.sub_(tmp).exp_()  # m now holds the correction exp(m_old - m_new)
+        s.sub_(tmp).exp_()
+        rowsum.mul_(m)
+        acc.mul_(m)
+        torch.sum(s, -1, keepdim=True, out=m)
+        rowsum.add_(m)
+        m.copy_(tmp)
 
     def rope_cache(
         self, pos: torch.Tensor, n_rot: int, base: float, scale: float, freq_factors: torch.Tensor | None = None

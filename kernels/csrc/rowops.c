@@ -53,26 +53,6 @@ void ub_rope(const float *x, const float *cs, const float *sn, int64_t n_tok, in
 
 /* ---- elementwise ops: one call instead of a torch op per tiny tensor ------------------------ */
 
-#if UB_AVX2
-/* exp(x) for x in [-87, 88]: 2^n * p(r), r = x - n ln2 (Cody-Waite), degree-6 polynomial; ~1 ulp */
-static inline __m256 exp_avx2(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-#endif
-
 /* gate * act(gate) * up with act = GELU (tanh form: x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)),
  * which is 0.5 x (1 + tanh(...)) without its cancellation) or SiLU (x * sigmoid(x)) */
 void ub_glu(const float *gate, const float *up, int64_t n, int gelu, float *out, int nth) {
