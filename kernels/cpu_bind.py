@@ -39,13 +39,11 @@ def bind_node(
         m, (n, k) = x.shape[0], w.shape
         if m == 0:
             return lambda: None
-        if (
-            m > GEMV_MAX_ROWS
-            or w.ggml_type not in KERNEL_TYPES
-            or x.stride(1) != 1
-            or x.stride(0) < k
-            or not out.is_contiguous()
-        ):
+        if w.ggml_type not in KERNEL_TYPES or x.stride(1) != 1 or x.stride(0) < k or out.stride(1) != 1:
+            return None
+        if m > GEMV_MAX_ROWS:
+            return _bind_gemm(ops, x, w, out, scratch)
+        if not out.is_contiguous():
             return None
         return CCall(
             "gemv",
@@ -122,6 +120,16 @@ def bind_node(
         q, k, v, starts, n_kv, mask, scale, visible = a[:8]
         return _bind_attention(lib, nth, q, k, v, starts, n_kv, mask, scale, out)
     return None
+
+
+def _bind_gemm(ops: Any, x: torch.Tensor, w: Any, out: torch.Tensor, scratch: list[torch.Tensor]) -> CCall | None:
+    """Prefill's product (kernels/csrc/gemm.c) where this build has it and the scratch is planned."""
+    lib, nth = ops._lib, ops.n_threads
+    if not ops.has_gemm or w.ggml_type == T.F32 or not scratch or scratch[0].numel() < lib.ub_gemm_scratch(nth):
+        return None
+    (n, k), m = w.shape, x.shape[0]
+    args = (w.ggml_type, w.raw.data_ptr(), w.row_bytes, n, k, x.data_ptr(), m, x.stride(0))
+    return CCall("gemm", lib.ub_gemm, (*args, out.data_ptr(), out.stride(0), scratch[0].data_ptr(), nth))
 
 
 def _bind_kv_store(lib: Any, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor) -> Callable | None:

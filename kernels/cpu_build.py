@@ -24,7 +24,7 @@ from pathlib import Path
 from .cpu_program import check_arities
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 8
+ABI_VERSION = 10
 FAST_FLAGS = ("avx2", "fma", "f16c")
 
 
@@ -126,6 +126,12 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_rope.restype = None
     lib.ub_attn.argtypes = [c_p, c_l, c_l, c_l, c_l, c_p, c_i, c_p, c_i, c_l, c_l, c_p, c_l, c_p, c_f, c_p, c_i]
     lib.ub_attn.restype = None
+    lib.ub_gemm.argtypes = [c_i, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_p, c_i]
+    lib.ub_gemm.restype = c_i
+    lib.ub_gemm_scratch.argtypes = [c_i]
+    lib.ub_gemm_scratch.restype = c_l
+    lib.ub_mask_span.argtypes = [c_p, c_l, c_l, c_l, c_l, c_l]
+    lib.ub_mask_span.restype = c_l
     lib.ub_softmax_tile.argtypes = [c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_l, c_l, c_f, c_p, c_p, c_l, c_p, c_l, c_l, c_i]
     lib.ub_softmax_tile.restype = None
     lib.ub_glu.argtypes = [c_p, c_p, c_l, c_i, c_p, c_i]

@@ -1,9 +1,10 @@
 """The fast CPU backend: matmuls and the embedding lookup read the GGUF blocks directly.
 
 Few rows (decode, up to GEMV_MAX_ROWS): the C matrix-vector kernel streams each weight row
-once for every activation row, dequantising in registers. More rows (prefill): tiles of the
-weight are dequantised into planned scratch and multiplied by the BLAS GEMM, so prefill keeps
-its GEMM speed while no dense copy of any matrix outlives the call. Norms, RoPE, the gated
+once for every activation row, dequantising in registers. More rows (prefill): on AVX2 the C
+GEMM dequantises weight panels into per-thread planned scratch as it consumes them
+(kernels/csrc/gemm.c); elsewhere tiles of the weight are dequantised into planned scratch for
+the BLAS GEMM. No dense copy of any matrix outlives the call. Norms, RoPE, the gated
 activation, residual adds, KV writes and decode-shaped attention are C calls too, bound once per
 graph (kernels/cpu_bind.py); anything else is the torch reference's code.
 """
@@ -17,7 +18,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from .cpu_bind import GEMV_MAX_ROWS, KERNEL_TYPES, bind_node
-from .cpu_build import CpuLibrary, load
+from .cpu_build import CpuLibrary, cpu_flags, load
 from .cpu_program import fuse
 from .dequant import dequantize
 from .ops import KVTensor, ScratchSpec
@@ -46,6 +47,8 @@ class CpuOps(TorchOps):
         if self.library.notice:
             self.notices.append(self.library.notice)
         self._noticed: set[int] = set()
+        # the register-blocked GEMM (kernels/csrc/gemm.c) is 256-bit: with AVX-512 MKL's is wider
+        self.has_gemm = self.library.simd == "avx2" and "avx512f" not in cpu_flags()
 
     # -- weights --------------------------------------------------------------------------------
     def prepare_weights(self, weights: list[QWeight]) -> None:
@@ -63,11 +66,18 @@ class CpuOps(TorchOps):
     def kernel_path(self, ggml_type: int) -> str:
         if ggml_type not in KERNEL_TYPES:
             return "dequantise per use + BLAS"
-        return f"C {self.library.simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows), dequantised tiles + BLAS GEMM (more rows)"
+        gemv = f"C {self.library.simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows)"
+        if ggml_type == T.F32:
+            return f"{gemv}, BLAS GEMM (more rows)"
+        if self.has_gemm:
+            return f"{gemv}, register-blocked GEMM dequantising weight panels (more rows)"
+        return f"{gemv}, dequantised tiles + BLAS GEMM (more rows)"
 
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
         if m <= GEMV_MAX_ROWS or w.ggml_type == T.F32 or w.ggml_type not in KERNEL_TYPES:
             return []
+        if self.has_gemm:  # per thread: one block of weight panels, dequantised as the GEMM reads them
+            return [((int(self._lib.ub_gemm_scratch(self.n_threads)),), torch.float32)]
         return [((tile_rows(m, w.shape[0]), w.shape[1]), torch.float32)]
 
     # -- binding: the graph executor asks once per node ------------------------------------------
@@ -105,11 +115,12 @@ class CpuOps(TorchOps):
             return torch.mm(x, dequantize(w.raw, w.ggml_type, w.shape).t(), out=out)
         if x.stride(1) != 1 or x.stride(0) < k:
             x = x.contiguous()
-        if m <= GEMV_MAX_ROWS and self._c("linear", [x, w], out, []):
+        if (m <= GEMV_MAX_ROWS or self.has_gemm) and self._c("linear", [x, w], out, scratch or []):
             return out
         if w.ggml_type == T.F32:
             return torch.mm(x, w.raw.view(torch.float32).view(n, k).t(), out=out)
-        tile = scratch[0] if scratch else torch.empty(tile_rows(m, n), k)
+        planned = scratch[0] if scratch and scratch[0].dim() == 2 and scratch[0].shape[1] == k else None
+        tile = planned if planned is not None else torch.empty(tile_rows(m, n), k)
         rows = tile.shape[0]
         if rows >= n:
             self._dequant(w, 0, n, tile)
@@ -165,6 +176,15 @@ class CpuOps(TorchOps):
         if not self._c("attention", args, out, scratch):
             super().attention(q, k, v, starts, n_kv, mask, scale, out, scratch, visible)
         return out
+
+    def visible_span(self, mask: torch.Tensor, t0: int, tb: int, c0: int, c: int) -> tuple[int, int]:
+        """Read from the f16 mask in C: under a causal mask a 512-token prefill's tiles shrink to
+        62.5% of their area (hidden cells would only add exp(-inf) = 0)."""
+        if mask.dtype != torch.float16 or mask.stride(2) != 1 or mask.device.type != "cpu":
+            return 0, c
+        tile = mask[:, t0 : t0 + tb, c0 : c0 + c]
+        v = self._lib.ub_mask_span(tile.data_ptr(), tile.shape[0], tb, c, tile.stride(0), tile.stride(1))
+        return v & 0xFFFFFFFF, v >> 32
 
     def softmax_tile(
         self,

@@ -26,6 +26,7 @@ PROGRAM_OPS: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "rows": (7, 5, ()),
     "kv_store": (8, 6, ()),
     "attention": (9, 17, (14,)),
+    "gemm": (10, 12, ()),
 }
 
 

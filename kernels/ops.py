@@ -44,18 +44,6 @@ def query_block(t: int, r: int) -> int:
 TRIM_MIN_TOKENS = 32  # query blocks at least this tall skip the cells none of their rows see
 
 
-def visible_span(mask: torch.Tensor, t0: int, tb: int, c0: int, c: int) -> tuple[int, int]:
-    """[lo, hi): the cells of chunk [c0, c0 + c) that some query of rows [t0, t0 + tb) sees.
-
-    Under a causal mask the upper triangle of a prefill is hidden: a block of early queries sees
-    a prefix of a chunk or none of it, so its score tile can be narrowed or skipped, which is a
-    third of a 512-token prefill's attention arithmetic. Hidden cells only ever add exp(-inf) = 0.
-    """
-    seen = mask[:, t0 : t0 + tb, c0 : c0 + c].amax(dim=(0, 1)) > float("-inf")
-    idx = seen.nonzero()
-    return (int(idx[0]), int(idx[-1]) + 1) if idx.numel() else (0, 0)
-
-
 def attn_scratch(g: int, t: int, n_head: int, n_head_kv: int, n_kv: int, d: int, dv: int) -> ScratchSpec:
     """Scratch of the attention op: one chunk of K and V in f32, the score tile for one block of
     queries and one chunk of cells, the running max and sum per query row, and for GQA

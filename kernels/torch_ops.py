@@ -12,7 +12,7 @@ import math
 import torch
 
 from .dequant import dequantize
-from .ops import KV_CHUNK, MASKED, TRIM_MIN_TOKENS, KVTensor, ScratchSpec, query_block, visible_span
+from .ops import KV_CHUNK, MASKED, TRIM_MIN_TOKENS, KVTensor, ScratchSpec, query_block
 from .quantize import QUANTIZERS
 from .weight import QWeight
 
@@ -171,7 +171,6 @@ class TorchOps:
             qh, oh = scratch[6].view(b, t * r, d), scratch[7]
             scratch[6].copy_(q.view(g, t, n_head_kv, r, d).permute(0, 2, 1, 3, 4))
             acc = oh.view(b, t * r, dv)
-        trim = mask.device.type == "cpu"  # reading the tile's span costs no device sync there
         m.fill_(MASKED)
         rowsum.zero_()
         acc.zero_()
@@ -185,7 +184,7 @@ class TorchOps:
                 self.kv_chunk(v, st + c0, c, vcv[gi * n_head_kv : (gi + 1) * n_head_kv])
             for t0 in range(0, t, qb):
                 tb = min(qb, t - t0)
-                lo, hi = visible_span(mask, t0, tb, c0, c) if trim and tb >= TRIM_MIN_TOKENS else (0, c)
+                lo, hi = self.visible_span(mask, t0, tb, c0, c) if tb >= TRIM_MIN_TOKENS else (0, c)
                 if lo >= hi:  # no query of this block sees any cell of the chunk
                     continue
                 cc = hi - lo
@@ -200,6 +199,11 @@ class TorchOps:
         if n_head_kv > 1:
             out.view(g, t, n_head_kv, r, dv).copy_(oh.permute(0, 2, 1, 3, 4))
         return out
+
+    def visible_span(self, mask: torch.Tensor, t0: int, tb: int, c0: int, c: int) -> tuple[int, int]:
+        """[lo, hi): the cells of chunk [c0, c0 + c) that some query of rows [t0, t0 + tb) sees;
+        the reference reads every tile whole (finding the span would allocate or sync)."""
+        return 0, c
 
     def softmax_tile(
         self,

@@ -150,11 +150,20 @@ def main() -> None:
         print(f"| {k} | {u:.1f} | {lv:.1f} | {u / lv:.2f}x | {gb} |")
     print(f"(best of {a.r}; tg streams {weight_bytes / 2**20:.0f} MiB of stored weights per token)")
 
-    lb, ubb = llama_batched(bin_dir, path, a.t, npl), ubatch_batched(model, a.t, npl)
+    lb: dict[int, float] = {}
+    ubb: dict[int, float] = {}
+    for _ in range(a.r):  # alternate as above; each side keeps its best S_TG per stream count
+        for best, run in (
+            (lb, lambda: llama_batched(bin_dir, path, a.t, npl)),
+            (ubb, lambda: ubatch_batched(model, a.t, npl)),
+        ):
+            for n, v in run().items():
+                best[n] = max(best.get(n, 0.0), v)
     print("\n| streams | ubatch S_TG t/s | llama.cpp S_TG t/s | ratio |")
     print("|---:|---:|---:|---:|")
     for n in npl:
         print(f"| {n} | {ubb[n]:.1f} | {lb[n]:.1f} | {ubb[n] / lb[n]:.2f}x |")
+    print(f"(best of {a.r} runs each, -npp 64 -ntg 32 -c 4096)")
 
     # the same completion for both: 16 greedy tokens at -c 4096
     args = ["-m", str(path), "-c", "4096", "-n", "16", "--temp", "0", "-p", PROMPT, "-t", str(a.t)]

@@ -1,8 +1,9 @@
 """Every registered backend computes the same matmuls and lookups as dequantise-then-matmul.
 
 Random blocks of every type with a kernel, real tensors of the default model, the row counts
-that select each path (1 and 3: GEMV tiles, 16: the last GEMV size, 512: dequantised tiles +
-BLAS), odd column counts for the float types. Tolerance: max |error| / max |reference| <= 1e-5.
+that select each path (1 and 3: GEMV tiles, 16: the last GEMV size, 512: the C GEMM on AVX2,
+dequantised tiles + BLAS on the portable build), the GEMM's block edges, odd column counts for
+the float types. Tolerance: max |error| / max |reference| <= 1e-5.
 """
 
 from __future__ import annotations
@@ -74,6 +75,19 @@ def test_linear_matches_dequantise_then_matmul(ops, t: T, m: int) -> None:
 def test_float_weights_with_odd_column_counts(ops, t: T, m: int, k: int) -> None:
     w = weight(t, 37, k)
     x = torch.randn(m, k)
+    want = x.double() @ dequantize(w.raw, t, w.shape).double().t()
+    assert rel_err(run_linear(ops, w, x), want) <= 1e-5
+
+
+@pytest.mark.parametrize("m,n,k", [(17, 16, 32), (23, 65, 288), (100, 130, 800)])
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.F16], ids=lambda t: t.name)
+def test_gemm_block_edges(ops, t: T, m: int, n: int, k: int) -> None:
+    """Prefill shapes across the GEMM's blocking: partial row strips, partial weight panels and
+    blocks, k spanning several slices with a short last one (and an odd k for F16)."""
+    k += t == T.F16
+    block, _ = GGML_QUANT_SIZES[t]
+    w = weight(t, n, k // block * block if t != T.F16 else k, seed=n)
+    x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(k))
     want = x.double() @ dequantize(w.raw, t, w.shape).double().t()
     assert rel_err(run_linear(ops, w, x), want) <= 1e-5
 

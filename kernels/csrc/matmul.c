@@ -6,7 +6,7 @@
 #include "quant_scalar.h"
 #include "quant_avx2.h"
 
-int ub_abi_version(void) { return 8; }
+int ub_abi_version(void) { return 10; }
 int ub_simd(void) { return UB_AVX2 ? 2 : 0; } /* 2: AVX2+FMA+F16C, 0: portable */
 
 #if UB_AVX2
@@ -193,6 +193,13 @@ void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int6
 #if UB_AVX2
     if (xs != xs_stack) free(xs);
 #endif
+}
+
+/* values [k0, k0 + n) of one weight row of k values (k0 a multiple of 32): the GEMM's packing */
+void ub_dequant_span(int type, const uint8_t *row, int64_t k0, int64_t n, int64_t k, float *out) {
+    int64_t end = k0 + n, nc = k / 32, c1 = end / 32 < nc ? end / 32 : nc;
+    for (int64_t c = k0 / 32; c < c1; c++) chunk_store(type, row, c, out + 32 * c - k0);
+    for (int64_t l = c1 * 32; l < end; l++) out[l - k0] = tail_value(type, row, l);
 }
 
 /* rows r0 .. r0 + n of W dequantised into out (n, k): a tile for the BLAS GEMM of prefill */
