@@ -27,7 +27,7 @@ static inline __attribute__((always_inline)) void codes_dot(const int type, cons
         } else {
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(k->da), _mm256_add_ps(a, b), acc[r]);
         }
-        if (has_min(type)) mins[r] += k->m * xs[r * nc + c];
+        if (type == T_Q4_1 || type == T_Q5_1) mins[r] += k->m * xs[r * nc + c]; /* K-quants: per super-block */
     }
 }
 
@@ -75,6 +75,10 @@ static inline __attribute__((always_inline)) void row_dot_m(const int type, cons
                 k.da = da[j], k.db = db[j], k.m = mn[j];
                 int64_t c = sb * 8 + j;
                 codes_dot(type, M, &k, x + c * 32, ldx, xs, nc, c, (j & 1) ? oa : ea, mins);
+            }
+            if (has_min(type)) { /* the eight chunks' min terms, m . (chunk sums of x), in one FMA */
+                __m256 mv = _mm256_loadu_ps(mn);
+                for (int r = 0; r < M; r++) ea[r] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + r * nc + sb * 8), ea[r]);
             }
         }
     } else {
