@@ -12,6 +12,7 @@ falls back to the torch reference backend (with a notice).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -48,7 +49,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
+    """The running CPU's feature flags (read once: they do not change while the process runs)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):

@@ -72,7 +72,7 @@ static inline __attribute__((always_inline)) void row_dot_m(const int type, cons
             for (int j = 0; j < 8; j++) {
                 codes_t k;
                 k_codes(type, b, j, k.q);
-                k.da = da[j], k.db = db[j], k.m = mn[j];
+                k.da = da[j], k.db = db[j]; /* the min term is added per super-block below */
                 int64_t c = sb * 8 + j;
                 codes_dot(type, M, &k, x + c * 32, ldx, xs, nc, c, (j & 1) ? oa : ea, mins);
             }
@@ -106,8 +106,19 @@ static inline __attribute__((always_inline)) void row_dot_m(const int type, cons
         default: row_dot_m(T, 8, row, nc, x, ldx, xs, res); break;                              \
         }                                                                                       \
     }
-ROW_DOT(T_F32) ROW_DOT(T_F16) ROW_DOT(T_BF16) ROW_DOT(T_Q8_0) ROW_DOT(T_Q4_0) ROW_DOT(T_Q4_1)
-ROW_DOT(T_Q5_0) ROW_DOT(T_Q5_1) ROW_DOT(T_Q4_K) ROW_DOT(T_Q5_K) ROW_DOT(T_Q6_K)
+/* float weights run in tiles of at most four rows (ub_gemv's tile) */
+#define ROW_DOT_FLOAT(T)                                                                        \
+    static void row_dot_##T(const uint8_t *row, int64_t nc, const float *x, int64_t ldx,        \
+                            const float *xs, int m, float *res) {                               \
+        switch (m) {                                                                            \
+        case 1: row_dot_m(T, 1, row, nc, x, ldx, xs, res); break;                               \
+        case 2: row_dot_m(T, 2, row, nc, x, ldx, xs, res); break;                               \
+        case 3: row_dot_m(T, 3, row, nc, x, ldx, xs, res); break;                               \
+        default: row_dot_m(T, 4, row, nc, x, ldx, xs, res); break;                              \
+        }                                                                                       \
+    }
+ROW_DOT_FLOAT(T_F32) ROW_DOT_FLOAT(T_F16) ROW_DOT_FLOAT(T_BF16) ROW_DOT(T_Q8_0) ROW_DOT(T_Q4_0)
+ROW_DOT(T_Q4_1) ROW_DOT(T_Q5_0) ROW_DOT(T_Q5_1) ROW_DOT(T_Q4_K) ROW_DOT(T_Q5_K) ROW_DOT(T_Q6_K)
 
 typedef void (*row_dot_fn)(const uint8_t *, int64_t, const float *, int64_t, const float *, int, float *);
 
