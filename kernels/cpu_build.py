@@ -33,7 +33,7 @@ FAST_FLAGS = ("avx2", "fma", "f16c")
 class CpuLibrary:
     lib: ctypes.CDLL
     path: Path
-    simd: str  # "avx2" or "portable"
+    simd: str  # "avx512" (AVX-512F), "avx2" or "portable"
     built: bool  # compiled in this process (cold start) rather than loaded from the cache
     notice: str = ""
 
@@ -184,6 +184,6 @@ def load(portable: bool | None = None) -> CpuLibrary:
     if lib.ub_abi_version() != ABI_VERSION:
         raise OSError(f"{path}: kernel ABI {lib.ub_abi_version()} != {ABI_VERSION}; delete it")
     check_arities(lib)
-    simd = "avx2" if lib.ub_simd() == 2 else "portable"
+    simd = {3: "avx512", 2: "avx2"}.get(lib.ub_simd(), "portable")
     _LOADED[portable] = CpuLibrary(lib, path, simd, built, notice)
     return _LOADED[portable]

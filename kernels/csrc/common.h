@@ -19,6 +19,12 @@
 #else
 #define UB_AVX2 0
 #endif
+/* AVX-512F (built with -march=native where the CPU has it): the GEMV and GEMM use zmm vectors */
+#if UB_AVX2 && defined(__AVX512F__)
+#define UB_AVX512 1
+#else
+#define UB_AVX512 0
+#endif
 
 /* ggml type ids */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,

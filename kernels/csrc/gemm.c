@@ -11,44 +11,71 @@
 
 void ub_dequant_span(int type, const uint8_t *row, int64_t k0, int64_t n, int64_t k, float *out);
 
+#if UB_AVX512
+/* 512-bit: panels of 32 rows (two zmm), 12 x rows a strip: 24 accumulators of the 32 registers */
+enum { NR = 32, MR = 12, KC = 256, NC = 64, MC = 96 };
+#else
 enum { NR = 16, MR = 6, KC = 256, NC = 64, MC = 96 };
+#endif
 
 /* floats of scratch ub_gemm needs for nth threads */
 int64_t ub_gemm_scratch(int nth) { return (int64_t)nth * (NC * KC + NR * KC); }
 
 #if UB_AVX2
+#if UB_AVX512
+typedef __m512 vec_t;
+#define V_LOAD _mm512_loadu_ps
+#define V_STORE _mm512_storeu_ps
+#define V_ZERO _mm512_setzero_ps
+#define V_FMA _mm512_fmadd_ps
+#define V_SET1 _mm512_set1_ps
+#else
+typedef __m256 vec_t;
+#define V_LOAD _mm256_loadu_ps
+#define V_STORE _mm256_storeu_ps
+#define V_ZERO _mm256_setzero_ps
+#define V_FMA _mm256_fmadd_ps
+#define V_SET1 _mm256_broadcast_ss
+#endif
+enum { VW = NR / 2 }; /* floats per vector: a panel row is two vectors */
+
 static inline __attribute__((always_inline)) void kernel(const int M, int64_t kc, const float *x, int64_t ldx,
                                                          const float *wp, float *c, int64_t ldc, int acc) {
-    __m256 a0[MR], a1[MR];
+    vec_t a0[MR], a1[MR];
     for (int r = 0; r < M; r++) {
-        a0[r] = acc ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
-        a1[r] = acc ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
+        a0[r] = acc ? V_LOAD(c + r * ldc) : V_ZERO();
+        a1[r] = acc ? V_LOAD(c + r * ldc + VW) : V_ZERO();
     }
     for (int64_t k = 0; k < kc; k++) {
-        __m256 w0 = _mm256_loadu_ps(wp + NR * k), w1 = _mm256_loadu_ps(wp + NR * k + 8);
+        vec_t w0 = V_LOAD(wp + NR * k), w1 = V_LOAD(wp + NR * k + VW);
         for (int r = 0; r < M; r++) {
-            __m256 b = _mm256_broadcast_ss(x + r * ldx + k);
-            a0[r] = _mm256_fmadd_ps(w0, b, a0[r]);
-            a1[r] = _mm256_fmadd_ps(w1, b, a1[r]);
+#if UB_AVX512
+            vec_t b = V_SET1(x[r * ldx + k]);
+#else
+            vec_t b = V_SET1(x + r * ldx + k);
+#endif
+            a0[r] = V_FMA(w0, b, a0[r]);
+            a1[r] = V_FMA(w1, b, a1[r]);
         }
     }
     for (int r = 0; r < M; r++) {
-        _mm256_storeu_ps(c + r * ldc, a0[r]);
-        _mm256_storeu_ps(c + r * ldc + 8, a1[r]);
+        V_STORE(c + r * ldc, a0[r]);
+        V_STORE(c + r * ldc + VW, a1[r]);
     }
 }
 
+#define K_CASE(n) case n: kernel(n, kc, x, ldx, wp, c, ldc, acc); break;
 static void kernel_m(int m, int64_t kc, const float *x, int64_t ldx, const float *wp, float *c, int64_t ldc,
                      int acc) {
     switch (m) {
-    case 1: kernel(1, kc, x, ldx, wp, c, ldc, acc); break;
-    case 2: kernel(2, kc, x, ldx, wp, c, ldc, acc); break;
-    case 3: kernel(3, kc, x, ldx, wp, c, ldc, acc); break;
-    case 4: kernel(4, kc, x, ldx, wp, c, ldc, acc); break;
-    case 5: kernel(5, kc, x, ldx, wp, c, ldc, acc); break;
-    default: kernel(6, kc, x, ldx, wp, c, ldc, acc); break;
+    K_CASE(1) K_CASE(2) K_CASE(3) K_CASE(4) K_CASE(5)
+#if UB_AVX512
+    K_CASE(6) K_CASE(7) K_CASE(8) K_CASE(9) K_CASE(10) K_CASE(11)
+#endif
+    default: kernel(MR, kc, x, ldx, wp, c, ldc, acc); break;
     }
 }
+#undef K_CASE
 
 /* 8 x 8 floats: rows of src (stride ls) become columns of dst (stride ld) */
 static inline void transpose8(const float *src, int64_t ls, float *dst, int64_t ld) {

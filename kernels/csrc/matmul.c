@@ -7,18 +7,42 @@
 #include "quant_avx2.h"
 
 int ub_abi_version(void) { return 10; }
-int ub_simd(void) { return UB_AVX2 ? 2 : 0; } /* 2: AVX2+FMA+F16C, 0: portable */
+int ub_simd(void) { return UB_AVX512 ? 3 : UB_AVX2 ? 2 : 0; } /* 3: AVX-512F, 2: AVX2+FMA+F16C, 0: portable */
 
 #if UB_AVX2
 static inline int has_min(int type) { return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K; }
 static inline int is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
 
+#if UB_AVX512
+#define G_ZERO _mm512_setzero_ps
+#define G_LOAD _mm512_loadu_ps
+#define G_FMA _mm512_fmadd_ps
+#define G_SET1 _mm512_set1_ps
+#define G_HSUM _mm512_reduce_add_ps
+#else
+#define G_ZERO _mm256_setzero_ps
+#define G_LOAD _mm256_loadu_ps
+#define G_FMA _mm256_fmadd_ps
+#define G_SET1 _mm256_set1_ps
+#define G_HSUM hsum
+#endif
+enum { GW = 32 / GQ }; /* floats per GEMV vector */
+
 /* decoded codes times M rows of x (at xc) into acc[0..M), the min term into mins */
 static inline __attribute__((always_inline)) void codes_dot(const int type, const int M,
         const codes_t *k, const float *xc, int64_t ldx, const float *xs, int64_t nc, int64_t c,
-        __m256 *acc, float *mins) {
+        gvec_t *acc, float *mins) {
     for (int r = 0; r < M; r++) {
         const float *xr = xc + r * ldx;
+#if UB_AVX512
+        if (type == T_Q6_K) { /* values 0..15 take da, 16..31 db */
+            acc[r] = G_FMA(G_SET1(k->da), _mm512_mul_ps(k->q[0], G_LOAD(xr)), acc[r]);
+            acc[r] = G_FMA(G_SET1(k->db), _mm512_mul_ps(k->q[1], G_LOAD(xr + 16)), acc[r]);
+        } else {
+            __m512 a = G_FMA(k->q[1], G_LOAD(xr + 16), _mm512_mul_ps(k->q[0], G_LOAD(xr)));
+            acc[r] = G_FMA(G_SET1(k->da), a, acc[r]);
+        }
+#else
         __m256 a = _mm256_fmadd_ps(k->q[1], _mm256_loadu_ps(xr + 8), _mm256_mul_ps(k->q[0], _mm256_loadu_ps(xr)));
         __m256 b = _mm256_fmadd_ps(k->q[3], _mm256_loadu_ps(xr + 24), _mm256_mul_ps(k->q[2], _mm256_loadu_ps(xr + 16)));
         if (type == T_Q6_K) {
@@ -27,6 +51,7 @@ static inline __attribute__((always_inline)) void codes_dot(const int type, cons
         } else {
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(k->da), _mm256_add_ps(a, b), acc[r]);
         }
+#endif
         if (type == T_Q4_1 || type == T_Q5_1) mins[r] += k->m * xs[r * nc + c]; /* K-quants: per super-block */
     }
 }
@@ -34,10 +59,26 @@ static inline __attribute__((always_inline)) void codes_dot(const int type, cons
 /* one 32-value block type chunk times M rows */
 static inline __attribute__((always_inline)) void chunk_dot(const int type, const int M,
         const uint8_t *row, int64_t c, const float *x, int64_t ldx, const float *xs, int64_t nc,
-        __m256 *acc, float *mins) {
+        gvec_t *acc, float *mins) {
     codes_t k;
     codes_avx2(type, row, c, &k);
     codes_dot(type, M, &k, x + c * 32, ldx, xs, nc, c, acc, mins);
+}
+
+/* 32 float-type weights as GQ vectors */
+static inline __attribute__((always_inline)) void float_chunk(const int type, const uint8_t *row, int64_t c,
+                                                              gvec_t v[GQ]) {
+#if UB_AVX512
+    const uint8_t *p = row + c * (type == T_F32 ? 128 : 64);
+    for (int i = 0; i < 2; i++) {
+        if (type == T_F32) v[i] = _mm512_loadu_ps((const float *)p + 16 * i);
+        else if (type == T_F16) v[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * i)));
+        else v[i] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                 _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 32 * i))), 16));
+    }
+#else
+    chunk_avx2(type, row, c, v);
+#endif
 }
 
 /* M (1..8) activation rows against one weight row, all accumulators in registers. Float weights
@@ -47,21 +88,19 @@ static inline __attribute__((always_inline)) void chunk_dot(const int type, cons
  * and a one-row decode give the same bits). `xs` holds the 32-value sums of x (types with a min). */
 static inline __attribute__((always_inline)) void row_dot_m(const int type, const int M,
         const uint8_t *row, int64_t nc, const float *x, int64_t ldx, const float *xs, float *res) {
-    __m256 ea[8], oa[8];
+    gvec_t ea[8], oa[8];
     float mins[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int r = 0; r < 8; r++) ea[r] = oa[r] = _mm256_setzero_ps();
+    for (int r = 0; r < 8; r++) ea[r] = oa[r] = G_ZERO();
     if (is_float(type)) {
         for (int64_t c = 0; c < nc; c++) {
-            __m256 v[4];
-            chunk_avx2(type, row, c, v);
+            gvec_t v[GQ];
+            float_chunk(type, row, c, v);
             const float *xc = x + c * 32;
-            for (int r = 0; r < M; r++) {
-                const float *xr = xc + r * ldx;
-                ea[r] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xr), ea[r]);
-                oa[r] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xr + 8), oa[r]);
-                ea[r] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xr + 16), ea[r]);
-                oa[r] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xr + 24), oa[r]);
-            }
+            for (int r = 0; r < M; r++)
+                for (int i = 0; i < GQ; i++) {
+                    gvec_t *a = (i & 1) ? oa : ea;
+                    a[r] = G_FMA(v[i], G_LOAD(xc + r * ldx + GW * i), a[r]);
+                }
         }
     } else if (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) {
         const int bs = type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210;
@@ -71,14 +110,20 @@ static inline __attribute__((always_inline)) void row_dot_m(const int type, cons
             k_scales(type, b, da, db, mn);
             for (int j = 0; j < 8; j++) {
                 codes_t k;
-                k_codes(type, b, j, k.q);
+                k_codes_g(type, b, j, k.q);
                 k.da = da[j], k.db = db[j]; /* the min term is added per super-block below */
                 int64_t c = sb * 8 + j;
                 codes_dot(type, M, &k, x + c * 32, ldx, xs, nc, c, (j & 1) ? oa : ea, mins);
             }
             if (has_min(type)) { /* the eight chunks' min terms, m . (chunk sums of x), in one FMA */
+#if UB_AVX512
+                __m512 mv = _mm512_zextps256_ps512(_mm256_loadu_ps(mn));
+                for (int r = 0; r < M; r++)
+                    ea[r] = G_FMA(mv, _mm512_zextps256_ps512(_mm256_loadu_ps(xs + r * nc + sb * 8)), ea[r]);
+#else
                 __m256 mv = _mm256_loadu_ps(mn);
                 for (int r = 0; r < M; r++) ea[r] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + r * nc + sb * 8), ea[r]);
+#endif
             }
         }
     } else {
@@ -89,7 +134,13 @@ static inline __attribute__((always_inline)) void row_dot_m(const int type, cons
         }
         if (c < nc) chunk_dot(type, M, row, c, x, ldx, xs, nc, ea, mins);
     }
-    for (int r = 0; r < M; r++) res[r] = hsum(_mm256_add_ps(ea[r], oa[r])) + mins[r];
+    for (int r = 0; r < M; r++) {
+#if UB_AVX512
+        res[r] = G_HSUM(_mm512_add_ps(ea[r], oa[r])) + mins[r];
+#else
+        res[r] = hsum(_mm256_add_ps(ea[r], oa[r])) + mins[r];
+#endif
+    }
 }
 
 #define ROW_DOT(T)                                                                              \

@@ -70,8 +70,9 @@ static inline void k_scales(const int type, const uint8_t *b, float *da, float *
     for (int j = 0; j < 8; j++) k_scale(type, b, j, da + j, db + j, mn + j);
 }
 
-/* the codes of chunk j of a K-quant super-block b (scales come from k_scales) */
-static inline __attribute__((always_inline)) void k_codes(const int type, const uint8_t *b, int j, __m256 q[4]) {
+/* the codes of chunk j of a K-quant super-block b as 32 bytes (signed for Q6_K, else unsigned;
+ * scales come from k_scales) */
+static inline __attribute__((always_inline)) __m256i k_bytes(const int type, const uint8_t *b, int j) {
     const __m256i m4y = _mm256_set1_epi8(0xF);
     if (type == T_Q6_K) {
         int h = j >> 2, g = j & 3;
@@ -79,9 +80,7 @@ static inline __attribute__((always_inline)) void k_codes(const int type, const 
         x = (g >= 2) ? _mm256_and_si256(_mm256_srli_epi16(x, 4), m4y) : _mm256_and_si256(x, m4y);
         __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + h * 32));
         hb = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), _mm256_set1_epi8(3));
-        x = _mm256_sub_epi8(_mm256_or_si256(x, _mm256_slli_epi16(hb, 4)), _mm256_set1_epi8(32));
-        bytes_to_f32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1), 1, q);
-        return;
+        return _mm256_sub_epi8(_mm256_or_si256(x, _mm256_slli_epi16(hb, 4)), _mm256_set1_epi8(32));
     }
     const int five = type == T_Q5_K;
     __m256i x = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + (j >> 1) * 32));
@@ -91,7 +90,12 @@ static inline __attribute__((always_inline)) void k_codes(const int type, const 
         h = _mm256_and_si256(_mm256_srli_epi16(h, j), _mm256_set1_epi8(1));
         x = _mm256_or_si256(x, _mm256_slli_epi16(h, 4));
     }
-    bytes_to_f32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1), 0, q);
+    return x;
+}
+
+static inline __attribute__((always_inline)) void k_codes(const int type, const uint8_t *b, int j, __m256 q[4]) {
+    __m256i x = k_bytes(type, b, j);
+    bytes_to_f32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1), type == T_Q6_K, q);
 }
 
 static inline __attribute__((always_inline)) void chunk_avx2(const int type, const uint8_t *row,
@@ -172,8 +176,27 @@ static inline __attribute__((always_inline)) void chunk_avx2(const int type, con
 
 /* ---- the GEMV's decoders: integer codes as floats plus the chunk's scales -------------------
  * w[l] = d_a * q[l] + m (l < 16), d_b * q[l] + m (l >= 16); d_a == d_b except for Q6_K. The dot
- * product then takes d out of the inner loop: sum_l w[l] x[l] = d * sum_l q[l] x[l] + m * sum x. */
-typedef struct { __m256 q[4]; float da, db, m; } codes_t;
+ * product then takes d out of the inner loop: sum_l w[l] x[l] = d * sum_l q[l] x[l] + m * sum x.
+ * The codes are GQ vectors: four ymm, or two zmm with AVX-512 (half the widening work a chunk). */
+#if UB_AVX512
+typedef __m512 gvec_t;
+enum { GQ = 2 };
+static inline void bytes_to_codes(__m128i lo, __m128i hi, int sign, gvec_t q[GQ]) {
+    q[0] = _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(lo) : _mm512_cvtepu8_epi32(lo));
+    q[1] = _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(hi) : _mm512_cvtepu8_epi32(hi));
+}
+#else
+typedef __m256 gvec_t;
+enum { GQ = 4 };
+static inline void bytes_to_codes(__m128i lo, __m128i hi, int sign, gvec_t q[GQ]) { bytes_to_f32(lo, hi, sign, q); }
+#endif
+typedef struct { gvec_t q[GQ]; float da, db, m; } codes_t;
+
+/* the GEMV's codes of chunk j of a K-quant super-block */
+static inline __attribute__((always_inline)) void k_codes_g(const int type, const uint8_t *b, int j, gvec_t q[GQ]) {
+    __m256i x = k_bytes(type, b, j);
+    bytes_to_codes(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1), type == T_Q6_K, q);
+}
 
 static inline __attribute__((always_inline)) void codes_avx2(const int type, const uint8_t *row,
                                                              int64_t c, codes_t *o) {
@@ -183,8 +206,7 @@ static inline __attribute__((always_inline)) void codes_avx2(const int type, con
     case T_Q8_0: {
         const uint8_t *b = row + c * 34;
         o->da = o->db = h2f(rd16(b));
-        for (int i = 0; i < 4; i++)
-            o->q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i))));
+        bytes_to_codes(_mm_loadu_si128((const __m128i *)(b + 2)), _mm_loadu_si128((const __m128i *)(b + 18)), 1, o->q);
         return;
     }
     case T_Q4_0: case T_Q4_1: {
@@ -195,10 +217,10 @@ static inline __attribute__((always_inline)) void codes_avx2(const int type, con
         o->da = o->db = h2f(rd16(b));
         if (one) {
             o->m = h2f(rd16(b + 2));
-            bytes_to_f32(lo, hi, 0, o->q);
+            bytes_to_codes(lo, hi, 0, o->q);
         } else {
             __m128i e = _mm_set1_epi8(8);
-            bytes_to_f32(_mm_sub_epi8(lo, e), _mm_sub_epi8(hi, e), 1, o->q);
+            bytes_to_codes(_mm_sub_epi8(lo, e), _mm_sub_epi8(hi, e), 1, o->q);
         }
         return;
     }
@@ -213,10 +235,10 @@ static inline __attribute__((always_inline)) void codes_avx2(const int type, con
         if (one) { /* code | 16 where the bit is set, unsigned */
             __m128i s16 = _mm_set1_epi8(0x10);
             o->m = h2f(rd16(b + 2));
-            bytes_to_f32(_mm_or_si128(lo, _mm_and_si128(hlo, s16)), _mm_or_si128(hi, _mm_and_si128(hhi, s16)), 0, o->q);
+            bytes_to_codes(_mm_or_si128(lo, _mm_and_si128(hlo, s16)), _mm_or_si128(hi, _mm_and_si128(hhi, s16)), 0, o->q);
         } else { /* (code | bit << 4) - 16 == code | (bit ? 0 : 0xF0) as a signed byte */
             __m128i f0 = _mm_set1_epi8((char)0xF0);
-            bytes_to_f32(_mm_or_si128(lo, _mm_andnot_si128(hlo, f0)), _mm_or_si128(hi, _mm_andnot_si128(hhi, f0)), 1, o->q);
+            bytes_to_codes(_mm_or_si128(lo, _mm_andnot_si128(hlo, f0)), _mm_or_si128(hi, _mm_andnot_si128(hhi, f0)), 1, o->q);
         }
         return;
     }
