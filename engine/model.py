@@ -12,6 +12,7 @@ import torch
 
 from ..kernels.dequant import UnsupportedTypeError, check_supported
 from ..kernels.weight import QWeight
+from .code_pages import release_startup_code
 from .errors import ModelLoadError
 from .gguf_file import GGUFFile, TensorInfo
 from .hf_checkpoint import open_model_file
@@ -175,6 +176,7 @@ class Model:
                     post_ffn_norm=vec(p + "post_ffw_norm.weight", d, required=hp.sandwich_norm),
                 )
             )
+        release_startup_code()  # torch's import-time code pages (engine/code_pages.py)
         tok_embd = qweight("token_embd.weight", (hp.n_vocab, d))
         output = qweight("output.weight", (hp.n_vocab, d)) if "output.weight" in g.tensors else tok_embd
         return cls(

@@ -27,7 +27,7 @@ class ContextParams:
     kv_unified: bool = False
     swa_full: bool = False
     causal_attn: bool = True
-    backend: str = "auto"  # op backend (kernels.backends): auto, cpu, cpu-portable, torch
+    backend: str = "auto"  # op backend (kernels.backends): auto, cpu, cpu-avx2, cpu-portable, torch
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """The registry of op backends: the engine asks for one by name and never builds one itself.
 
 `torch` is the reference (dense f32 copies, any device); `cpu` computes from the GGUF blocks
-with the C kernels (`cpu-portable` forces their portable build); `auto` takes the fastest one
+with the C kernels (`cpu-portable` forces their portable build, `cpu-avx2` their 256-bit one on an
+AVX-512 CPU); `auto` takes the fastest one
 that can run here and says why when it has to fall back. `cuda` runs the Triton kernels on the
 GPU (kernels/cuda_ops.py); `--device` (cli/device.py) chooses it.
 """
@@ -52,10 +53,10 @@ def _torch(n: int) -> Ops:
     return TorchOps(n)
 
 
-def _cpu(n: int, portable: bool | None = None) -> Ops:
+def _cpu(n: int, portable: bool | None = None, no_avx512: bool = False) -> Ops:
     from .cpu_ops import CpuOps
 
-    return CpuOps(n, portable)
+    return CpuOps(n, portable, no_avx512)
 
 
 def _cuda(n: int) -> Ops:
@@ -69,4 +70,5 @@ def _cuda(n: int) -> Ops:
 register("torch", _torch)
 register("cpu", _cpu)
 register("cpu-portable", lambda n: _cpu(n, portable=True))
+register("cpu-avx2", lambda n: _cpu(n, portable=False, no_avx512=True))  # the 256-bit kernels, even with AVX-512
 register("cuda", _cuda)  # Triton kernels on the GPU (kernels/cuda_ops.py); cli/device.py picks it

@@ -38,15 +38,32 @@ class CpuLibrary:
     notice: str = ""
 
 
+def _amd_zen(family: int, model: int) -> str:
+    """AMD's core generation from the x86 family and model numbers."""
+    if family == 25:
+        return "Zen 4" if 0x10 <= model < 0x20 or model >= 0x60 else "Zen 3"
+    return {23: "Zen 1/2", 26: "Zen 5"}.get(family, "")
+
+
 def cpu_model() -> str:
-    """The CPU's model name, as benchmarks record it."""
+    """The CPU's model name, as benchmarks record it (with AMD's core generation where the name
+    is as bare as "AMD EPYC", as on cloud machines)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    family, model = fields.get("cpu family", ""), fields.get("model", "")
+    if fields.get("vendor_id") == "AuthenticAMD" and family.isdigit() and model.isdigit() and "zen" not in name.lower():
+        gen = _amd_zen(int(family), int(model))
+        if gen:
+            name += f" ({gen}, family {family} model {model})"
+    return name
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,21 +87,21 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
 
 
-def _flags(portable: bool) -> list[str]:
+def _flags(portable: bool, no_avx512: bool = False) -> list[str]:
     base = ["-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-std=c11"]
     if portable:
         return [*base, "-DUB_PORTABLE"]
-    return [*base, "-march=native"]
+    return [*base, "-march=native", *(["-mno-avx512f"] if no_avx512 else [])]
 
 
-def _build(cc: str, portable: bool) -> tuple[Path, bool, float]:
+def _build(cc: str, portable: bool, no_avx512: bool = False) -> tuple[Path, bool, float]:
     files = sorted(CSRC.glob("*.[ch]"))
     src = b"".join(f.name.encode() + b"\0" + f.read_bytes() for f in files)
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
-    flags = _flags(portable)
+    flags = _flags(portable, no_avx512)
     key = hashlib.sha256(
         b"\0".join(
             [
@@ -96,7 +113,8 @@ def _build(cc: str, portable: bool) -> tuple[Path, bool, float]:
             ]
         )
     ).hexdigest()[:16]
-    out = _cache_dir() / f"cpu_kernels-{'portable' if portable else 'native'}-{key}.so"
+    kind = "portable" if portable else "avx2" if no_avx512 else "native"
+    out = _cache_dir() / f"cpu_kernels-{kind}-{key}.so"
     if out.exists():
         return out, False, 0.0
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -150,14 +168,16 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_program_arity.restype = c_i
 
 
-_LOADED: dict[bool, CpuLibrary] = {}
+_LOADED: dict[tuple[bool, bool], CpuLibrary] = {}
 
 
-def load(portable: bool | None = None) -> CpuLibrary:
+def load(portable: bool | None = None, no_avx512: bool = False) -> CpuLibrary:
     """The kernel library for this CPU (built on first use); OSError if it cannot be had.
 
-    `portable=None` picks the AVX2 build when the CPU has AVX2, FMA and F16C, else the portable
-    one; UBATCH_CPU_PORTABLE=1 forces the portable build.
+    `portable=None` picks the native build (AVX-512 where the CPU has AVX-512F, else AVX2) when
+    the CPU has AVX2, FMA and F16C, else the portable one; UBATCH_CPU_PORTABLE=1 forces the
+    portable build. `no_avx512` builds the AVX2 kernels even on an AVX-512 CPU (the `cpu-avx2`
+    backend: both code paths stay tested and comparable on one machine).
     """
     notice = ""
     if portable is None:
@@ -171,19 +191,19 @@ def load(portable: bool | None = None) -> CpuLibrary:
                 )
         elif platform.machine() not in ("x86_64", "AMD64"):
             portable = True
-    if portable in _LOADED:
-        return _LOADED[portable]
+    if (portable, no_avx512) in _LOADED:
+        return _LOADED[portable, no_avx512]
     import torch  # noqa: F401  (its libgomp must be loaded first so that the kernels share it)
 
     cc = _compiler()
     if cc is None:
         raise OSError("no C compiler found (install gcc or set CC)")
-    path, built, _ = _build(cc, portable)
+    path, built, _ = _build(cc, portable, no_avx512)
     lib = ctypes.CDLL(str(path))
     _bind(lib)
     if lib.ub_abi_version() != ABI_VERSION:
         raise OSError(f"{path}: kernel ABI {lib.ub_abi_version()} != {ABI_VERSION}; delete it")
     check_arities(lib)
     simd = {3: "avx512", 2: "avx2"}.get(lib.ub_simd(), "portable")
-    _LOADED[portable] = CpuLibrary(lib, path, simd, built, notice)
-    return _LOADED[portable]
+    _LOADED[portable, no_avx512] = CpuLibrary(lib, path, simd, built, notice)
+    return _LOADED[portable, no_avx512]

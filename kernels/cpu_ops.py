@@ -37,13 +37,15 @@ def tile_rows(m: int, n: int) -> int:
 class CpuOps(TorchOps):
     name = "cpu"
 
-    def __init__(self, n_threads: int = 1, portable: bool | None = None) -> None:
+    def __init__(self, n_threads: int = 1, portable: bool | None = None, no_avx512: bool = False) -> None:
         super().__init__(n_threads)
-        self.library: CpuLibrary = load(portable)
+        self.library: CpuLibrary = load(portable, no_avx512)
         self._lib = self.library.lib
         self.n_threads = max(1, n_threads)
         if portable:
             self.name = "cpu-portable"
+        elif no_avx512:
+            self.name = "cpu-avx2"
         if self.library.notice:
             self.notices.append(self.library.notice)
         self._noticed: set[int] = set()

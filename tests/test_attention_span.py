@@ -26,7 +26,7 @@ def causal_mask(g: int, t: int, n_kv: int, p0: int, window: int = 0) -> torch.Te
     return torch.where(vis, 0.0, float("-inf")).half().expand(g, t, n_kv).contiguous()
 
 
-@pytest.mark.parametrize("backend", ["cpu", "cpu-portable"])
+@pytest.mark.parametrize("backend", ["cpu", "cpu-avx2", "cpu-portable"])
 def test_visible_span_of_a_causal_block(backend: str) -> None:
     span = backends.create(backend, n_threads=1).visible_span
     mask = causal_mask(2, 512, 512, 0)

@@ -200,7 +200,7 @@ def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple
     assert rel_err(run(ops), run(TorchOps())) <= 1e-5
 
 
-@pytest.mark.parametrize("backend", ["cpu", "cpu-portable"])
+@pytest.mark.parametrize("backend", ["cpu", "cpu-avx2", "cpu-portable"])
 def test_every_backend_runs_the_tiny_models_like_the_reference(
     tiny_gemma_model, tiny_llama_model, backend: str
 ) -> None:
@@ -269,3 +269,18 @@ def test_a_cpu_without_avx2_gets_the_portable_build_with_a_notice(monkeypatch) -
     ops = backends.create("cpu", 2)
     assert ops.library.simd == "portable"
     assert any("CPU lacks avx2, f16c" in n and "portable" in n for n in ops.notices)
+
+
+def test_the_native_build_is_512_bit_exactly_where_the_cpu_has_avx512() -> None:
+    """`cpu` builds for the running CPU (zmm kernels with AVX-512F); `cpu-avx2` keeps the 256-bit
+    kernels on any AVX2 CPU, so both code paths are tested here whatever this machine is."""
+    from ubatch.kernels.cpu_build import FAST_FLAGS, cpu_flags
+
+    flags = cpu_flags()
+    if not set(FAST_FLAGS) <= flags:
+        pytest.skip("this CPU has no AVX2/FMA/F16C: only the portable build runs here")
+    native, avx2 = backends.create("cpu", 2), backends.create("cpu-avx2", 2)
+    assert native.library.simd == ("avx512" if "avx512f" in flags else "avx2")
+    assert avx2.library.simd == "avx2" and avx2.name == "cpu-avx2"
+    assert native.kernel_path(int(T.Q4_K)).startswith(f"C {native.library.simd}: ")
+    assert native.has_gemm and avx2.has_gemm
