@@ -149,6 +149,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_attn.restype = None
     lib.ub_gemm.argtypes = [c_i, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_p, c_i]
     lib.ub_gemm.restype = c_i
+    lib.ub_gemm_kn.argtypes = [c_l, c_l, c_l, c_p, c_l, c_p, c_l, c_p, c_l, c_i, c_i]
+    lib.ub_gemm_kn.restype = c_i
     lib.ub_gemm_scratch.argtypes = [c_i]
     lib.ub_gemm_scratch.restype = c_l
     lib.ub_mask_span.argtypes = [c_p, c_l, c_l, c_l, c_l, c_l]

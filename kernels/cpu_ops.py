@@ -17,15 +17,20 @@ from typing import Any
 import torch
 from gguf import GGMLQuantizationType as T
 
-from .cpu_bind import GEMV_MAX_ROWS, KERNEL_TYPES, bind_node
+from .cpu_bind import ATTN_MAX_ROWS, GEMV_MAX_ROWS, KERNEL_TYPES, bind_node
 from .cpu_build import CpuLibrary, load
 from .cpu_program import fuse
 from .dequant import dequantize
-from .ops import KVTensor, ScratchSpec
+from .ops import KVTensor, ScratchSpec, attn_scratch
 from .torch_ops import TorchOps
 from .weight import QWeight
 
 TILE_MIN_ROWS = 64  # a GEMM tile narrower than this loses BLAS efficiency
+
+
+def _rows_ok(*ts: torch.Tensor) -> bool:
+    """f32 (b, rows, cols) tensors whose rows are contiguous and packed (the C tile products)."""
+    return all(t.dtype == torch.float32 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in ts)
 
 
 def tile_rows(m: int, n: int) -> int:
@@ -179,6 +184,38 @@ class CpuOps(TorchOps):
         if not self._c("attention", args, out, scratch):
             super().attention(q, k, v, starts, n_kv, mask, scale, out, scratch, visible)
         return out
+
+    def attention_scratch(
+        self, g: int, t: int, h: int, n_head_kv: int, n_kv: int, d: int, dv: int, type_k: int, type_v: int
+    ) -> ScratchSpec:
+        """The reference's tiles, plus for prefill (more rows than the C decode path reads) the
+        GEMM's per-thread panels that score_tile packs K into."""
+        out = attn_scratch(g, t, h, n_head_kv, n_kv, d, dv)
+        if self.has_gemm and t > ATTN_MAX_ROWS:
+            out.append(((int(self._lib.ub_gemm_scratch(self.n_threads)),), torch.float32))
+        return out
+
+    def score_tile(self, q: torch.Tensor, k: torch.Tensor, out: torch.Tensor, scratch: list[torch.Tensor]) -> None:
+        """Q . Kᵀ through the C GEMM (K's rows as f32 weights), 2x MKL's bmm on these tiles."""
+        b, rows, d = q.shape
+        c = k.shape[1]
+        need = int(self._lib.ub_gemm_scratch(self.n_threads))
+        if not (self.has_gemm and scratch and scratch[-1].numel() >= need and _rows_ok(q, k, out)):
+            return super().score_tile(q, k, out, scratch)
+        for i in range(b):
+            self._lib.ub_gemm(
+                int(T.F32), k[i].data_ptr(), d * 4, c, d, q[i].data_ptr(), rows, d,
+                out[i].data_ptr(), c, scratch[-1].data_ptr(), self.n_threads,
+            )  # fmt: skip
+
+    def value_tile(self, p: torch.Tensor, v: torch.Tensor, acc: torch.Tensor, scratch: list[torch.Tensor]) -> None:
+        """acc += P . V in C: V's rows are the GEMM's panels as they lie (nothing packed)."""
+        b, rows, c = p.shape
+        dv = v.shape[2]
+        if not (self.has_gemm and _rows_ok(p, v, acc)):
+            return super().value_tile(p, v, acc, scratch)
+        for i in range(b):
+            self._lib.ub_gemm_kn(rows, dv, c, p[i].data_ptr(), c, v[i].data_ptr(), dv, acc[i].data_ptr(), dv, 1, self.n_threads)
 
     def visible_span(self, mask: torch.Tensor, t0: int, tb: int, c0: int, c: int) -> tuple[int, int]:
         """Read from the f16 mask in C: under a causal mask a 512-token prefill's tiles shrink to

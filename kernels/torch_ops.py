@@ -165,6 +165,7 @@ class TorchOps:
         r, b = n_head // n_head_kv, g * n_head_kv
         qb = query_block(t, r)  # tokens per score tile: the tile stays cache-sized
         kc, vc, s, m, rowsum, tmp = scratch[:6]
+        extra = scratch[6 if n_head_kv == 1 else 8 :]  # what a backend's tile products asked for
         if n_head_kv == 1:  # MQA: every query head reads the one KV head; no permutes
             qh, acc = q.view(b, t * r, d), out.view(b, t * r, dv)
         else:
@@ -192,13 +193,21 @@ class TorchOps:
                 rows = slice(t0 * r, (t0 + tb) * r)
                 sv, tv = s.view(-1)[: b * tb * r * cc].view(b, tb * r, cc), tmp[:, : tb * r]
                 mv, lv, av = m[:, rows], rowsum[:, rows], acc[:, rows]
-                torch.bmm(qh[:, rows], kcv[:, lo:hi].transpose(1, 2), out=sv)
+                self.score_tile(qh[:, rows], kcv[:, lo:hi], sv, extra)
                 self.softmax_tile(sv, mc, scale, mv, lv, av, tv, r)
-                av.baddbmm_(sv, vcv[:, lo:hi])
+                self.value_tile(sv, vcv[:, lo:hi], av, extra)
         acc.div_(rowsum)
         if n_head_kv > 1:
             out.view(g, t, n_head_kv, r, dv).copy_(oh.permute(0, 2, 1, 3, 4))
         return out
+
+    def score_tile(self, q: torch.Tensor, k: torch.Tensor, out: torch.Tensor, scratch: list[torch.Tensor]) -> None:
+        """out (b, rows, c) = q (b, rows, d) . k (b, c, d)ᵀ: one tile of prefill's scores."""
+        torch.bmm(q, k.transpose(1, 2), out=out)
+
+    def value_tile(self, p: torch.Tensor, v: torch.Tensor, acc: torch.Tensor, scratch: list[torch.Tensor]) -> None:
+        """acc (b, rows, dv) += p (b, rows, c) . v (b, c, dv): the tile's weighted values."""
+        acc.baddbmm_(p, v)
 
     def visible_span(self, mask: torch.Tensor, t0: int, tb: int, c0: int, c: int) -> tuple[int, int]:
         """[lo, hi): the cells of chunk [c0, c0 + c) that some query of rows [t0, t0 + tb) sees;

@@ -137,14 +137,18 @@ void ub_softmax_tile(float *s, int64_t nb, int64_t rows, int64_t cc, const uint1
 /* [lo, hi) of the cells in a mask tile (g x tb rows of c cells; row strides sg, st) that some
  * row sees, as lo | hi << 32 (lo >= hi: none). A causal prefill's early query blocks see a
  * prefix of a later chunk or none of it; the chunked attention narrows or skips those tiles. */
+#define HIDDEN4 0xFC00FC00FC00FC00ull /* four f16 -inf */
 int64_t ub_mask_span(const uint16_t *mask, int64_t g, int64_t tb, int64_t c, int64_t sg, int64_t st) {
     int64_t lo = c, hi = 0;
     for (int64_t gi = 0; gi < g; gi++)
         for (int64_t t = 0; t < tb; t++) {
             const uint16_t *row = mask + gi * sg + t * st;
             int64_t a = 0, b = c;
+            uint64_t w;
+            while (a + 4 <= lo && (memcpy(&w, row + a, 8), w == HIDDEN4)) a += 4; /* four cells a step */
             while (a < lo && row[a] == 0xFC00u) a++;
             if (a < lo) lo = a;
+            while (b - 4 >= hi && (memcpy(&w, row + b - 4, 8), w == HIDDEN4)) b -= 4;
             while (b > hi && row[b - 1] == 0xFC00u) b--;
             if (b > hi) hi = b;
         }

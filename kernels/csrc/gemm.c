@@ -39,15 +39,17 @@ typedef __m256 vec_t;
 #endif
 enum { VW = NR / 2 }; /* floats per vector: a panel row is two vectors */
 
+/* c[M][NR] (+)= x[M][kc] . wp[kc][NR] (panel rows ldw floats apart) */
 static inline __attribute__((always_inline)) void kernel(const int M, int64_t kc, const float *x, int64_t ldx,
-                                                         const float *wp, float *c, int64_t ldc, int acc) {
+                                                         const float *wp, int64_t ldw, float *c, int64_t ldc,
+                                                         int acc) {
     vec_t a0[MR], a1[MR];
     for (int r = 0; r < M; r++) {
         a0[r] = acc ? V_LOAD(c + r * ldc) : V_ZERO();
         a1[r] = acc ? V_LOAD(c + r * ldc + VW) : V_ZERO();
     }
     for (int64_t k = 0; k < kc; k++) {
-        vec_t w0 = V_LOAD(wp + NR * k), w1 = V_LOAD(wp + NR * k + VW);
+        vec_t w0 = V_LOAD(wp + ldw * k), w1 = V_LOAD(wp + ldw * k + VW);
         for (int r = 0; r < M; r++) {
 #if UB_AVX512
             vec_t b = V_SET1(x[r * ldx + k]);
@@ -64,15 +66,15 @@ static inline __attribute__((always_inline)) void kernel(const int M, int64_t kc
     }
 }
 
-#define K_CASE(n) case n: kernel(n, kc, x, ldx, wp, c, ldc, acc); break;
-static void kernel_m(int m, int64_t kc, const float *x, int64_t ldx, const float *wp, float *c, int64_t ldc,
-                     int acc) {
+#define K_CASE(n) case n: kernel(n, kc, x, ldx, wp, ldw, c, ldc, acc); break;
+static void kernel_m(int m, int64_t kc, const float *x, int64_t ldx, const float *wp, int64_t ldw, float *c,
+                     int64_t ldc, int acc) {
     switch (m) {
     K_CASE(1) K_CASE(2) K_CASE(3) K_CASE(4) K_CASE(5)
 #if UB_AVX512
     K_CASE(6) K_CASE(7) K_CASE(8) K_CASE(9) K_CASE(10) K_CASE(11)
 #endif
-    default: kernel(MR, kc, x, ldx, wp, c, ldc, acc); break;
+    default: kernel(MR, kc, x, ldx, wp, ldw, c, ldc, acc); break;
     }
 }
 #undef K_CASE
@@ -147,12 +149,12 @@ int ub_gemm(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k,
                         const float *xr = x + m0 * ldx + k0;
                         float *yc = y + m0 * ldy + c0;
                         if (nr == NR) {
-                            kernel_m(mr, kc, xr, ldx, wp, yc, ldy, k0 > 0);
+                            kernel_m(mr, kc, xr, ldx, wp, NR, yc, ldy, k0 > 0);
                             continue;
                         }
                         float tile[MR * NR] = {0}; /* a partial panel: through a full-width tile */
                         for (int r = 0; r < mr && k0 > 0; r++) memcpy(tile + r * NR, yc + r * ldy, sizeof(float) * nr);
-                        kernel_m(mr, kc, xr, ldx, wp, tile, NR, k0 > 0);
+                        kernel_m(mr, kc, xr, ldx, wp, NR, tile, NR, k0 > 0);
                         for (int r = 0; r < mr; r++) memcpy(yc + r * ldy, tile + r * NR, sizeof(float) * nr);
                     }
                 }
@@ -163,6 +165,46 @@ int ub_gemm(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k,
 #else
     (void)type, (void)w, (void)row_bytes, (void)n, (void)k, (void)x, (void)m, (void)ldx, (void)y, (void)ldy;
     (void)scratch, (void)nth;
+    return 0;
+#endif
+}
+
+/* y[m][n] (+)= x[m][k] . b[k][n] for f32 b stored k-major (row l of b at b + l * ldb): prefill
+ * attention's P . V, where V's rows already are the kernel's panels, so nothing is packed; a
+ * partial last panel goes through a zero-padded copy. Returns 0 where this build has no kernel. */
+int ub_gemm_kn(int64_t m, int64_t n, int64_t k, const float *x, int64_t ldx, const float *b, int64_t ldb,
+               float *y, int64_t ldy, int accumulate, int nth) {
+#if UB_AVX2
+    int64_t n_panels = (n + NR - 1) / NR, n_strips = (m + MR - 1) / MR;
+#pragma omp parallel for num_threads(nth) schedule(static) collapse(2)
+    for (int64_t p = 0; p < n_panels; p++) {
+        for (int64_t s = 0; s < n_strips; s++) {
+            int64_t c0 = p * NR, nr = n - c0 < NR ? n - c0 : NR, m0 = s * MR;
+            int mr = (int)(m - m0 < MR ? m - m0 : MR);
+            for (int64_t k0 = 0; k0 < k; k0 += KC) {
+                int64_t kc = k - k0 < KC ? k - k0 : KC;
+                int acc = accumulate || k0 > 0;
+                const float *xr = x + m0 * ldx + k0;
+                float *yc = y + m0 * ldy + c0;
+                if (nr == NR) {
+                    kernel_m(mr, kc, xr, ldx, b + k0 * ldb + c0, ldb, yc, ldy, acc);
+                    continue;
+                }
+                float panel[KC * NR], tile[MR * NR] = {0};
+                for (int64_t l = 0; l < kc; l++) {
+                    memcpy(panel + l * NR, b + (k0 + l) * ldb + c0, sizeof(float) * nr);
+                    memset(panel + l * NR + nr, 0, sizeof(float) * (NR - nr));
+                }
+                for (int r = 0; r < mr && acc; r++) memcpy(tile + r * NR, yc + r * ldy, sizeof(float) * nr);
+                kernel_m(mr, kc, xr, ldx, panel, NR, tile, NR, acc);
+                for (int r = 0; r < mr; r++) memcpy(yc + r * ldy, tile + r * NR, sizeof(float) * nr);
+            }
+        }
+    }
+    return 1;
+#else
+    (void)m, (void)n, (void)k, (void)x, (void)ldx, (void)b, (void)ldb, (void)y, (void)ldy, (void)accumulate;
+    (void)nth;
     return 0;
 #endif
 }
