@@ -31,7 +31,10 @@ from ubatch.engine.spec_verify import rejection_choice
 from ubatch.engine.speculative import SpecError, SpecParams, Speculator
 
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
-PROMPT = "Copy the code exactly.\n" + CODE * 2 + "Copy:\n" + CODE[:20]
+# every greedy margin of this prompt's first 40 tokens is above 1.7 logits, so no rounding
+# difference between a GEMV, a GEMM or another ubatch split can flip a token (CODE[:20] has a
+# 0.0003 tie at its 7th token)
+PROMPT = "Copy the code exactly.\n" + CODE * 2 + "Copy:\n" + CODE[:25]
 NGRAM = SpecParams(types=("ngram-simple",), ngram_size_n=3, ngram_size_m=6)
 
 
@@ -175,11 +178,11 @@ def test_cli_reports_acceptance(tiny_gemma: Path) -> None:
 
 
 def test_server_slots_verify_drafts_under_concurrency(default_model_path: Path, default_model: Model) -> None:
-    # Not PROMPT: its 7th greedy token wins by 0.0017 logits, and which rows share a ubatch
-    # (GEMV for at most 16, the GEMM above) moves logits by up to ~0.01, so a concurrent
-    # schedule may flip it. These two prompts keep every greedy margin above 1.7 for 24 tokens.
+    # Which rows share a ubatch (GEMV for at most 16, the GEMM above) moves logits by up to
+    # ~0.01, so a concurrent schedule needs prompts without near-ties: both keep every greedy
+    # margin above 1.7 for 24 tokens.
     prompts = [
-        "Copy the code exactly.\n" + CODE * 2 + "Copy:\n" + CODE[:25],
+        PROMPT,
         "Repeat: one two three, one two three, one two three, one two",
     ]
     expected = []

@@ -28,20 +28,22 @@ static inline int is_float(int type) { return type == T_F32 || type == T_F16 || 
 #endif
 enum { GW = 32 / GQ }; /* floats per GEMV vector */
 
-/* decoded codes times M rows of x (at xc) into acc[0..M), the min term into mins */
+/* decoded codes times M rows of x (at xc) into acc[0..M), the min term into mins (AVX2) */
 static inline __attribute__((always_inline)) void codes_dot(const int type, const int M,
-        const codes_t *k, const float *xc, int64_t ldx, const float *xs, int64_t nc, int64_t c,
+        codes_t *k, const float *xc, int64_t ldx, const float *xs, int64_t nc, int64_t c,
         gvec_t *acc, float *mins) {
+#if UB_AVX512 /* 32 registers: the chunk's weights d * q + m once (two FMAs), then two FMAs a row
+               * (the codes-times-x form costs three a row); no chunk sums of x are needed */
+    k->q[0] = _mm512_fmadd_ps(k->q[0], G_SET1(k->da), G_SET1(k->m));
+    k->q[1] = _mm512_fmadd_ps(k->q[1], G_SET1(k->db), G_SET1(k->m));
+#endif
     for (int r = 0; r < M; r++) {
         const float *xr = xc + r * ldx;
 #if UB_AVX512
-        if (type == T_Q6_K) { /* values 0..15 take da, 16..31 db */
-            acc[r] = G_FMA(G_SET1(k->da), _mm512_mul_ps(k->q[0], G_LOAD(xr)), acc[r]);
-            acc[r] = G_FMA(G_SET1(k->db), _mm512_mul_ps(k->q[1], G_LOAD(xr + 16)), acc[r]);
-        } else {
-            __m512 a = G_FMA(k->q[1], G_LOAD(xr + 16), _mm512_mul_ps(k->q[0], G_LOAD(xr)));
-            acc[r] = G_FMA(G_SET1(k->da), a, acc[r]);
-        }
+        (void)xs, (void)nc, (void)c, (void)mins; /* the min is in the weights (above) */
+        acc[r] = G_FMA(k->q[0], G_LOAD(xr), acc[r]);
+        acc[r] = G_FMA(k->q[1], G_LOAD(xr + 16), acc[r]);
+        continue;
 #else
         __m256 a = _mm256_fmadd_ps(k->q[1], _mm256_loadu_ps(xr + 8), _mm256_mul_ps(k->q[0], _mm256_loadu_ps(xr)));
         __m256 b = _mm256_fmadd_ps(k->q[3], _mm256_loadu_ps(xr + 24), _mm256_mul_ps(k->q[2], _mm256_loadu_ps(xr + 16)));
@@ -111,20 +113,16 @@ static inline __attribute__((always_inline)) void row_dot_m(const int type, cons
             for (int j = 0; j < 8; j++) {
                 codes_t k;
                 k_codes_g(type, b, j, k.q);
-                k.da = da[j], k.db = db[j]; /* the min term is added per super-block below */
+                k.da = da[j], k.db = db[j], k.m = UB_AVX512 ? mn[j] : 0; /* else added per super-block below */
                 int64_t c = sb * 8 + j;
                 codes_dot(type, M, &k, x + c * 32, ldx, xs, nc, c, (j & 1) ? oa : ea, mins);
             }
+#if !UB_AVX512
             if (has_min(type)) { /* the eight chunks' min terms, m . (chunk sums of x), in one FMA */
-#if UB_AVX512
-                __m512 mv = _mm512_zextps256_ps512(_mm256_loadu_ps(mn));
-                for (int r = 0; r < M; r++)
-                    ea[r] = G_FMA(mv, _mm512_zextps256_ps512(_mm256_loadu_ps(xs + r * nc + sb * 8)), ea[r]);
-#else
                 __m256 mv = _mm256_loadu_ps(mn);
                 for (int r = 0; r < M; r++) ea[r] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + r * nc + sb * 8), ea[r]);
-#endif
             }
+#endif
         }
     } else {
         int64_t c = 0;
@@ -214,7 +212,7 @@ void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int6
 #if UB_AVX2
     row_dot_fn dot = row_dot_for(type);
     float xs_stack[4096], *xs = xs_stack;
-    if (has_min(type)) { /* per 32-value chunk sums of x: the min term of every weight row */
+    if (has_min(type) && !UB_AVX512) { /* per 32-value chunk sums of x: the min term of every weight row */
         if (m * nc > 4096) xs = (float *)malloc(sizeof(float) * m * nc);
         for (int64_t r = 0; r < m; r++)
             for (int64_t c = 0; c < nc; c++) {

@@ -65,9 +65,34 @@ static inline void k_scale(const int type, const uint8_t *b, int j, float *da, f
     *mn = -(h2f(rd16(b + 2)) * (float)m);
 }
 
-/* ... and of all eight chunks at once (the GEMV reads a super-block at a time) */
+/* ... and of all eight chunks at once (the GEMV reads a super-block at a time), vectorised: the
+ * same products d * sc as k_scale's, so the same bits */
 static inline void k_scales(const int type, const uint8_t *b, float *da, float *db, float *mn) {
-    for (int j = 0; j < 8; j++) k_scale(type, b, j, da + j, db + j, mn + j);
+    if (type == T_Q6_K) { /* 16 int8 scales: even ones for values 0..15 of a chunk, odd for 16..31 */
+        __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+        __m256 d = _mm256_set1_ps(h2f(rd16(b + 208)));
+        float f[16];
+        _mm256_storeu_ps(f, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        _mm256_storeu_ps(f + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+        for (int j = 0; j < 8; j++) da[j] = f[2 * j], db[j] = f[2 * j + 1], mn[j] = 0;
+        return;
+    }
+    /* the 12 packed bytes as 8 six-bit scales then 8 six-bit mins (ggml's layout, in words) */
+    uint32_t u[4];
+    memcpy(u, b + 4, 12);
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u, mins_lo = u[1] & m6;
+    u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+    u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+    u[2] = mins_lo;
+    u[0] &= m6;
+    __m128i v = _mm_loadu_si128((const __m128i *)u);
+    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+    __m256 d = _mm256_mul_ps(_mm256_set1_ps(h2f(rd16(b))), sc);
+    _mm256_storeu_ps(da, d);
+    _mm256_storeu_ps(db, d);
+    /* -(dmin * m): the sign flip is exact */
+    _mm256_storeu_ps(mn, _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(_mm256_set1_ps(h2f(rd16(b + 2))), m)));
 }
 
 /* the codes of chunk j of a K-quant super-block b as 32 bytes (signed for Q6_K, else unsigned;
