@@ -215,7 +215,9 @@ class CpuOps(TorchOps):
         if not (self.has_gemm and _rows_ok(p, v, acc)):
             return super().value_tile(p, v, acc, scratch)
         for i in range(b):
-            self._lib.ub_gemm_kn(rows, dv, c, p[i].data_ptr(), c, v[i].data_ptr(), dv, acc[i].data_ptr(), dv, 1, self.n_threads)
+            self._lib.ub_gemm_kn(
+                rows, dv, c, p[i].data_ptr(), c, v[i].data_ptr(), dv, acc[i].data_ptr(), dv, 1, self.n_threads
+            )
 
     def visible_span(self, mask: torch.Tensor, t0: int, tb: int, c0: int, c: int) -> tuple[int, int]:
         """Read from the f16 mask in C: under a causal mask a 512-token prefill's tiles shrink to

@@ -181,10 +181,7 @@ def test_server_slots_verify_drafts_under_concurrency(default_model_path: Path, 
     # Which rows share a ubatch (GEMV for at most 16, the GEMM above) moves logits by up to
     # ~0.01, so a concurrent schedule needs prompts without near-ties: both keep every greedy
     # margin above 1.7 for 24 tokens.
-    prompts = [
-        PROMPT,
-        "Repeat: one two three, one two three, one two three, one two",
-    ]
+    prompts = [PROMPT, "Repeat: one two three, one two three, one two three, one two"]
     expected = []
     for p in prompts:
         ctx = Context(default_model, ContextParams(n_ctx=1024))
