@@ -55,9 +55,7 @@ void ub_rope(const float *x, const float *cs, const float *sn, int64_t n_tok, in
 
 /* gate * act(gate) * up with act = GELU (tanh form: x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)),
  * which is 0.5 x (1 + tanh(...)) without its cancellation) or SiLU (x * sigmoid(x)) */
-void ub_glu(const float *gate, const float *up, int64_t n, int gelu, float *out, int nth) {
-    (void)nth;
-    int64_t i = 0;
+static void glu_span(const float *gate, const float *up, int64_t i, int64_t n, int gelu, float *out) {
 #if UB_AVX2
     const __m256 one = _mm256_set1_ps(1.0f), c0 = _mm256_set1_ps(-2.0f * 0.7978845608028654f),
                  c1 = _mm256_set1_ps(0.044715f);
@@ -78,6 +76,18 @@ void ub_glu(const float *gate, const float *up, int64_t n, int gelu, float *out,
         float z = gelu ? -2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x) : -x;
         z = z > 88.0f ? 88.0f : z;
         out[i] = x / (1.0f + expf(z)) * up[i];
+    }
+}
+
+/* prefill's gate is 512 x 2048 values a layer: split over the threads in spans of GLU_SPAN
+ * (a multiple of 8, so every value takes the same vector or scalar path whatever the split) */
+enum { GLU_SPAN = 16384 };
+void ub_glu(const float *gate, const float *up, int64_t n, int gelu, float *out, int nth) {
+    int64_t spans = (n + GLU_SPAN - 1) / GLU_SPAN;
+#pragma omp parallel for num_threads(nth) schedule(static) if (spans > 1)
+    for (int64_t sp = 0; sp < spans; sp++) {
+        int64_t e = (sp + 1) * GLU_SPAN < n ? (sp + 1) * GLU_SPAN : n;
+        glu_span(gate, up, sp * GLU_SPAN, e, gelu, out);
     }
 }
 
