@@ -25,7 +25,7 @@ from pathlib import Path
 from .cpu_program import check_arities
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 10
+ABI_VERSION = 11
 FAST_FLAGS = ("avx2", "fma", "f16c")
 
 

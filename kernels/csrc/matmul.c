@@ -6,7 +6,7 @@
 #include "quant_scalar.h"
 #include "quant_avx2.h"
 
-int ub_abi_version(void) { return 10; }
+int ub_abi_version(void) { return 11; }
 int ub_simd(void) { return UB_AVX512 ? 3 : UB_AVX2 ? 2 : 0; } /* 3: AVX-512F, 2: AVX2+FMA+F16C, 0: portable */
 
 #if UB_AVX2
@@ -87,7 +87,8 @@ static inline __attribute__((always_inline)) void float_chunk(const int type, co
  * (tiles of at most 4): FMA straight into two chains per row. Block types (tiles of 8, so that a
  * 16-row product decodes each weight row twice, not four times): one chain per row whatever M
  * is, so that a row's result does not depend on how many rows share its call (a drafted batch
- * and a one-row decode give the same bits). `xs` holds the 32-value sums of x (types with a min). */
+ * and a one-row decode give the same bits). `xs` holds the 32-value sums of x (AVX2, types with
+ * a min; the AVX-512 path builds the min into the weights). */
 static inline __attribute__((always_inline)) void row_dot_m(const int type, const int M,
         const uint8_t *row, int64_t nc, const float *x, int64_t ldx, const float *xs, float *res) {
     gvec_t ea[8], oa[8];
