@@ -91,7 +91,8 @@ def _flags(portable: bool, no_avx512: bool = False) -> list[str]:
     base = ["-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-std=c11"]
     if portable:
         return [*base, "-DUB_PORTABLE"]
-    return [*base, "-march=native", *(["-mno-avx512f"] if no_avx512 else [])]
+    x86 = platform.machine() in ("x86_64", "AMD64")  # elsewhere there is no AVX-512 to leave out
+    return [*base, "-march=native", *(["-mno-avx512f"] if no_avx512 and x86 else [])]
 
 
 def _build(cc: str, portable: bool, no_avx512: bool = False) -> tuple[Path, bool, float]:
