@@ -125,7 +125,7 @@ def bind_node(
 def _bind_gemm(ops: Any, x: torch.Tensor, w: Any, out: torch.Tensor, scratch: list[torch.Tensor]) -> CCall | None:
     """Prefill's product (kernels/csrc/gemm.c) where this build has it and the scratch is planned."""
     lib, nth = ops._lib, ops.n_threads
-    if not ops.has_gemm or w.ggml_type == T.F32 or not scratch or scratch[0].numel() < lib.ub_gemm_scratch(nth):
+    if not ops.has_gemm or w.ggml_type == T.F32 or not scratch or scratch[0].numel() < ops.gemm_scratch:
         return None
     (n, k), m = w.shape, x.shape[0]
     args = (w.ggml_type, w.raw.data_ptr(), w.row_bytes, n, k, x.data_ptr(), m, x.stride(0))

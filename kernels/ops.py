@@ -64,6 +64,11 @@ def attn_scratch(g: int, t: int, n_head: int, n_head_kv: int, n_kv: int, d: int,
     return out
 
 
+def attn_scratch_count(n_head_kv: int) -> int:
+    """How many of attn_scratch's buffers there are: a backend's own come after them."""
+    return 6 if n_head_kv == 1 else 8
+
+
 class Ops(Protocol):
     """A backend. `out` may alias the first input where noted."""
 

@@ -12,7 +12,7 @@ import math
 import torch
 
 from .dequant import dequantize
-from .ops import KV_CHUNK, MASKED, TRIM_MIN_TOKENS, KVTensor, ScratchSpec, query_block
+from .ops import KV_CHUNK, MASKED, TRIM_MIN_TOKENS, KVTensor, ScratchSpec, attn_scratch_count, query_block
 from .quantize import QUANTIZERS
 from .weight import QWeight
 
@@ -165,7 +165,7 @@ class TorchOps:
         r, b = n_head // n_head_kv, g * n_head_kv
         qb = query_block(t, r)  # tokens per score tile: the tile stays cache-sized
         kc, vc, s, m, rowsum, tmp = scratch[:6]
-        extra = scratch[6 if n_head_kv == 1 else 8 :]  # what a backend's tile products asked for
+        extra = scratch[attn_scratch_count(n_head_kv) :]  # what a backend's tile products asked for
         if n_head_kv == 1:  # MQA: every query head reads the one KV head; no permutes
             qh, acc = q.view(b, t * r, d), out.view(b, t * r, dv)
         else:

@@ -35,7 +35,7 @@ typedef __m256 vec_t;
 #define V_STORE _mm256_storeu_ps
 #define V_ZERO _mm256_setzero_ps
 #define V_FMA _mm256_fmadd_ps
-#define V_SET1 _mm256_broadcast_ss
+#define V_SET1 _mm256_set1_ps
 #endif
 enum { VW = NR / 2 }; /* floats per vector: a panel row is two vectors */
 
@@ -51,11 +51,7 @@ static inline __attribute__((always_inline)) void kernel(const int M, int64_t kc
     for (int64_t k = 0; k < kc; k++) {
         vec_t w0 = V_LOAD(wp + ldw * k), w1 = V_LOAD(wp + ldw * k + VW);
         for (int r = 0; r < M; r++) {
-#if UB_AVX512
-            vec_t b = V_SET1(x[r * ldx + k]);
-#else
-            vec_t b = V_SET1(x + r * ldx + k);
-#endif
+            vec_t b = V_SET1(x[r * ldx + k]); /* a broadcast load */
             a0[r] = V_FMA(w0, b, a0[r]);
             a1[r] = V_FMA(w1, b, a1[r]);
         }

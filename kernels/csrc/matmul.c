@@ -19,12 +19,14 @@ static inline int is_float(int type) { return type == T_F32 || type == T_F16 || 
 #define G_FMA _mm512_fmadd_ps
 #define G_SET1 _mm512_set1_ps
 #define G_HSUM _mm512_reduce_add_ps
+#define G_ADD _mm512_add_ps
 #else
 #define G_ZERO _mm256_setzero_ps
 #define G_LOAD _mm256_loadu_ps
 #define G_FMA _mm256_fmadd_ps
 #define G_SET1 _mm256_set1_ps
 #define G_HSUM hsum
+#define G_ADD _mm256_add_ps
 #endif
 enum { GW = 32 / GQ }; /* floats per GEMV vector */
 
@@ -136,37 +138,27 @@ static inline __attribute__((always_inline)) void row_dot_m(const int type, cons
         }
         if (c < nc) chunk_dot(type, M, row, c, x, ldx, xs, nc, ea, mins);
     }
-    for (int r = 0; r < M; r++) {
-#if UB_AVX512
-        res[r] = G_HSUM(_mm512_add_ps(ea[r], oa[r])) + mins[r];
-#else
-        res[r] = hsum(_mm256_add_ps(ea[r], oa[r])) + mins[r];
-#endif
-    }
+    for (int r = 0; r < M; r++) res[r] = G_HSUM(G_ADD(ea[r], oa[r])) + mins[r];
 }
 
-#define ROW_DOT(T)                                                                              \
+/* row_dot_m instantiated per row count: tiles of 8 rows for block types, 4 for float weights
+ * (ub_gemv's tile) */
+#define ROW_CASE(T, n) case n: row_dot_m(T, n, row, nc, x, ldx, xs, res); break;
+#define ROW_DOT_HEAD(T)                                                                         \
     static void row_dot_##T(const uint8_t *row, int64_t nc, const float *x, int64_t ldx,        \
-                            const float *xs, int m, float *res) {                               \
+                            const float *xs, int m, float *res)
+#define ROW_DOT(T)                                                                              \
+    ROW_DOT_HEAD(T) {                                                                           \
         switch (m) {                                                                            \
-        case 1: row_dot_m(T, 1, row, nc, x, ldx, xs, res); break;                               \
-        case 2: row_dot_m(T, 2, row, nc, x, ldx, xs, res); break;                               \
-        case 3: row_dot_m(T, 3, row, nc, x, ldx, xs, res); break;                               \
-        case 4: row_dot_m(T, 4, row, nc, x, ldx, xs, res); break;                               \
-        case 5: row_dot_m(T, 5, row, nc, x, ldx, xs, res); break;                               \
-        case 6: row_dot_m(T, 6, row, nc, x, ldx, xs, res); break;                               \
-        case 7: row_dot_m(T, 7, row, nc, x, ldx, xs, res); break;                               \
+        ROW_CASE(T, 1) ROW_CASE(T, 2) ROW_CASE(T, 3) ROW_CASE(T, 4)                             \
+        ROW_CASE(T, 5) ROW_CASE(T, 6) ROW_CASE(T, 7)                                            \
         default: row_dot_m(T, 8, row, nc, x, ldx, xs, res); break;                              \
         }                                                                                       \
     }
-/* float weights run in tiles of at most four rows (ub_gemv's tile) */
 #define ROW_DOT_FLOAT(T)                                                                        \
-    static void row_dot_##T(const uint8_t *row, int64_t nc, const float *x, int64_t ldx,        \
-                            const float *xs, int m, float *res) {                               \
+    ROW_DOT_HEAD(T) {                                                                           \
         switch (m) {                                                                            \
-        case 1: row_dot_m(T, 1, row, nc, x, ldx, xs, res); break;                               \
-        case 2: row_dot_m(T, 2, row, nc, x, ldx, xs, res); break;                               \
-        case 3: row_dot_m(T, 3, row, nc, x, ldx, xs, res); break;                               \
+        ROW_CASE(T, 1) ROW_CASE(T, 2) ROW_CASE(T, 3)                                            \
         default: row_dot_m(T, 4, row, nc, x, ldx, xs, res); break;                              \
         }                                                                                       \
     }
