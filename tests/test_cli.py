@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from cli_inproc import Ran, run_cli
 
+from ubatch.kernels.cpu_build import FAST_FLAGS, cpu_flags
+
 REFDATA = Path(__file__).parent / "refdata"
 PROMPT = "The capital of France is"
 GREEDY8 = " the capital of the country of France."  # llama.cpp's greedy continuation, 8 tokens
@@ -202,6 +204,7 @@ def tiny_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
                 64,
             ],
             "torch": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--backend", "torch"],
+            "avx2": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--backend", "cpu-avx2"],
             "info_cpu": ["info", *m, "-c", 256, "--json"],
             "info_torch": ["info", *m, "-c", 256, "--json", "--backend", "torch"],
             "bad_backend": [*base, "-p", "Hello world", "-n", 1, "--backend", "gpu9"],
@@ -434,6 +437,11 @@ def test_backend_flag_same_text_and_the_memory_each_holds(tiny_runs: dict[str, R
     assert runs["cpu"].stdout == runs["torch"].stdout
     assert "ubatch: backend = cpu, weights held beyond the file = 0.00 MiB" in runs["cpu"].stderr
     assert "ubatch: backend = torch" in runs["torch"].stderr
+    # the 256-bit kernels, even on an AVX-512 CPU: the same text, and the log names the build
+    assert runs["avx2"].returncode == 0 and runs["avx2"].stdout == runs["torch"].stdout, runs["avx2"].stderr
+    assert "ubatch: backend = cpu-avx2," in runs["avx2"].stderr
+    if set(FAST_FLAGS) <= cpu_flags():
+        assert "C avx2: fused dequant GEMV" in runs["avx2"].stderr
     cpu, ref = json.loads(runs["info_cpu"].stdout), json.loads(runs["info_torch"].stdout)
     assert (cpu["backend"], cpu["backend_bytes"]) == ("cpu", 0)
     assert ref["backend"] == "torch" and ref["backend_bytes"] > cpu["model_bytes"]  # dense f32
