@@ -46,8 +46,9 @@ def _amd_zen(family: int, model: int) -> str:
 
 
 def cpu_model() -> str:
-    """The CPU's model name, as benchmarks record it (with AMD's core generation where the name
-    is as bare as "AMD EPYC", as on cloud machines)."""
+    """The CPU's model name, as benchmarks record it. Cloud machines often report a bare name
+    ("AMD EPYC", "Intel(R) Xeon(R) Processor"): AMD's core generation is then added, and for
+    Intel, whose hypervisors may report any model number, the family and model as reported."""
     fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -63,6 +64,8 @@ def cpu_model() -> str:
         gen = _amd_zen(int(family), int(model))
         if gen:
             name += f" ({gen}, family {family} model {model})"
+    elif fields.get("vendor_id") == "GenuineIntel" and name.rstrip().endswith("Processor") and "@" not in name:
+        name += f" (family {family} model {model} as reported)"
     return name
 
 

@@ -11,6 +11,9 @@ flags, alternating over -r rounds so that load elsewhere on the machine hits bot
 - aggregate decode S_TG at each -npl (llama-batched-bench vs `ubatch batched-bench`, -npp 64
   -ntg 32);
 - peak RSS of a 16-token completion at -c 4096 (llama-completion vs `ubatch cli`).
+If llama.cpp's repacked weights (its AMX or interleaved-block kernels) kill it on this CPU, as
+its AMX path does with SIGILL on some virtual machines, every llama.cpp tool runs with repacking
+off (`--repack 0` / `-nr`), and the header says so.
 The CPU model, its SIMD flags and the kernel path ubatch took are printed with the table.
 """
 
@@ -34,10 +37,30 @@ from ubatch.kernels.cpu_build import cpu_flags, cpu_model, load
 PROMPT = "The history of the printing press begins"
 
 
+# extra flags for llama-batched-bench and llama-completion ("-nr" once llama_repack finds that
+# repacking crashes); llama-bench spells the same switch "--repack 0"
+NO_REPACK: list[str] = []
+
+
+def llama_repack(bin_dir: Path, model: Path, threads: int) -> str:
+    """Probe llama-bench once; where it dies by a signal with repacking on and runs with it off,
+    switch repacking off for every llama.cpp tool of this run. Returns a line for the header."""
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "16", "-n", "0", "-r", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode >= 0:
+        return "llama.cpp: default weight repacking"
+    sig = -r.returncode
+    if subprocess.run([*cmd, "--repack", "0"], capture_output=True).returncode != 0:
+        sys.exit(f"llama-bench dies with signal {sig}, with and without --repack 0")
+    NO_REPACK.append("-nr")
+    return f"llama.cpp: repacked weights (AMX / interleaved kernels) die with signal {sig} here; measured with --repack 0 / -nr"
+
+
 def llama_bench(bin_dir: Path, model: Path, threads: int, reps: int) -> dict[str, float]:
     out = subprocess.run(
         [
             str(bin_dir / "llama-bench"),
+            *(["--repack", "0"] if NO_REPACK else []),
             "-m",
             str(model),
             "-t",
@@ -67,6 +90,7 @@ def llama_batched(bin_dir: Path, model: Path, threads: int, npl: list[int]) -> d
     out = subprocess.run(
         [
             str(bin_dir / "llama-batched-bench"),
+            *NO_REPACK,
             "-m",
             str(model),
             "-t",
@@ -129,10 +153,15 @@ def main() -> None:
     model = Model.load(path)
     npl = [int(x) for x in a.npl.split(",")]
     lib = load()
-    simd = sorted(f for f in cpu_flags() if re.fullmatch(r"avx2|fma|f16c|avx512(f|bw|vl|_bf16|vnni)", f))
+    simd = sorted(
+        f
+        for f in cpu_flags()
+        if re.fullmatch(r"avx2|fma|f16c|avx512(f|bw|vl|_bf16|_fp16|_vnni|vnni)|amx_(bf16|int8)", f)
+    )
     print(
         f"CPU: {cpu_model()} ({os.cpu_count()} CPUs; {' '.join(simd)}), threads {a.t}; ubatch kernels: C {lib.simd}; model {path.name}"
     )
+    print(llama_repack(bin_dir, path, a.t))
 
     lc: dict[str, list[float]] = {"pp512": [], "tg128": []}
     ub: dict[str, list[float]] = {"pp512": [], "tg128": []}
@@ -168,7 +197,7 @@ def main() -> None:
     # the same completion for both: 16 greedy tokens at -c 4096
     args = ["-m", str(path), "-c", "4096", "-n", "16", "--temp", "0", "-p", PROMPT, "-t", str(a.t)]
     cli = [sys.executable, "-m", "ubatch.cli.main", "cli", *args]
-    lcc = [str(bin_dir / "llama-completion"), *args, "-no-cnv"]
+    lcc = [str(bin_dir / "llama-completion"), *args, "-no-cnv", *NO_REPACK]
     ru, rl = peak_rss_mib(cli), peak_rss_mib(lcc)
     print(
         f"\npeak RSS, 16-token completion at -c 4096: ubatch {ru:.0f} MiB, llama-completion {rl:.0f} MiB (difference {ru - rl:+.0f} MiB)"
