@@ -45,19 +45,20 @@ def _amd_zen(family: int, model: int) -> str:
     return {23: "Zen 1/2", 26: "Zen 5"}.get(family, "")
 
 
-def cpu_model() -> str:
+def cpu_model(cpuinfo: str | None = None) -> str:
     """The CPU's model name, as benchmarks record it. Cloud machines often report a bare name
     ("AMD EPYC", "Intel(R) Xeon(R) Processor"): AMD's core generation is then added, and for
     Intel, whose hypervisors may report any model number, the family and model as reported."""
     fields: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if not key.strip():
-                break
-            fields.setdefault(key.strip(), value.strip())
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
     except OSError:
-        pass
+        text = ""
+    for line in text.splitlines():  # the first processor's block
+        key, _, value = line.partition(":")
+        if not key.strip():
+            break
+        fields.setdefault(key.strip(), value.strip())
     name = fields.get("model name") or platform.processor() or platform.machine()
     family, model = fields.get("cpu family", ""), fields.get("model", "")
     if fields.get("vendor_id") == "AuthenticAMD" and family.isdigit() and model.isdigit() and "zen" not in name.lower():

@@ -1,0 +1,57 @@
+"""scripts/bench_cpu.py's yardstick handling and the CPU name benchmarks record."""
+
+from __future__ import annotations
+
+import importlib.util
+import stat
+from pathlib import Path
+
+import pytest
+
+from ubatch.kernels.cpu_build import cpu_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+INTEL = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 167\nmodel name\t: Intel(R) Xeon(R) Processor\n\nprocessor\t: 1\n"
+AMD = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+NAMED = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\nmodel name\t: Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz\n"
+
+
+def test_cpu_model_names_bare_cloud_cpus() -> None:
+    assert cpu_model(INTEL) == "Intel(R) Xeon(R) Processor (family 6 model 167 as reported)"
+    assert cpu_model(AMD) == "AMD EPYC (Zen 5, family 26 model 2)"
+    assert cpu_model(NAMED) == "Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz"  # a full name stays as it is
+
+
+def _bench_cpu():
+    spec = importlib.util.spec_from_file_location("bench_cpu", ROOT / "scripts" / "bench_cpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fake_llama_bench(tmp_path: Path, body: str) -> Path:
+    exe = tmp_path / "llama-bench"
+    exe.write_text("#!/bin/sh\n" + body)
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return tmp_path
+
+
+@pytest.mark.parametrize("crashes", [True, False])
+def test_llama_cpp_measured_without_repacking_only_where_repacking_crashes(tmp_path: Path, crashes: bool) -> None:
+    # like llama.cpp's AMX path on some virtual machines: SIGILL unless --repack 0 is given
+    body = 'case "$*" in *"--repack 0"*) exit 0;; esac\nkill -ILL $$\n' if crashes else "exit 0\n"
+    mod = _bench_cpu()
+    line = mod.llama_repack(_fake_llama_bench(tmp_path, body), tmp_path / "m.gguf", 2)
+    if crashes:
+        assert mod.NO_REPACK == ["-nr"]
+        assert "signal 4" in line and "--repack 0" in line
+    else:
+        assert mod.NO_REPACK == []
+        assert line == "llama.cpp: default weight repacking"
+
+
+def test_a_yardstick_that_always_crashes_stops_the_run(tmp_path: Path) -> None:
+    mod = _bench_cpu()
+    with pytest.raises(SystemExit, match="signal 4, with and without --repack 0"):
+        mod.llama_repack(_fake_llama_bench(tmp_path, "kill -ILL $$\n"), tmp_path / "m.gguf", 2)
