@@ -37,30 +37,27 @@ from ubatch.kernels.cpu_build import cpu_flags, cpu_model, load
 PROMPT = "The history of the printing press begins"
 
 
-# extra flags for llama-batched-bench and llama-completion ("-nr" once llama_repack finds that
-# repacking crashes); llama-bench spells the same switch "--repack 0"
-NO_REPACK: list[str] = []
-
-
-def llama_repack(bin_dir: Path, model: Path, threads: int) -> str:
-    """Probe llama-bench once; where it dies by a signal with repacking on and runs with it off,
-    switch repacking off for every llama.cpp tool of this run. Returns a line for the header."""
+def llama_repack(bin_dir: Path, model: Path, threads: int) -> tuple[bool, str]:
+    """Probe llama-bench once: (whether llama.cpp must run with repacking off, a header line).
+    Off only where it dies by a signal with repacking on and runs with it off."""
     cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "16", "-n", "0", "-r", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode >= 0:
-        return "llama.cpp: default weight repacking"
+        return False, "llama.cpp: default weight repacking"
     sig = -r.returncode
     if subprocess.run([*cmd, "--repack", "0"], capture_output=True).returncode != 0:
         sys.exit(f"llama-bench dies with signal {sig}, with and without --repack 0")
-    NO_REPACK.append("-nr")
-    return f"llama.cpp: repacked weights (AMX / interleaved kernels) die with signal {sig} here; measured with --repack 0 / -nr"
+    return (
+        True,
+        f"llama.cpp: repacked weights (AMX / interleaved kernels) die with signal {sig} here; measured with --repack 0 / -nr",
+    )
 
 
-def llama_bench(bin_dir: Path, model: Path, threads: int, reps: int) -> dict[str, float]:
+def llama_bench(bin_dir: Path, model: Path, threads: int, reps: int, no_repack: bool) -> dict[str, float]:
     out = subprocess.run(
         [
             str(bin_dir / "llama-bench"),
-            *(["--repack", "0"] if NO_REPACK else []),
+            *(["--repack", "0"] if no_repack else []),
             "-m",
             str(model),
             "-t",
@@ -86,11 +83,11 @@ def ubatch_bench(model: Model, threads: int, reps: int) -> dict[str, float]:
     return {r.test: r.avg_ts for r in run_bench(p, models={model.path: model})}
 
 
-def llama_batched(bin_dir: Path, model: Path, threads: int, npl: list[int]) -> dict[int, float]:
+def llama_batched(bin_dir: Path, model: Path, threads: int, npl: list[int], no_repack: bool) -> dict[int, float]:
     out = subprocess.run(
         [
             str(bin_dir / "llama-batched-bench"),
-            *NO_REPACK,
+            *(["-nr"] if no_repack else []),
             "-m",
             str(model),
             "-t",
@@ -161,12 +158,13 @@ def main() -> None:
     print(
         f"CPU: {cpu_model()} ({os.cpu_count()} CPUs; {' '.join(simd)}), threads {a.t}; ubatch kernels: C {lib.simd}; model {path.name}"
     )
-    print(llama_repack(bin_dir, path, a.t))
+    no_repack, line = llama_repack(bin_dir, path, a.t)
+    print(line)
 
     lc: dict[str, list[float]] = {"pp512": [], "tg128": []}
     ub: dict[str, list[float]] = {"pp512": [], "tg128": []}
     for _ in range(a.r):  # alternate, one rep each, so drift hits both
-        for k, v in llama_bench(bin_dir, path, a.t, 1).items():
+        for k, v in llama_bench(bin_dir, path, a.t, 1, no_repack).items():
             lc[k].append(v)
         for k, v in ubatch_bench(model, a.t, 1).items():
             ub[k].append(v)
@@ -183,7 +181,7 @@ def main() -> None:
     ubb: dict[int, float] = {}
     for _ in range(a.r):  # alternate as above; each side keeps its best S_TG per stream count
         for best, run in (
-            (lb, lambda: llama_batched(bin_dir, path, a.t, npl)),
+            (lb, lambda: llama_batched(bin_dir, path, a.t, npl, no_repack)),
             (ubb, lambda: ubatch_batched(model, a.t, npl)),
         ):
             for n, v in run().items():
@@ -197,7 +195,7 @@ def main() -> None:
     # the same completion for both: 16 greedy tokens at -c 4096
     args = ["-m", str(path), "-c", "4096", "-n", "16", "--temp", "0", "-p", PROMPT, "-t", str(a.t)]
     cli = [sys.executable, "-m", "ubatch.cli.main", "cli", *args]
-    lcc = [str(bin_dir / "llama-completion"), *args, "-no-cnv", *NO_REPACK]
+    lcc = [str(bin_dir / "llama-completion"), *args, "-no-cnv", *(["-nr"] if no_repack else [])]
     ru, rl = peak_rss_mib(cli), peak_rss_mib(lcc)
     print(
         f"\npeak RSS, 16-token completion at -c 4096: ubatch {ru:.0f} MiB, llama-completion {rl:.0f} MiB (difference {ru - rl:+.0f} MiB)"
