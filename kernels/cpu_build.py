@@ -25,7 +25,7 @@ from pathlib import Path
 from .cpu_program import check_arities
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 11
+ABI_VERSION = 12
 FAST_FLAGS = ("avx2", "fma", "f16c")
 
 
@@ -154,14 +154,17 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_attn.restype = None
     lib.ub_gemm.argtypes = [c_i, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_p, c_i]
     lib.ub_gemm.restype = c_i
-    lib.ub_gemm_kn.argtypes = [c_l, c_l, c_l, c_p, c_l, c_p, c_l, c_p, c_l, c_i, c_i]
-    lib.ub_gemm_kn.restype = c_i
     lib.ub_gemm_scratch.argtypes = [c_i]
     lib.ub_gemm_scratch.restype = c_l
     lib.ub_mask_span.argtypes = [c_p, c_l, c_l, c_l, c_l, c_l]
     lib.ub_mask_span.restype = c_l
     lib.ub_softmax_tile.argtypes = [c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_l, c_l, c_f, c_p, c_p, c_l, c_p, c_l, c_l, c_i]
     lib.ub_softmax_tile.restype = None
+    lib.ub_attn_chunk.argtypes = [c_p, c_l, c_l, c_l, c_l, c_p, c_l, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_l, c_l, c_f]
+    lib.ub_attn_chunk.argtypes += [c_p, c_p, c_l, c_p, c_l, c_p, c_i]
+    lib.ub_attn_chunk.restype = c_i
+    lib.ub_attn_chunk_scratch.argtypes = [c_l, c_l, c_l, c_i]
+    lib.ub_attn_chunk_scratch.restype = c_l
     lib.ub_glu.argtypes = [c_p, c_p, c_l, c_i, c_p, c_i]
     lib.ub_add.argtypes = [c_p, c_p, c_l, c_p]
     lib.ub_scale.argtypes = [c_p, c_f, c_l, c_p]

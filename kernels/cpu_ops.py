@@ -21,7 +21,7 @@ from .cpu_bind import ATTN_MAX_ROWS, GEMV_MAX_ROWS, KERNEL_TYPES, bind_node
 from .cpu_build import CpuLibrary, load
 from .cpu_program import fuse
 from .dequant import dequantize
-from .ops import KVTensor, ScratchSpec, attn_scratch
+from .ops import KV_CHUNK, KVTensor, ScratchSpec, attn_scratch
 from .torch_ops import TorchOps
 from .weight import QWeight
 
@@ -191,34 +191,51 @@ class CpuOps(TorchOps):
         self, g: int, t: int, h: int, n_head_kv: int, n_kv: int, d: int, dv: int, type_k: int, type_v: int
     ) -> ScratchSpec:
         """The reference's tiles, plus for prefill (more rows than the C decode path reads) the
-        GEMM's per-thread panels that score_tile packs K into."""
+        fused chunk's packed K and V and its per-thread score blocks (kernels/csrc/flash.c)."""
         out = attn_scratch(g, t, h, n_head_kv, n_kv, d, dv)
         if self.has_gemm and t > ATTN_MAX_ROWS:
-            out.append(((self.gemm_scratch,), torch.float32))
+            c = min(KV_CHUNK, n_kv)
+            out.append(((int(self._lib.ub_attn_chunk_scratch(c, d, dv, self.n_threads)),), torch.float32))
         return out
 
-    def score_tile(self, q: torch.Tensor, k: torch.Tensor, out: torch.Tensor, scratch: list[torch.Tensor]) -> None:
-        """Q . Kᵀ through the C GEMM (K's rows as f32 weights), 2x MKL's bmm on these tiles."""
-        b, rows, d = q.shape
-        c = k.shape[1]
-        if not (self.has_gemm and scratch and scratch[0].numel() >= self.gemm_scratch and _rows_ok(q, k, out)):
-            return super().score_tile(q, k, out, scratch)
-        for i in range(b):
-            self._lib.ub_gemm(
-                int(T.F32), k[i].data_ptr(), d * 4, c, d, q[i].data_ptr(), rows, d,
-                out[i].data_ptr(), c, scratch[0].data_ptr(), self.n_threads,
-            )  # fmt: skip
-
-    def value_tile(self, p: torch.Tensor, v: torch.Tensor, acc: torch.Tensor, scratch: list[torch.Tensor]) -> None:
-        """acc += P . V in C: V's rows are the GEMM's panels as they lie (nothing packed)."""
-        b, rows, c = p.shape
-        dv = v.shape[2]
-        if not (self.has_gemm and _rows_ok(p, v, acc)):
-            return super().value_tile(p, v, acc, scratch)
-        for i in range(b):
-            self._lib.ub_gemm_kn(
-                rows, dv, c, p[i].data_ptr(), c, v[i].data_ptr(), dv, acc[i].data_ptr(), dv, 1, self.n_threads
-            )
+    def chunk_attention(
+        self,
+        qh: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor,
+        c0: int,
+        scale: float,
+        m: torch.Tensor,
+        rowsum: torch.Tensor,
+        acc: torch.Tensor,
+        scratch: list[torch.Tensor],
+        r: int,
+    ) -> None:
+        """One C call per chunk: each thread takes blocks of query rows through Q·Kᵀ, the softmax
+        step and P·V, skipping the cells none of a block's rows sees (1.08x the causal triangle's
+        scores at 512 tokens, against 1.25x for the reference's tiles)."""
+        b, rows, d = qh.shape
+        c, dv = k.shape[1], v.shape[2]
+        need = self._lib.ub_attn_chunk_scratch(c, d, dv, self.n_threads) if self.has_gemm else 0
+        if not (
+            need
+            and len(scratch) > 2
+            and scratch[2].numel() >= need
+            and _rows_ok(qh, k, v, acc)
+            and mask.dtype == torch.float16
+            and mask.stride(2) == 1
+            and mask.device.type == "cpu"
+            and m.stride() == rowsum.stride()
+            and m.stride(1) == 1
+        ):
+            return super().chunk_attention(qh, k, v, mask, c0, scale, m, rowsum, acc, scratch, r)
+        grid = (mask[:, :, c0:].data_ptr(), b // mask.shape[0], r, mask.stride(0), mask.stride(1), scale)
+        state = (m.data_ptr(), rowsum.data_ptr(), m.stride(0), acc.data_ptr(), acc.stride(0))
+        self._lib.ub_attn_chunk(
+            qh.data_ptr(), qh.stride(0), b, rows, d, k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), c, dv,
+            *grid, *state, scratch[2].data_ptr(), self.n_threads,
+        )  # fmt: skip
 
     def visible_span(self, mask: torch.Tensor, t0: int, tb: int, c0: int, c: int) -> tuple[int, int]:
         """Read from the f16 mask in C: under a causal mask a 512-token prefill's tiles shrink to

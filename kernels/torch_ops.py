@@ -163,7 +163,6 @@ class TorchOps:
         g, t, n_head, d = q.shape
         n_head_kv, dv = k.n_head, v.head_dim
         r, b = n_head // n_head_kv, g * n_head_kv
-        qb = query_block(t, r)  # tokens per score tile: the tile stays cache-sized
         kc, vc, s, m, rowsum, tmp = scratch[:6]
         extra = scratch[attn_scratch_count(n_head_kv) :]  # what a backend's tile products asked for
         if n_head_kv == 1:  # MQA: every query head reads the one KV head; no permutes
@@ -183,23 +182,45 @@ class TorchOps:
             for gi, st in enumerate(starts_l):
                 self.kv_chunk(k, st + c0, c, kcv[gi * n_head_kv : (gi + 1) * n_head_kv])
                 self.kv_chunk(v, st + c0, c, vcv[gi * n_head_kv : (gi + 1) * n_head_kv])
-            for t0 in range(0, t, qb):
-                tb = min(qb, t - t0)
-                lo, hi = self.visible_span(mask, t0, tb, c0, c) if tb >= TRIM_MIN_TOKENS else (0, c)
-                if lo >= hi:  # no query of this block sees any cell of the chunk
-                    continue
-                cc = hi - lo
-                mc = mask[:, t0 : t0 + tb, c0 + lo : c0 + hi]
-                rows = slice(t0 * r, (t0 + tb) * r)
-                sv, tv = s.view(-1)[: b * tb * r * cc].view(b, tb * r, cc), tmp[:, : tb * r]
-                mv, lv, av = m[:, rows], rowsum[:, rows], acc[:, rows]
-                self.score_tile(qh[:, rows], kcv[:, lo:hi], sv, extra)
-                self.softmax_tile(sv, mc, scale, mv, lv, av, tv, r)
-                self.value_tile(sv, vcv[:, lo:hi], av, extra)
+            self.chunk_attention(qh, kcv, vcv, mask, c0, scale, m, rowsum, acc, [s, tmp, *extra], r)
         acc.div_(rowsum)
         if n_head_kv > 1:
             out.view(g, t, n_head_kv, r, dv).copy_(oh.permute(0, 2, 1, 3, 4))
         return out
+
+    def chunk_attention(
+        self,
+        qh: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor,
+        c0: int,
+        scale: float,
+        m: torch.Tensor,
+        rowsum: torch.Tensor,
+        acc: torch.Tensor,
+        scratch: list[torch.Tensor],
+        r: int,
+    ) -> None:
+        """Every query row (qh: b, t·r, d) over one chunk of cells (k, v: b, c, d | dv, starting
+        at cell c0 of the mask): blocks of query_block tokens, each a score tile, its softmax
+        step and its P·V; scratch is the score tile, the max tile and the tile products' own."""
+        (s, tmp, *extra), b, c = scratch, qh.shape[0], k.shape[1]
+        t = qh.shape[1] // r
+        qb = query_block(t, r)  # tokens per score tile: the tile stays cache-sized
+        for t0 in range(0, t, qb):
+            tb = min(qb, t - t0)
+            lo, hi = self.visible_span(mask, t0, tb, c0, c) if tb >= TRIM_MIN_TOKENS else (0, c)
+            if lo >= hi:  # no query of this block sees any cell of the chunk
+                continue
+            cc = hi - lo
+            mc = mask[:, t0 : t0 + tb, c0 + lo : c0 + hi]
+            rows = slice(t0 * r, (t0 + tb) * r)
+            sv, tv = s.view(-1)[: b * tb * r * cc].view(b, tb * r, cc), tmp[:, : tb * r]
+            mv, lv, av = m[:, rows], rowsum[:, rows], acc[:, rows]
+            self.score_tile(qh[:, rows], k[:, lo:hi], sv, extra)
+            self.softmax_tile(sv, mc, scale, mv, lv, av, tv, r)
+            self.value_tile(sv, v[:, lo:hi], av, extra)
 
     def score_tile(self, q: torch.Tensor, k: torch.Tensor, out: torch.Tensor, scratch: list[torch.Tensor]) -> None:
         """out (b, rows, c) = q (b, rows, d) . k (b, c, d)ᵀ: one tile of prefill's scores."""

@@ -62,3 +62,17 @@ def test_narrowed_tiles_match_a_dense_softmax(backend: str, p0: int, window: int
     scores = torch.einsum("thd,cd->thc", q[0].double(), kd) * 0.125 + mask[0].double()[:, None, :]
     want = torch.einsum("thc,cd->thd", scores.softmax(-1), vd).reshape(t, h * d)
     assert (got.double() - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-avx2"])
+def test_cpu_prefill_attention_is_one_fused_call_per_chunk(backend: str, monkeypatch) -> None:
+    """The C backends take Q·Kᵀ, softmax and P·V of a chunk in one call (kernels/csrc/flash.c),
+    never the reference's tile loop, when their planned scratch is given."""
+    from ubatch.kernels.torch_ops import TorchOps
+
+    def tile_loop(*args, **kwargs) -> None:
+        raise AssertionError("the reference's tile loop ran")
+
+    monkeypatch.setattr(TorchOps, "chunk_attention", tile_loop)
+    for p0, window, d in [(0, 0, 64), (100, 0, 40), (0, 96, 64)]:
+        test_narrowed_tiles_match_a_dense_softmax(backend, p0, window, d)

@@ -166,10 +166,11 @@ def test_rms_norm_and_rope_match_the_reference(ops) -> None:
 
 
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
-@pytest.mark.parametrize("t", [1, 3, 9])
+@pytest.mark.parametrize("t", [1, 3, 9, 40])
 @pytest.mark.parametrize("heads", [(4, 1), (4, 2)], ids=["mqa", "gqa"])
 def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple[int, int]) -> None:
-    """Two groups (streams) reading their own cells, masked cells and whole hidden chunks."""
+    """Two groups (streams) reading their own cells, masked cells and whole hidden chunks; the
+    backend's own planned scratch (t = 40: several of the CPU's fused row blocks per chunk)."""
     from ubatch.kernels.ops import KV_CHUNK, KVTensor, attn_scratch
     from ubatch.kernels.quantize import QUANTIZERS
     from ubatch.kernels.torch_ops import TorchOps
@@ -194,7 +195,9 @@ def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple
 
     def run(o):
         out = torch.empty(g * t, h * d)
-        scratch = [torch.empty(s, dtype=dt) for s, dt in attn_scratch(g, t, h, hkv, n_kv, d, d)]
+        plan = getattr(o, "attention_scratch", None)
+        spec = plan(g, t, h, hkv, n_kv, d, d, gt, gt) if plan else attn_scratch(g, t, h, hkv, n_kv, d, d)
+        scratch = [torch.empty(s, dtype=dt) for s, dt in spec]
         return o.attention(q, k, v, starts, n_kv, mask, 0.125, out, scratch, visible)
 
     assert rel_err(run(ops), run(TorchOps())) <= 1e-5

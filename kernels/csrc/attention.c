@@ -79,11 +79,53 @@ void ub_attn(const float *q, int64_t g, int64_t t, int64_t h, int64_t d, const v
 
 #define UB_MASKED (-1e30f) /* kernels/ops.py MASKED: the running max never drops below it */
 
-/* One score tile of flash attention's online softmax, in place. The tile s holds nb x rows score
- * rows of cc cells (batch bi = group x KV head; row j is token j / r, query head j % r). Each row
- * becomes x = s * scale + mask, its running max m and sum l are updated, its accumulator row
- * (dv floats) is rescaled by exp(m_old - m_new), and s is left holding exp(x - m_new) for the
- * P.V GEMM that follows. torch needs ten passes over the tile for this; here it is two. */
+/* One row of flash attention's online-softmax step, in place: x (cc scores) becomes
+ * s * scale + mask, the running max *mp and sum *lp are updated, the accumulator row a (dv
+ * floats) is rescaled by exp(m_old - m_new), and x is left holding exp(x - m_new) for the P.V
+ * product that follows. torch needs ten passes over a tile for this; here it is two. */
+void ub_softmax_row(float *x, int64_t cc, const uint16_t *mr, float scale, float *mp, float *lp, float *a,
+                    int64_t dv) {
+    float mx = -INFINITY, sum = 0.0f;
+    int64_t c = 0;
+#if UB_AVX2
+    __m256 vs = _mm256_set1_ps(scale), vmx = _mm256_set1_ps(-INFINITY);
+    for (; c + 8 <= cc; c += 8) {
+        __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(x + c), vs, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mr + c))));
+        _mm256_storeu_ps(x + c, v);
+        vmx = _mm256_max_ps(vmx, v);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmx);
+    for (int k = 0; k < 8; k++) mx = fmaxf(mx, lanes[k]);
+#endif
+    for (; c < cc; c++) {
+        x[c] = x[c] * scale + h2f(mr[c]);
+        mx = fmaxf(mx, x[c]);
+    }
+    float mnew = fmaxf(fmaxf(mx, *mp), UB_MASKED), corr = expf(*mp - mnew);
+    c = 0;
+#if UB_AVX2
+    __m256 vm = _mm256_set1_ps(mnew), floor = _mm256_set1_ps(-87.0f), vsum = _mm256_setzero_ps();
+    for (; c + 8 <= cc; c += 8) {
+        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + c), vm);
+        /* below -87 exp is under 2^-125: a hidden cell (-inf) must add exactly nothing */
+        __m256 p = _mm256_and_ps(exp_avx2(d), _mm256_cmp_ps(d, floor, _CMP_GE_OQ));
+        _mm256_storeu_ps(x + c, p);
+        vsum = _mm256_add_ps(vsum, p);
+    }
+    sum = hsum(vsum);
+#endif
+    for (; c < cc; c++) {
+        x[c] = expf(x[c] - mnew);
+        sum += x[c];
+    }
+    *lp = *lp * corr + sum;
+    for (int64_t k = 0; k < dv; k++) a[k] *= corr;
+    *mp = mnew;
+}
+
+/* The step on a score tile s of nb x rows score rows of cc cells (batch bi = group x KV head;
+ * row j is token j / r, query head j % r); m, l and acc rows as in ub_softmax_row. */
 void ub_softmax_tile(float *s, int64_t nb, int64_t rows, int64_t cc, const uint16_t *mask, int64_t hkv,
                      int64_t r, int64_t mask_sg, int64_t mask_st, float scale, float *m, float *l,
                      int64_t ml_sb, float *acc, int64_t acc_sb, int64_t dv, int nth) {
@@ -91,46 +133,8 @@ void ub_softmax_tile(float *s, int64_t nb, int64_t rows, int64_t cc, const uint1
 #pragma omp parallel for num_threads(nth) schedule(static) if (n * cc > 16384)
     for (int64_t i = 0; i < n; i++) {
         int64_t bi = i / rows, j = i % rows;
-        float *x = s + i * cc, *mp = m + bi * ml_sb + j, *lp = l + bi * ml_sb + j;
-        const uint16_t *mr = mask + (bi / hkv) * mask_sg + (j / r) * mask_st;
-        float mx = -INFINITY, sum = 0.0f;
-        int64_t c = 0;
-#if UB_AVX2
-        __m256 vs = _mm256_set1_ps(scale), vmx = _mm256_set1_ps(-INFINITY);
-        for (; c + 8 <= cc; c += 8) {
-            __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(x + c), vs, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mr + c))));
-            _mm256_storeu_ps(x + c, v);
-            vmx = _mm256_max_ps(vmx, v);
-        }
-        float lanes[8];
-        _mm256_storeu_ps(lanes, vmx);
-        for (int k = 0; k < 8; k++) mx = fmaxf(mx, lanes[k]);
-#endif
-        for (; c < cc; c++) {
-            x[c] = x[c] * scale + h2f(mr[c]);
-            mx = fmaxf(mx, x[c]);
-        }
-        float mnew = fmaxf(fmaxf(mx, *mp), UB_MASKED), corr = expf(*mp - mnew);
-        c = 0;
-#if UB_AVX2
-        __m256 vm = _mm256_set1_ps(mnew), floor = _mm256_set1_ps(-87.0f), vsum = _mm256_setzero_ps();
-        for (; c + 8 <= cc; c += 8) {
-            __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + c), vm);
-            /* below -87 exp is under 2^-125: a hidden cell (-inf) must add exactly nothing */
-            __m256 p = _mm256_and_ps(exp_avx2(d), _mm256_cmp_ps(d, floor, _CMP_GE_OQ));
-            _mm256_storeu_ps(x + c, p);
-            vsum = _mm256_add_ps(vsum, p);
-        }
-        sum = hsum(vsum);
-#endif
-        for (; c < cc; c++) {
-            x[c] = expf(x[c] - mnew);
-            sum += x[c];
-        }
-        *lp = *lp * corr + sum;
-        float *a = acc + bi * acc_sb + j * dv;
-        for (int64_t k = 0; k < dv; k++) a[k] *= corr;
-        *mp = mnew;
+        ub_softmax_row(s + i * cc, cc, mask + (bi / hkv) * mask_sg + (j / r) * mask_st, scale,
+                       m + bi * ml_sb + j, l + bi * ml_sb + j, acc + bi * acc_sb + j * dv, dv);
     }
 }
 
