@@ -87,8 +87,17 @@ void ub_softmax_row(float *x, int64_t cc, const uint16_t *mr, float scale, float
                     int64_t dv) {
     float mx = -INFINITY, sum = 0.0f;
     int64_t c = 0;
+#if UB_AVX512
+    __m512 ws = _mm512_set1_ps(scale), wmx = _mm512_set1_ps(-INFINITY);
+    for (; c + 16 <= cc; c += 16) {
+        __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(x + c), ws, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mr + c))));
+        _mm512_storeu_ps(x + c, v);
+        wmx = _mm512_max_ps(wmx, v);
+    }
+    mx = _mm512_reduce_max_ps(wmx);
+#endif
 #if UB_AVX2
-    __m256 vs = _mm256_set1_ps(scale), vmx = _mm256_set1_ps(-INFINITY);
+    __m256 vs = _mm256_set1_ps(scale), vmx = _mm256_set1_ps(mx);
     for (; c + 8 <= cc; c += 8) {
         __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(x + c), vs, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mr + c))));
         _mm256_storeu_ps(x + c, v);
@@ -104,6 +113,16 @@ void ub_softmax_row(float *x, int64_t cc, const uint16_t *mr, float scale, float
     }
     float mnew = fmaxf(fmaxf(mx, *mp), UB_MASKED), corr = expf(*mp - mnew);
     c = 0;
+#if UB_AVX512
+    __m512 wm = _mm512_set1_ps(mnew), wfloor = _mm512_set1_ps(-87.0f), wsum = _mm512_setzero_ps();
+    for (; c + 16 <= cc; c += 16) {
+        __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + c), wm);
+        __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, wfloor, _CMP_GE_OQ), exp_avx512(d));
+        _mm512_storeu_ps(x + c, p);
+        wsum = _mm512_add_ps(wsum, p);
+    }
+    sum = _mm512_reduce_add_ps(wsum);
+#endif
 #if UB_AVX2
     __m256 vm = _mm256_set1_ps(mnew), floor = _mm256_set1_ps(-87.0f), vsum = _mm256_setzero_ps();
     for (; c + 8 <= cc; c += 8) {
@@ -113,7 +132,7 @@ void ub_softmax_row(float *x, int64_t cc, const uint16_t *mr, float scale, float
         _mm256_storeu_ps(x + c, p);
         vsum = _mm256_add_ps(vsum, p);
     }
-    sum = hsum(vsum);
+    sum += hsum(vsum);
 #endif
     for (; c < cc; c++) {
         x[c] = expf(x[c] - mnew);
