@@ -102,12 +102,12 @@ def bind_node(
         x, y = a
         if not _f32(x, y, out) or x.shape != y.shape:
             return None
-        return CCall("add", lib.ub_add, (x.data_ptr(), y.data_ptr(), x.numel(), out.data_ptr()))
+        return CCall("add", lib.ub_add, (x.data_ptr(), y.data_ptr(), x.numel(), out.data_ptr(), nth))
     if op == "scale":
         x, s = a
         if not _f32(x, out):
             return None
-        return CCall("scale", lib.ub_scale, (x.data_ptr(), s, x.numel(), out.data_ptr()))
+        return CCall("scale", lib.ub_scale, (x.data_ptr(), s, x.numel(), out.data_ptr(), nth))
     if op == "rows":
         x, idx = a
         if not _f32(x, out) or idx.dtype != torch.int64 or not idx.is_contiguous():

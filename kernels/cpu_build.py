@@ -166,8 +166,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_attn_chunk_scratch.argtypes = [c_l, c_l, c_l, c_i]
     lib.ub_attn_chunk_scratch.restype = c_l
     lib.ub_glu.argtypes = [c_p, c_p, c_l, c_i, c_p, c_i]
-    lib.ub_add.argtypes = [c_p, c_p, c_l, c_p]
-    lib.ub_scale.argtypes = [c_p, c_f, c_l, c_p]
+    lib.ub_add.argtypes = [c_p, c_p, c_l, c_p, c_i]
+    lib.ub_scale.argtypes = [c_p, c_f, c_l, c_p, c_i]
     lib.ub_rows.argtypes = [c_p, c_p, c_l, c_l, c_p]
     lib.ub_kv_store.argtypes = [c_p, c_l, c_l, c_p, c_i, c_p]
     for f in (lib.ub_glu, lib.ub_add, lib.ub_scale, lib.ub_rows, lib.ub_kv_store):

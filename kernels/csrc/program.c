@@ -10,8 +10,8 @@ void ub_get_rows(int, const uint8_t *, int64_t, const int64_t *, int64_t, int64_
 void ub_rms_norm(const float *, int64_t, const float *, int64_t, int64_t, float, float *, int64_t, int);
 void ub_rope(const float *, const float *, const float *, int64_t, int64_t, int64_t, int64_t, int, float *, int);
 void ub_glu(const float *, const float *, int64_t, int, float *, int);
-void ub_add(const float *, const float *, int64_t, float *);
-void ub_scale(const float *, float, int64_t, float *);
+void ub_add(const float *, const float *, int64_t, float *, int);
+void ub_scale(const float *, float, int64_t, float *, int);
 void ub_rows(const float *, const int64_t *, int64_t, int64_t, float *);
 void ub_kv_store(const float *, int64_t, int64_t, const int64_t *, int, void *);
 void ub_attn(const float *, int64_t, int64_t, int64_t, int64_t, const void *, int, const void *, int, int64_t,
@@ -20,7 +20,7 @@ int ub_gemm(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int6
             float *, int);
 
 enum { P_GEMV, P_GET_ROWS, P_RMS_NORM, P_ROPE, P_GLU, P_ADD, P_SCALE, P_ROWS, P_KV_STORE, P_ATTN, P_GEMM, P_N };
-static const int ARITY[P_N] = {11, 8, 9, 10, 6, 4, 4, 5, 6, 17, 12};
+static const int ARITY[P_N] = {11, 8, 9, 10, 6, 5, 5, 5, 6, 17, 12};
 
 int ub_program_arity(int op) { return op >= 0 && op < P_N ? ARITY[op] : -1; }
 
@@ -52,8 +52,8 @@ int64_t ub_run(const int64_t *prog, int64_t n) {
             ub_rope(FPTR(0), FPTR(1), FPTR(2), a[3], a[4], a[5], a[6], (int)a[7], FPTR(8), (int)a[9]);
             break;
         case P_GLU: ub_glu(FPTR(0), FPTR(1), a[2], (int)a[3], FPTR(4), (int)a[5]); break;
-        case P_ADD: ub_add(FPTR(0), FPTR(1), a[2], FPTR(3)); break;
-        case P_SCALE: ub_scale(FPTR(0), fbits(a[1]), a[2], FPTR(3)); break;
+        case P_ADD: ub_add(FPTR(0), FPTR(1), a[2], FPTR(3), (int)a[4]); break;
+        case P_SCALE: ub_scale(FPTR(0), fbits(a[1]), a[2], FPTR(3), (int)a[4]); break;
         case P_ROWS: ub_rows(FPTR(0), I64P(1), a[2], a[3], FPTR(4)); break;
         case P_KV_STORE: ub_kv_store(FPTR(0), a[1], a[2], I64P(3), (int)a[4], PTR(5)); break;
         case P_ATTN:

@@ -56,6 +56,19 @@ void ub_rope(const float *x, const float *cs, const float *sn, int64_t n_tok, in
 /* gate * act(gate) * up with act = GELU (tanh form: x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)),
  * which is 0.5 x (1 + tanh(...)) without its cancellation) or SiLU (x * sigmoid(x)) */
 static void glu_span(const float *gate, const float *up, int64_t i, int64_t n, int gelu, float *out) {
+#if UB_AVX512 /* the 8-lane loop's steps on 16 lanes: the same value in every lane */
+    const __m512 one16 = _mm512_set1_ps(1.0f), c016 = _mm512_set1_ps(-2.0f * 0.7978845608028654f),
+                 c116 = _mm512_set1_ps(0.044715f);
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(gate + i), z;
+        if (gelu)
+            z = _mm512_mul_ps(c016, _mm512_fmadd_ps(c116, _mm512_mul_ps(_mm512_mul_ps(x, x), x), x));
+        else
+            z = _mm512_sub_ps(_mm512_setzero_ps(), x);
+        __m512 g = _mm512_div_ps(x, _mm512_add_ps(one16, exp_avx512(z)));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(g, _mm512_loadu_ps(up + i)));
+    }
+#endif
 #if UB_AVX2
     const __m256 one = _mm256_set1_ps(1.0f), c0 = _mm256_set1_ps(-2.0f * 0.7978845608028654f),
                  c1 = _mm256_set1_ps(0.044715f);
@@ -91,11 +104,16 @@ void ub_glu(const float *gate, const float *up, int64_t n, int gelu, float *out,
     }
 }
 
-void ub_add(const float *a, const float *b, int64_t n, float *out) {
+/* residual adds and scales: a prefill's are 512 x 640 values, worth both cores (a decode's
+ * few rows run on the calling thread) */
+enum { ELT_PAR = 65536 };
+void ub_add(const float *a, const float *b, int64_t n, float *out, int nth) {
+#pragma omp parallel for num_threads(nth) schedule(static) if (n >= ELT_PAR)
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-void ub_scale(const float *x, float s, int64_t n, float *out) {
+void ub_scale(const float *x, float s, int64_t n, float *out, int nth) {
+#pragma omp parallel for num_threads(nth) schedule(static) if (n >= ELT_PAR)
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * s;
 }
 
