@@ -125,6 +125,24 @@ def test_prefill_tiles_are_bit_exact_dequantisation(t: T, portable: bool) -> Non
     assert torch.equal(tile.view(torch.int32), want.view(torch.int32))
 
 
+@pytest.mark.parametrize("backend", ["cpu", "cpu-avx2", "cpu-portable"])
+@pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
+def test_gemm_panel_spans_are_bit_exact_dequantisation(t: T, backend: str) -> None:
+    """ub_dequant_span, what the GEMM packs its panels from: spans of whole chunks starting inside
+    a row or ending short of it (a K-quant span shares its super-block's scales across chunks)."""
+    import ctypes
+
+    k = 768
+    w = weight(t, 5, k)
+    lib = backends.create(backend, n_threads=1)._lib
+    lib.ub_dequant_span.argtypes = [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
+    want = dequantize(w.raw, t, w.shape)
+    for r, (k0, n) in enumerate([(0, k), (256, 256), (512, 224), (96, 512), (704, 64)]):
+        out = torch.zeros(n)
+        lib.ub_dequant_span(int(t), w.raw.data_ptr() + r * w.row_bytes, k0, n, k, out.data_ptr())
+        assert torch.equal(out.view(torch.int32), want[r, k0 : k0 + n].view(torch.int32)), (k0, n)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",

@@ -1,7 +1,6 @@
-/* Matrix products and lookups on GGUF blocks: the GEMV of decode, the dequantised tiles of
- * prefill's GEMM, the embedding rows. Dequantisation is bit-exact to gguf-py (compiled with
- * -ffp-contract=off); dot products accumulate in f32 with FMA. Threads come from the OpenMP
- * runtime torch already loaded (the same libgomp), so the two never run two pools at once. */
+/* The GEMV of decode straight from the GGUF blocks (dequantised rows and spans: dequant.c). Dot
+ * products accumulate in f32 with FMA. Threads come from the OpenMP runtime torch already loaded
+ * (the same libgomp), so the two never run two pools at once. */
 #include "common.h"
 #include "quant_scalar.h"
 #include "quant_avx2.h"
@@ -178,26 +177,7 @@ static row_dot_fn row_dot_for(int type) {
     }
     return 0;
 }
-
-static void chunk_store(int type, const uint8_t *row, int64_t c, float *o) {
-    __m256 v[4];
-    switch (type) {
-#define CASE(T) case T: chunk_avx2(T, row, c, v); break;
-    CASE(T_F32) CASE(T_F16) CASE(T_BF16) CASE(T_Q8_0) CASE(T_Q4_0) CASE(T_Q4_1) CASE(T_Q5_0)
-    CASE(T_Q5_1) CASE(T_Q4_K) CASE(T_Q5_K) CASE(T_Q6_K)
-#undef CASE
-    default: return;
-    }
-    for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, v[i]);
-}
-#else
-static void chunk_store(int type, const uint8_t *row, int64_t c, float *o) { chunk_scalar(type, row, c, o); }
 #endif
-static void dequant_row(int type, const uint8_t *row, int64_t k, float *o) {
-    int64_t nc = k / 32;
-    for (int64_t c = 0; c < nc; c++) chunk_store(type, row, c, o + 32 * c);
-    for (int64_t l = nc * 32; l < k; l++) o[l] = tail_value(type, row, l);
-}
 
 /* y[r, n] = sum_k x[r, k] * W[n, k] for r < m, n < n_rows: each weight row is read once for all
  * m activation rows (in tiles of eight, four for float weights, from L1) and never written out. */
@@ -261,25 +241,4 @@ void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int6
 #if UB_AVX2
     if (xs != xs_stack) free(xs);
 #endif
-}
-
-/* values [k0, k0 + n) of one weight row of k values (k0 a multiple of 32): the GEMM's packing */
-void ub_dequant_span(int type, const uint8_t *row, int64_t k0, int64_t n, int64_t k, float *out) {
-    int64_t end = k0 + n, nc = k / 32, c1 = end / 32 < nc ? end / 32 : nc;
-    for (int64_t c = k0 / 32; c < c1; c++) chunk_store(type, row, c, out + 32 * c - k0);
-    for (int64_t l = c1 * 32; l < end; l++) out[l - k0] = tail_value(type, row, l);
-}
-
-/* rows r0 .. r0 + n of W dequantised into out (n, k): a tile for the BLAS GEMM of prefill */
-void ub_dequant_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t n,
-                     int64_t k, float *out, int nth) {
-#pragma omp parallel for num_threads(nth) schedule(static)
-    for (int64_t i = 0; i < n; i++) dequant_row(type, w + (r0 + i) * row_bytes, k, out + i * k);
-}
-
-/* rows ids[i] of W into out (n, k): the embedding lookup, straight from the blocks */
-void ub_get_rows(int type, const uint8_t *w, int64_t row_bytes, const int64_t *ids, int64_t n,
-                 int64_t k, float *out, int nth) {
-#pragma omp parallel for num_threads(nth) schedule(static) if (n > 8)
-    for (int64_t i = 0; i < n; i++) dequant_row(type, w + ids[i] * row_bytes, k, out + i * k);
 }
