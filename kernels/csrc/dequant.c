@@ -6,28 +6,16 @@
 #include "quant_avx2.h"
 
 #if UB_AVX512
-/* 32 values of a block type as two zmm from the GEMV's integer codes: d * q (+ min), the same
- * products and sums as the 8-lane decoder, in half the instructions (the GEMM's packing spent
- * 0.14 ns a value on the 8-lane one, ~5% of a prefill GEMM) */
+/* 32 values of a 32-value block type as two zmm from the GEMV's integer codes: d * q (+ min),
+ * the same products and sums as the 8-lane decoder in half the instructions (the GEMM's packing
+ * spent 0.14 ns a value on the 8-lane one, ~5% of a prefill GEMM); K-quants: k_span below */
 static inline __attribute__((always_inline)) void chunk_avx512(const int type, const uint8_t *row, int64_t c,
                                                                __m512 v[2]) {
-    gvec_t q[GQ];
-    float da, db, mn = 0.0f;
-    if (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) {
-        const uint8_t *b = row + (c >> 3) * (type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210);
-        k_scale(type, b, (int)(c & 7), &da, &db, &mn);
-        k_codes_g(type, b, (int)(c & 7), q);
-        mn = -mn; /* dmin * m, subtracted below as gguf does */
-    } else {
-        codes_t k;
-        codes_avx2(type, row, c, &k);
-        q[0] = k.q[0], q[1] = k.q[1], da = k.da, db = k.db, mn = k.m;
-    }
+    codes_t k;
+    codes_avx2(type, row, c, &k);
     for (int i = 0; i < 2; i++) {
-        __m512 y = _mm512_mul_ps(_mm512_set1_ps(i ? db : da), q[i]);
-        if (type == T_Q4_K || type == T_Q5_K) y = _mm512_sub_ps(y, _mm512_set1_ps(mn));
-        else if (type == T_Q4_1 || type == T_Q5_1) y = _mm512_add_ps(y, _mm512_set1_ps(mn));
-        v[i] = y;
+        __m512 y = _mm512_mul_ps(_mm512_set1_ps(i ? k.db : k.da), k.q[i]);
+        v[i] = type == T_Q4_1 || type == T_Q5_1 ? _mm512_add_ps(y, _mm512_set1_ps(k.m)) : y;
     }
 }
 #endif
@@ -38,7 +26,7 @@ static void chunk_store(int type, const uint8_t *row, int64_t c, float *o) {
     __m512 w[2];
     switch (type) {
 #define CASE(T) case T: chunk_avx512(T, row, c, w); _mm512_storeu_ps(o, w[0]); _mm512_storeu_ps(o + 16, w[1]); return;
-    CASE(T_Q8_0) CASE(T_Q4_0) CASE(T_Q4_1) CASE(T_Q5_0) CASE(T_Q5_1) CASE(T_Q4_K) CASE(T_Q5_K) CASE(T_Q6_K)
+    CASE(T_Q8_0) CASE(T_Q4_0) CASE(T_Q4_1) CASE(T_Q5_0) CASE(T_Q5_1)
 #undef CASE
     }
 #endif
@@ -55,12 +43,6 @@ static void chunk_store(int type, const uint8_t *row, int64_t c, float *o) {
 #else
 static void chunk_store(int type, const uint8_t *row, int64_t c, float *o) { chunk_scalar(type, row, c, o); }
 #endif
-
-static void dequant_row(int type, const uint8_t *row, int64_t k, float *o) {
-    int64_t nc = k / 32;
-    for (int64_t c = 0; c < nc; c++) chunk_store(type, row, c, o + 32 * c);
-    for (int64_t l = nc * 32; l < k; l++) o[l] = tail_value(type, row, l);
-}
 
 #if UB_AVX512
 /* chunks [c0, c1) of a K-quant row: the eight chunks of a super-block share one k_scales (the
@@ -82,7 +64,8 @@ static void k_span(const int type, const uint8_t *row, int64_t c0, int64_t c1, f
 }
 #endif
 
-/* values [k0, k0 + n) of one weight row of k values (k0 a multiple of 32): the GEMM's packing */
+/* values [k0, k0 + n) of one weight row of k values (k0 a multiple of 32, k0 + n one too or k):
+ * the GEMM's packing, and (k0 = 0, n = k) every whole row below */
 void ub_dequant_span(int type, const uint8_t *row, int64_t k0, int64_t n, int64_t k, float *out) {
     int64_t end = k0 + n, nc = k / 32, c1 = end / 32 < nc ? end / 32 : nc;
 #if UB_AVX512
@@ -100,12 +83,12 @@ void ub_dequant_span(int type, const uint8_t *row, int64_t k0, int64_t n, int64_
 void ub_dequant_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t n,
                      int64_t k, float *out, int nth) {
 #pragma omp parallel for num_threads(nth) schedule(static)
-    for (int64_t i = 0; i < n; i++) dequant_row(type, w + (r0 + i) * row_bytes, k, out + i * k);
+    for (int64_t i = 0; i < n; i++) ub_dequant_span(type, w + (r0 + i) * row_bytes, 0, k, k, out + i * k);
 }
 
 /* rows ids[i] of W into out (n, k): the embedding lookup, straight from the blocks */
 void ub_get_rows(int type, const uint8_t *w, int64_t row_bytes, const int64_t *ids, int64_t n,
                  int64_t k, float *out, int nth) {
 #pragma omp parallel for num_threads(nth) schedule(static) if (n > 8)
-    for (int64_t i = 0; i < n; i++) dequant_row(type, w + ids[i] * row_bytes, k, out + i * k);
+    for (int64_t i = 0; i < n; i++) ub_dequant_span(type, w + ids[i] * row_bytes, 0, k, k, out + i * k);
 }
