@@ -2,7 +2,7 @@
 
 `torch` is the reference (dense f32 copies, any device); `cpu` computes from the GGUF blocks
 with the C kernels (`cpu-portable` forces their portable build, `cpu-avx2` their 256-bit one on an
-AVX-512 CPU); `auto` takes the fastest one
+AVX-512 CPU, `cpu-noamx` the f32 FMA GEMM where `cpu` would use AMX tiles); `auto` takes the fastest one
 that can run here and says why when it has to fall back. `cuda` runs the Triton kernels on the
 GPU (kernels/cuda_ops.py); `--device` (cli/device.py) chooses it.
 """
@@ -53,10 +53,10 @@ def _torch(n: int) -> Ops:
     return TorchOps(n)
 
 
-def _cpu(n: int, portable: bool | None = None, no_avx512: bool = False) -> Ops:
+def _cpu(n: int, portable: bool | None = None, no_avx512: bool = False, no_amx: bool = False) -> Ops:
     from .cpu_ops import CpuOps
 
-    return CpuOps(n, portable, no_avx512)
+    return CpuOps(n, portable, no_avx512, no_amx)
 
 
 def _cuda(n: int) -> Ops:
@@ -71,4 +71,5 @@ register("torch", _torch)
 register("cpu", _cpu)
 register("cpu-portable", lambda n: _cpu(n, portable=True))
 register("cpu-avx2", lambda n: _cpu(n, portable=False, no_avx512=True))  # the 256-bit kernels, even with AVX-512
+register("cpu-noamx", lambda n: _cpu(n, no_amx=True))  # the f32 FMA GEMM, even with AMX
 register("cuda", _cuda)  # Triton kernels on the GPU (kernels/cuda_ops.py); cli/device.py picks it

@@ -25,7 +25,7 @@ from pathlib import Path
 from .cpu_program import check_arities
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 12
+ABI_VERSION = 13
 FAST_FLAGS = ("avx2", "fma", "f16c")
 
 
@@ -156,6 +156,11 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_gemm.restype = c_i
     lib.ub_gemm_scratch.argtypes = [c_i]
     lib.ub_gemm_scratch.restype = c_l
+    lib.ub_gemm_amx.argtypes = lib.ub_gemm.argtypes
+    lib.ub_gemm_amx.restype = c_i
+    lib.ub_gemm_amx_scratch.argtypes = [c_l, c_i]
+    lib.ub_gemm_amx_scratch.restype = c_l
+    lib.ub_amx_init.restype = c_i
     lib.ub_mask_span.argtypes = [c_p, c_l, c_l, c_l, c_l, c_l]
     lib.ub_mask_span.restype = c_l
     lib.ub_softmax_tile.argtypes = [c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_l, c_l, c_f, c_p, c_p, c_l, c_p, c_l, c_l, c_i]

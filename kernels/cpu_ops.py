@@ -3,7 +3,8 @@
 Few rows (decode, up to GEMV_MAX_ROWS): the C matrix-vector kernel streams each weight row
 once for every activation row, dequantising in registers. More rows (prefill): on AVX2 the C
 GEMM dequantises weight panels into per-thread planned scratch as it consumes them
-(kernels/csrc/gemm.c); elsewhere tiles of the weight are dequantised into planned scratch for
+(kernels/csrc/gemm.c); on a CPU with AMX, from AMX_MIN_ROWS rows, the same on AMX tiles with
+f32 values split into three bf16 parts (kernels/csrc/amx.c, as accurate); elsewhere tiles of the weight are dequantised into planned scratch for
 the BLAS GEMM. No dense copy of any matrix outlives the call. Norms, RoPE, the gated
 activation, residual adds, KV writes and decode-shaped attention are C calls too, bound once per
 graph (kernels/cpu_bind.py); anything else is the torch reference's code.
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from gguf import GGMLQuantizationType as T
 
-from .cpu_bind import ATTN_MAX_ROWS, GEMV_MAX_ROWS, KERNEL_TYPES, bind_node
+from .cpu_bind import AMX_MIN_ROWS, ATTN_MAX_ROWS, GEMV_MAX_ROWS, KERNEL_TYPES, bind_node
 from .cpu_build import CpuLibrary, load
 from .cpu_program import fuse
 from .dequant import dequantize
@@ -42,7 +43,9 @@ def tile_rows(m: int, n: int) -> int:
 class CpuOps(TorchOps):
     name = "cpu"
 
-    def __init__(self, n_threads: int = 1, portable: bool | None = None, no_avx512: bool = False) -> None:
+    def __init__(
+        self, n_threads: int = 1, portable: bool | None = None, no_avx512: bool = False, no_amx: bool = False
+    ) -> None:
         super().__init__(n_threads)
         self.library: CpuLibrary = load(portable, no_avx512)
         self._lib = self.library.lib
@@ -51,6 +54,8 @@ class CpuOps(TorchOps):
             self.name = "cpu-portable"
         elif no_avx512:
             self.name = "cpu-avx2"
+        elif no_amx:
+            self.name = "cpu-noamx"
         if self.library.notice:
             self.notices.append(self.library.notice)
         self._noticed: set[int] = set()
@@ -59,6 +64,13 @@ class CpuOps(TorchOps):
         # (383-413 against 176-185); the portable build has none
         self.has_gemm = self.library.simd != "portable"
         self.gemm_scratch = int(self._lib.ub_gemm_scratch(self.n_threads))  # floats, per call
+        # AMX tiles for prefill's GEMM where the build has them and Linux grants the process their
+        # state (ub_amx_init asks once); `cpu-noamx` keeps the f32 FMA kernel for comparison
+        self.amx = not no_amx and self.library.simd == "avx512" and self._lib.ub_amx_init() == 1
+
+    def amx_scratch(self, m: int) -> int:
+        """Floats of scratch the AMX GEMM needs for m rows: x split into tiles, per-thread panels."""
+        return int(self._lib.ub_gemm_amx_scratch(m, self.n_threads))
 
     # -- weights --------------------------------------------------------------------------------
     def prepare_weights(self, weights: list[QWeight]) -> None:
@@ -79,6 +91,11 @@ class CpuOps(TorchOps):
         gemv = f"C {self.library.simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows)"
         if ggml_type == T.F32:
             return f"{gemv}, BLAS GEMM (more rows)"
+        if self.amx:
+            return (
+                f"{gemv}, register-blocked GEMM dequantising weight panels (more rows; AMX tiles from"
+                f" {AMX_MIN_ROWS} rows, f32 values as three bf16 parts)"
+            )
         if self.has_gemm:
             return f"{gemv}, register-blocked GEMM dequantising weight panels (more rows)"
         return f"{gemv}, dequantised tiles + BLAS GEMM (more rows)"
@@ -86,6 +103,8 @@ class CpuOps(TorchOps):
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
         if m <= GEMV_MAX_ROWS or w.ggml_type == T.F32 or w.ggml_type not in KERNEL_TYPES:
             return []
+        if self.amx and m >= AMX_MIN_ROWS:  # x split into tiles, and a block of weight tiles a thread
+            return [((self.amx_scratch(m),), torch.float32)]
         if self.has_gemm:  # per thread: one block of weight panels, dequantised as the GEMM reads them
             return [((self.gemm_scratch,), torch.float32)]
         return [((tile_rows(m, w.shape[0]), w.shape[1]), torch.float32)]

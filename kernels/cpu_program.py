@@ -27,6 +27,7 @@ PROGRAM_OPS: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "kv_store": (8, 6, ()),
     "attention": (9, 17, (14,)),
     "gemm": (10, 12, ()),
+    "gemm_amx": (11, 12, ()),
 }
 
 

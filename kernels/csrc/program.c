@@ -18,9 +18,11 @@ void ub_attn(const float *, int64_t, int64_t, int64_t, int64_t, const void *, in
              int64_t, const int64_t *, int64_t, const uint16_t *, float, float *, int);
 int ub_gemm(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t,
             float *, int);
+int ub_gemm_amx(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t,
+                float *, int);
 
-enum { P_GEMV, P_GET_ROWS, P_RMS_NORM, P_ROPE, P_GLU, P_ADD, P_SCALE, P_ROWS, P_KV_STORE, P_ATTN, P_GEMM, P_N };
-static const int ARITY[P_N] = {11, 8, 9, 10, 6, 5, 5, 5, 6, 17, 12};
+enum { P_GEMV, P_GET_ROWS, P_RMS_NORM, P_ROPE, P_GLU, P_ADD, P_SCALE, P_ROWS, P_KV_STORE, P_ATTN, P_GEMM, P_GEMM_AMX, P_N };
+static const int ARITY[P_N] = {11, 8, 9, 10, 6, 5, 5, 5, 6, 17, 12, 12};
 
 int ub_program_arity(int op) { return op >= 0 && op < P_N ? ARITY[op] : -1; }
 
@@ -62,6 +64,11 @@ int64_t ub_run(const int64_t *prog, int64_t n) {
             break;
         case P_GEMM:
             if (!ub_gemm((int)a[0], PTR(1), a[2], a[3], a[4], FPTR(5), a[6], a[7], FPTR(8), a[9], FPTR(10), (int)a[11]))
+                return i;
+            break;
+        case P_GEMM_AMX:
+            if (!ub_gemm_amx((int)a[0], PTR(1), a[2], a[3], a[4], FPTR(5), a[6], a[7], FPTR(8), a[9], FPTR(10),
+                             (int)a[11]))
                 return i;
             break;
         default: return i;
