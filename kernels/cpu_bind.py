@@ -20,9 +20,10 @@ from .ops import KVTensor
 
 GEMV_MAX_ROWS = 16  # measured: the fused kernel beats dequantise + GEMM up to here
 ATTN_MAX_ROWS = 4  # query rows per group read straight from the cache; more: the chunked GEMMs
-# measured (one layer's GEMMs, 2 threads, Intel Xeon with AMX): the AMX GEMM 1.25x the f32 one at
-# 128 rows, 1.0x at 64 (splitting the weights into tiles costs as much as the products there)
-AMX_MIN_ROWS = 128
+# measured (one layer's GEMMs, 2 threads, Intel Xeon with AMX): the AMX GEMM 1.3-1.4x the f32 one
+# at 128-512 rows, 1.1-1.2x at 64, 1.0-1.2x at 32-48 (there splitting the weights into tiles
+# costs about as much as the products)
+AMX_MIN_ROWS = 64
 KERNEL_TYPES = frozenset(
     int(t) for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
 )

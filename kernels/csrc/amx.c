@@ -2,10 +2,11 @@
  *
  * A tile product (TDPBF16PS) multiplies bf16 values, which hold 8 of f32's 24 significant bits,
  * but it multiplies them exactly and adds in f32. Each f32 value v is split into three bf16
- * parts, v = v0 + v1 + v2 (v1 ~ 2^-9 v, v2 ~ 2^-18 v, the rest below 2^-27 v), and x . w is
- * the sum of the six part products whose orders add up to at most 2 (x0w0; x0w1, x1w0; x0w2,
- * x1w1, x2w0). What is dropped is below 2^-26 of each product, under f32's own rounding, so the
- * result is as accurate as the f32 FMA kernel's (other bits, not worse ones). Six tile products
+ * parts that sum to it exactly, v = v0 + v1 + v2 (|v1| <= 2^-8 |v|, |v2| <= 2^-16 |v|), and
+ * x . w is the sum of the six part products whose orders add up to at most 2 (x0w0; x0w1, x1w0;
+ * x0w2, x1w1, x2w0). What is dropped (x1w2, x2w1, x2w2) is at most 2^-23 of each product and
+ * typically far less, at f32's own rounding, so the result is as accurate as the f32 FMA
+ * kernel's (other bits, not worse ones: measured against f64, more accurate). Six tile products
  * cost less than one f32 FMA pass: one core does ~3 TFLOP/s of bf16 tile products against
  * ~236 GFLOP/s of 512-bit f32 FMAs.
  *
@@ -53,16 +54,24 @@ int64_t ub_gemm_amx_scratch(int64_t m, int nth) { return 3 * pad32(m) * AKC / 2 
 #if UB_AMX
 typedef struct { uint8_t palette, start; uint8_t pad[14]; uint16_t colsb[16]; uint8_t rows[16]; } tilecfg_t;
 
-static inline __m512 bf_f32(__m256bh b) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16)); }
+/* v rounded to 8 significant bits, the nearest (ties away from zero), its low 16 bits zero: an
+ * integer add on the bits carries into the exponent exactly where the rounding should */
+static inline __m512 round_bf(__m512 v) {
+    __m512i b = _mm512_add_epi32(_mm512_castps_si512(v), _mm512_set1_epi32(0x8000));
+    return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32((int)0xffff0000)));
+}
 
-/* the three bf16 parts of 32 floats (v0: the first 16), each as 32 bf16 in order */
+/* the three bf16 parts of 32 floats (v0: the first 16), each as 32 bf16 in order. The parts sum
+ * to v exactly: v - p0 (exact) keeps at most 16 significant bits, and its residual after p1 at
+ * most 8, which bf16 holds as they are; p1 is at most 2^-8 of v and p2 at most 2^-16. Each part
+ * has zero low bits, so its conversion to bf16 is exact. */
 static inline void split_vec(__m512 v0, __m512 v1, __m512i out[3]) {
-    for (int p = 0; p < 3; p++) {
-        __m256bh b0 = _mm512_cvtneps_pbh(v0), b1 = _mm512_cvtneps_pbh(v1);
-        out[p] = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)b0), (__m256i)b1, 1);
-        v0 = _mm512_sub_ps(v0, bf_f32(b0)); /* exact: the residual of a rounding */
-        v1 = _mm512_sub_ps(v1, bf_f32(b1));
-    }
+    __m512 a0 = round_bf(v0), a1 = round_bf(v1);
+    __m512 r0 = _mm512_sub_ps(v0, a0), r1 = _mm512_sub_ps(v1, a1);
+    __m512 b0 = round_bf(r0), b1 = round_bf(r1);
+    out[0] = (__m512i)_mm512_cvtne2ps_pbh(a1, a0);
+    out[1] = (__m512i)_mm512_cvtne2ps_pbh(b1, b0);
+    out[2] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(r1, b1), _mm512_sub_ps(r0, b0));
 }
 
 static inline void split_pairs(__m512i lo, __m512i hi, __m512i out[3]) {
