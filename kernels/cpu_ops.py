@@ -50,15 +50,11 @@ class CpuOps(TorchOps):
         self.library: CpuLibrary = load(portable, no_avx512)
         self._lib = self.library.lib
         self.n_threads = max(1, n_threads)
-        if portable:
-            self.name = "cpu-portable"
-        elif no_avx512:
-            self.name = "cpu-avx2"
-        elif no_amx:
-            self.name = "cpu-noamx"
+        self.name = "cpu-portable" if portable else "cpu-avx2" if no_avx512 else "cpu-noamx" if no_amx else "cpu"
         if self.library.notice:
             self.notices.append(self.library.notice)
         self._noticed: set[int] = set()
+        self._chunk_need: dict[tuple[int, int, int], int] = {}  # fused attention's scratch by shape
         # the register-blocked GEMM (kernels/csrc/gemm.c; 512-bit where the CPU has AVX-512F):
         # measured above MKL's f32 GEMM on Zen 3 (107-125 against 78-121 GFLOP/s) and on Zen 5
         # (383-413 against 176-185); the portable build has none
@@ -236,7 +232,9 @@ class CpuOps(TorchOps):
         scores at 512 tokens, against 1.25x for the reference's tiles)."""
         b, rows, d = qh.shape
         c, dv = k.shape[1], v.shape[2]
-        need = self._lib.ub_attn_chunk_scratch(c, d, dv, self.n_threads) if self.has_gemm else 0
+        need = self._chunk_need.get((c, d, dv)) if self.has_gemm else 0
+        if need is None:  # asked once per shape: a ctypes call per chunk and layer costs ~1 us
+            need = self._chunk_need[c, d, dv] = int(self._lib.ub_attn_chunk_scratch(c, d, dv, self.n_threads))
         if not (
             need
             and len(scratch) > 2
