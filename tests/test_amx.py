@@ -87,3 +87,23 @@ def test_a_prefill_through_the_tiles_matches_the_reference(amx, tiny_gemma_model
             ctx.decode(Batch.from_tokens(ids, 0, all_logits=True))
             rows[name] = ctx.logits.clone()
         assert rel_err(rows["cpu"], rows["torch"]) <= 1e-4
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_strided_rows_and_any_thread_count(f32, n_threads: int) -> None:
+    """x a column slice of a wider buffer (ldx > k) and y a column slice of a wider output (ldy >
+    n), as workspace views are, on 1 thread and on more threads than weight blocks."""
+    ops = backends.create("cpu", n_threads=n_threads)
+    if not ops.amx:
+        pytest.skip("no AMX tiles on this CPU (or for this process)")
+    w = weight(T.Q6_K, 48, 512, seed=7)
+    big = torch.randn(200, 600, generator=torch.Generator().manual_seed(9))
+    x = big[:, 40:552]
+    wide = torch.full((200, 80), float("nan"))
+    out = wide[:, 8:56]
+    scratch = [torch.empty(s, dtype=d) for s, d in ops.linear_scratch(200, w)]
+    ops.prepare_weights([w])
+    ops.linear(x, w, out, scratch)
+    want = x.double() @ dequantize(w.raw, T.Q6_K, w.shape).double().t()
+    assert rel_err(out, want) <= max(2 * rel_err(run_linear(f32, w, x.contiguous()), want), 2e-7)
+    assert wide[:, :8].isnan().all() and wide[:, 56:].isnan().all()  # nothing written beside y
