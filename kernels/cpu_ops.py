@@ -4,8 +4,8 @@ Few rows (decode, up to GEMV_MAX_ROWS): the C matrix-vector kernel streams each 
 once for every activation row, dequantising in registers. More rows (prefill): on AVX2 the C
 GEMM dequantises weight panels into per-thread planned scratch as it consumes them
 (kernels/csrc/gemm.c); on a CPU with AMX, from AMX_MIN_ROWS rows, the same on AMX tiles with
-f32 values split into three bf16 parts (kernels/csrc/amx.c, as accurate); elsewhere tiles of the weight are dequantised into planned scratch for
-the BLAS GEMM. No dense copy of any matrix outlives the call. Norms, RoPE, the gated
+f32 values split into three bf16 parts (kernels/csrc/amx.c, as accurate); elsewhere tiles of
+the weight are dequantised into planned scratch for the BLAS GEMM. No dense copy of any matrix outlives the call. Norms, RoPE, the gated
 activation, residual adds, KV writes and decode-shaped attention are C calls too, bound once per
 graph (kernels/cpu_bind.py); anything else is the torch reference's code.
 """

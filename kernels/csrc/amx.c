@@ -11,10 +11,11 @@
  * ~236 GFLOP/s of 512-bit f32 FMAs.
  *
  * Blocking, per slice of k (up to 1024 values, slice_len): all threads split that slice of x
- * into its three parts, laid out as A tiles (16 rows x 32 k); then each thread takes blocks of NC weight rows, dequantises
- * the block into split B tiles (32 k x 16 rows, pairs of k interleaved), and runs every 32-row
- * strip of x against it, a 2 x 2 tile block of outputs at a time, accumulating into y. Scratch is
- * m x slice x 6 bytes of split x plus one block of tiles a thread. */
+ * into its three parts, laid out as A tiles (16 rows x 32 k); then each thread takes blocks of
+ * ANC weight rows, dequantises the block into split B tiles (32 k x 16 rows, pairs of k
+ * interleaved), and runs every 32-row strip of x against it, a 2 x 2 tile block of outputs at a
+ * time, accumulating into y. Scratch is m x slice x 6 bytes of split x plus one block of tiles a
+ * thread. */
 #define _GNU_SOURCE /* syscall() under -std=c11 */
 #include "common.h"
 
