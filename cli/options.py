@@ -20,7 +20,7 @@ MODEL, CTX, BATCH, SAMPLING, OUTPUT, SERVER, CHAT = (
     "Server",
     "Conversation",
 )
-BACKEND_HELP = "op backend: auto (the C kernels on the GGUF blocks; torch if they cannot be built), cpu, cpu-avx2 (256-bit kernels on an AVX-512 CPU), cpu-portable, torch (dense f32 reference)"
+BACKEND_HELP = "op backend: auto (the C kernels on the GGUF blocks; torch if they cannot be built), cpu, cpu-avx2 (256-bit kernels on an AVX-512 CPU), cpu-noamx (f32 GEMM where cpu uses AMX tiles), cpu-portable, torch (dense f32 reference)"
 KV_TYPES_HELP = "(f32, f16, bf16, q8_0, q4_0)"
 
 

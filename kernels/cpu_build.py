@@ -36,6 +36,7 @@ class CpuLibrary:
     simd: str  # "avx512" (AVX-512F), "avx2" or "portable"
     built: bool  # compiled in this process (cold start) rather than loaded from the cache
     notice: str = ""
+    amx: bool = False  # the AMX GEMM is built and Linux granted the process the tile state
 
 
 def _amd_zen(family: int, model: int) -> str:
@@ -220,5 +221,6 @@ def load(portable: bool | None = None, no_avx512: bool = False) -> CpuLibrary:
         raise OSError(f"{path}: kernel ABI {lib.ub_abi_version()} != {ABI_VERSION}; delete it")
     check_arities(lib)
     simd = {3: "avx512", 2: "avx2"}.get(lib.ub_simd(), "portable")
-    _LOADED[portable, no_avx512] = CpuLibrary(lib, path, simd, built, notice)
+    amx = simd == "avx512" and lib.ub_amx_init() == 1  # asks Linux once, at load
+    _LOADED[portable, no_avx512] = CpuLibrary(lib, path, simd, built, notice, amx)
     return _LOADED[portable, no_avx512]

@@ -5,9 +5,10 @@ once for every activation row, dequantising in registers. More rows (prefill): o
 GEMM dequantises weight panels into per-thread planned scratch as it consumes them
 (kernels/csrc/gemm.c); on a CPU with AMX, from AMX_MIN_ROWS rows, the same on AMX tiles with
 f32 values split into three bf16 parts (kernels/csrc/amx.c, as accurate); elsewhere tiles of
-the weight are dequantised into planned scratch for the BLAS GEMM. No dense copy of any matrix outlives the call. Norms, RoPE, the gated
-activation, residual adds, KV writes and decode-shaped attention are C calls too, bound once per
-graph (kernels/cpu_bind.py); anything else is the torch reference's code.
+the weight are dequantised into planned scratch for the BLAS GEMM. No dense copy of any matrix
+outlives the call. Norms, RoPE, the gated activation, residual adds, KV writes and
+decode-shaped attention are C calls too, bound once per graph (kernels/cpu_bind.py); anything
+else is the torch reference's code.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ class CpuOps(TorchOps):
         # (383-413 against 176-185); the portable build has none
         self.has_gemm = self.library.simd != "portable"
         self.gemm_scratch = int(self._lib.ub_gemm_scratch(self.n_threads))  # floats, per call
-        # AMX tiles for prefill's GEMM where the build has them and Linux grants the process their
-        # state (ub_amx_init asks once); `cpu-noamx` keeps the f32 FMA kernel for comparison
-        self.amx = not no_amx and self.library.simd == "avx512" and self._lib.ub_amx_init() == 1
+        # AMX tiles for prefill's GEMM where the library has them (cpu_build); `cpu-noamx` keeps the
+        # f32 FMA kernel for comparison
+        self.amx = self.library.amx and not no_amx
 
     def amx_scratch(self, m: int) -> int:
         """Floats of scratch the AMX GEMM needs for m rows: x split into tiles, per-thread panels."""
@@ -87,13 +88,9 @@ class CpuOps(TorchOps):
         gemv = f"C {self.library.simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows)"
         if ggml_type == T.F32:
             return f"{gemv}, BLAS GEMM (more rows)"
-        if self.amx:
-            return (
-                f"{gemv}, register-blocked GEMM dequantising weight panels (more rows; AMX tiles from"
-                f" {AMX_MIN_ROWS} rows, f32 values as three bf16 parts)"
-            )
         if self.has_gemm:
-            return f"{gemv}, register-blocked GEMM dequantising weight panels (more rows)"
+            tiles = f"; AMX tiles from {AMX_MIN_ROWS} rows, f32 values as three bf16 parts" if self.amx else ""
+            return f"{gemv}, register-blocked GEMM dequantising weight panels (more rows{tiles})"
         return f"{gemv}, dequantised tiles + BLAS GEMM (more rows)"
 
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:

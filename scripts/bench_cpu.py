@@ -158,7 +158,7 @@ def main() -> None:
         for f in cpu_flags()
         if re.fullmatch(r"avx2|fma|f16c|avx512(f|bw|vl|_bf16|_fp16|_vnni|vnni)|amx_(bf16|int8)", f)
     )
-    tiles = " + AMX tiles (prefill GEMM)" if lib.simd == "avx512" and lib.lib.ub_amx_init() == 1 else ""
+    tiles = " + AMX tiles (prefill GEMM)" if lib.amx else ""
     print(
         f"CPU: {cpu_model()} ({os.cpu_count()} CPUs; {' '.join(simd)}), threads {a.t}; "
         f"ubatch kernels: C {lib.simd}{tiles}; model {path.name}"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from cli_inproc import Ran, run_cli
 
-from ubatch.kernels.cpu_build import FAST_FLAGS, cpu_flags
+from ubatch.kernels.cpu_build import FAST_FLAGS, cpu_flags, load
 
 REFDATA = Path(__file__).parent / "refdata"
 PROMPT = "The capital of France is"
@@ -205,6 +205,11 @@ def tiny_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
             ],
             "torch": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--backend", "torch"],
             "avx2": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--backend", "cpu-avx2"],
+            # a prompt past AMX_MIN_ROWS: prefill's GEMM on AMX tiles where the CPU has them
+            **{
+                f"long_{b}": [*base, "-p", "Hello world " * 30, "-n", 4, "--temp", 0, "--backend", b]
+                for b in ("cpu", "cpu-noamx", "torch")
+            },
             "info_cpu": ["info", *m, "-c", 256, "--json"],
             "info_torch": ["info", *m, "-c", 256, "--json", "--backend", "torch"],
             "bad_backend": [*base, "-p", "Hello world", "-n", 1, "--backend", "gpu9"],
@@ -442,6 +447,14 @@ def test_backend_flag_same_text_and_the_memory_each_holds(tiny_runs: dict[str, R
     assert "ubatch: backend = cpu-avx2," in runs["avx2"].stderr
     if set(FAST_FLAGS) <= cpu_flags():
         assert "C avx2: fused dequant GEMV" in runs["avx2"].stderr
+    # a long prompt: the same text with prefill on AMX tiles (where this CPU has them), on the f32
+    # GEMM (cpu-noamx) and on the reference, and the log says which GEMM each used
+    long = {b: runs[f"long_{b}"] for b in ("cpu", "cpu-noamx", "torch")}
+    assert all(r.returncode == 0 for r in long.values()), long["cpu"].stderr
+    assert long["cpu"].stdout == long["cpu-noamx"].stdout == long["torch"].stdout
+    assert "ubatch: backend = cpu-noamx," in long["cpu-noamx"].stderr
+    assert ("AMX tiles from 64 rows" in long["cpu"].stderr) == load().amx
+    assert "AMX tiles" not in long["cpu-noamx"].stderr
     cpu, ref = json.loads(runs["info_cpu"].stdout), json.loads(runs["info_torch"].stdout)
     assert (cpu["backend"], cpu["backend_bytes"]) == ("cpu", 0)
     assert ref["backend"] == "torch" and ref["backend_bytes"] > cpu["model_bytes"]  # dense f32

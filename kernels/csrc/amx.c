@@ -43,7 +43,7 @@ int ub_amx_init(void) {
 #endif
 }
 
-static int64_t pad32(int64_t v) { return (v + 31) / 32 * 32; }
+static inline int64_t pad32(int64_t v) { return round_up(v, 32); }
 
 /* The k slice for m rows. Storing an output tile stalls the tile unit for ~1000 cycles (one
  * store or four cost the same; measured against ~17 a tile product), so a tile should sum as
@@ -85,10 +85,6 @@ static inline void split_vec(__m512 v0, __m512 v1, __m512i out[3]) {
     out[2] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(r1, b1), _mm512_sub_ps(r0, b0));
 }
 
-static inline void split_pairs(__m512i lo, __m512i hi, __m512i out[3]) {
-    split_vec(_mm512_castsi512_ps(lo), _mm512_castsi512_ps(hi), out);
-}
-
 /* the parts of 32 floats at src, n of them valid (the rest zero) */
 static inline void split32(const float *src, int n, __m512i out[3]) {
     __mmask16 m0 = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
@@ -96,8 +92,8 @@ static inline void split32(const float *src, int n, __m512i out[3]) {
     split_vec(_mm512_maskz_loadu_ps(m0, src), _mm512_maskz_loadu_ps(m1, src + 16), out);
 }
 
-/* r[i][j] -> r[j][i] for 8 x 8 64-bit values */
-static inline void transpose8(__m512i r[8]) {
+/* r[i][j] -> r[j][i] for 8 x 8 64-bit values (pairs of floats; tile.h's transpose8 moves floats) */
+static inline void transpose_pairs(__m512i r[8]) {
     __m512i t[8];
     for (int p = 0; p < 4; p++) { /* t[2p + c], 128-bit lane L: column 2L + c of rows 2p, 2p + 1 */
         t[2 * p] = _mm512_unpacklo_epi64(r[2 * p], r[2 * p + 1]);
@@ -157,11 +153,11 @@ static void pack_tiles(int type, const uint8_t *w, int64_t row_bytes, int64_t n0
                 lo[i] = _mm512_loadu_si512(rows + i * ldr + kb * TK + 16 * h);
                 hi[i] = _mm512_loadu_si512(rows + (i + 8) * ldr + kb * TK + 16 * h);
             }
-            transpose8(lo); /* lo[j]: pair 8h + j of rows 0-7 */
-            transpose8(hi);
+            transpose_pairs(lo); /* lo[j]: pair 8h + j of rows 0-7 */
+            transpose_pairs(hi);
             for (int j = 0; j < 8; j++) {
                 __m512i p[3];
-                split_pairs(lo[j], hi[j], p);
+                split_vec(_mm512_castsi512_ps(lo[j]), _mm512_castsi512_ps(hi[j]), p);
                 for (int s = 0; s < 3; s++)
                     _mm512_storeu_si512(panel + tile_at(0, nkb, kb, s, half) + (8 * h + j) * TK, p[s]);
             }

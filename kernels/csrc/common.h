@@ -50,6 +50,8 @@ static inline float h2f(uint16_t h) {
 #endif
 }
 
+static inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
 static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 

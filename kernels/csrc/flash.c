@@ -15,8 +15,6 @@ int64_t ub_mask_span(const uint16_t *mask, int64_t g, int64_t tb, int64_t c, int
 
 enum { RB = 4 * MR }; /* query rows (token x query head) per task */
 
-static inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
-
 /* floats of scratch ub_attn_chunk needs: packed K and V of c cells, a score block per thread */
 int64_t ub_attn_chunk_scratch(int64_t c, int64_t d, int64_t dv, int nth) {
 #if UB_AVX2
