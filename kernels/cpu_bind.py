@@ -135,7 +135,7 @@ def _bind_gemm(ops: Any, x: torch.Tensor, w: Any, out: torch.Tensor, scratch: li
     if not ops.has_gemm or w.ggml_type == T.F32 or not scratch:
         return None
     op, fn, need = "gemm", lib.ub_gemm, ops.gemm_scratch
-    if ops.amx and m >= AMX_MIN_ROWS:
+    if ops.amx_scratch(m):
         op, fn, need = "gemm_amx", lib.ub_gemm_amx, ops.amx_scratch(m)
     if scratch[0].numel() < need:
         return None

@@ -66,8 +66,9 @@ class CpuOps(TorchOps):
         self.amx = self.library.amx and not no_amx
 
     def amx_scratch(self, m: int) -> int:
-        """Floats of scratch the AMX GEMM needs for m rows: x split into tiles, per-thread panels."""
-        return int(self._lib.ub_gemm_amx_scratch(m, self.n_threads))
+        """Floats of scratch the AMX GEMM needs for m rows (0: an m-row product skips the tiles):
+        x split into tiles, per-thread panels. The plan and the binding both ask here."""
+        return int(self._lib.ub_gemm_amx_scratch(m, self.n_threads)) if self.amx and m >= AMX_MIN_ROWS else 0
 
     # -- weights --------------------------------------------------------------------------------
     def prepare_weights(self, weights: list[QWeight]) -> None:
@@ -96,7 +97,7 @@ class CpuOps(TorchOps):
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
         if m <= GEMV_MAX_ROWS or w.ggml_type == T.F32 or w.ggml_type not in KERNEL_TYPES:
             return []
-        if self.amx and m >= AMX_MIN_ROWS:  # x split into tiles, and a block of weight tiles a thread
+        if self.amx_scratch(m):  # x split into tiles, and a block of weight tiles a thread
             return [((self.amx_scratch(m),), torch.float32)]
         if self.has_gemm:  # per thread: one block of weight panels, dequantised as the GEMM reads them
             return [((self.gemm_scratch,), torch.float32)]
