@@ -49,7 +49,10 @@ def bind_node(
             return _bind_gemm(ops, x, w, out, scratch)
         if not out.is_contiguous():
             return None
-        return CCall(
+        need = ops.gemv_scratch(m, w)
+        planned = scratch[0] if scratch and scratch[0].numel() >= need else None
+        own = torch.empty(need) if need and planned is None else None  # a direct call's own
+        call = CCall(
             "gemv",
             lib.ub_gemv,
             (
@@ -63,9 +66,12 @@ def bind_node(
                 x.stride(0),
                 out.data_ptr(),
                 out.stride(0),
+                (planned if planned is not None else own).data_ptr() if need else 0,
                 nth,
             ),
         )
+        call.keep = own
+        return call
     if op == "get_rows":
         w, ids = a
         if w.ggml_type not in KERNEL_TYPES or ids.dtype != torch.int64 or not ids.is_contiguous():

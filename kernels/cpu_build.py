@@ -25,7 +25,7 @@ from pathlib import Path
 from .cpu_program import check_arities
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 13
+ABI_VERSION = 14
 FAST_FLAGS = ("avx2", "fma", "f16c")
 
 
@@ -140,8 +140,10 @@ def _bind(lib: ctypes.CDLL) -> None:
     c_i, c_l, c_p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     lib.ub_abi_version.restype = c_i
     lib.ub_simd.restype = c_i
-    lib.ub_gemv.argtypes = [c_i, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_i]
+    lib.ub_gemv.argtypes = [c_i, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_p, c_i]
     lib.ub_gemv.restype = None
+    lib.ub_gemv_scratch.argtypes = [c_i, c_l, c_l]
+    lib.ub_gemv_scratch.restype = c_l
     lib.ub_dequant_rows.argtypes = [c_i, c_p, c_l, c_l, c_l, c_l, c_p, c_i]
     lib.ub_dequant_rows.restype = None
     lib.ub_get_rows.argtypes = [c_i, c_p, c_l, c_p, c_l, c_l, c_p, c_i]

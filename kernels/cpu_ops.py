@@ -70,6 +70,10 @@ class CpuOps(TorchOps):
         x split into tiles, per-thread panels. The plan and the binding both ask here."""
         return int(self._lib.ub_gemm_amx_scratch(m, self.n_threads)) if self.amx and m >= AMX_MIN_ROWS else 0
 
+    def gemv_scratch(self, m: int, w: QWeight) -> int:
+        """Floats of scratch the fused GEMV needs for m rows (the plan and the binding ask here)."""
+        return int(self._lib.ub_gemv_scratch(w.ggml_type, m, w.shape[1]))
+
     # -- weights --------------------------------------------------------------------------------
     def prepare_weights(self, weights: list[QWeight]) -> None:
         """Nothing is repacked: the kernels read the memory-mapped blocks as stored."""
@@ -95,7 +99,12 @@ class CpuOps(TorchOps):
         return f"{gemv}, dequantised tiles + BLAS GEMM (more rows)"
 
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
-        if m <= GEMV_MAX_ROWS or w.ggml_type == T.F32 or w.ggml_type not in KERNEL_TYPES:
+        if w.ggml_type not in KERNEL_TYPES:
+            return []
+        if m <= GEMV_MAX_ROWS:  # x reordered for the decoders, its 32-value sums (AVX2)
+            n = self.gemv_scratch(m, w)
+            return [((n,), torch.float32)] if n else []
+        if w.ggml_type == T.F32:
             return []
         if self.amx_scratch(m):  # x split into tiles, and a block of weight tiles a thread
             return [((self.amx_scratch(m),), torch.float32)]

@@ -16,7 +16,7 @@ from typing import Any
 
 # op -> (code, arity, positions of float arguments); the codes and arities are program.c's
 PROGRAM_OPS: dict[str, tuple[int, int, tuple[int, ...]]] = {
-    "gemv": (0, 11, ()),
+    "gemv": (0, 12, ()),
     "get_rows": (1, 8, ()),
     "rms_norm": (2, 9, (5,)),
     "rope": (3, 10, ()),
@@ -34,10 +34,11 @@ PROGRAM_OPS: dict[str, tuple[int, int, tuple[int, ...]]] = {
 class CCall:
     """One kernel call with every argument bound."""
 
-    __slots__ = ("op", "fn", "args")
+    __slots__ = ("op", "fn", "args", "keep")
 
     def __init__(self, op: str, fn: Callable[..., Any], args: tuple) -> None:
         self.op, self.fn, self.args = op, fn, args
+        self.keep: Any = None  # what a pointer among the arguments points into, if the call owns it
 
     def __call__(self) -> Any:
         return self.fn(*self.args)

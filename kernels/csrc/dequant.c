@@ -3,7 +3,7 @@
  * prefill's GEMM (ub_dequant_span), tiles for the portable build's BLAS GEMM, embedding rows. */
 #include "common.h"
 #include "quant_scalar.h"
-#include "quant_avx2.h"
+#include "quant_codes.h"
 
 #if UB_AVX512
 /* 32 values of a 32-value block type as two zmm from the GEMV's integer codes: d * q (+ min),

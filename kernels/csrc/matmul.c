@@ -3,9 +3,9 @@
  * (the same libgomp), so the two never run two pools at once. */
 #include "common.h"
 #include "quant_scalar.h"
-#include "quant_avx2.h"
+#include "quant_codes.h"
 
-int ub_abi_version(void) { return 13; }
+int ub_abi_version(void) { return 14; }
 int ub_simd(void) { return UB_AVX512 ? 3 : UB_AVX2 ? 2 : 0; } /* 3: AVX-512F, 2: AVX2+FMA+F16C, 0: portable */
 
 #if UB_AVX2
@@ -28,6 +28,10 @@ static inline int is_float(int type) { return type == T_F32 || type == T_F16 || 
 #define G_ADD _mm256_add_ps
 #endif
 enum { GW = 32 / GQ }; /* floats per GEMV vector */
+/* the accumulators of a block type's odd chunks: with AVX2 the even ones' (one chain a row), so
+ * that an 8-row tile's accumulators, a chunk's four code vectors and the temporaries fit the 16
+ * ymm registers; a chain gets one FMA a chunk, which does not bound the decode */
+#define ODD_ACC(ea, oa) (UB_AVX512 ? (oa) : (ea))
 
 /* decoded codes times M rows of x (at xc) into acc[0..M), the min term into mins (AVX2) */
 static inline __attribute__((always_inline)) void codes_dot(const int type, const int M,
@@ -48,12 +52,9 @@ static inline __attribute__((always_inline)) void codes_dot(const int type, cons
 #else
         __m256 a = _mm256_fmadd_ps(k->q[1], _mm256_loadu_ps(xr + 8), _mm256_mul_ps(k->q[0], _mm256_loadu_ps(xr)));
         __m256 b = _mm256_fmadd_ps(k->q[3], _mm256_loadu_ps(xr + 24), _mm256_mul_ps(k->q[2], _mm256_loadu_ps(xr + 16)));
-        if (type == T_Q6_K) {
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(k->da), a, acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(k->db), b, acc[r]);
-        } else {
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(k->da), _mm256_add_ps(a, b), acc[r]);
-        }
+        /* Q6_K's two scales: in lane order values 0..15 are lanes 0..3 of every vector */
+        __m256 d = type == T_Q6_K ? _mm256_setr_m128(_mm_set1_ps(k->da), _mm_set1_ps(k->db)) : _mm256_set1_ps(k->da);
+        acc[r] = _mm256_fmadd_ps(d, _mm256_add_ps(a, b), acc[r]);
 #endif
         if (type == T_Q4_1 || type == T_Q5_1) mins[r] += k->m * xs[r * nc + c]; /* K-quants: per super-block */
     }
@@ -120,7 +121,7 @@ static inline __attribute__((always_inline)) void row_dot_m(const int type, cons
                 k1.da = da[j + 1], k1.db = db[j + 1], k1.m = UB_AVX512 ? mn[j + 1] : 0;
                 int64_t c = sb * 8 + j;
                 codes_dot(type, M, &k0, x + c * 32, ldx, xs, nc, c, ea, mins);
-                codes_dot(type, M, &k1, x + (c + 1) * 32, ldx, xs, nc, c + 1, oa, mins);
+                codes_dot(type, M, &k1, x + (c + 1) * 32, ldx, xs, nc, c + 1, ODD_ACC(ea, oa), mins);
             }
 #if !UB_AVX512
             if (has_min(type)) { /* the eight chunks' min terms, m . (chunk sums of x), in one FMA */
@@ -133,7 +134,7 @@ static inline __attribute__((always_inline)) void row_dot_m(const int type, cons
         int64_t c = 0;
         for (; c + 1 < nc; c += 2) {
             chunk_dot(type, M, row, c, x, ldx, xs, nc, ea, mins);
-            chunk_dot(type, M, row, c + 1, x, ldx, xs, nc, oa, mins);
+            chunk_dot(type, M, row, c + 1, x, ldx, xs, nc, ODD_ACC(ea, oa), mins);
         }
         if (c < nc) chunk_dot(type, M, row, c, x, ldx, xs, nc, ea, mins);
     }
@@ -179,19 +180,61 @@ static row_dot_fn row_dot_for(int type) {
 }
 #endif
 
+#if UB_AVX2
+/* x's whole chunks in lane order (quant_avx2.h): xp[32c + 8v + L] = x[32c + 4L + v]. A 4 x 4
+ * transpose within each 128-bit half after pairing the halves: 12 shuffles a chunk and row. */
+static void gemv_permute(const float *x, int64_t m, int64_t ldx, int64_t nc, float *xp) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = 0; c < nc; c++) {
+            const float *s = x + r * ldx + 32 * c;
+            float *o = xp + (r * nc + c) * 32;
+            __m256 x0 = _mm256_loadu_ps(s), x1 = _mm256_loadu_ps(s + 8);
+            __m256 x2 = _mm256_loadu_ps(s + 16), x3 = _mm256_loadu_ps(s + 24);
+            /* rows of the 4 x 4 blocks: values 0..3 | 16..19, 4..7 | 20..23, 8..11 | 24..27, ... */
+            __m256 a = _mm256_permute2f128_ps(x0, x2, 0x20), b = _mm256_permute2f128_ps(x0, x2, 0x31);
+            __m256 cc = _mm256_permute2f128_ps(x1, x3, 0x20), d = _mm256_permute2f128_ps(x1, x3, 0x31);
+            __m256 t0 = _mm256_unpacklo_ps(a, b), t1 = _mm256_unpackhi_ps(a, b);
+            __m256 t2 = _mm256_unpacklo_ps(cc, d), t3 = _mm256_unpackhi_ps(cc, d);
+            _mm256_storeu_ps(o, _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t0), _mm256_castps_pd(t2))));
+            _mm256_storeu_ps(o + 8, _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t0), _mm256_castps_pd(t2))));
+            _mm256_storeu_ps(o + 16, _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t1), _mm256_castps_pd(t3))));
+            _mm256_storeu_ps(o + 24, _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t1), _mm256_castps_pd(t3))));
+        }
+}
+#endif
+
+/* floats of scratch ub_gemv needs for m rows of k values: x in lane order (AVX2, types whose
+ * codes are built in a register), then the 32-value sums of x (AVX2, types with a min) */
+static int64_t gemv_scratch_parts(int type, int64_t m, int64_t k, int64_t *sums_at) {
+    int64_t lanes = 0, sums = 0;
+#if UB_AVX2
+    if (gemv_lanes(type)) lanes = round_up(m * (k / 32) * 32, 16); /* 64-byte aligned parts */
+    if (has_min(type) && !UB_AVX512) sums = m * (k / 32);
+#else
+    (void)type, (void)m, (void)k;
+#endif
+    if (sums_at) *sums_at = lanes;
+    return lanes + sums;
+}
+
+int64_t ub_gemv_scratch(int type, int64_t m, int64_t k) { return gemv_scratch_parts(type, m, k, 0); }
+
 /* y[r, n] = sum_k x[r, k] * W[n, k] for r < m, n < n_rows: each weight row is read once for all
- * m activation rows (in tiles of eight, four for float weights, from L1) and never written out. */
+ * m activation rows (in tiles of eight, four for float weights, from L1) and never written out.
+ * scratch: ub_gemv_scratch(type, m, k) floats, planned by the caller (NULL: allocated here). */
 enum { GEMV_RB = 16 };
 
 void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k,
-             const float *x, int64_t m, int64_t ldx, float *y, int64_t ldy, int nth) {
-    int64_t nc = k / 32;
+             const float *x, int64_t m, int64_t ldx, float *y, int64_t ldy, float *scratch, int nth) {
+    int64_t nc = k / 32, sums_at = 0, need = gemv_scratch_parts(type, m, k, &sums_at);
     const int tile = (type == T_F32 || type == T_F16 || type == T_BF16) ? 4 : 8;
+    float *own = need && !scratch ? (float *)malloc(sizeof(float) * need) : 0;
+    if (own) scratch = own;
 #if UB_AVX2
     row_dot_fn dot = row_dot_for(type);
-    float xs_stack[4096], *xs = xs_stack;
+    float *xp = scratch, *xs = scratch + sums_at;
+    if (gemv_lanes(type)) gemv_permute(x, m, ldx, nc, xp); /* x in the decoders' lane order */
     if (has_min(type) && !UB_AVX512) { /* per 32-value chunk sums of x: the min term of every weight row */
-        if (m * nc > 4096) xs = (float *)malloc(sizeof(float) * m * nc);
         for (int64_t r = 0; r < m; r++)
             for (int64_t c = 0; c < nc; c++) {
                 const float *xc = x + r * ldx + 32 * c;
@@ -210,6 +253,10 @@ void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int6
         for (int64_t r0 = 0; r0 < m; r0 += tile) {
             int mt = (int)(m - r0 < tile ? m - r0 : tile);
             const float *xr = x + r0 * ldx;
+#if UB_AVX2
+            const float *xd = gemv_lanes(type) ? xp + r0 * nc * 32 : xr; /* what the decoders read */
+            const int64_t ldd = gemv_lanes(type) ? nc * 32 : ldx;
+#endif
             for (int64_t n = nb * GEMV_RB; n < n1; n++) {
                 const uint8_t *row = w + n * row_bytes;
                 float res[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -217,7 +264,7 @@ void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int6
                 if (r0 == 0)
                     for (int64_t o = 0; o < row_bytes; o += 64)
                         _mm_prefetch((const char *)row + 4 * row_bytes + o, _MM_HINT_T0);
-                dot(row, nc, xr, ldx, xs + r0 * nc, mt, res);
+                dot(row, nc, xd, ldd, xs + r0 * nc, mt, res);
 #else
                 float buf[32];
                 for (int64_t c = 0; c < nc; c++) {
@@ -238,7 +285,5 @@ void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int6
             }
         }
     }
-#if UB_AVX2
-    if (xs != xs_stack) free(xs);
-#endif
+    free(own);
 }

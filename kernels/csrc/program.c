@@ -5,7 +5,7 @@
  * table; ub_program_arity lets it check them against this file. */
 #include "common.h"
 
-void ub_gemv(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t, int);
+void ub_gemv(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t, float *, int);
 void ub_get_rows(int, const uint8_t *, int64_t, const int64_t *, int64_t, int64_t, float *, int);
 void ub_rms_norm(const float *, int64_t, const float *, int64_t, int64_t, float, float *, int64_t, int);
 void ub_rope(const float *, const float *, const float *, int64_t, int64_t, int64_t, int64_t, int, float *, int);
@@ -22,7 +22,7 @@ int ub_gemm_amx(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, 
                 float *, int);
 
 enum { P_GEMV, P_GET_ROWS, P_RMS_NORM, P_ROPE, P_GLU, P_ADD, P_SCALE, P_ROWS, P_KV_STORE, P_ATTN, P_GEMM, P_GEMM_AMX, P_N };
-static const int ARITY[P_N] = {11, 8, 9, 10, 6, 5, 5, 5, 6, 17, 12, 12};
+static const int ARITY[P_N] = {12, 8, 9, 10, 6, 5, 5, 5, 6, 17, 12, 12};
 
 int ub_program_arity(int op) { return op >= 0 && op < P_N ? ARITY[op] : -1; }
 
@@ -44,7 +44,7 @@ int64_t ub_run(const int64_t *prog, int64_t n) {
         const int64_t *a = prog + 1;
         switch (op) {
         case P_GEMV:
-            ub_gemv((int)a[0], PTR(1), a[2], a[3], a[4], FPTR(5), a[6], a[7], FPTR(8), a[9], (int)a[10]);
+            ub_gemv((int)a[0], PTR(1), a[2], a[3], a[4], FPTR(5), a[6], a[7], FPTR(8), a[9], FPTR(10), (int)a[11]);
             break;
         case P_GET_ROWS: ub_get_rows((int)a[0], PTR(1), a[2], I64P(3), a[4], a[5], FPTR(6), (int)a[7]); break;
         case P_RMS_NORM:
