@@ -65,3 +65,25 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(t: T) -> None:
     for rows in ([0], [3], [5, 6], [1, 2, 3, 4, 5], list(range(9))):
         part = run_linear(ops, w, x[rows].contiguous())
         assert torch.equal(part, whole[rows]), rows
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
+@pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
+def test_the_gemv_scratch_is_planned_and_its_contents_do_not_matter(t: T, portable: bool) -> None:
+    """The GEMV's scratch (x reordered for the AVX2 decoders, 32-value sums of x) comes from the
+    plan: linear_scratch asks for exactly what the kernel uses, a planned buffer full of NaN,
+    the kernel's own allocation (a direct call) and a strided x all give the same bits."""
+    ops = CpuOps(2, portable=portable)
+    k = 512 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 160
+    w = weight(t, 40, k)
+    for m in (1, 5, 16):
+        need = ops.gemv_scratch(m, w)
+        spec = ops.linear_scratch(m, w)
+        assert spec == ([((need,), torch.float32)] if need else [])
+        lanes = ops.library.simd == "avx2" and t not in (T.Q8_0, *FLOATS)
+        assert (need >= m * k) == lanes  # x reordered only where the decoders read lanes
+        wide = torch.randn(m, k + 24, generator=torch.Generator().manual_seed(m))
+        x = wide[:, :k]  # rows k + 24 floats apart
+        planned = ops.linear(x, w, torch.empty(m, 40), [torch.full((max(need, 1),), float("nan"))])
+        own = ops.linear(x.contiguous(), w, torch.empty(m, 40))
+        assert torch.equal(planned, own), m
