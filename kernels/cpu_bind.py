@@ -24,9 +24,16 @@ ATTN_MAX_ROWS = 4  # query rows per group read straight from the cache; more: th
 # at 128-512 rows, 1.1-1.2x at 64, 1.0-1.2x at 32-48 (there splitting the weights into tiles
 # costs about as much as the products)
 AMX_MIN_ROWS = 64
+TILE_MIN_ROWS = 64  # a GEMM tile narrower than this loses BLAS efficiency
 KERNEL_TYPES = frozenset(
     int(t) for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
 )
+
+
+def tile_rows(m: int, n: int) -> int:
+    """Weight rows dequantised per GEMM tile for an m-row product: as many as activation rows
+    (so the tile is no bigger than the input it multiplies), at least TILE_MIN_ROWS."""
+    return min(n, max(TILE_MIN_ROWS, m))
 
 
 def _f32(*ts: torch.Tensor) -> bool:
@@ -50,8 +57,7 @@ def bind_node(
         if not out.is_contiguous():
             return None
         need = ops.gemv_scratch(m, w)
-        planned = scratch[0] if scratch and scratch[0].numel() >= need else None
-        own = torch.empty(need) if need and planned is None else None  # a direct call's own
+        buf = scratch[0] if scratch and scratch[0].numel() >= need else torch.empty(need)  # planned, or the call's own
         call = CCall(
             "gemv",
             lib.ub_gemv,
@@ -66,11 +72,11 @@ def bind_node(
                 x.stride(0),
                 out.data_ptr(),
                 out.stride(0),
-                (planned if planned is not None else own).data_ptr() if need else 0,
+                buf.data_ptr() if need else 0,
                 nth,
             ),
         )
-        call.keep = own
+        call.keep = buf
         return call
     if op == "get_rows":
         w, ids = a

@@ -1,7 +1,8 @@
 """The fast CPU backend: matmuls and the embedding lookup read the GGUF blocks directly.
 
 Few rows (decode, up to GEMV_MAX_ROWS): the C matrix-vector kernel streams each weight row
-once for every activation row, dequantising in registers. More rows (prefill): on AVX2 the C
+once for every activation row, dequantising in registers (on AVX2 it reads x reordered into
+planned scratch, `gemv_scratch`). More rows (prefill): on AVX2 the C
 GEMM dequantises weight panels into per-thread planned scratch as it consumes them
 (kernels/csrc/gemm.c); on a CPU with AMX, from AMX_MIN_ROWS rows, the same on AMX tiles with
 f32 values split into three bf16 parts (kernels/csrc/amx.c, as accurate); elsewhere tiles of
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from gguf import GGMLQuantizationType as T
 
-from .cpu_bind import AMX_MIN_ROWS, ATTN_MAX_ROWS, GEMV_MAX_ROWS, KERNEL_TYPES, bind_node
+from .cpu_bind import AMX_MIN_ROWS, ATTN_MAX_ROWS, GEMV_MAX_ROWS, KERNEL_TYPES, bind_node, tile_rows
 from .cpu_build import CpuLibrary, load
 from .cpu_program import fuse
 from .dequant import dequantize
@@ -27,18 +28,10 @@ from .ops import KV_CHUNK, KVTensor, ScratchSpec, attn_scratch
 from .torch_ops import TorchOps
 from .weight import QWeight
 
-TILE_MIN_ROWS = 64  # a GEMM tile narrower than this loses BLAS efficiency
-
 
 def _rows_ok(*ts: torch.Tensor) -> bool:
     """f32 (b, rows, cols) tensors whose rows are contiguous and packed (the C tile products)."""
     return all(t.dtype == torch.float32 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in ts)
-
-
-def tile_rows(m: int, n: int) -> int:
-    """Weight rows dequantised per GEMM tile for an m-row product: as many as activation rows
-    (so the tile is no bigger than the input it multiplies), at least TILE_MIN_ROWS."""
-    return min(n, max(TILE_MIN_ROWS, m))
 
 
 class CpuOps(TorchOps):
@@ -99,12 +92,10 @@ class CpuOps(TorchOps):
         return f"{gemv}, dequantised tiles + BLAS GEMM (more rows)"
 
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
-        if w.ggml_type not in KERNEL_TYPES:
-            return []
-        if m <= GEMV_MAX_ROWS:  # x reordered for the decoders, its 32-value sums (AVX2)
-            n = self.gemv_scratch(m, w)
+        if m <= GEMV_MAX_ROWS:  # x reordered for the AVX2 decoders, its 32-value sums
+            n = self.gemv_scratch(m, w) if w.ggml_type in KERNEL_TYPES else 0
             return [((n,), torch.float32)] if n else []
-        if w.ggml_type == T.F32:
+        if w.ggml_type == T.F32 or w.ggml_type not in KERNEL_TYPES:
             return []
         if self.amx_scratch(m):  # x split into tiles, and a block of weight tiles a thread
             return [((self.amx_scratch(m),), torch.float32)]

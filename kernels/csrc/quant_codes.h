@@ -23,8 +23,8 @@ enum { GQ = 4 };
 /* Lane order: the 32 code bytes of a chunk sit in one ymm (byte l = value l), and vector v takes
  * byte v of each 32-bit lane, so lane L of q[v] is value 4L + v. Shifts within the lanes widen
  * them, where sign-extending each quarter of a register costs a cross-lane shuffle; the GEMV
- * reads x permuted to match (gemv_permute in matmul.c). Measured on Zen 3, one row: Q5_0 12.1
- * -> 9.5 cycles a chunk (TSC) in a harness of the decode-and-dot alone. */
+ * reads x permuted to match (gemv_permute in matmul.c). Measured on Zen 3, one row, 512 x 640
+ * Q5_0: 63.1 -> 53.5 us (docs/backends.md). */
 static inline __attribute__((always_inline)) void lanes_to_codes(__m256i y, int sign, gvec_t q[4]) {
     if (sign) {
         q[0] = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(y, 24), 24));
@@ -64,44 +64,6 @@ static inline __attribute__((always_inline)) void k_codes_g(const int type, cons
 static inline int gemv_lanes(int type) {
     return !UB_AVX512 && type != T_Q8_0 && type != T_F32 && type != T_F16 && type != T_BF16;
 }
-
-#if !UB_AVX512
-/* the AVX2 GEMV's codes of a 32-value block type chunk (and Q4_1 / Q5_1's min), without the
- * scale: the GEMV converts eight chunks' scales at once */
-static inline __attribute__((always_inline)) void codes_lanes(const int type, const uint8_t *row,
-                                                              int64_t c, codes_t *o) {
-    o->m = 0;
-    switch (type) {
-    case T_Q8_0: { /* in order: each quarter sign-extended straight from memory */
-        const uint8_t *b = row + c * 34;
-        for (int i = 0; i < 4; i++)
-            o->q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i))));
-        return;
-    }
-    case T_Q4_0: case T_Q4_1: {
-        const int one = type == T_Q4_1;
-        const uint8_t *b = row + c * (one ? 20 : 18);
-        __m256i y = nibble_bytes(b + (one ? 4 : 2));
-        if (one) o->m = h2f(rd16(b + 2));
-        lanes_to_codes(one ? y : _mm256_sub_epi8(y, _mm256_set1_epi8(8)), !one, o->q);
-        return;
-    }
-    case T_Q5_0: case T_Q5_1: {
-        const int one = type == T_Q5_1;
-        const uint8_t *b = row + c * (one ? 24 : 22);
-        __m256i hb = bits_to_bytes(rd32(b + (one ? 4 : 2))), y = nibble_bytes(b + (one ? 8 : 6));
-        if (one) { /* code | 16 where the bit is set, unsigned */
-            o->m = h2f(rd16(b + 2));
-            y = _mm256_or_si256(y, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
-        } else { /* (code | bit << 4) - 16 == code | (bit ? 0 : 0xF0) as a signed byte */
-            y = _mm256_or_si256(y, _mm256_andnot_si256(hb, _mm256_set1_epi8((char)0xF0)));
-        }
-        lanes_to_codes(y, !one, o->q);
-        return;
-    }
-    }
-}
-#endif
 
 static inline __attribute__((always_inline)) void codes_avx2(const int type, const uint8_t *row,
                                                              int64_t c, codes_t *o) {
@@ -149,9 +111,39 @@ static inline __attribute__((always_inline)) void codes_avx2(const int type, con
         return;
     }
     }
-#else
-    o->da = o->db = h2f(rd16(row + c * (type == T_Q8_0 ? 34 : type == T_Q4_0 ? 18 : type == T_Q4_1 ? 20 : type == T_Q5_0 ? 22 : 24)));
-    codes_lanes(type, row, c, o);
+#else /* AVX2: lane order (above), but for Q8_0 */
+    switch (type) {
+    case T_Q8_0: { /* in order: each quarter sign-extended straight from memory */
+        const uint8_t *b = row + c * 34;
+        o->da = o->db = h2f(rd16(b));
+        for (int i = 0; i < 4; i++)
+            o->q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i))));
+        return;
+    }
+    case T_Q4_0: case T_Q4_1: {
+        const int one = type == T_Q4_1;
+        const uint8_t *b = row + c * (one ? 20 : 18);
+        __m256i y = nibble_bytes(b + (one ? 4 : 2));
+        o->da = o->db = h2f(rd16(b));
+        if (one) o->m = h2f(rd16(b + 2));
+        lanes_to_codes(one ? y : _mm256_sub_epi8(y, _mm256_set1_epi8(8)), !one, o->q);
+        return;
+    }
+    case T_Q5_0: case T_Q5_1: {
+        const int one = type == T_Q5_1;
+        const uint8_t *b = row + c * (one ? 24 : 22);
+        __m256i hb = bits_to_bytes(rd32(b + (one ? 4 : 2))), y = nibble_bytes(b + (one ? 8 : 6));
+        o->da = o->db = h2f(rd16(b));
+        if (one) { /* code | 16 where the bit is set, unsigned */
+            o->m = h2f(rd16(b + 2));
+            y = _mm256_or_si256(y, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+        } else { /* (code | bit << 4) - 16 == code | (bit ? 0 : 0xF0) as a signed byte */
+            y = _mm256_or_si256(y, _mm256_andnot_si256(hb, _mm256_set1_epi8((char)0xF0)));
+        }
+        lanes_to_codes(y, !one, o->q);
+        return;
+    }
+    }
 #endif
 }
 
