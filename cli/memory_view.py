@@ -79,6 +79,14 @@ def breakdown_table(p: MemoryPlan) -> Table:
     return t
 
 
+def _held_why(p: MemoryPlan) -> str:
+    if not p.backend_bytes:
+        return "none: kernels read the GGUF blocks"
+    if p.backend == "torch":
+        return "dense f32 copies (torch reference)"
+    return "repacked matrices (below), net of the file pages they release"
+
+
 def plan_table(p: MemoryPlan) -> Table:
     """Every buffer of the plan with its size and the reason for that size."""
     t = Table(title=f"memory plan: {p.model_file}", title_justify="left")
@@ -86,11 +94,7 @@ def plan_table(p: MemoryPlan) -> Table:
     t.add_column("size", justify="right")
     t.add_column("why")
     t.add_row("model (GGUF, mmap)", size(p.model_bytes), f"{p.n_params / 1e6:.1f} M params as stored")
-    t.add_row(
-        f"{p.backend} backend weights",
-        size(p.backend_bytes),
-        "dense f32 copies (torch reference)" if p.backend_bytes else "none: kernels read the GGUF blocks",
-    )
+    t.add_row(f"{p.backend} backend weights", size(p.backend_bytes), _held_why(p))
     for tname, path in p.kernels.items():
         t.add_row(f"  {tname} matrices", "", path)
     for c in p.kv:

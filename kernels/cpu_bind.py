@@ -46,7 +46,7 @@ def bind_node(
     """A zero-argument C call computing the node, or None to keep the Python method."""
     lib, nth = ops._lib, ops.n_threads
     if op == "linear":
-        x, w = a
+        x, w = a[0], ops.repacks.layout(a[1])
         m, (n, k) = x.shape[0], w.shape
         if m == 0:
             return lambda: None
@@ -79,7 +79,7 @@ def bind_node(
         call.keep = buf
         return call
     if op == "get_rows":
-        w, ids = a
+        w, ids = ops.repacks.layout(a[0]), a[1]
         if w.ggml_type not in KERNEL_TYPES or ids.dtype != torch.int64 or not ids.is_contiguous():
             return None
         return CCall(

@@ -25,6 +25,7 @@ from .cpu_build import CpuLibrary, load
 from .cpu_program import fuse
 from .dequant import dequantize
 from .ops import KV_CHUNK, KVTensor, ScratchSpec, attn_scratch
+from .repack import Repacks
 from .torch_ops import TorchOps
 from .weight import QWeight
 
@@ -57,6 +58,7 @@ class CpuOps(TorchOps):
         # AMX tiles for prefill's GEMM where the library has them (cpu_build); `cpu-noamx` keeps the
         # f32 FMA kernel for comparison
         self.amx = self.library.amx and not no_amx
+        self.repacks = Repacks(self.library.simd == "avx2")  # Q5_0 as Q8_0 for the AVX2 GEMV
 
     def amx_scratch(self, m: int) -> int:
         """Floats of scratch the AMX GEMM needs for m rows (0: an m-row product skips the tiles):
@@ -65,11 +67,12 @@ class CpuOps(TorchOps):
 
     def gemv_scratch(self, m: int, w: QWeight) -> int:
         """Floats of scratch the fused GEMV needs for m rows (the plan and the binding ask here)."""
-        return int(self._lib.ub_gemv_scratch(w.ggml_type, m, w.shape[1]))
+        return int(self._lib.ub_gemv_scratch(self.repacks.kernel_type(w), m, w.shape[1]))
 
     # -- weights --------------------------------------------------------------------------------
     def prepare_weights(self, weights: list[QWeight]) -> None:
-        """Nothing is repacked: the kernels read the memory-mapped blocks as stored."""
+        """The kernels read the memory-mapped blocks as stored, but Q5_0 on AVX2 (kernels/repack.py)."""
+        self.repacks.plan(weights)
         for w in weights:
             if w.ggml_type not in KERNEL_TYPES and w.ggml_type not in self._noticed:
                 self._noticed.add(w.ggml_type)
@@ -78,12 +81,12 @@ class CpuOps(TorchOps):
                 )
 
     def held_bytes(self) -> int:
-        return 0
+        return self.repacks.held_bytes()
 
     def kernel_path(self, ggml_type: int) -> str:
         if ggml_type not in KERNEL_TYPES:
             return "dequantise per use + BLAS"
-        gemv = f"C {self.library.simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows)"
+        gemv = f"{self.repacks.describe(ggml_type)}C {self.library.simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows)"
         if ggml_type == T.F32:
             return f"{gemv}, BLAS GEMM (more rows)"
         if self.has_gemm:
@@ -122,6 +125,7 @@ class CpuOps(TorchOps):
 
     # -- ops (a direct call binds and runs; what C does not cover falls back to torch) ---------
     def get_rows(self, w: QWeight, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        w = self.repacks.layout(w)
         if w.ggml_type not in KERNEL_TYPES:
             return out.copy_(w.rows(ids))
         if not self._c("get_rows", [w, ids.long().contiguous()], out, []):
@@ -131,7 +135,7 @@ class CpuOps(TorchOps):
     def linear(
         self, x: torch.Tensor, w: QWeight, out: torch.Tensor, scratch: list[torch.Tensor] | None = None
     ) -> torch.Tensor:
-        m, (n, k) = x.shape[0], w.shape
+        m, (n, k), w = x.shape[0], w.shape, self.repacks.layout(w)
         if m == 0:
             return out
         if w.ggml_type not in KERNEL_TYPES:
