@@ -22,18 +22,20 @@ Q5_0_BYTES, Q8_0_BYTES = 22, 34
 _BIT = torch.arange(8, dtype=torch.uint8)
 
 
+CHUNK = 2048  # blocks a step: temporaries of 64 KiB, reused from the heap, never a new mapping
+
+
 def q5_0_to_q8_0(raw: torch.Tensor) -> torch.Tensor:
     """Q5_0 blocks (uint8, a multiple of 22 bytes) as Q8_0 blocks holding the same values."""
-    b = raw.view(-1, Q5_0_BYTES)
-    n = b.shape[0]
-    fifth = ((b[:, 2:6].unsqueeze(2) >> _BIT) & 1).view(n, 32)  # bit j of the LE u32 = value j
-    qs = b[:, 6:22]
-    out = torch.empty(n, Q8_0_BYTES, dtype=torch.uint8)
-    out[:, :2] = b[:, :2]
-    codes = out[:, 2:]
-    torch.bitwise_and(qs, 0xF, out=codes[:, :16])  # low nibbles are values 0..15, high 16..31
-    torch.bitwise_right_shift(qs, 4, out=codes[:, 16:])
-    codes.bitwise_or_(fifth << 4).sub_(16)  # uint8 wrap-around: the int8 bytes of q - 16
+    src = raw.view(-1, Q5_0_BYTES)
+    out = torch.empty(src.shape[0], Q8_0_BYTES, dtype=torch.uint8)
+    for i in range(0, src.shape[0], CHUNK):
+        b, o = src[i : i + CHUNK], out[i : i + CHUNK]
+        fifth = ((b[:, 2:6].unsqueeze(2) >> _BIT) & 1).view(-1, 32)  # bit j of the LE u32 = value j
+        o[:, :2] = b[:, :2]
+        torch.bitwise_and(b[:, 6:22], 0xF, out=o[:, 2:18])  # low nibbles are values 0..15, high 16..31
+        torch.bitwise_right_shift(b[:, 6:22], 4, out=o[:, 18:])
+        o[:, 2:].bitwise_or_(fifth.mul_(16)).sub_(16)  # uint8 wrap-around: the int8 bytes of q - 16
     return out.view(-1)
 
 
