@@ -62,6 +62,7 @@ class BenchResult:
     used_buffer_mib: float  # the largest graph that actually ran in this test
     kv_mib: float
     n_ubatches: int  # forward passes per repetition
+    stream_bytes: int = 0  # weight bytes a decode step reads: as stored plus the backend's repacks
     buffer_top: list[TensorShare] = field(default_factory=list)  # tensors alive at the reserved peak
     used_top: list[TensorShare] = field(default_factory=list)  # ... at the peak of the largest graph run
     profile_ms: dict[str, float] = field(default_factory=dict)  # per repetition, by op category

@@ -113,6 +113,10 @@ class Repacks:
     def held_bytes(self) -> int:
         return sum(w.nbytes // Q5_0_BYTES * Q8_0_BYTES - freed for w, freed in self._planned.items())
 
+    def extra_bytes(self) -> int:
+        """Bytes a pass over every planned weight reads beyond the stored ones (achieved GB/s)."""
+        return sum(w.nbytes // Q5_0_BYTES * (Q8_0_BYTES - Q5_0_BYTES) for w in self._planned)
+
     def describe(self, ggml_type: int) -> str:
         """What the kernel path of a type starts with ("" where nothing is repacked)."""
         if ggml_type != T.Q5_0 or not self._planned:

@@ -7,7 +7,8 @@ Builds nothing: DIR holds llama.cpp's llama-bench, llama-batched-bench and llama
 Each measurement runs ubatch and llama.cpp one after the other on the same model, threads and
 flags, alternating over -r rounds so that load elsewhere on the machine hits both alike:
 - pp512 and tg128 t/s (llama-bench vs `ubatch bench`) and their ratio; for tg the weight bytes a
-  token streams (every matrix as stored, read once per decode) times t/s, i.e. achieved GB/s;
+  token streams (every matrix as the kernels read it once per decode: as stored for llama.cpp,
+  with ubatch's repacks for ubatch) times t/s, i.e. achieved GB/s;
 - aggregate decode S_TG at each -npl (llama-batched-bench vs `ubatch batched-bench`, -npp 64
   -ntg 32);
 - peak RSS of a 16-token completion at -c 4096 (llama-completion vs `ubatch cli`).
@@ -30,9 +31,11 @@ from pathlib import Path
 from ubatch.engine.batched_bench import BatchedParams, run_batched_bench
 from ubatch.engine.bench_params import BenchParams
 from ubatch.engine.bench_run import run_bench
+from ubatch.engine.context import make_backend
 from ubatch.engine.default_model import default_model_path
 from ubatch.engine.model import Model
 from ubatch.kernels.cpu_build import cpu_flags, cpu_model, load
+from ubatch.kernels.cpu_ops import CpuOps
 
 PROMPT = "The history of the printing press begins"
 
@@ -174,13 +177,19 @@ def main() -> None:
         for k, v in ubatch_bench(model, a.t, 1).items():
             ub[k].append(v)
     weight_bytes = sum(w.nbytes for w in model.matrices())  # tied head counted once
+    ops = make_backend("auto", a.t)  # what ubatch's kernels read: its repacks (kernels/repack.py) included
+    ops.prepare_weights(model.matrices())
+    ub_bytes = weight_bytes + (ops.repacks.extra_bytes() if isinstance(ops, CpuOps) else 0)
     print("\n| test | ubatch t/s | llama.cpp t/s | ratio | ubatch GB/s | llama.cpp GB/s |")
     print("|---|---:|---:|---:|---:|---:|")
     for k in ("pp512", "tg128"):
         u, lv = max(ub[k]), max(lc[k])
-        gb = f"{weight_bytes * u / 1e9:.1f} | {weight_bytes * lv / 1e9:.1f}" if k == "tg128" else "- | -"
+        gb = f"{ub_bytes * u / 1e9:.1f} | {weight_bytes * lv / 1e9:.1f}" if k == "tg128" else "- | -"
         print(f"| {k} | {u:.1f} | {lv:.1f} | {u / lv:.2f}x | {gb} |")
-    print(f"(best of {a.r}; tg streams {weight_bytes / 2**20:.0f} MiB of stored weights per token)")
+    print(
+        f"(best of {a.r}; a tg token streams {weight_bytes / 2**20:.0f} MiB of stored weights in llama.cpp, "
+        f"{ub_bytes / 2**20:.0f} MiB with ubatch's repacks)"
+    )
 
     lb: dict[int, float] = {}
     ubb: dict[int, float] = {}

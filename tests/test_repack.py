@@ -63,6 +63,7 @@ def test_repacks_are_made_at_first_use_and_counted_before() -> None:
     assert off.held_bytes() == 0 and off.layout(w) is w and off.describe(T.Q5_0) == ""
     assert on.kernel_type(w) == T.Q8_0 and on.held_bytes() == 24 * 8 * 34  # anonymous: nothing released
     assert not on._made  # planning alone repacks nothing (`ubatch info`)
+    assert on.extra_bytes() == 24 * 8 * 12 and off.extra_bytes() == 0  # read a token beyond the stored bytes
     p = on.layout(w)
     assert p is on.layout(w) and p.ggml_type == T.Q8_0 and on.held_bytes() == 24 * 8 * 34
     assert "repacked to Q8_0" in on.describe(T.Q5_0) and on.describe(T.Q8_0) == ""
