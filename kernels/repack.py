@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import weakref
 
 import torch
 from gguf import GGMLQuantizationType as T
@@ -82,6 +83,11 @@ def release_pages(raw: torch.Tensor) -> int:
     return hi - lo if libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0 else 0
 
 
+# one repack of a weight however many contexts compute from it (a server's draft, tests): a second
+# would read the released pages back in and hold the copy twice; it lives as long as the weight
+_SHARED: weakref.WeakKeyDictionary[QWeight, QWeight] = weakref.WeakKeyDictionary()
+
+
 class Repacks:
     """The weights a backend computes from in another block type, made at first use (a context
     that is only planned repacks nothing) and counted in `held_bytes` net of the file pages they
@@ -106,8 +112,11 @@ class Repacks:
             return w
         p = self._made.get(w)
         if p is None:
-            p = self._made[w] = QWeight(w.name, q5_0_to_q8_0(w.raw), int(T.Q8_0), w.shape)
-            release_pages(w.raw)
+            p = _SHARED.get(w)
+            if p is None:  # the first context of this weight makes it; later ones share it
+                p = _SHARED[w] = QWeight(w.name, q5_0_to_q8_0(w.raw), int(T.Q8_0), w.shape)
+                release_pages(w.raw)
+            self._made[w] = p
         return p
 
     def held_bytes(self) -> int:

@@ -67,6 +67,9 @@ def test_repacks_are_made_at_first_use_and_counted_before() -> None:
     p = on.layout(w)
     assert p is on.layout(w) and p.ggml_type == T.Q8_0 and on.held_bytes() == 24 * 8 * 34
     assert "repacked to Q8_0" in on.describe(T.Q5_0) and on.describe(T.Q8_0) == ""
+    again = Repacks(True)  # another context of the same weights shares the repack
+    again.plan([w])
+    assert again.layout(w) is p and again.held_bytes() == on.held_bytes()
 
 
 @needs_avx2
