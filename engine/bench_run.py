@@ -203,7 +203,7 @@ def run_bench(
             n_batch_eff=cp.n_batch,
             n_ubatch_eff=cp.n_ubatch,
             n_outputs_max=cp.n_outputs_max,
-            stream_bytes=model.size_bytes + _repack_bytes(ctx.ops),
+            stream_bytes=model.size_bytes + repack_bytes(ctx.ops),
             compute_buffer_mib=mib(ctx.reservation.bytes),
             used_buffer_mib=mib(used.size if used else 0),
             kv_mib=mib(kv),
@@ -219,10 +219,10 @@ def run_bench(
     return results
 
 
-__all__ = ["BenchContext", "kv_bytes", "random_tokens", "run_prompt", "run_gen", "run_bench"]
+__all__ = ["BenchContext", "kv_bytes", "repack_bytes", "random_tokens", "run_prompt", "run_gen", "run_bench"]
 
 
-def _repack_bytes(ops: object) -> int:
+def repack_bytes(ops: object) -> int:
     """Bytes a pass over the weights reads beyond the stored ones (the CPU backend's repacks)."""
     repacks = getattr(ops, "repacks", None)
     return int(repacks.extra_bytes()) if repacks is not None else 0

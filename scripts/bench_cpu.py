@@ -30,12 +30,11 @@ from pathlib import Path
 
 from ubatch.engine.batched_bench import BatchedParams, run_batched_bench
 from ubatch.engine.bench_params import BenchParams
-from ubatch.engine.bench_run import run_bench
+from ubatch.engine.bench_run import repack_bytes, run_bench
 from ubatch.engine.context import make_backend
 from ubatch.engine.default_model import default_model_path
 from ubatch.engine.model import Model
 from ubatch.kernels.cpu_build import cpu_flags, cpu_model, load
-from ubatch.kernels.cpu_ops import CpuOps
 
 PROMPT = "The history of the printing press begins"
 
@@ -179,7 +178,7 @@ def main() -> None:
     weight_bytes = sum(w.nbytes for w in model.matrices())  # tied head counted once
     ops = make_backend("auto", a.t)  # what ubatch's kernels read: its repacks (kernels/repack.py) included
     ops.prepare_weights(model.matrices())
-    ub_bytes = weight_bytes + (ops.repacks.extra_bytes() if isinstance(ops, CpuOps) else 0)
+    ub_bytes = weight_bytes + repack_bytes(ops)
     print("\n| test | ubatch t/s | llama.cpp t/s | ratio | ubatch GB/s | llama.cpp GB/s |")
     print("|---|---:|---:|---:|---:|---:|")
     for k in ("pp512", "tg128"):
