@@ -20,7 +20,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from ..engine.errors import UbatchError
+from ubatch.engine.errors import UbatchError
 
 err_console = Console(stderr=True, highlight=False)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -135,7 +135,7 @@ def resolve_model(path: Path | None) -> Path:
     """-m PATH as given, or the default Gemma 3 270M assembled once into the cache directory."""
     if path is not None:
         return path
-    from ..engine.default_model import default_model_path
+    from ubatch.engine.model.default_model import default_model_path
 
     bar = AssemblyBar()
     try:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import typer
 
-from ..engine.errors import UbatchError
-from ..engine.hf_convert import OUTTYPES
-from ..engine.hf_convert import convert as convert_checkpoint
-from .common import err_console, user_errors
+from ubatch.cli.common import err_console, user_errors
+from ubatch.engine.errors import UbatchError
+from ubatch.engine.model.hf.convert import OUTTYPES
+from ubatch.engine.model.hf.convert import convert as convert_checkpoint
 
 
 @user_errors

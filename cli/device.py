@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.errors import UbatchError
+from ubatch.engine.errors import UbatchError
 
 DEVICES = ("auto", "cuda", "cpu")
 _ALIASES = {"none": "cpu", "cuda0": "cuda", "gpu": "cuda"}
@@ -62,6 +62,6 @@ def load_on(path, device: torch.device):  # type: ignore[no-untyped-def]
     themselves, as before)."""
     if device.type == "cpu":
         return None
-    from ..engine.model import Model
+    from ubatch.engine.model.model import Model
 
     return Model.load(path, device)

@@ -10,10 +10,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from ..engine.errors import UbatchError
-from . import validate
-from .common import resolve_model, user_errors
-from .options import opt
+from ubatch.cli import validate
+from ubatch.cli.common import resolve_model, user_errors
+from ubatch.cli.options import opt
+from ubatch.engine.errors import UbatchError
 
 
 def parse_bytes(text: str) -> int:
@@ -59,14 +59,14 @@ def info(
     validate.n_parallel(parallel)  # these three import the engine's tables: last
     validate.kv_types(ctk, ctv)
     validate.backend(backend)
-    from .device import resolve_device
+    from ubatch.cli.device import resolve_device
 
     dev, backend = resolve_device(device, backend)  # the plan of that device's buffers
-    from ..engine.model import Model
-    from ..engine.params import ContextParams
-    from ..engine.report import fit, plan_for
-    from .memory_view import breakdown_table, plan_json, plan_table
-    from .present import startup_lines
+    from ubatch.cli.memory_view import breakdown_table, plan_json, plan_table
+    from ubatch.cli.present import startup_lines
+    from ubatch.engine.context.report import fit, plan_for
+    from ubatch.engine.model.model import Model
+    from ubatch.engine.params import ContextParams
 
     m = Model.load(resolve_model(model), dev)
     params = ContextParams(

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, complete, convert, explain, info, server, tokenize
-from .llama_command import LlamaGroup, llama_command
+from ubatch.cli import convert, info, tokenize
+from ubatch.cli.bench import command as bench
+from ubatch.cli.complete import command as complete
+from ubatch.cli.explain import command as explain
+from ubatch.cli.llama.command import LlamaGroup, llama_command
+from ubatch.cli.server import command as server
 
 app = typer.Typer(
     name="ubatch",

@@ -11,9 +11,9 @@ from typing import Any
 
 from rich.table import Table
 
-from ..engine.report import MemoryPlan
-from ..engine.units import mib
-from .device import device_name
+from ubatch.cli.device import device_name
+from ubatch.engine.context.report import MemoryPlan
+from ubatch.engine.units import mib
 
 Rows = list[tuple[str, str]]  # (label, text): the chat's panel and /stats
 

@@ -3,14 +3,14 @@ log is cli.memory_view's, so it reads the same in every command."""
 
 from __future__ import annotations
 
-from ..engine.context import Context
-from ..engine.cuda_graphs import counters, summary
-from ..engine.generate import CompletionStats
-from ..engine.model import Model
-from ..engine.params import ContextParams, derive
-from ..engine.report import MemoryPlan, memory_plan, plan_for
-from ..engine.units import mib, tokens_per_second
-from .memory_view import llama_lines
+from ubatch.cli.memory_view import llama_lines
+from ubatch.engine.completion.complete import CompletionStats
+from ubatch.engine.context.context import Context
+from ubatch.engine.context.report import MemoryPlan, memory_plan, plan_for
+from ubatch.engine.graph.cuda_graphs import counters, summary
+from ubatch.engine.model.model import Model
+from ubatch.engine.params import ContextParams, derive
+from ubatch.engine.units import mib, tokens_per_second
 
 
 def startup_lines(

@@ -13,11 +13,11 @@ from typing import Any, Optional
 
 import typer
 
-from ..engine.errors import UbatchError
-from . import validate
-from .common import read_text_file
-from .flag_group import flag_group
-from .options import SAMPLING
+from ubatch.cli import validate
+from ubatch.cli.common import read_text_file
+from ubatch.cli.flag_group import flag_group
+from ubatch.cli.options import SAMPLING
+from ubatch.engine.errors import UbatchError
 
 _P = SAMPLING
 
@@ -86,8 +86,8 @@ class SamplingFlags:
 
     def sampler_params(self) -> Any:
         """The engine's SamplerParams (llama.cpp's common_params_sampling)."""
-        from ..engine.sampler_names import parse_samplers, parse_sampling_seq
-        from ..engine.sampling import LLAMA_DEFAULT_SEED, SamplerParams
+        from ubatch.engine.sampling.chain import LLAMA_DEFAULT_SEED, SamplerParams
+        from ubatch.engine.sampling.names import parse_samplers, parse_sampling_seq
 
         extra: dict[str, Any] = {}
         if self.sampling_seq is not None:
@@ -135,7 +135,7 @@ class SamplingFlags:
             return ""
         import json
 
-        from ..engine.json_schema import schema_to_gbnf
+        from ubatch.engine.grammar.json_schema.convert import schema_to_gbnf
 
         try:
             parsed = json.loads(schema)
@@ -149,7 +149,7 @@ class SamplingFlags:
         if "_grammar" not in self.__dict__:
             text = self.grammar_text()
             if text:
-                from ..engine.grammar import compile_grammar
+                from ubatch.engine.grammar import compile_grammar
 
                 self.__dict__["_grammar"] = compile_grammar(text)
             else:

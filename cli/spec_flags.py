@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import typer
 
-from ..engine.errors import UbatchError
-from .flag_group import flag_group
+from ubatch.cli.flag_group import flag_group
+from ubatch.engine.errors import UbatchError
 
 PANEL = "Speculative decoding"
 
@@ -39,7 +39,7 @@ class SpecFlags:
         return tuple(t.strip() for v in self.spec_type or [] for t in v.split(",") if t.strip())
 
     def params(self) -> Any:
-        from ..engine.speculative import SpecParams
+        from ubatch.engine.spec.speculative import SpecParams
 
         return SpecParams(
             types=self.types(),
@@ -62,7 +62,7 @@ class SpecFlags:
 
     def check(self) -> list[str]:
         """Every value checked before anything loads; returns the notices to print."""
-        from ..engine.kv_cache import KV_TYPES
+        from ubatch.engine.kv.cache import KV_TYPES
 
         if self.spec_draft_sampling not in ("greedy", "probabilistic"):
             raise UbatchError(
@@ -97,10 +97,10 @@ class SpecFlags:
         its own context with the target's n_ctx, batch sizes and sequences (n_outputs_max = them)."""
         if not self.enabled:
             return None
-        from ..engine.context import Context
-        from ..engine.model import Model
-        from ..engine.params import ContextParams
-        from ..engine.speculative import Speculator
+        from ubatch.engine.context.context import Context
+        from ubatch.engine.model.model import Model
+        from ubatch.engine.params import ContextParams
+        from ubatch.engine.spec.speculative import Speculator
 
         draft_ctx = None
         if self.uses_draft_model:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .memory_view import size
+from ubatch.cli.memory_view import size
 
 
 def spec_startup_lines(spec: Any, ctx: Any) -> list[str]:
@@ -27,7 +27,7 @@ def spec_startup_lines(spec: Any, ctx: Any) -> list[str]:
     for d in spec.drafters:
         dctx = getattr(d, "ctx", None)
         if dctx is not None:
-            from ..engine.report import memory_plan
+            from ubatch.engine.context.report import memory_plan
 
             p = memory_plan(dctx)
             lines.append(

@@ -9,11 +9,11 @@ from typing import Optional
 
 import typer
 
-from ..engine.errors import UbatchError
-from ..engine.hf_checkpoint import open_model_file
-from ..engine.vocab import Vocab
-from .common import check_text, read_text_file, resolve_model, user_errors
-from .options import opt
+from ubatch.cli.common import check_text, read_text_file, resolve_model, user_errors
+from ubatch.cli.options import opt
+from ubatch.engine.errors import UbatchError
+from ubatch.engine.model.hf.checkpoint import open_model_file
+from ubatch.engine.vocab.vocab import Vocab
 
 
 @user_errors

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from ..engine.errors import UbatchError
+from ubatch.engine.errors import UbatchError
 
 INT32_MAX = 2**31 - 1  # llama.cpp reads integer flags with std::stoi
 UINT32_MAX = 2**32 - 1  # seeds are uint32 (LLAMA_DEFAULT_SEED = UINT32_MAX means random)
@@ -123,20 +123,20 @@ def n_parallel(v: int, auto: bool = False, flag: str = "-np") -> int:
     """-np (batched-bench: each -npl): 1..LLAMA_MAX_SEQ sequences; the server also takes -1 (auto)."""
     sentinel = (-1, "auto") if auto else None
     at_least(flag, v, "n_parallel", 1, sentinel)  # before the engine import: `-np 0` answers at once
-    from ..engine.params import LLAMA_MAX_SEQ
+    from ubatch.engine.params import LLAMA_MAX_SEQ
 
     return in_range(flag, v, "n_parallel", 1, LLAMA_MAX_SEQ, sentinel)
 
 
 def kv_types(ctk: str, ctv: str) -> None:
-    from ..engine.kv_cache import KV_TYPES
+    from ubatch.engine.kv.cache import KV_TYPES
 
     choice("-ctk", ctk, "the KV cache type of K", KV_TYPES)
     choice("-ctv", ctv, "the KV cache type of V", KV_TYPES)
 
 
 def backend(name: str) -> str:
-    from ..kernels.backends import names
+    from ubatch.kernels.backends import names
 
     if name not in names():
         raise FlagError(f"--backend {_shown(name)}: unknown backend {name!r}; use one of {', '.join(names())}")

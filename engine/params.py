@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import ContextError
-from .hparams import HParams
-from .kv_cache import KV_TYPES, round_up
+from ubatch.engine.errors import ContextError
+from ubatch.engine.kv.cache import KV_TYPES, round_up
+from ubatch.engine.model.hparams import HParams
 
 LLAMA_MAX_SEQ = 256
 N_CTX_PAD = 256

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .ops import Ops
+from ubatch.kernels.ops import Ops
 
 _FACTORIES: dict[str, Callable[[int], Ops]] = {}
 
@@ -48,20 +48,20 @@ def create(name: str = "auto", n_threads: int = 1) -> Ops:
 
 
 def _torch(n: int) -> Ops:
-    from .torch_ops import TorchOps
+    from ubatch.kernels.torch_ops import TorchOps
 
     return TorchOps(n)
 
 
 def _cpu(n: int, portable: bool | None = None, no_avx512: bool = False, no_amx: bool = False) -> Ops:
-    from .cpu_ops import CpuOps
+    from ubatch.kernels.cpu.ops import CpuOps
 
     return CpuOps(n, portable, no_avx512, no_amx)
 
 
 def _cuda(n: int) -> Ops:
     try:
-        from .cuda_ops import create as create_cuda
+        from ubatch.kernels.cuda.ops import create as create_cuda
     except ImportError as e:  # a GPU without Triton: say what to install, in one line
         raise BackendError(f"backend 'cuda' needs Triton ({e}); pip install 'ubatch[cuda]'") from None
     return create_cuda(n)

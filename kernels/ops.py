@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from .weight import QWeight
+from ubatch.kernels.quant.weight import QWeight
 
 KV_CHUNK = 256  # cells per attention step (n_kv is always a multiple of 256)
 MASKED = -1e30  # running-max floor: rows that have seen only masked cells stay finite

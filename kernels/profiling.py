@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from .ops import Ops
+from ubatch.kernels.ops import Ops
 
 # op method -> category; `linear` with the output matrix is split out as "lm_head"
 OP_CATEGORY = {

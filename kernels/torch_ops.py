@@ -11,10 +11,10 @@ import math
 
 import torch
 
-from .dequant import dequantize
-from .ops import KV_CHUNK, MASKED, TRIM_MIN_TOKENS, KVTensor, ScratchSpec, attn_scratch_count, query_block
-from .quantize import QUANTIZERS
-from .weight import QWeight
+from ubatch.kernels.ops import KV_CHUNK, MASKED, TRIM_MIN_TOKENS, KVTensor, ScratchSpec, attn_scratch_count, query_block
+from ubatch.kernels.quant.dequant import dequantize
+from ubatch.kernels.quant.quantize import QUANTIZERS
+from ubatch.kernels.quant.weight import QWeight
 
 
 class TorchOps:

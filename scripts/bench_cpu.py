@@ -28,13 +28,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ubatch.engine.batched_bench import BatchedParams, run_batched_bench
-from ubatch.engine.bench_params import BenchParams
-from ubatch.engine.bench_run import repack_bytes, run_bench
-from ubatch.engine.context import make_backend
-from ubatch.engine.default_model import default_model_path
-from ubatch.engine.model import Model
-from ubatch.kernels.cpu_build import cpu_flags, cpu_model, load
+from ubatch.cli.bench.batched import BatchedParams, run_batched_bench
+from ubatch.cli.bench.params import BenchParams
+from ubatch.cli.bench.run import repack_bytes, run_bench
+from ubatch.engine.context.context import make_backend
+from ubatch.engine.model.default_model import default_model_path
+from ubatch.engine.model.model import Model
+from ubatch.kernels.cpu.build import cpu_flags, cpu_model, load
 
 PROMPT = "The history of the printing press begins"
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
 
 N_VOCAB = 262144
 CHAINS: dict[str, dict] = {

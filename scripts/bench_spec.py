@@ -28,14 +28,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ubatch.engine.context import Context
-from ubatch.engine.default_model import default_model_path
-from ubatch.engine.generate import CompletionStats, complete
-from ubatch.engine.model import Model
+from ubatch.engine.completion.complete import CompletionStats, complete
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.default_model import default_model_path
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.sampling import Sampler, SamplerParams
-from ubatch.engine.speculative import SpecParams, Speculator
-from ubatch.kernels.cpu_build import cpu_model
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
+from ubatch.engine.spec.speculative import SpecParams, Speculator
+from ubatch.kernels.cpu.build import cpu_model
 
 CODE = '''def parse_header(line: str) -> tuple[str, str]:
     """Split an HTTP header line into its name and value."""

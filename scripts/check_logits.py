@@ -17,11 +17,11 @@ REFDATA = Path(__file__).resolve().parents[1] / "tests" / "refdata"
 
 
 def main() -> int:
-    from ubatch.engine.context import Context
-    from ubatch.engine.default_model import default_model_path
-    from ubatch.engine.model import Model
+    from ubatch.engine.context.context import Context
+    from ubatch.engine.model.default_model import default_model_path
+    from ubatch.engine.model.model import Model
     from ubatch.engine.params import ContextParams
-    from ubatch.engine.scoring import kld_vs_top, load_reference, teacher_forced_logprobs
+    from ubatch.scoring import kld_vs_top, load_reference, teacher_forced_logprobs
 
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", default=None)

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from ubatch.cli.compat import current
+from ubatch.cli.llama.compat import current
 
 if __name__ == "__main__":
     path = Path(__file__).resolve().parent.parent / "docs" / "compat.md"

@@ -1,11 +1,11 @@
-"""Write cli/llama_flags.json: every flag llama.cpp's tools accept, read from llama.cpp's source.
+"""Write cli/llama/llama_flags.json: every flag llama.cpp's tools accept, read from llama.cpp's source.
 
 The table is data (names, value hints, environment variables, which tools take each flag), so
 ubatch can accept every llama.cpp command line and tests can prove it without llama.cpp present.
 Sources: common/arg.cpp (every tool but llama-bench) and tools/llama-bench/llama-bench.cpp
 (llama-bench parses its own flags). Run it again when moving to a newer llama.cpp:
 
-    python scripts/extract_llama_flags.py /path/to/llama.cpp > cli/llama_flags.json
+    python scripts/extract_llama_flags.py /path/to/llama.cpp > cli/llama/llama_flags.json
 """
 
 from __future__ import annotations

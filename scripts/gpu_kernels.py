@@ -15,11 +15,11 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gpu_synth import random_blocks
 
-from ubatch.kernels.dequant import dequantize
 from ubatch.kernels.ops import KV_CHUNK, KVTensor, attn_scratch
-from ubatch.kernels.quantize import QUANTIZERS
+from ubatch.kernels.quant.dequant import dequantize
+from ubatch.kernels.quant.quantize import QUANTIZERS
+from ubatch.kernels.quant.weight import QWeight
 from ubatch.kernels.torch_ops import TorchOps
-from ubatch.kernels.weight import QWeight
 
 
 @dataclass

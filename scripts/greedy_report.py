@@ -9,12 +9,12 @@ import argparse
 import json
 from pathlib import Path
 
-from ubatch.engine.context import Context
-from ubatch.engine.default_model import default_model_path
-from ubatch.engine.generate import complete
-from ubatch.engine.model import Model
+from ubatch.engine.completion.complete import complete
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.default_model import default_model_path
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
 
 REF = Path(__file__).resolve().parents[1] / "tests" / "refdata" / "greedy.jsonl"
 

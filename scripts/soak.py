@@ -273,11 +273,11 @@ class InProcessServer:
     slot), the scheduler and the HTTP app under uvicorn on a free loopback port."""
 
     def __init__(self, path: Path, n_slots: int, n_ctx: int, fail_every: int) -> None:
-        from ubatch.cli.server_app import ServerOptions, create_app
-        from ubatch.engine.context import Context
-        from ubatch.engine.model import Model
+        from ubatch.cli.server.app import ServerOptions, create_app
+        from ubatch.engine.context.context import Context
+        from ubatch.engine.model.model import Model
         from ubatch.engine.params import ContextParams
-        from ubatch.engine.scheduler import Scheduler
+        from ubatch.engine.serve.scheduler import Scheduler
 
         self.model_name = path.name
         ctx = Context(Model.load(path), ContextParams(n_ctx=n_ctx, n_seq_max=n_slots, n_outputs_max=n_slots))
@@ -480,7 +480,7 @@ def run(args: argparse.Namespace, log: Any = print) -> Report:
 
 
 def machine() -> str:
-    from ubatch.kernels.cpu_build import cpu_model
+    from ubatch.kernels.cpu.build import cpu_model
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     return f"{cpu_model()}, {os.cpu_count()} cores, load average {load} at the end"
@@ -570,7 +570,7 @@ def resolve_model(arg: str | None) -> Path:
         return write_tiny_model(Path(tempfile.mkdtemp(prefix="soak-")) / "tiny-gemma3.gguf", TinySpec())
     if arg:
         return Path(arg)
-    from ubatch.engine.default_model import default_model_path
+    from ubatch.engine.model.default_model import default_model_path
 
     return default_model_path()
 

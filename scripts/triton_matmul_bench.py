@@ -23,13 +23,13 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from ubatch.kernels.triton import mode
+from ubatch.kernels.cuda.triton import mode
 
 INTERPRETED = mode.use_interpreter_without_gpu()
 
-from ubatch.kernels.dequant import dequantize, type_name  # noqa: E402
-from ubatch.kernels.triton import matmul as mm  # noqa: E402
-from ubatch.kernels.weight import QWeight  # noqa: E402
+from ubatch.kernels.cuda.triton import matmul as mm  # noqa: E402
+from ubatch.kernels.quant.dequant import dequantize, type_name  # noqa: E402
+from ubatch.kernels.quant.weight import QWeight  # noqa: E402
 
 # byte offsets of the f16 fields inside a block: kept finite and small (random bytes would be NaN/Inf)
 F16_FIELDS = {

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests import their helpers (ti
 
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
-    from ubatch.engine.default_model import default_model_path as get
+    from ubatch.engine.model.default_model import default_model_path as get
 
     return get()
 
@@ -30,7 +30,7 @@ def default_model_path() -> Path:
 @pytest.fixture(scope="session")
 def default_model(default_model_path: Path):  # type: ignore[no-untyped-def]
     """Gemma 3 270M loaded once for the session."""
-    from ubatch.engine.model import Model
+    from ubatch.engine.model.model import Model
 
     return Model.load(default_model_path)
 
@@ -51,13 +51,13 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_gemma_model(tiny_gemma: Path):  # type: ignore[no-untyped-def]
-    from ubatch.engine.model import Model
+    from ubatch.engine.model.model import Model
 
     return Model.load(tiny_gemma)
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_model(tiny_llama: Path):  # type: ignore[no-untyped-def]
-    from ubatch.engine.model import Model
+    from ubatch.engine.model.model import Model
 
     return Model.load(tiny_llama)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tiny_models import TinySpec, write_tiny_model
 
-from ubatch.engine.model import Model
+from ubatch.engine.model.model import Model
 
 N_EMBD = 64
 

@@ -16,8 +16,8 @@ from gguf import GGMLQuantizationType as T
 from test_kernels import QUANT, rel_err, run_linear, weight
 
 from ubatch.kernels import backends
-from ubatch.kernels.cpu_bind import AMX_MIN_ROWS, bind_node
-from ubatch.kernels.dequant import dequantize
+from ubatch.kernels.cpu.bind import AMX_MIN_ROWS, bind_node
+from ubatch.kernels.quant.dequant import dequantize
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_a_prefill_through_the_tiles_matches_the_reference(amx, tiny_gemma_model
     within the bound every CPU build meets (test_kernels). Which of two f32-accurate sums lies
     nearer MKL's depends on their order, so accuracy itself is measured above, against f64."""
     from ubatch.engine.batch import Batch
-    from ubatch.engine.context import Context
+    from ubatch.engine.context.context import Context
     from ubatch.engine.params import ContextParams
 
     ids = [2] + [10 + (7 * i) % 50 for i in range(199)]

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from ubatch.engine.batch import Batch, split_equal, split_simple
-from ubatch.engine.context import Context
-from ubatch.engine.generate import prefill
-from ubatch.engine.memory import DecodeError
-from ubatch.engine.model import Model
+from ubatch.engine.completion.complete import prefill
+from ubatch.engine.context.context import Context
+from ubatch.engine.kv.memory import DecodeError
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 
 

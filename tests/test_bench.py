@@ -15,13 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ubatch.cli.batched_format import batched_md_head, batched_md_row
-from ubatch.cli.bench_format import LLAMA_BENCH_FIELDS, format_csv, format_json, format_jsonl, format_md
-from ubatch.cli.bench_plot import build_figure, sig_label
-from ubatch.cli.bench_profile_format import format_profile_md
-from ubatch.cli.bench_target import output_target
-from ubatch.engine.batched_bench import BatchedParams, BatchedResult, n_ctx_required, run_batched_bench
-from ubatch.engine.bench_params import (
+from ubatch.cli.bench.batched import BatchedParams, BatchedResult, n_ctx_required, run_batched_bench
+from ubatch.cli.bench.batched_format import batched_md_head, batched_md_row
+from ubatch.cli.bench.format import LLAMA_BENCH_FIELDS, format_csv, format_json, format_jsonl, format_md
+from ubatch.cli.bench.params import (
     BenchError,
     BenchParams,
     BenchTest,
@@ -32,9 +29,12 @@ from ubatch.engine.bench_params import (
     parse_int_range,
     str_list,
 )
-from ubatch.engine.bench_result import BenchResult, TensorShare
-from ubatch.engine.bench_run import run_bench
-from ubatch.engine.kv_cache import KV_TYPES
+from ubatch.cli.bench.plot import build_figure, sig_label
+from ubatch.cli.bench.profile_format import format_profile_md
+from ubatch.cli.bench.result import BenchResult, TensorShare
+from ubatch.cli.bench.run import run_bench
+from ubatch.cli.bench.target import output_target
+from ubatch.engine.kv.cache import KV_TYPES
 
 M = Path("m.gguf")
 

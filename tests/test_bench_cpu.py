@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ubatch.kernels.cpu_build import cpu_model
+from ubatch.kernels.cpu.build import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

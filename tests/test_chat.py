@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from ubatch.engine.chat import ChatInputError, ChatSession, ContextFullError
-from ubatch.engine.chat_template import ChatTemplate
-from ubatch.engine.context import Context
-from ubatch.engine.generate import complete
-from ubatch.engine.model import Model
+from ubatch.engine.chat.template import ChatTemplate
+from ubatch.engine.completion.complete import complete
+from ubatch.engine.completion.conversation import ChatInputError, ChatSession, ContextFullError
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
 
 
 def greedy() -> Sampler:
@@ -89,7 +89,7 @@ def test_empty_message_and_bad_template_leave_the_conversation_as_it_was(tiny_ge
     with pytest.raises(ChatInputError, match="empty message"):
         s.respond("  \n")
     s.set_template(ChatTemplate.from_metadata({}, "gemma3", override="{{ raise_exception('nope') }}"))
-    from ubatch.engine.chat_template import ChatTemplateError
+    from ubatch.engine.chat.template import ChatTemplateError
 
     with pytest.raises(ChatTemplateError, match="nope"):
         s.respond("again")
@@ -314,8 +314,8 @@ def term(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def gemma_vocab(default_model_path: Path):  # type: ignore[no-untyped-def]
-    from ubatch.engine.gguf_file import open_gguf
-    from ubatch.engine.vocab import Vocab
+    from ubatch.engine.gguf.file import open_gguf
+    from ubatch.engine.vocab.vocab import Vocab
 
     return Vocab.from_metadata(open_gguf(default_model_path).metadata, "gemma")
 
@@ -527,7 +527,7 @@ def test_help_groups_the_flags(piped) -> None:  # type: ignore[no-untyped-def]
 def test_prefill_progress_bar_shows_ubatches() -> None:
     from rich.console import Console
 
-    from ubatch.cli.chat import PrefillProgress
+    from ubatch.cli.complete.chat import PrefillProgress
 
     buf = io.StringIO()
     p = PrefillProgress(Console(file=buf, force_terminal=True, width=100), True, after_s=0.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ubatch.engine.chat_template import (
+from ubatch.engine.chat.template import (
     ChatTemplate,
     ChatTemplateError,
     apply_chat_template,

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from cli_inproc import Ran, run_cli
 
-from ubatch.kernels.cpu_build import FAST_FLAGS, cpu_flags, load
+from ubatch.kernels.cpu.build import FAST_FLAGS, cpu_flags, load
 
 REFDATA = Path(__file__).parent / "refdata"
 PROMPT = "The capital of France is"
@@ -334,7 +334,7 @@ def write_tiny_with_unsupported_type(path: Path, monkeypatch: pytest.MonkeyPatch
     import tiny_models
     from gguf import GGMLQuantizationType as T
 
-    from ubatch.kernels.dequant import SUPPORTED_TYPES
+    from ubatch.kernels.quant.dequant import SUPPORTED_TYPES
 
     assert int(T.IQ4_NL) not in SUPPORTED_TYPES
     orig = tiny_models._tensor

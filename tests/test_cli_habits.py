@@ -16,8 +16,8 @@ import pytest
 import torch
 from cli_inproc import run_cli
 
-from ubatch.engine.generation import Generation, GenerationParams
-from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.generation.generation import Generation, GenerationParams
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
 
 GREEDY = ["--temp", "0", "--log-disable", "--no-warmup", "-t", "2"]
 COUNT = "Count: 1, 2, 3,"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ubatch.engine.code_pages import code_mappings
+from ubatch.engine.model.code_pages import code_mappings
 
 SMAPS = """\
 7f0000000000-7f0000100000 r--p 00000000 08:01 10 /venv/torch/lib/libtorch_cpu.so
@@ -36,8 +36,8 @@ def test_only_clean_executable_mappings_of_the_library_dir_are_chosen() -> None:
 
 PROBE = """
 import sys, torch
-from ubatch.engine.model import Model
-from ubatch.engine.code_pages import code_mappings, release_startup_code
+from ubatch.engine.model.model import Model
+from ubatch.engine.model.code_pages import code_mappings, release_startup_code
 from pathlib import Path
 lib = str(Path(torch.__file__).parent / "lib") + "/"
 def resident():

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from ubatch.cli.compat import current
+from ubatch.cli.llama.compat import current
 
 
 def test_compat_doc_is_current() -> None:

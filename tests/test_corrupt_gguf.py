@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from ubatch.engine.errors import ModelLoadError
-from ubatch.engine.gguf_file import _Cursor
-from ubatch.engine.model import Model
+from ubatch.engine.gguf.file import _Cursor
+from ubatch.engine.model.model import Model
 
 U32, I32, F32, BOOL, STR, ARR, U64 = 4, 5, 6, 7, 8, 9, 10
 _FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

@@ -21,8 +21,8 @@ from test_kernels import rel_err
 from tiny_models import TinySpec, write_tiny_model
 
 from ubatch.engine.batch import Batch
-from ubatch.engine.context import Context
-from ubatch.engine.model import Model
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.kernels import backends
 
@@ -108,8 +108,8 @@ def test_two_sequences_in_one_batch_read_their_own_streams(models) -> None:
 
 
 def test_a_type_without_a_triton_kernel_is_dequantised_with_one_notice(models) -> None:
-    from ubatch.kernels.dequant import type_name
-    from ubatch.kernels.weight import QWeight
+    from ubatch.kernels.quant.dequant import type_name
+    from ubatch.kernels.quant.weight import QWeight
 
     ops = backends.create("cuda")
     w = models["llama"].layers[0].wq
@@ -148,7 +148,7 @@ def test_graph_runner_runs_eagerly_then_captures_then_replays(models, monkeypatc
     """The runner's bookkeeping, with a stand-in for CUDA graph capture: the first sight of a
     shape runs eagerly, the second is captured, then replayed; a ubatch over GRAPH_MAX_TOKENS
     rows is never captured. Replays must give the reference's logits."""
-    from ubatch.engine import cuda_graphs
+    from ubatch.engine.graph import cuda_graphs
     from ubatch.kernels.torch_ops import TorchOps
 
     assert cuda_graphs.runner(TorchOps()) is None  # CPU backends: plain run_graph

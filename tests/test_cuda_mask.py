@@ -15,12 +15,12 @@ from test_cuda_backend import PROMPT, cuda_ops, models  # noqa: F401  (the modul
 from test_kernels import rel_err
 
 from ubatch.engine.batch import Batch
-from ubatch.engine.context import Context
-from ubatch.engine.forward import SEQ_BITS, mask_in_kernel
+from ubatch.engine.context.context import Context
+from ubatch.engine.context.reserve import plan_sizes
+from ubatch.engine.graph.forward import SEQ_BITS, mask_in_kernel
 from ubatch.engine.params import ContextParams, derive
-from ubatch.engine.reserve import plan_sizes
 from ubatch.kernels import backends
-from ubatch.kernels.cuda_ops import mask_from_cells
+from ubatch.kernels.cuda.ops import mask_from_cells
 
 
 def two_sequences(ctx: Context, steps: int, forced: list[list[int]] | None = None) -> tuple[list, torch.Tensor]:
@@ -111,7 +111,7 @@ def test_mask_from_cells_is_the_engine_mask_rules() -> None:
 
 
 def test_more_sequences_than_bits_keep_the_mask_tensor(models) -> None:  # noqa: F811
-    from ubatch.engine.memory import KVMemory
+    from ubatch.engine.kv.memory import KVMemory
 
     cp = derive(
         ContextParams(n_ctx=SEQ_BITS * 256 * 2, n_seq_max=SEQ_BITS + 1, kv_unified=True), models["llama"].hparams
@@ -124,7 +124,7 @@ def test_a_split_decode_writes_its_partials_into_the_planned_scratch(models, mon
     node's planned scratch is exactly the split partials, and the logits equal the reference."""
     from types import SimpleNamespace
 
-    from ubatch.kernels.triton import attention as ta
+    from ubatch.kernels.cuda.triton import attention as ta
 
     monkeypatch.setattr(ta, "mode", SimpleNamespace(interpreted=lambda: False))
     params = ContextParams(n_ctx=256, n_ubatch=16)

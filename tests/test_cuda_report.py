@@ -13,13 +13,13 @@ from test_cuda_backend import PROMPT, ReferenceMatmul, _Recorded, cuda_ops, gree
 
 from ubatch.cli.memory_view import breakdown_table, llama_lines
 from ubatch.cli.present import perf_lines
-from ubatch.engine import cuda_graphs
-from ubatch.engine.context import Context
-from ubatch.engine.generate import CompletionStats
+from ubatch.engine.completion.complete import CompletionStats
+from ubatch.engine.context.context import Context
+from ubatch.engine.context.report import memory_plan
+from ubatch.engine.graph import cuda_graphs
 from ubatch.engine.params import ContextParams
-from ubatch.engine.report import memory_plan
 from ubatch.kernels import backends
-from ubatch.kernels.cuda_ops import CudaOps
+from ubatch.kernels.cuda.ops import CudaOps
 
 
 def test_the_startup_lines_name_the_device_of_the_buffers(models) -> None:  # noqa: F811

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from ubatch.engine.batch import Batch
-from ubatch.engine.context import Context
-from ubatch.engine.generate import complete
-from ubatch.engine.model import Model
+from ubatch.engine.completion.complete import complete
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.sampling import Sampler, SamplerParams
-from ubatch.engine.scoring import kld_vs_top, load_reference, teacher_forced_logprobs
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
+from ubatch.scoring import kld_vs_top, load_reference, teacher_forced_logprobs
 
 REF = Path(__file__).parent / "refdata"
 pytestmark = pytest.mark.slow

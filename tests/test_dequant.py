@@ -9,8 +9,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as ref_dequantize
 
-import ubatch.kernels.dequant as dq
-from ubatch.kernels.dequant import SUPPORTED_TYPES, UnsupportedTypeError, check_supported, dequantize, type_name
+import ubatch.kernels.quant.dequant as dq
+from ubatch.kernels.quant.dequant import SUPPORTED_TYPES, UnsupportedTypeError, check_supported, dequantize, type_name
 
 # byte offsets of the f16 fields (d, dmin / m) inside one block, per quantised type
 F16_FIELDS = {
@@ -136,7 +136,7 @@ def test_wrong_byte_count_raises() -> None:
 
 @pytest.fixture(scope="module")
 def gguf_270m(default_model_path):
-    from ubatch.engine.gguf_file import open_gguf
+    from ubatch.engine.gguf.file import open_gguf
 
     return open_gguf(default_model_path)
 

@@ -20,13 +20,13 @@ from embd_reference import reference_hidden, reference_score, write_llama
 from test_server import Live, post
 
 from ubatch import Llama
-from ubatch.cli.server_app import ServerOptions, create_app
-from ubatch.cli.server_run import load_scheduler
-from ubatch.engine.context import Context
-from ubatch.engine.embedding import embed_prompts, embed_sequences, model_causal
-from ubatch.engine.model import Model
+from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.cli.server.run import load_scheduler
+from ubatch.engine.context.context import Context
+from ubatch.engine.context.report import memory_plan
+from ubatch.engine.generation.embedding import embed_prompts, embed_sequences, model_causal
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.report import memory_plan
 
 IDS = [2, *range(40, 70)]  # 31 tokens, past the tiny gemma's 8-token window
 TEXTS = ["the cat sat on the mat", "a b c", "hello world, hello"]

@@ -13,9 +13,9 @@ import pytest
 from cli_inproc import run_cli
 
 from ubatch.engine.batch import Batch
-from ubatch.engine.context import Context
-from ubatch.engine.explain_mask import EMPTY, FUTURE, OTHER_SEQ, VISIBLE, WINDOW, classify
-from ubatch.engine.model import Model
+from ubatch.engine.context.context import Context
+from ubatch.engine.explain.mask import EMPTY, FUTURE, OTHER_SEQ, VISIBLE, WINDOW, classify
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 
 

@@ -16,8 +16,8 @@ from gguf import GGMLQuantizationType as T
 from tiny_models import TinySpec, write_tiny_model
 
 from ubatch.engine.batch import Batch
-from ubatch.engine.context import Context
-from ubatch.engine.model import Model
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from ubatch.engine.batch import Batch
-from ubatch.engine.context import Context
+from ubatch.engine.completion.complete import CompletionStats, complete
+from ubatch.engine.context.context import Context
 from ubatch.engine.errors import ContextError
-from ubatch.engine.generate import CompletionStats, complete
-from ubatch.engine.model import Model
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
 
 PROMPT = [2] + list(range(30, 60))
 # a prompt that nearly fills a 256-token context: generation reaches the end within a few tokens
@@ -52,7 +52,7 @@ def test_context_shift_keeps_the_prefix_and_drops_half(llama: Model) -> None:
 def test_shift_re_rotates_the_kept_keys_to_their_new_positions(llama: Model) -> None:
     """After discarding, layer 0's cached K of the surviving tokens equals a fresh run's K at the
     new positions (deeper layers legitimately differ: they once saw the dropped tokens)."""
-    from ubatch.engine.generate import context_shift
+    from ubatch.engine.completion.complete import context_shift
 
     m = llama
     ctx = Context(m, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))

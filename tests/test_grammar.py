@@ -12,7 +12,7 @@ from ubatch.engine.errors import UbatchError
 from ubatch.engine.grammar import JSON_GBNF, GrammarError, compile_grammar
 from ubatch.engine.grammar.sampler import GrammarSampler, window
 from ubatch.engine.grammar.utf8 import decode_utf8
-from ubatch.engine.sampling import SamplerParams
+from ubatch.engine.sampling.chain import SamplerParams
 
 ACCEPTS = [  # grammar, text, accepted
     ('root ::= "yes" | "no"', "yes", True),

@@ -12,17 +12,17 @@ import httpx
 import pytest
 from test_server import Live
 
-from ubatch.cli.server_app import ServerOptions, create_app
-from ubatch.engine.context import Context
-from ubatch.engine.generate import CompletionStats, complete
-from ubatch.engine.generation import GenerationParams
+from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.engine.completion.complete import CompletionStats, complete
+from ubatch.engine.context.context import Context
+from ubatch.engine.generation.generation import GenerationParams
 from ubatch.engine.grammar import Grammar, compile_grammar
+from ubatch.engine.grammar.json_schema.convert import schema_to_gbnf
 from ubatch.engine.grammar.match import DEAD
-from ubatch.engine.json_schema import schema_to_gbnf
-from ubatch.engine.model import Model
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.sampling import Sampler, SamplerParams
-from ubatch.engine.scheduler import Scheduler
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
+from ubatch.engine.serve.scheduler import Scheduler
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +90,7 @@ def test_a_complete_grammar_ends_generation_even_with_ignore_eos(ctx: Context) -
 
 def test_no_grammar_no_grammar_work(ctx: Context) -> None:
     ctx.memory.clear()
-    from ubatch.engine.generation import Generation
+    from ubatch.engine.generation.generation import Generation
 
     gen = Generation(ctx.model.vocab, Sampler(SAMPLERS[0]), GenerationParams(n_predict=4), 512)
     assert gen.grammar is None  # Generation.sample's only grammar cost is this `is None` test

@@ -22,13 +22,13 @@ from test_cli import assert_user_error, ubatch, ubatch_inproc
 from tiny_hf import HFSpec, corpus, write_tiny_hf
 
 from ubatch.engine.batch import Batch
-from ubatch.engine.context import Context
-from ubatch.engine.generate import complete
-from ubatch.engine.gguf_file import open_gguf
-from ubatch.engine.hf_convert import as_f32, convert
-from ubatch.engine.model import Model
+from ubatch.engine.completion.complete import complete
+from ubatch.engine.context.context import Context
+from ubatch.engine.gguf.file import open_gguf
+from ubatch.engine.model.hf.convert import as_f32, convert
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
 
 IDS = [1, 45, 120, 7, 300, 33, 250, 99, 12, 180, 64, 5]
 

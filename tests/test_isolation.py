@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from ubatch.engine.batch import Batch
-from ubatch.engine.context import Context
-from ubatch.engine.model import Model
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 
 from ubatch.engine.errors import UbatchError
 from ubatch.engine.grammar import compile_grammar
-from ubatch.engine.json_schema import SchemaError, convert_schema, schema_to_gbnf
+from ubatch.engine.grammar.json_schema.convert import SchemaError, convert_schema, schema_to_gbnf
 
 DATA = Path(__file__).parent / "data" / "json_schema"
 

@@ -12,13 +12,13 @@ import torch
 from gguf import GGMLQuantizationType as T
 from test_kernels import FLOATS, QUANT, run_linear, weight
 
-from ubatch.kernels.cpu_ops import CpuOps
+from ubatch.kernels.cpu.ops import CpuOps
 
 
 def test_a_fused_program_computes_what_its_calls_compute_one_by_one() -> None:
     """Bound C calls fused into one ub_run call (cpu_program.fuse) give bit-identical outputs,
     and a step that is not a C call splits the program."""
-    from ubatch.kernels.cpu_program import CCall, Program
+    from ubatch.kernels.cpu.program import CCall, Program
 
     ops = CpuOps(2)
     w = weight(T.Q5_0, 48, 64)

@@ -16,9 +16,9 @@ from gguf import GGMLQuantizationType as T
 from test_dequant import F16_FIELDS, random_rows
 
 from ubatch.kernels import backends
-from ubatch.kernels.cpu_ops import KERNEL_TYPES, CpuOps
-from ubatch.kernels.dequant import dequantize
-from ubatch.kernels.weight import QWeight
+from ubatch.kernels.cpu.ops import KERNEL_TYPES, CpuOps
+from ubatch.kernels.quant.dequant import dequantize
+from ubatch.kernels.quant.weight import QWeight
 
 # the cuda backend has its own tests (test_triton_*.py, test_cuda_backend.py, scripts/gpu_check.sh)
 BACKENDS = [b for b in backends.names() if b not in ("auto", "cuda")]
@@ -190,7 +190,7 @@ def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple
     """Two groups (streams) reading their own cells, masked cells and whole hidden chunks; the
     backend's own planned scratch (t = 40: several of the CPU's fused row blocks per chunk)."""
     from ubatch.kernels.ops import KV_CHUNK, KVTensor, attn_scratch
-    from ubatch.kernels.quantize import QUANTIZERS
+    from ubatch.kernels.quant.quantize import QUANTIZERS
     from ubatch.kernels.torch_ops import TorchOps
 
     h, hkv, d, g, n_kv, size = *heads, 64, 2, 512, 768
@@ -227,7 +227,7 @@ def test_every_backend_runs_the_tiny_models_like_the_reference(
 ) -> None:
     """Prefill (tiles + GEMM) then decode steps (GEMV, C attention) against the torch backend."""
     from ubatch.engine.batch import Batch
-    from ubatch.engine.context import Context
+    from ubatch.engine.context.context import Context
     from ubatch.engine.params import ContextParams
 
     for m in (tiny_gemma_model, tiny_llama_model):
@@ -244,7 +244,7 @@ def test_every_backend_runs_the_tiny_models_like_the_reference(
 
 
 def test_without_a_compiler_auto_falls_back_to_the_reference(monkeypatch, tmp_path) -> None:
-    from ubatch.kernels import cpu_build
+    from ubatch.kernels.cpu import build as cpu_build
 
     monkeypatch.setattr(cpu_build, "_LOADED", {})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -259,7 +259,7 @@ def test_without_a_compiler_auto_falls_back_to_the_reference(monkeypatch, tmp_pa
 
 
 def test_the_library_is_built_once_then_loaded_from_the_cache(monkeypatch, tmp_path) -> None:
-    from ubatch.kernels import cpu_build
+    from ubatch.kernels.cpu import build as cpu_build
 
     monkeypatch.setattr(cpu_build, "_LOADED", {})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -282,7 +282,7 @@ def test_a_type_without_a_kernel_is_dequantised_per_use_with_a_notice() -> None:
 
 
 def test_a_cpu_without_avx2_gets_the_portable_build_with_a_notice(monkeypatch) -> None:
-    from ubatch.kernels import cpu_build
+    from ubatch.kernels.cpu import build as cpu_build
 
     monkeypatch.setattr(cpu_build, "_LOADED", {})
     monkeypatch.setattr(cpu_build, "cpu_flags", lambda: frozenset({"sse2", "fma"}))
@@ -295,7 +295,7 @@ def test_a_cpu_without_avx2_gets_the_portable_build_with_a_notice(monkeypatch) -
 def test_the_native_build_is_512_bit_exactly_where_the_cpu_has_avx512() -> None:
     """`cpu` builds for the running CPU (zmm kernels with AVX-512F); `cpu-avx2` keeps the 256-bit
     kernels on any AVX2 CPU, so both code paths are tested here whatever this machine is."""
-    from ubatch.kernels.cpu_build import FAST_FLAGS, cpu_flags
+    from ubatch.kernels.cpu.build import FAST_FLAGS, cpu_flags
 
     flags = cpu_flags()
     if not set(FAST_FLAGS) <= flags:

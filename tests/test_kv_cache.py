@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from ubatch.engine.batch import Batch, make_ubatch
-from ubatch.engine.context import Context
-from ubatch.engine.kv_cache import KVCache
+from ubatch.engine.context.context import Context
+from ubatch.engine.kv.cache import KVCache
 from ubatch.engine.params import ContextParams
 
 

@@ -18,9 +18,9 @@ import pytest
 from cli_inproc import run_cli
 from typer.main import get_command
 
-from ubatch.cli.flag_policy import NO_EFFECT, REFUSED, policy_for
-from ubatch.cli.llama_command import translate
-from ubatch.cli.llama_flags import TOOL_EXAMPLES, flags_for
+from ubatch.cli.llama.command import translate
+from ubatch.cli.llama.flags import TOOL_EXAMPLES, flags_for
+from ubatch.cli.llama.policy import NO_EFFECT, REFUSED, policy_for
 from ubatch.cli.main import app
 
 MISSING = "/nonexistent.gguf"

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ubatch.engine.context import Context
+from ubatch.engine.context.context import Context
+from ubatch.engine.context.report import fit, memory_plan, plan_for
 from ubatch.engine.errors import ContextError
-from ubatch.engine.model import Model
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.report import fit, memory_plan, plan_for
 
 REF = Path(__file__).parent / "refdata"
 MiB = 2**20

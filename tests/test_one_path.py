@@ -14,11 +14,11 @@ import pytest
 from test_server import Live
 
 from ubatch import Llama
-from ubatch.cli.server_app import ServerOptions, create_app
-from ubatch.engine.context import Context
-from ubatch.engine.model import Model
+from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.scheduler import Scheduler
+from ubatch.engine.serve.scheduler import Scheduler
 
 FINISH = {"length": "length", "context": "length", "eog": "stop", "word": "stop"}  # OpenAI's names
 

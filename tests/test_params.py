@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from ubatch.engine.errors import ContextError
-from ubatch.engine.gguf_file import open_gguf
-from ubatch.engine.hparams import HParams, hparams_from_metadata
-from ubatch.engine.memory import KVMemory
+from ubatch.engine.gguf.file import open_gguf
+from ubatch.engine.kv.memory import KVMemory
+from ubatch.engine.model.hparams import HParams, hparams_from_metadata
 from ubatch.engine.params import ContextParams, derive
 
 REF = Path(__file__).parent / "refdata"

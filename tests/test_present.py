@@ -19,10 +19,10 @@ import pytest
 from rich.console import Console
 
 from ubatch.cli.memory_view import breakdown_table, llama_lines, plan_json, plan_table, size, summary_rows, total_row
-from ubatch.engine.context import Context
-from ubatch.engine.model import Model
+from ubatch.engine.context.context import Context
+from ubatch.engine.context.report import memory_plan
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.report import memory_plan
 from ubatch.engine.units import mib
 
 
@@ -65,9 +65,9 @@ def test_every_view_of_the_plan_says_the_same_sizes(ctx: Context) -> None:
 
 
 def test_chat_rows_take_the_memory_rows_from_the_renderer(ctx: Context) -> None:
-    from ubatch.cli.chat_view import startup_rows, stats_rows
-    from ubatch.engine.chat_template import ChatTemplate
-    from ubatch.engine.sampling import Sampler, SamplerParams
+    from ubatch.cli.complete.chat_view import startup_rows, stats_rows
+    from ubatch.engine.chat.template import ChatTemplate
+    from ubatch.engine.sampling.chain import Sampler, SamplerParams
 
     p = memory_plan(ctx)
     rows = startup_rows(ctx, p, ChatTemplate.for_model(ctx.model), Sampler(SamplerParams(temp=0)), 1200.0)
@@ -137,7 +137,7 @@ def fake_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.Modul
 
 
 def test_assembly_reports_progress_once_then_uses_the_cached_file(fake_package: types.ModuleType) -> None:
-    from ubatch.engine.default_model import default_model_path
+    from ubatch.engine.model.default_model import default_model_path
 
     calls: list[tuple[int, int]] = []
     path = default_model_path(lambda done, total: calls.append((done, total)))
@@ -151,8 +151,8 @@ def test_assembly_reports_progress_once_then_uses_the_cached_file(fake_package: 
 
 
 def test_wrong_checksum_leaves_no_file(fake_package: types.ModuleType) -> None:
-    from ubatch.engine.default_model import cache_dir, default_model_path
     from ubatch.engine.errors import ModelLoadError
+    from ubatch.engine.model.default_model import cache_dir, default_model_path
 
     fake_package.EXPECTED_SHA256 = "0" * 64  # type: ignore[attr-defined]
     with pytest.raises(ModelLoadError, match="sha256"):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from ubatch.kernels.cpu_build import FAST_FLAGS, cpu_flags
-from ubatch.kernels.cpu_ops import CpuOps
-from ubatch.kernels.dequant import dequantize
-from ubatch.kernels.repack import Repacks, q5_0_to_q8_0, releasable, release_pages
-from ubatch.kernels.weight import QWeight
+from ubatch.kernels.cpu.build import FAST_FLAGS, cpu_flags
+from ubatch.kernels.cpu.ops import CpuOps
+from ubatch.kernels.quant.dequant import dequantize
+from ubatch.kernels.quant.repack import Repacks, q5_0_to_q8_0, releasable, release_pages
+from ubatch.kernels.quant.weight import QWeight
 
 needs_avx2 = pytest.mark.skipif(not set(FAST_FLAGS) <= cpu_flags(), reason="the repack is for the AVX2 kernels")
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
 
 TWO32 = 4294967296
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from ubatch.engine.sampler_dry import Dry, breaker_table
-from ubatch.engine.samplers import Cands
-from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
+from ubatch.engine.sampling.dry import Dry, breaker_table
+from ubatch.engine.sampling.stages import Cands
 
 
 def dry_ref(hist: list[int], mult: float, base: float, allowed: int, breakers: dict) -> dict[int, float]:

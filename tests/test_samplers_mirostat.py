@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from ubatch.engine.sampler_mirostat import Mirostat, c_int
-from ubatch.engine.sampler_rng import Mt19937
-from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
+from ubatch.engine.sampling.mirostat import Mirostat, c_int
+from ubatch.engine.sampling.rng import Mt19937
 
 F = np.float32
 TWO32 = 4294967296

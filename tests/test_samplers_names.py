@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from ubatch.engine.errors import UbatchError
-from ubatch.engine.sampler_names import (
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
+from ubatch.engine.sampling.names import (
     DEFAULT_SAMPLERS,
     parse_samplers,
     parse_sampling_seq,
     sampler_types_from_chars,
     sampler_types_from_names,
 )
-from ubatch.engine.sampling import Sampler, SamplerParams
 
 # llama.cpp's --samplers / --sampling-seq defaults, as its --help prints them
 LLAMA_DEFAULT_NAMES = "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature"

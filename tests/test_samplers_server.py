@@ -13,8 +13,8 @@ import httpx
 import pytest
 from test_server import Live, start_scheduler
 
-from ubatch.cli.server_app import ServerOptions, create_app
-from ubatch.engine.scheduler import Scheduler
+from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.engine.serve.scheduler import Scheduler
 
 FIELDS = {
     "typical_p": 0.9,

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from ubatch.engine import samplers as S
-from ubatch.engine.sampler_rng import Mt19937
-from ubatch.engine.sampling import Sampler, SamplerParams
+from ubatch.engine.sampling import stages as S
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
+from ubatch.engine.sampling.rng import Mt19937
 
 P5 = [0.40, 0.30, 0.20, 0.06, 0.04]
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)  # every default filter off

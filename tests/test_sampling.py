@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from ubatch.engine.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
+from ubatch.engine.sampling.chain import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
 
 TWO32 = 4294967296
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from ubatch.engine.context import Context
-from ubatch.engine.model import Model
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.sampling import SamplerParams
-from ubatch.engine.scheduler import Scheduler, SlotState
-from ubatch.engine.server_task import Failed, Final, Partial, Task, TaskParams
+from ubatch.engine.sampling.chain import SamplerParams
+from ubatch.engine.serve.scheduler import Scheduler, SlotState
+from ubatch.engine.serve.task import Failed, Final, Partial, Task, TaskParams
 
 
 @pytest.fixture

@@ -24,11 +24,11 @@ import pytest
 import uvicorn
 from starlette.testclient import TestClient
 
-from ubatch.cli.server_app import ServerOptions, ServerState, create_app
-from ubatch.engine.context import Context
-from ubatch.engine.model import Model
+from ubatch.cli.server.app import ServerOptions, ServerState, create_app
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.scheduler import Scheduler
+from ubatch.engine.serve.scheduler import Scheduler
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -623,8 +623,8 @@ def test_cli_rejects_zero_slots() -> None:
 def test_default_model_chat_end_to_end(default_model_path: Path) -> None:
     """Gemma 3 270M: the chat endpoint's greedy answer is the engine's greedy continuation of the
     gemma-templated prompt, and two concurrent streams answer as they do alone."""
-    from ubatch.engine.generate import complete
-    from ubatch.engine.sampling import Sampler, SamplerParams
+    from ubatch.engine.completion.complete import complete
+    from ubatch.engine.sampling.chain import Sampler, SamplerParams
 
     sch = start_scheduler(default_model_path, 2, 1024)
     live = Live(create_app(sch))

@@ -21,9 +21,9 @@ import pytest
 import typer
 from test_server import GREEDY, Live, start_scheduler
 
-from ubatch.cli.server_app import ServerOptions, create_app
-from ubatch.cli.server_bind import bind_all
-from ubatch.engine.scheduler import Scheduler
+from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.cli.server.bind import bind_all
+from ubatch.engine.serve.scheduler import Scheduler
 
 LOCAL = ["http://localhost", "http://localhost:5173", "https://127.0.0.1:3000", "http://[::1]", "http://[::1]:8080"]
 FOREIGN = ["http://evil.com", "http://localhost.evil.com", "http://notlocalhost", "http://127.0.0.2", "null"]

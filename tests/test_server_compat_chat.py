@@ -17,11 +17,11 @@ import httpx
 import pytest
 from test_server import GREEDY, Live, start_scheduler
 
-from ubatch.cli.server_app import ServerOptions, create_app
-from ubatch.engine.context import Context
-from ubatch.engine.model import Model
+from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.scheduler import Scheduler
+from ubatch.engine.serve.scheduler import Scheduler
 
 CHAT = [{"role": "user", "content": "hello world"}]
 

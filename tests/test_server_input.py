@@ -16,10 +16,10 @@ import httpx
 import pytest
 from test_server import GREEDY, Live, start_scheduler
 
-from ubatch.cli import server_json
-from ubatch.cli.server_app import ServerOptions, create_app
-from ubatch.engine.generation import N_PROBS_MAX, Generation
-from ubatch.engine.scheduler import Scheduler
+from ubatch.cli.server import responses as server_json
+from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.engine.generation.generation import N_PROBS_MAX, Generation
+from ubatch.engine.serve.scheduler import Scheduler
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from starlette.testclient import TestClient
 
-from ubatch.cli.server_log import AccessLog
+from ubatch.cli.server.log import AccessLog
 
 ENDLESS = {"n_predict": -1, "ignore_eos": True, "temperature": 0}
 SHUTDOWN_503 = {"code": 503, "message": "Server is shutting down", "type": "unavailable_error"}

@@ -17,18 +17,18 @@ from cli_inproc import run_cli
 from test_server import Live, metric, post
 from tiny_models import TinySpec, write_tiny_model
 
-from ubatch.cli.server_app import ServerOptions, create_app
-from ubatch.cli.server_run import load_scheduler
+from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.cli.server.run import load_scheduler
 from ubatch.cli.spec_flags import SpecFlags
-from ubatch.engine.context import Context
-from ubatch.engine.generate import CompletionStats, complete
-from ubatch.engine.gguf_file import open_gguf
-from ubatch.engine.model import Model
+from ubatch.engine.completion.complete import CompletionStats, complete
+from ubatch.engine.context.context import Context
+from ubatch.engine.gguf.file import open_gguf
+from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
-from ubatch.engine.sampling import Sampler, SamplerParams
-from ubatch.engine.spec_draft import NgramSimple
-from ubatch.engine.spec_verify import rejection_choice
-from ubatch.engine.speculative import SpecError, SpecParams, Speculator
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
+from ubatch.engine.spec.draft import NgramSimple
+from ubatch.engine.spec.speculative import SpecError, SpecParams, Speculator
+from ubatch.engine.spec.verify import rejection_choice
 
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
 # every greedy margin of this prompt's first 40 tokens is above 1.7 logits, so no rounding

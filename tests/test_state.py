@@ -19,15 +19,15 @@ import torch
 from test_server import GREEDY, Live, start_scheduler
 
 from ubatch import Llama
-from ubatch.cli.routes_slots import valid_filename
-from ubatch.cli.server_app import ServerOptions, create_app
-from ubatch.engine import state, state_file
+from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.cli.server.routes.slots import valid_filename
 from ubatch.engine.batch import Batch
-from ubatch.engine.context import Context
-from ubatch.engine.generate import prefill
+from ubatch.engine.completion.complete import prefill
+from ubatch.engine.context import state, state_file
+from ubatch.engine.context.context import Context
+from ubatch.engine.context.state_file import StateError
 from ubatch.engine.params import ContextParams
-from ubatch.engine.scheduler import Scheduler
-from ubatch.engine.state_file import StateError
+from ubatch.engine.serve.scheduler import Scheduler
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 

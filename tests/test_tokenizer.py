@@ -12,9 +12,9 @@ import pytest
 from tiny_vocab import BOS, BYTE0, END_OF_TURN, EOS, NEWLINE, START_OF_TURN, UNK, piece_id, tiny_spm_vocab
 
 from ubatch.engine.errors import ModelLoadError
-from ubatch.engine.gguf_file import open_gguf
-from ubatch.engine.token_stream import TokenStreamer
-from ubatch.engine.vocab import Vocab
+from ubatch.engine.gguf.file import open_gguf
+from ubatch.engine.vocab.token_stream import TokenStreamer
+from ubatch.engine.vocab.vocab import Vocab
 
 REF_ROWS = [
     json.loads(line) for line in (Path(__file__).parent / "refdata" / "tokenize.jsonl").read_text().splitlines()

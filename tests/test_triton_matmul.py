@@ -19,9 +19,9 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from triton_interp import DEVICE  # first: interpreter mode without a GPU
 
-import ubatch.kernels.triton.matmul as mm
-from ubatch.kernels.dequant import dequantize
-from ubatch.kernels.weight import QWeight
+import ubatch.kernels.cuda.triton.matmul as mm
+from ubatch.kernels.quant.dequant import dequantize
+from ubatch.kernels.quant.weight import QWeight
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -101,7 +101,7 @@ def test_bad_shapes_are_refused() -> None:
 
 @pytest.fixture(scope="module")
 def default_gguf(default_model_path: Path):  # type: ignore[no-untyped-def]
-    from ubatch.engine.gguf_file import open_gguf
+    from ubatch.engine.gguf.file import open_gguf
 
     return open_gguf(default_model_path)
 

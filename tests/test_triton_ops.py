@@ -17,16 +17,16 @@ import triton_interp  # noqa: F401  (sets TRITON_INTERPRET before any kernel mod
 from gguf import GGMLQuantizationType as T
 from test_kernels import rel_err, weight
 
-from ubatch.kernels.dequant import dequantize
+from ubatch.kernels.cuda.triton import mode
 from ubatch.kernels.ops import KV_CHUNK, KVTensor, attn_scratch
-from ubatch.kernels.quantize import QUANTIZERS
+from ubatch.kernels.quant.dequant import dequantize
+from ubatch.kernels.quant.quantize import QUANTIZERS
 from ubatch.kernels.torch_ops import TorchOps
-from ubatch.kernels.triton import mode
 
 mode.use_interpreter_without_gpu()
-from ubatch.kernels.triton import attention as ta  # noqa: E402
-from ubatch.kernels.triton import elementwise as te  # noqa: E402
-from ubatch.kernels.triton import gather as tg  # noqa: E402
+from ubatch.kernels.cuda.triton import attention as ta  # noqa: E402
+from ubatch.kernels.cuda.triton import elementwise as te  # noqa: E402
+from ubatch.kernels.cuda.triton import gather as tg  # noqa: E402
 
 REF = TorchOps()
 GEN = torch.Generator().manual_seed(0)

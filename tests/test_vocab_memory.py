@@ -16,11 +16,11 @@ import gguf
 import pytest
 from tiny_vocab import add_spm_vocab, tiny_spm_vocab
 
-from ubatch.engine import vocab as vocab_module
-from ubatch.engine.gguf_file import open_gguf
-from ubatch.engine.string_array import StringArray
-from ubatch.engine.token_index import TokenIndex
-from ubatch.engine.vocab import Vocab
+from ubatch.engine.gguf.file import open_gguf
+from ubatch.engine.gguf.string_array import StringArray
+from ubatch.engine.vocab import vocab as vocab_module
+from ubatch.engine.vocab.token_index import TokenIndex
+from ubatch.engine.vocab.vocab import Vocab
 
 REF_TEXTS = [line for line in (Path(__file__).parent / "refdata" / "tokenize.jsonl").read_text().splitlines()]
 
@@ -89,7 +89,7 @@ def test_loading_the_vocabulary_stays_small(default_model_path: Path) -> None:
     ~107 MiB with a str per token, a dict and an eager sentencepiece."""
     code = (
         "import sys, numpy\n"
-        "from ubatch.engine.gguf_file import open_gguf\nfrom ubatch.engine.vocab import Vocab\n"
+        "from ubatch.engine.gguf.file import open_gguf\nfrom ubatch.engine.vocab.vocab import Vocab\n"
         "hwm = lambda: [int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')][0] / 1024\n"
         "a = hwm()\nv = Vocab.from_metadata(open_gguf(sys.argv[1]).metadata, 'm')\n"
         "v.tokenize('The capital of France is')\nprint(hwm() - a)\n"

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ubatch.engine import graph as graph_mod
 from ubatch.engine.batch import Batch
-from ubatch.engine.context import Context
+from ubatch.engine.context.context import Context
+from ubatch.engine.graph import graph as graph_mod
+from ubatch.engine.graph.workspace import Request, lay_out
 from ubatch.engine.params import ContextParams
-from ubatch.engine.workspace import Request, lay_out
 
 
 class AllocationWatch(TorchDispatchMode):
@@ -50,7 +50,7 @@ def watch_forward_passes(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> list:
         found.extend(m.foreign)
         return out
 
-    monkeypatch.setattr("ubatch.engine.cuda_graphs.run_graph", watched)
+    monkeypatch.setattr("ubatch.engine.graph.cuda_graphs.run_graph", watched)
     return found
 
 

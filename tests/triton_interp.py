@@ -6,7 +6,7 @@ kernel is decorated; modules imported earlier are reloaded). `DEVICE` is where t
 
 from __future__ import annotations
 
-from ubatch.kernels.triton import mode
+from ubatch.kernels.cuda.triton import mode
 
 INTERPRETED = mode.use_interpreter_without_gpu()
 DEVICE = "cpu" if INTERPRETED else "cuda"

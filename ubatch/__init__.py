@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .llama import LLAMA_DEFAULT_SEED, Llama
+    from ubatch.llama import LLAMA_DEFAULT_SEED, Llama
 
 __all__ = ["Llama", "LLAMA_DEFAULT_SEED"]
 __version__ = "0.1.0"
@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     # `Llama` (and torch with it) loads on first use, so `ubatch tokenize` starts without torch
     if name in __all__:
-        from . import llama
+        from ubatch import llama
 
         return getattr(llama, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

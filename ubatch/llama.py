@@ -14,19 +14,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import llama_state
-from .engine.batch import Batch, common_prefix
-from .engine.context import Context
-from .engine.default_model import default_model_path
-from .engine.embedding import POOLING_TYPES, embed_prompts
-from .engine.embedding_task import fit_prompt
-from .engine.errors import ContextError
-from .engine.grammar import compile_grammar
-from .engine.model import Model
-from .engine.params import ContextParams
-from .engine.sampling import LLAMA_DEFAULT_SEED, SamplerParams
-from .engine.speculative import SpecError, SpecParams, SpecStats
-from .llama_completion import completion_chunks, speculator_for
+from ubatch import llama_state
+from ubatch.engine.batch import Batch, common_prefix
+from ubatch.engine.context.context import Context
+from ubatch.engine.errors import ContextError
+from ubatch.engine.generation.embedding import POOLING_TYPES, embed_prompts
+from ubatch.engine.grammar import compile_grammar
+from ubatch.engine.model.default_model import default_model_path
+from ubatch.engine.model.model import Model
+from ubatch.engine.params import ContextParams
+from ubatch.engine.sampling.chain import LLAMA_DEFAULT_SEED, SamplerParams
+from ubatch.engine.serve.embedding_task import fit_prompt
+from ubatch.engine.spec.speculative import SpecError, SpecParams, SpecStats
+from ubatch.llama_completion import completion_chunks, speculator_for
 
 
 class Llama:

@@ -14,16 +14,16 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .engine.context import Context
-from .engine.generate import CompletionStats, check_prompt_fits, decode_step
-from .engine.generation import Generation, GenerationParams, TokenProb
-from .engine.model import Model
-from .engine.params import ContextParams
-from .engine.sampling import Sampler, SamplerParams
-from .engine.speculative import SpecError, SpecParams, Speculator
+from ubatch.engine.completion.complete import CompletionStats, check_prompt_fits, decode_step
+from ubatch.engine.context.context import Context
+from ubatch.engine.generation.generation import Generation, GenerationParams, TokenProb
+from ubatch.engine.model.model import Model
+from ubatch.engine.params import ContextParams
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
+from ubatch.engine.spec.speculative import SpecError, SpecParams, Speculator
 
 if TYPE_CHECKING:
-    from .llama import Llama
+    from ubatch.llama import Llama
 
 
 def speculator_for(spec: SpecParams, ctx: Any, draft_model: Any) -> Speculator | None:

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .engine import state as seq_state
-from .engine import state_file
+from ubatch.engine.context import state as seq_state
+from ubatch.engine.context import state_file
 
 if TYPE_CHECKING:
-    from .llama import Llama
+    from ubatch.llama import Llama
 
 
 @dataclass

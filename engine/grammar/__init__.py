@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .elements import GrammarError
-from .match import Matcher
-from .parse import parse_gbnf
+from ubatch.engine.grammar.elements import GrammarError
+from ubatch.engine.grammar.match import Matcher
+from ubatch.engine.grammar.parse import parse_gbnf
 
 __all__ = ["Grammar", "GrammarError", "compile_grammar", "JSON_GBNF"]
 

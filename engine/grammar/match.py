@@ -16,9 +16,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .elements import ALT, CHAR_ALT, CHAR_ANY, CHAR_NOT, CHAR_RNG_UPPER, END, RULE_REF, TOKEN, TOKEN_NOT, ParsedGrammar
-from .recursion import check_left_recursion
-from .utf8 import partial_range
+from ubatch.engine.grammar.elements import (
+    ALT,
+    CHAR_ALT,
+    CHAR_ANY,
+    CHAR_NOT,
+    CHAR_RNG_UPPER,
+    END,
+    RULE_REF,
+    TOKEN,
+    TOKEN_NOT,
+    ParsedGrammar,
+)
+from ubatch.engine.grammar.recursion import check_left_recursion
+from ubatch.engine.grammar.utf8 import partial_range
 
 CP_END = 1 << 32  # one past any code point llama.cpp's decoder can produce
 DEAD = -1  # the state id of "no stack left": the text is rejected

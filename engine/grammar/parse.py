@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .elements import (
+from ubatch.engine.grammar.elements import (
     ALT,
     CHAR,
     CHAR_ALT,

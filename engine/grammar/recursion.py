@@ -3,7 +3,7 @@ consuming text would make the matcher's stacks grow without end. Checked once at
 
 from __future__ import annotations
 
-from .elements import ALT, END, RULE_REF, GrammarError, ParsedGrammar
+from ubatch.engine.grammar.elements import ALT, END, RULE_REF, GrammarError, ParsedGrammar
 
 
 def check_left_recursion(g: ParsedGrammar) -> None:

@@ -16,12 +16,12 @@ import bisect
 
 import torch
 
-from ..sampling import Sampler, SamplerParams
-from ..vocab import Vocab
-from . import Grammar
-from .elements import GrammarError
-from .match import DEAD
-from .tokens import token_table, top_allowed
+from ubatch.engine.grammar import Grammar
+from ubatch.engine.grammar.elements import GrammarError
+from ubatch.engine.grammar.match import DEAD
+from ubatch.engine.grammar.tokens import token_table, top_allowed
+from ubatch.engine.sampling.chain import Sampler, SamplerParams
+from ubatch.engine.vocab.vocab import Vocab
 
 
 def window(sp: SamplerParams) -> int | None:

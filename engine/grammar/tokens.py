@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..vocab import Vocab
-from .match import DEAD, Matcher
-from .utf8 import decode_utf8
+from ubatch.engine.grammar.match import DEAD, Matcher
+from ubatch.engine.grammar.utf8 import decode_utf8
+from ubatch.engine.vocab.vocab import Vocab
 
 NEG_INF = float("-inf")
 

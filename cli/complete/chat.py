@@ -1,0 +1,217 @@
+"""`ubatch cli` without -p (or with -cnv): a conversation in the terminal.
+
+The loop: read a message (cli.chat_input), hand it to engine.chat.ChatSession (chat template, KV
+cache reuse between turns), stream the answer and the per-turn speeds (cli.chat_view), and run
+the slash commands. What is read, what is computed and what is shown each live in their own module.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+
+from ubatch.cli.complete.chat_input import Reader, make_reader
+from ubatch.cli.complete.chat_view import COMMANDS, HINT, ChatUI, PrefillProgress, startup_rows, stats_rows
+from ubatch.engine.chat.template import ChatTemplate, ChatTemplateError
+from ubatch.engine.completion.conversation import ChatInputError, ChatSession
+from ubatch.engine.context.report import MemoryPlan
+from ubatch.engine.errors import UbatchError
+
+__all__ = ["Chat", "ChatOptions", "PrefillProgress", "run_chat"]
+
+
+@dataclass(slots=True)
+class ChatOptions:
+    system: str | None = None
+    first_prompt: str | None = None
+    single_turn: bool = False
+    chat_template: str | None = None
+    use_jinja: bool = True
+    verbose: bool = False
+    simple_io: bool = False
+    log_disable: bool = False
+    show_timings: bool = True
+    n_predict: int = -1
+    ignore_eos: bool = False
+    context_shift: bool = False
+    keep: int = 0
+    extra: Any = None  # GenerationParams for every answer (-r, -l, --grammar)
+    color: str = "auto"  # -co: on, off, auto
+    speculator: Any = None  # engine/speculative.py Speculator (-md, --spec-type)
+
+
+class Chat:
+    """One conversation: turns, slash commands and the read loop."""
+
+    def __init__(self, session: ChatSession, ui: ChatUI, plan: MemoryPlan, opts: ChatOptions) -> None:
+        self.session, self.ui, self.plan, self.opts = session, ui, plan, opts
+        self.can_progress = not opts.simple_io and not opts.log_disable and ui.err.is_terminal
+
+    def turn(self, text: str, regen: bool = False) -> None:
+        s, ui = self.session, self.ui
+        prog = PrefillProgress(ui.err, self.can_progress)
+        try:
+            it = s.regenerate(prog) if regen else s.respond(text, prog)
+        except (ChatInputError, ChatTemplateError) as e:
+            ui.error(str(e))
+            return
+        interrupted = False
+        try:
+            for piece in it:
+                prog.stop()
+                ui.piece(piece)
+        except KeyboardInterrupt:
+            interrupted = True
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()  # the session keeps what was decoded
+        except UbatchError as e:
+            prog.stop()
+            ui.end_answer()
+            ui.error(str(e))
+            return
+        finally:
+            prog.stop()
+        ui.end_answer()
+        ts = s.last
+        if ts is None:
+            return
+        if self.opts.verbose:
+            ui.log(f"chat: formatted turn {ts.turn}: {json.dumps(ts.turn_text, ensure_ascii=False)}")
+        if interrupted:
+            ui.info(
+                "(answer interrupted)"
+                if ts.n_past and ts.stop_reason == "interrupted" and ts.n_prompt
+                else "(interrupted before the answer started)"
+            )
+        elif ts.stop_reason == "context":
+            hint = "restart with a larger -c or with --context-shift"
+            if self.opts.context_shift and not s.shift_in_answer:
+                hint = "restart with a larger -c (shifting within an answer needs --swa-full for this model)"
+            ui.info(
+                f"context full ({s.n_ctx} tokens): the answer was cut; /clear to start over, or {hint}", style="yellow"
+            )
+        if ts.n_dropped:
+            ui.info(
+                f"(the conversation outgrew the context: dropped the {ts.n_dropped} oldest messages)", style="yellow"
+            )
+        if self.opts.verbose:
+            ui.log(
+                f"chat: turn {ts.turn}: {ts.n_prompt} prompt tokens evaluated, {ts.n_reused} reused from "
+                f"the KV cache, {ts.n_gen} generated (stop: {ts.stop_reason}), context "
+                f"{len(s.tokens)}/{s.n_ctx}" + (f"; reprocessed: {ts.reprocess}" if ts.reprocess else "")
+            )
+        if self.opts.show_timings and ts.n_prompt:
+            ui.timings(ts)
+
+    def command(self, line: str) -> bool:
+        """Run a slash command; False means leave."""
+        cmd, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        s, ui = self.session, self.ui
+        if cmd in ("/exit", "/quit"):
+            return False
+        if cmd == "/clear":
+            s.clear()
+            ui.info("conversation cleared: the KV cache is empty" + (" (the system prompt stays)" if s.system else ""))
+        elif cmd == "/stats":
+            ui.rows(stats_rows(s, self.plan))
+        elif cmd == "/help":
+            ui.rows(COMMANDS)
+        elif cmd == "/regen":
+            self.turn("", regen=True)
+        elif cmd == "/template":
+            if not arg:
+                ui.info(f"chat template: {s.template.describe}; /template NAME|FILE to switch")
+                return True
+            try:
+                t = ChatTemplate.for_model(s.ctx.model, override=arg, use_jinja=self.opts.use_jinja)
+            except ChatTemplateError as e:
+                ui.error(f"{e} (the chat template stays {s.template.name})")
+                return True
+            s.set_template(t)
+            ui.info(f"chat template: {t.describe}")
+        else:
+            ui.error(
+                f"unknown command {cmd}: type /help for the commands (start a message with // to send a leading /)"
+            )
+        return True
+
+    def run(self, read: Reader) -> None:
+        opts, ui = self.opts, self.ui
+        if opts.first_prompt is not None:
+            ui.out.print(Text("> ", style="bold") + Text(opts.first_prompt), soft_wrap=True)
+            self.turn(opts.first_prompt)
+            if opts.single_turn:
+                ui.info("Exiting...")
+                return
+        while True:
+            try:
+                line = read()
+            except EOFError:
+                break
+            except KeyboardInterrupt:
+                ui.info("(Ctrl-C stops an answer; Ctrl-D or /exit leaves)")
+                continue
+            if line.startswith("/") and not line.startswith("//"):
+                if not self.command(line):
+                    break
+                continue
+            if line.startswith("//"):
+                line = line[1:]
+            before = self.session.turns
+            self.turn(line)
+            if opts.single_turn and self.session.turns > before:
+                break
+        ui.info("Exiting...")
+
+
+def run_chat(ctx: Any, sampler: Any, opts: ChatOptions, load_ms: float) -> None:
+    """Start the conversation on a loaded, warmed-up context."""
+    from ubatch.cli.memory_view import breakdown_table
+    from ubatch.cli.present import startup_lines
+    from ubatch.engine.context.report import memory_plan
+
+    template = ChatTemplate.for_model(ctx.model, override=opts.chat_template, use_jinja=opts.use_jinja)
+    ui = ChatUI(opts.simple_io, opts.color)
+    plan = memory_plan(ctx)
+    session = ChatSession(
+        ctx,
+        template,
+        sampler,
+        system=opts.system,
+        n_predict=opts.n_predict,
+        ignore_eos=opts.ignore_eos,
+        ctx_shift=opts.context_shift,
+        keep=opts.keep,
+        extra=opts.extra,
+        speculator=opts.speculator,
+    )
+    if not opts.log_disable:
+        if opts.verbose:
+            for line in startup_lines(ctx, plan):
+                ui.log(line)
+            if not opts.simple_io:
+                ui.err.print(breakdown_table(plan))
+            ui.log(f"chat template: {template.describe}")
+            ui.log(f"sampler seed: {sampler.seed}")
+        else:
+            ui.rows(
+                startup_rows(ctx, plan, template, sampler, load_ms, opts.system, opts.n_predict),
+                title="ubatch chat",
+                to_err=True,
+            )
+        if template.name == "chatml" and len(ctx.model.vocab.tokenize("<|im_start|>", False, True)) != 1:
+            ui.log(
+                "warning: the chatml template writes <|im_start|>, which is not a token of this model's vocabulary: it is read as plain text"
+            )
+        if opts.context_shift and not session.shift_in_answer:
+            ui.log(
+                "note: --context-shift drops the oldest messages when the conversation outgrows the "
+                "context; shifting within an answer needs --swa-full for this model"
+            )
+        ui.info(HINT)
+    Chat(session, ui, plan, opts).run(make_reader(opts.simple_io))

@@ -1,0 +1,219 @@
+"""`ubatch cli`: llama-cli and llama-completion in one command. A conversation in the terminal (no
+-p, or -cnv / -sys / -st), a one-shot completion with -p or -f, or llama-completion's raw-text
+interactive mode with -i / -if (and -r reverse prompts). This module is the command line: the
+flags and the checks that run before anything loads; cli/complete_run.py runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ubatch.cli import validate
+from ubatch.cli.common import check_text, err_console, process_escapes, read_text_file, user_errors
+from ubatch.cli.options import CHAT, OUTPUT, opt
+from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
+from ubatch.cli.spec_flags import SpecFlags, spec_options
+
+
+@user_errors
+@sampling_options
+@spec_options
+def cli(
+    model: Optional[Path] = opt("model", None),
+    prompt: Optional[str] = opt("prompt", None),
+    file: Optional[Path] = opt("file", None),
+    n_predict: int = opt("n_predict", -1),
+    ctx_size: int = opt("ctx_size", 0),
+    ctk: str = opt("ctk", "f16"),
+    ctv: str = opt("ctv", "f16"),
+    swa_full: bool = opt("swa_full", False),
+    parallel: int = opt("parallel", 1),
+    kv_unified: bool = opt("kv_unified", False),
+    context_shift: bool = opt(
+        "context_shift", False, help="when the context is full, drop half of it and go on (chat: oldest messages)"
+    ),
+    keep: int = opt("keep", 0, help="tokens of the prompt kept by a context shift (-1 = all; chat: the first prompt)"),
+    n_outputs_max: int = opt(
+        "n_outputs_max", 1, help="output rows the compute buffer is reserved for (0 = n_batch, llama-completion's)"
+    ),
+    batch_size: int = opt("batch_size", 2048),
+    ubatch_size: int = opt("ubatch_size", 512),
+    threads: int = opt("threads", -1),
+    backend: str = opt("backend", "auto"),
+    device: str = opt("device", "auto"),
+    warmup: bool = opt("warmup", True),
+    escape: bool = typer.Option(
+        True, "--escape/--no-escape", "-e", help="process \\n, \\t, \\xHH escapes in prompts", rich_help_panel=OUTPUT
+    ),
+    display_prompt: bool = typer.Option(
+        True, "--display-prompt/--no-display-prompt", help="echo the prompt before the output", rich_help_panel=OUTPUT
+    ),
+    log_disable: bool = opt("log_disable", False),
+    special: bool = opt("special", False),
+    color: str = typer.Option(
+        "auto",
+        "-co",
+        "--color",
+        help="colour prompt, input and output: on, off, auto (a terminal)",
+        rich_help_panel=OUTPUT,
+    ),
+    conversation: Optional[bool] = typer.Option(
+        None,
+        "--conversation/--no-conversation",
+        "-cnv/-no-cnv",
+        help="chat (default without -p / -f) or one-shot completion (default with -p / -f)",
+        show_default=False,
+        rich_help_panel=CHAT,
+    ),
+    system_prompt: Optional[str] = typer.Option(
+        None, "-sys", "--system-prompt", help="system prompt (starts a conversation)", rich_help_panel=CHAT
+    ),
+    system_prompt_file: Optional[Path] = typer.Option(
+        None, "-sysf", "--system-prompt-file", help="the system prompt from a file", rich_help_panel=CHAT
+    ),
+    single_turn: bool = typer.Option(
+        False, "-st", "--single-turn", help="answer one message (-p, or the first typed) and exit", rich_help_panel=CHAT
+    ),
+    chat_template: Optional[str] = opt("chat_template", None),
+    chat_template_file: Optional[Path] = opt("chat_template_file", None),
+    jinja: bool = opt("jinja", True),
+    reverse_prompt: Optional[list[str]] = typer.Option(
+        None,
+        "-r",
+        "--reverse-prompt",
+        help="stop at this text (-i: hand over to you); repeatable",
+        rich_help_panel=CHAT,
+    ),
+    interactive: bool = typer.Option(
+        False, "-i", "--interactive", help="raw-text interactive mode (llama-completion -i)", rich_help_panel=CHAT
+    ),
+    interactive_first: bool = typer.Option(
+        False, "-if", "--interactive-first", help="-i, waiting for your input first", rich_help_panel=CHAT
+    ),
+    in_prefix: str = typer.Option("", "--in-prefix", help="-i: text before each input", rich_help_panel=CHAT),
+    in_suffix: str = typer.Option("", "--in-suffix", help="-i: text after each input", rich_help_panel=CHAT),
+    multiline_input: bool = typer.Option(
+        False, "-mli", "--multiline-input", help="-i: read input until a line ending in \\ is not", rich_help_panel=CHAT
+    ),
+    verbose: bool = opt("verbose", False, help="chat: llama.cpp's startup lines instead of the panel; token counts"),
+    simple_io: bool = typer.Option(
+        False,
+        "--simple-io",
+        help="plain input and output (no line editor, colours, panels or bars)",
+        rich_help_panel=OUTPUT,
+    ),
+    show_timings: bool = typer.Option(
+        True, "--show-timings/--no-show-timings", help="chat: speeds after each answer", rich_help_panel=OUTPUT
+    ),
+    prompt_cache: Optional[Path] = typer.Option(
+        None, "--prompt-cache", help="one-shot: reuse the KV state saved in this file, save it after the prompt"
+    ),
+    prompt_cache_all: bool = typer.Option(
+        False, "--prompt-cache-all", help="--prompt-cache: save the generated text's state too"
+    ),
+    prompt_cache_ro: bool = typer.Option(
+        False, "--prompt-cache-ro", help="--prompt-cache: use the file, never update it"
+    ),
+    sampling: SamplingFlags = SamplingFlags(),
+    spec: SpecFlags = SpecFlags(),
+) -> None:
+    validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
+    validate.generation_flags(n_predict, keep)
+    validate.at_least("--n-outputs-max", n_outputs_max, "n_outputs_max", 0)
+    validate.choice("-co", color, "color", ("on", "off", "auto"))
+    sampling.check()
+    for note in spec.check():
+        err_console.print(note, markup=False, soft_wrap=True)
+    validate.n_parallel(parallel)  # these three import the engine's tables: last
+    validate.kv_types(ctk, ctv)
+    validate.backend(backend)
+    from ubatch.cli.device import resolve_device
+
+    dev, backend = resolve_device(device, backend)  # --device cuda without a GPU: one line, exit 1
+    from ubatch.cli.complete.run import Run, run
+
+    if interactive_first:
+        interactive = True
+    if system_prompt is None and system_prompt_file is not None:
+        system_prompt = read_text_file(system_prompt_file, "system prompt file")
+    if chat_template is None and chat_template_file is not None:
+        chat_template = str(chat_template_file)
+    chat = (
+        conversation
+        if conversation is not None
+        else not interactive and ((prompt is None and file is None) or system_prompt is not None or single_turn)
+    )
+    if not chat and system_prompt is not None:
+        err_console.print("warning: -sys is ignored without conversation mode (-no-cnv)", markup=False)
+    if prompt is None and file is not None:
+        prompt = read_text_file(file)
+        if prompt.endswith("\n"):  # llama.cpp's -f drops one trailing newline
+            prompt = prompt[:-1]
+    if prompt is not None:
+        check_text(prompt, "the prompt")
+    if system_prompt is not None:
+        check_text(system_prompt, "the system prompt")
+    if escape:  # like llama.cpp, escapes apply to -p, -f, -sys, -r and the prefixes alike
+        prompt = process_escapes(prompt) if prompt is not None else None
+        system_prompt = process_escapes(system_prompt) if system_prompt is not None else None
+        reverse_prompt = [process_escapes(r) for r in reverse_prompt or []]
+        in_prefix, in_suffix = process_escapes(in_prefix), process_escapes(in_suffix)
+    if prompt_cache is not None and (chat or interactive):
+        err_console.print(
+            "warning: --prompt-cache is used by one-shot completions (-no-cnv, no -i); ignored", markup=False
+        )
+        prompt_cache = None
+    if prompt_cache is not None and prompt_cache.is_dir():
+        raise typer.BadParameter(f"{prompt_cache} is a directory", param_hint="--prompt-cache")
+    if chat and chat_template is not None:
+        from ubatch.engine.chat.template import load_template
+
+        load_template(chat_template)  # a bad template fails before the model loads
+    sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
+    run(
+        Run(
+            model=model,
+            prompt=prompt,
+            mode="chat" if chat else "interactive" if interactive else "once",
+            n_predict=n_predict,
+            ctx_size=ctx_size,
+            ctk=ctk,
+            ctv=ctv,
+            swa_full=swa_full,
+            parallel=parallel,
+            kv_unified=kv_unified,
+            context_shift=context_shift,
+            keep=keep,
+            n_outputs_max=n_outputs_max,
+            batch_size=batch_size,
+            ubatch_size=ubatch_size,
+            threads=threads,
+            backend=backend,
+            device=str(dev),
+            warmup=warmup,
+            display_prompt=display_prompt,
+            special=special,
+            log_disable=log_disable,
+            color=color,
+            system_prompt=system_prompt,
+            single_turn=single_turn,
+            chat_template=chat_template,
+            jinja=jinja,
+            reverse_prompts=list(reverse_prompt or []),
+            interactive_first=interactive_first,
+            in_prefix=in_prefix,
+            in_suffix=in_suffix,
+            multiline_input=multiline_input,
+            verbose=verbose,
+            simple_io=simple_io,
+            show_timings=show_timings,
+            sampling=sampling,
+            spec=spec,
+            prompt_cache=prompt_cache,
+            prompt_cache_ro=prompt_cache_ro,
+            prompt_cache_all=prompt_cache_all,
+        )
+    )

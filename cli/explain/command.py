@@ -1,0 +1,101 @@
+"""`ubatch explain`: run a request for real and show how it was batched, split, padded, masked
+and where the memory went, from the engine's own records (engine/explain*.py); drawn by
+cli/explain_view.py, or as JSON with --json (cli/explain_json.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ubatch.cli import validate
+from ubatch.cli.common import check_text, err_console, process_escapes, resolve_model, user_errors
+from ubatch.cli.options import opt
+from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
+from ubatch.cli.spec_flags import SpecFlags, spec_options
+
+WHAT_IF_UBATCHES = (512, 256, 128, 64)
+
+
+@user_errors
+@sampling_options
+@spec_options
+def explain(
+    model: Optional[Path] = opt("model", None),
+    prompt: Optional[list[str]] = opt("prompt", None, help="a prompt; repeat -p for sequences decoded together"),
+    n_predict: int = opt("n_predict", 4, help="tokens to generate per prompt (-1 = until end of generation)"),
+    ctx_size: int = opt("ctx_size", 0),
+    batch_size: int = opt("batch_size", 2048),
+    ubatch_size: int = opt("ubatch_size", 512),
+    parallel: Optional[int] = opt("parallel", None, help="slots, as llama-server's -np (default: one per -p)"),
+    kv_unified: bool = opt("kv_unified", False),
+    swa_full: bool = opt("swa_full", False),
+    ctk: str = opt("ctk", "f16"),
+    ctv: str = opt("ctv", "f16"),
+    threads: int = opt("threads", -1),
+    backend: str = opt("backend", "auto"),
+    device: str = opt("device", "auto"),
+    escape: bool = typer.Option(True, "--escape/--no-escape", "-e", help="process \\n, \\t, \\xHH escapes in prompts"),
+    as_json: bool = typer.Option(False, "--json", help="print the explanation as JSON"),
+    sampling: SamplingFlags = SamplingFlags(),
+    spec: SpecFlags = SpecFlags(),
+) -> None:
+    if not prompt:
+        raise typer.BadParameter("give at least one prompt to explain", param_hint="-p")
+    validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
+    validate.generation_flags(n_predict)
+    sampling.check()
+    for note in spec.check():
+        err_console.print(note, markup=False, soft_wrap=True)
+    n_slots = validate.n_parallel(parallel) if parallel is not None else len(prompt)
+    validate.n_parallel(len(prompt), flag="-p (one sequence each)")
+    validate.kv_types(ctk, ctv)
+    validate.backend(backend)
+    from ubatch.cli.device import resolve_device
+
+    dev, backend = resolve_device(device, backend)
+    sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
+    texts = [check_text(process_escapes(p) if escape else p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
+    from ubatch.cli.explain.run import Request, explain_request
+    from ubatch.engine.model.model import Model
+    from ubatch.engine.params import ContextParams
+
+    m = Model.load(resolve_model(model), dev)
+    ids = [m.vocab.tokenize(t, add_special=True, parse_special=True) for t in texts]
+    params = ContextParams(
+        n_ctx=ctx_size,
+        n_batch=batch_size,
+        n_ubatch=ubatch_size,
+        n_seq_max=n_slots,
+        n_threads=threads if threads > 0 else 0,
+        # as llama-server: one output row per slot, and with speculation one per drafted token
+        n_outputs_max=min(batch_size, spec.params().n_outputs_max(n_slots, n_slots)),
+        type_k=ctk,
+        type_v=ctv,
+        kv_unified=kv_unified,
+        swa_full=swa_full,
+        backend=backend,
+    )
+    req = Request(
+        ids,
+        n_predict,
+        sampling.sampler_params(),
+        sampling.ignore_eos,
+        n_slots,
+        sampling.logit_biases(m.hparams.n_vocab),
+        sampling.compiled_grammar(),
+        spec.build,  # the Speculator for the target context (None: speculation off)
+    )
+    e = explain_request(m, params, req, WHAT_IF_UBATCHES)
+    if as_json:
+        from ubatch.cli.explain.json_view import explanation_json
+
+        print(json.dumps(explanation_json(e), indent=1))
+        return
+    from rich.console import Console
+
+    from ubatch.cli.explain.view import render
+
+    render(e, Console(highlight=False))

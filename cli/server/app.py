@@ -1,0 +1,99 @@
+"""The HTTP layer of `ubatch server`: llama-server's routes on FastAPI over the engine's Scheduler.
+
+This module wires the app together: the Gate (503 while loading, then the API key), the
+pre-routing edge (cli/server_middleware.py: CORS, the OPTIONS preflight, --api-prefix),
+llama-server's 404 body, the access log (cli/server_log.py) and the route families from
+cli/routes_*.py and cli/server_resume.py. A client that disconnects (stream or not) cancels its
+tasks at once, unless its stream is resumable (X-Conversation-Id); the scheduler frees the slot
+at its next iteration. After shutdown began, new requests get 503.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from ubatch.cli.server.http import error_response
+from ubatch.cli.server.log import LOG_LEVEL_INFO, AccessLog
+from ubatch.cli.server.middleware import Edge
+from ubatch.cli.server.resume import StreamSessions, add_resume_routes
+from ubatch.cli.server.routes.completion import add_completion_routes
+from ubatch.cli.server.routes.embedding import add_embedding_routes
+from ubatch.cli.server.routes.extra import add_extra_routes
+from ubatch.cli.server.routes.infill import add_infill_routes
+from ubatch.cli.server.routes.info import add_info_routes
+from ubatch.cli.server.routes.slots import add_slot_routes
+from ubatch.cli.server.routes.tokens import add_token_routes
+from ubatch.cli.server.state import ServerOptions, ServerState
+from ubatch.engine.serve.engine_loop import shutdown_error
+from ubatch.engine.serve.scheduler import Scheduler
+from ubatch.engine.serve.task import RequestError
+
+__all__ = ["PUBLIC_PATHS", "Gate", "ServerOptions", "ServerState", "create_app"]
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/api/tags"})
+
+
+class Gate:
+    """ASGI middleware: 503 while loading, then the API key for every non-public route."""
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            err = None
+            sch = self.state.scheduler
+            if sch is None:
+                err = RequestError("Loading model", 503, "unavailable_error")
+            elif sch.shutting_down:  # a keep-alive connection after SIGTERM: no new work
+                err = shutdown_error()
+            elif self.state.options.api_keys and scope["path"] not in PUBLIC_PATHS:
+                h = {k.lower(): v.decode("latin-1") for k, v in scope["headers"]}
+                auth = h.get(b"authorization", "")
+                key = auth[7:].strip() if auth.lower().startswith("bearer ") else h.get(b"x-api-key", "")
+                if key not in self.state.options.api_keys:
+                    err = RequestError("Invalid API Key", 401, "authentication_error")
+            if err is not None:
+                await error_response(err)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    scheduler: Scheduler | None = None,
+    options: ServerOptions | None = None,
+    state: ServerState | None = None,
+    log_verbosity: int | None = LOG_LEVEL_INFO,
+) -> FastAPI:
+    """The FastAPI app. Pass a started scheduler, or a `state` whose scheduler is attached
+    later (the CLI serves /health = 503 while the model loads). `log_verbosity` is -lv
+    (None: --log-disable)."""
+    st = state or ServerState(options)
+    if scheduler is not None:
+        st.attach(scheduler)
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = st
+    app.add_middleware(Gate, state=st)
+    app.add_middleware(Edge, options=st.options)  # CORS, preflight, --api-prefix: before the Gate
+    app.add_middleware(AccessLog, verbosity=log_verbosity)  # outermost: sees every answer, even the Gate's
+
+    @app.exception_handler(StarletteHTTPException)
+    async def not_found(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code in (404, 405):
+            return error_response(RequestError("File Not Found", 404, "not_found_error"))
+        return error_response(RequestError(str(exc.detail), exc.status_code, "invalid_request_error"))
+
+    app.state.streams = StreamSessions()  # resumable streams (X-Conversation-Id)
+    add_info_routes(app, st)
+    add_completion_routes(app, st)
+    add_token_routes(app, st)
+    add_resume_routes(app, app.state.streams)
+    add_extra_routes(app)
+    add_slot_routes(app, st)
+    add_infill_routes(app, st)
+    add_embedding_routes(app, st)
+    return app

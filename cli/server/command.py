@@ -1,0 +1,271 @@
+"""`ubatch server`: llama-server's flags and defaults, checked and turned into settings.
+
+This module is the command line only: the options (shared ones from cli/options.py and
+cli/sampling_flags.py, the server's own here), the checks that must fail before anything loads,
+and the server-wide settings. Binding, loading the model and running uvicorn are in
+cli/server_run.py; the HTTP layer is cli/server_app.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ubatch.cli import validate
+from ubatch.cli.common import err_console, process_escapes, read_text_file, user_errors
+from ubatch.cli.options import BATCH, CTX, MODEL, SERVER, opt
+from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
+from ubatch.cli.spec_flags import SpecFlags, spec_options
+
+EMBD = "Embeddings"
+
+
+def _csv(v: str | None) -> tuple[str, ...]:
+    return tuple(s.strip() for s in (v or "").split(",") if s.strip())
+
+
+@user_errors
+@sampling_options
+@spec_options
+def server(
+    model: Optional[Path] = opt("model", None),
+    alias: Optional[str] = typer.Option(
+        None,
+        "-a",
+        "--alias",
+        help="model name(s), comma-separated: the id and aliases in /v1/models",
+        rich_help_panel=MODEL,
+    ),
+    tags: Optional[str] = typer.Option(
+        None, "--tags", help="comma-separated tags listed in /v1/models", rich_help_panel=MODEL
+    ),
+    chat_template: Optional[str] = opt("chat_template", None),
+    chat_template_file: Optional[Path] = opt("chat_template_file", None),
+    jinja: bool = opt("jinja", True),
+    prefill_assistant: bool = typer.Option(
+        True,
+        "--prefill-assistant/--no-prefill-assistant",
+        help="continue a final assistant message",
+        rich_help_panel=MODEL,
+    ),
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help="addresses to listen on, comma-separated (IPv4, IPv6, *.sock)",
+        rich_help_panel=SERVER,
+    ),
+    port: int = typer.Option(8080, "--port", help="port to listen on (0 = any free port)", rich_help_panel=SERVER),
+    api_prefix: str = typer.Option(
+        "", "--api-prefix", help="prefix every route is also served under", rich_help_panel=SERVER
+    ),
+    api_key: Optional[str] = typer.Option(
+        None,
+        "--api-key",
+        envvar="LLAMA_API_KEY",
+        help="API key(s), comma-separated; required on every route but /health and /models",
+        rich_help_panel=SERVER,
+    ),
+    api_key_file: Optional[Path] = typer.Option(
+        None, "--api-key-file", help="file with one API key per line", rich_help_panel=SERVER
+    ),
+    cors_origins: str = typer.Option(
+        "localhost",
+        "--cors-origins",
+        help="allowed origins, comma-separated; 'localhost' reflects only localhost origins; '*' all",
+        rich_help_panel=SERVER,
+    ),
+    cors_methods: str = typer.Option(
+        "GET, POST, DELETE, OPTIONS", "--cors-methods", help="allowed CORS methods", rich_help_panel=SERVER
+    ),
+    cors_headers: str = typer.Option("*", "--cors-headers", help="allowed CORS headers", rich_help_panel=SERVER),
+    cors_credentials: bool = typer.Option(
+        False, "--cors-credentials/--no-cors-credentials", help="allow credentials for CORS", rich_help_panel=SERVER
+    ),
+    timeout: int = typer.Option(
+        600, "-to", "--timeout", help="idle keep-alive timeout in seconds", rich_help_panel=SERVER
+    ),
+    metrics: bool = typer.Option(
+        False, "--metrics", help="enable the Prometheus /metrics endpoint", rich_help_panel=SERVER
+    ),
+    props: bool = typer.Option(False, "--props", help="let POST /props change server settings", rich_help_panel=SERVER),
+    slots: bool = typer.Option(True, "--slots/--no-slots", help="expose the /slots endpoint", rich_help_panel=SERVER),
+    slot_save_path: Optional[Path] = typer.Option(
+        None, "--slot-save-path", help="directory for POST /slots/{id}?action=save|restore", rich_help_panel=SERVER
+    ),
+    log_disable: bool = opt("log_disable", False, help="no startup log and no per-request lines", panel=SERVER),
+    log_verbosity: int = opt(
+        "log_verbosity",
+        3,
+        envvar="LLAMA_LOG_VERBOSITY",
+        help="log threshold, llama.cpp's levels (4 = debug: a line per request)",
+        panel=SERVER,
+    ),
+    embedding: bool = typer.Option(
+        False, "--embedding", "--embeddings", help="serve /embedding and /v1/embeddings", rich_help_panel=EMBD
+    ),
+    pooling: Optional[str] = typer.Option(
+        None, "--pooling", help="none, mean, cls, last, rank (default: the model's)", rich_help_panel=EMBD
+    ),
+    reranking: bool = typer.Option(
+        False, "--reranking", "--rerank", help="serve /rerank (needs a model with a rank head)", rich_help_panel=EMBD
+    ),
+    embd_normalize: int = typer.Option(
+        2,
+        "--embd-normalize",
+        help="embedding normalisation: -1 none, 0 max-abs, 2 Euclidean, p>2 p-norm",
+        rich_help_panel=EMBD,
+    ),
+    n_parallel: int = opt("parallel", -1, help="number of slots (-1 = auto: 4 slots with a unified KV cache)"),
+    ctx_size: int = opt("ctx_size", 0, help="context size, split across the slots unless -kvu (0 = from the model)"),
+    kv_unified: bool = typer.Option(
+        False,
+        "-kvu/-no-kvu",
+        "--kv-unified/--no-kv-unified",
+        help="one KV cache shared by all slots (default with -np -1)",
+        rich_help_panel=CTX,
+    ),
+    ctk: str = opt("ctk", "f16"),
+    ctv: str = opt("ctv", "f16"),
+    swa_full: bool = opt("swa_full", False),
+    context_shift: bool = opt("context_shift", False, help="when a slot's context fills, drop half of it and continue"),
+    keep: int = opt("keep", 0, help="tokens a context shift keeps (-1 = all)"),
+    cache_reuse: int = typer.Option(
+        0, "--cache-reuse", help="min chunk size to reuse from the cache via KV shifting (0 = off)", rich_help_panel=CTX
+    ),
+    cache_prompt: bool = typer.Option(
+        True,
+        "--cache-prompt/--no-cache-prompt",
+        help="reuse the slot's common prefix with the previous request",
+        rich_help_panel=CTX,
+    ),
+    slot_prompt_similarity: float = typer.Option(
+        0.1,
+        "-sps",
+        "--slot-prompt-similarity",
+        help="pick the idle slot whose cache matches this much of the prompt",
+        rich_help_panel=CTX,
+    ),
+    batch_size: int = opt("batch_size", 2048, help="logical batch size: rows per decode call"),
+    ubatch_size: int = opt("ubatch_size", 512, help="physical batch size: rows per forward pass"),
+    cont_batching: bool = typer.Option(
+        True,
+        "-cb/-nocb",
+        "--cont-batching/--no-cont-batching",
+        help="mix prompt chunks into generation batches",
+        rich_help_panel=BATCH,
+    ),
+    threads: int = opt("threads", -1),
+    backend: str = opt("backend", "auto"),
+    device: str = opt("device", "auto"),
+    warmup: bool = opt("warmup", True),
+    n_predict: int = opt("n_predict", -1, help="default tokens to generate per request (-1 = unlimited)"),
+    reverse_prompt: Optional[list[str]] = typer.Option(
+        None, "-r", "--reverse-prompt", help="default stop string of every request (repeatable)", rich_help_panel=MODEL
+    ),
+    special: bool = opt("special", False),
+    sampling: SamplingFlags = SamplingFlags(),
+    spec: SpecFlags = SpecFlags(),
+) -> None:
+    validate.in_range("--port", port, "port", 0, 65535)
+    validate.positive("-to", timeout, "timeout")
+    validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
+    validate.at_least("--cache-reuse", cache_reuse, "n_cache_reuse", 1, sentinel=(0, "off"))
+    validate.fraction("-sps", slot_prompt_similarity, "slot_prompt_similarity")
+    validate.generation_flags(n_predict, keep)
+    if pooling is not None:
+        validate.choice("--pooling", pooling, "pooling", ("none", "mean", "cls", "last", "rank"))
+    if not _csv(host):
+        raise validate.invalid("--host", host, "host", "give at least one address")
+    sampling.check()
+    for note in spec.check():
+        err_console.print(note, markup=False, soft_wrap=True)
+    validate.n_parallel(n_parallel, auto=True)  # these three import the engine's tables: last
+    validate.kv_types(ctk, ctv)
+    validate.backend(backend)
+    from ubatch.cli.device import resolve_device
+
+    dev, backend = resolve_device(device, backend)  # --device cuda without a GPU: one line, exit 1
+    if n_parallel < 0:  # llama-server's auto: 4 slots and a unified KV cache, whatever -no-kvu says
+        n_parallel, kv_unified = 4, True
+    if chat_template is None and chat_template_file is not None:
+        chat_template = str(chat_template_file)
+    if chat_template is not None:  # fail before loading anything
+        from ubatch.engine.chat.template import load_template
+
+        load_template(chat_template)
+    grammar = sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
+    keys = [k.strip() for k in (api_key or "").split(",") if k.strip()]
+    if api_key_file is not None:
+        keys += [k.strip() for k in read_text_file(api_key_file, "API key file").splitlines() if k.strip()]
+
+    from ubatch.cli.server.app import ServerOptions
+    from ubatch.cli.server.run import load_scheduler, serve
+
+    names = _csv(alias)
+    options = ServerOptions(
+        api_keys=tuple(keys),
+        metrics=metrics,
+        slots=slots,
+        slot_save_path=_slot_dir(slot_save_path),
+        aliases=names,  # (the `alias` field is a one-name shorthand for the Python API and tests)
+        tags=_csv(tags),
+        chat_template=chat_template,
+        jinja=jinja,
+        n_predict=n_predict,
+        cache_prompt=cache_prompt,
+        sampling=sampling.sampler_params(),
+        embedding=embedding or reranking,
+        pooling="rank" if reranking else pooling,
+        reranking=reranking,
+        cors_origins=cors_origins,
+        cors_methods=cors_methods,
+        cors_headers=cors_headers,
+        cors_credentials=cors_credentials,
+        api_prefix=api_prefix.rstrip("/"),
+        grammar=grammar,
+        props=props,
+        prefill_assistant=prefill_assistant,
+        embd_normalize=embd_normalize,
+        stop=tuple(process_escapes(r) for r in reverse_prompt or []),
+        special=special,
+        n_keep=keep,
+    )
+
+    def load() -> Any:
+        return load_scheduler(
+            model,
+            n_parallel,
+            ctx_size,
+            batch_size,
+            ubatch_size,
+            kv_unified,
+            ctk,
+            ctv,
+            swa_full,
+            threads,
+            not warmup,
+            context_shift,
+            cache_reuse,
+            slot_prompt_similarity,
+            cont_batching,
+            log_disable,
+            backend,
+            embedding=embedding,
+            pooling=pooling,
+            reranking=reranking,
+            spec=spec,
+            device=str(dev),
+        )
+
+    serve(host, port, options, load, timeout=timeout, log_disable=log_disable, log_verbosity=log_verbosity)
+
+
+def _slot_dir(path: Path | None) -> str:
+    """--slot-save-path must name an existing directory (llama-server: "not a directory")."""
+    if path is None:
+        return ""
+    if not path.is_dir():
+        raise typer.BadParameter(f"not a directory: {path}", param_hint="--slot-save-path")
+    return str(path)

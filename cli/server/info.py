@@ -1,0 +1,134 @@
+"""The discovery bodies of `ubatch server`: /v1/models (also /models) and /props, with the keys
+this llama-server version sends, so clients that read them (the web UI, OpenAI-style model
+pickers, Ollama-style `models`) see the same shapes.
+
+The model's names follow llama-server: the aliases (`-a a,b`) are a set, listed sorted, and the
+first of them is the model's id; with no alias the id is the model path as given.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+import time
+from typing import Any
+
+from ubatch.cli.bench.sysinfo import FTYPE_NAMES
+from ubatch.cli.server import responses as sj
+from ubatch.cli.server.state import ServerOptions, ServerState
+from ubatch.engine.serve.task import TaskParams
+
+# a per-process marker, as llama-server's get_media_marker (this server takes no media)
+MEDIA_MARKER = "<__media_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32)) + "__>"
+
+
+def model_aliases(o: ServerOptions) -> list[str]:
+    """`--alias` names as llama-server keeps them: a set, so sorted and without repeats."""
+    return sorted({*o.aliases, *([o.alias] if o.alias else [])})
+
+
+def model_name(o: ServerOptions, path: Any) -> str:
+    """The model's id in every response: the first alias, else the model path as given."""
+    aliases = model_aliases(o)
+    return aliases[0] if aliases else str(path)
+
+
+def ftype_name(metadata: dict[str, Any]) -> str:
+    ft = metadata.get("general.file_type")
+    if ft is None:
+        return "unknown"
+    return FTYPE_NAMES.get(int(ft), f"ftype {int(ft)}")
+
+
+def models_json(st: ServerState) -> dict[str, Any]:
+    """GET /v1/models: the Ollama-style `models` list and the OpenAI-style `data` list."""
+    s = st.sch()
+    m = s.ctx.model
+    hp, name = m.hparams, st.model_id
+    aliases = model_aliases(st.options) or [name]  # llama-server adds the path as the one alias
+    ollama = {
+        "name": name,
+        "model": name,
+        "modified_at": "",
+        "size": "",
+        "digest": "",
+        "type": "model",
+        "description": "",
+        "tags": [""],
+        "capabilities": ["completion"],
+        "parameters": "",
+        "details": {
+            "parent_model": "",
+            "format": "gguf",
+            "family": "",
+            "families": [""],
+            "parameter_size": "",
+            "quantization_level": "",
+        },
+    }
+    info = {
+        "id": name,
+        "aliases": aliases,
+        "tags": sorted(set(st.options.tags)),
+        "object": "model",
+        "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+        "created": int(time.time()),
+        "owned_by": "llamacpp",
+        "meta": {
+            "vocab_type": 1,  # LLAMA_VOCAB_TYPE_SPM
+            "n_vocab": hp.n_vocab,
+            "n_ctx": s.n_ctx_slot,
+            "n_ctx_train": hp.n_ctx_train,
+            "n_embd": hp.n_embd,
+            "n_params": m.n_params,
+            "size": m.size_bytes,
+            "ftype": ftype_name(m.gguf.metadata),
+        },
+    }
+    return {"models": [ollama], "object": "list", "data": [info]}
+
+
+def template_caps(st: ServerState) -> dict[str, bool]:
+    """chat_template_caps: what the template renders. This server renders string content only
+    and no tools; a system message is supported when its text reaches the prompt."""
+    assert st.chat is not None
+    probe = "\x01ubatch-system-probe\x01"
+    try:
+        system = probe in st.chat.apply([{"role": "system", "content": probe}, {"role": "user", "content": "x"}])
+    except Exception:  # a template that raises on a system message does not support it
+        system = False
+    caps = (
+        "supports_object_arguments supports_parallel_tool_calls supports_preserve_reasoning "
+        "supports_reasoning_effort supports_string_content supports_system_role supports_tool_calls "
+        "supports_tools supports_typed_content"
+    ).split()
+    return {c: (c == "supports_string_content" or (c == "supports_system_role" and system)) for c in caps}
+
+
+def props_json(st: ServerState) -> dict[str, Any]:
+    """GET /props, with llama-server's keys."""
+    s, o = st.sch(), st.options
+    vocab = s.vocab
+    assert st.chat is not None
+    params = TaskParams(n_predict=st.defaults.n_predict, sampling=st.defaults.sampling, cache_prompt=o.cache_prompt)
+    return {
+        "default_generation_settings": {"params": params.to_json(), "n_ctx": s.n_ctx_slot},
+        "total_slots": len(s.slots),
+        "model_alias": st.model_id,
+        "model_ftype": ftype_name(s.ctx.model.gguf.metadata),
+        "model_path": str(s.ctx.model.path),
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "media_marker": MEDIA_MARKER,
+        "endpoint_slots": o.slots,
+        "endpoint_props": o.props,
+        "endpoint_metrics": o.metrics,
+        "ui": False,  # no web UI is bundled
+        "ui_settings": {},
+        "chat_template": st.chat.source or st.chat.name,
+        "chat_template_caps": template_caps(st),
+        "bos_token": vocab.token_text(vocab.bos),
+        "eos_token": vocab.token_text(vocab.eos),
+        "build_info": sj.BUILD_INFO,
+        "is_sleeping": False,
+        "cors_proxy_enabled": False,
+    }

@@ -1,0 +1,143 @@
+"""llama-server's monitoring bodies: one /slots entry per slot and the Prometheus /metrics text.
+
+These read the scheduler's live state (slots, counters) rather than one request's events, and
+/metrics is where ubatch adds its batching counters (sequences and rows per decode), so they
+are apart from the completion bodies in cli/server_json.py.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ubatch.engine.serve.scheduler import Scheduler, Slot
+from ubatch.engine.spec.speculative import SpecStats
+from ubatch.engine.units import tokens_per_second
+
+SLOTS_DEBUG = os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "") not in ("", "0")
+
+
+def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
+    """One /slots entry with llama-server's keys (plus `n_cache_tokens`, the cells the slot
+    holds); the prompt and generated text only with LLAMA_SERVER_SLOTS_DEBUG set, as there.
+    It is read on the event loop while the engine thread runs the slot, so the task and
+    generation are read once (a slot that starts a task meanwhile swaps them)."""
+    task, gen = s.task or s.last_task, s.gen
+    n_decoded = gen.n_decoded if gen is not None else 0
+    res: dict[str, Any] = {
+        "id": s.id,
+        "n_ctx": s.n_ctx,
+        "speculative": s.speculative,
+        "is_processing": s.busy,
+        "n_cache_tokens": len(s.cache),
+    }
+    if task is not None:
+        p = task.params
+        n_remain = p.n_predict - n_decoded if p.n_predict >= 0 else -1
+        res.update(
+            {
+                "id_task": task.id,
+                "n_prompt_tokens": len(task.prompt),
+                "n_prompt_tokens_processed": s.n_prompt_done,
+                "n_prompt_tokens_cache": s.n_prompt_cache,
+                "params": p.to_json(),
+                "next_token": [
+                    {
+                        "has_next_token": s.busy,
+                        "has_new_line": bool(gen and gen.has_new_line),
+                        "n_remain": n_remain,
+                        "n_decoded": n_decoded,
+                    }
+                ],
+            }
+        )
+        if SLOTS_DEBUG:
+            res["prompt"] = task.prompt_text or detokenize(task.prompt)
+            res["generated"] = gen.text if gen is not None else ""
+    return res
+
+
+_COUNTERS = [  # llama-server's names and help texts, counters first, then gauges
+    ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens"),
+    ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache"),
+    ("prompt_seconds_total", "Total time spent processing prompts"),
+    ("tokens_predicted_total", "Number of generation tokens processed"),
+    ("tokens_predicted_seconds_total", "Total time spent generating tokens"),
+    ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding"),
+    ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
+    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
+    ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model"),
+    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
+]
+_GAUGES = [
+    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s"),
+    ("predicted_tokens_seconds", "Average generation throughput in tokens/s"),
+    ("requests_processing", "Number of requests processing"),
+    ("requests_deferred", "Number of requests deferred"),
+    ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
+]
+
+
+def _num(v: float) -> str:
+    """A value as C++'s ostream writes a double (6 significant digits, %g): what llama-server sends."""
+    return f"{float(v):g}"
+
+
+def metrics_text(sch: Scheduler) -> str:
+    """Prometheus text with llama.cpp's `llamacpp:` metrics, then this project's `ubatch:` ones
+    (how many sequences and rows each decode carried)."""
+    st = sch.stats
+    spec = sch.speculator.stats if sch.speculator is not None else SpecStats()
+    counters = [
+        st.n_prompt_tokens_total,
+        st.n_prompt_cached_total,
+        st.t_prompt_ms_total / 1e3,
+        st.n_predicted_total,
+        st.t_predicted_ms_total / 1e3,
+        st.n_decode_total,
+        st.n_tokens_max,
+        spec.n_drafted,
+        spec.n_accepted,
+        spec.n_drafts,
+    ]
+    gauges = [
+        tokens_per_second(st.n_prompt_tokens, st.t_prompt_ms),
+        tokens_per_second(st.n_predicted, st.t_predicted_ms),
+        sum(s.busy for s in sch.slots),
+        sch.n_deferred,
+        st.n_busy_slots_total / max(st.n_decode_total, 1),
+    ]
+    st.reset_bucket()  # the gauges are averaged over the window between two scrapes
+    lines = []
+    for kind, items, vals in (("counter", _COUNTERS, counters), ("gauge", _GAUGES, gauges)):
+        for (name, help), v in zip(items, vals):
+            lines += [f"# HELP llamacpp:{name} {help}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {_num(v)}"]
+    if spec.accepted_per_pos:  # llama-server's labelled counter, one series per draft position
+        name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+        lines += [f"# HELP {name} Accepted tokens per draft position", f"# TYPE {name} counter"]
+        lines += [f'{name}{{position="{i}"}} {n}' for i, n in enumerate(spec.accepted_per_pos)]
+
+    def emit(name: str, help: str, kind: str, v: float | list[tuple[str, float]]) -> None:
+        lines.extend([f"# HELP ubatch:{name} {help}", f"# TYPE ubatch:{name} {kind}"])
+        for label, x in v if isinstance(v, list) else [("", v)]:
+            lines.append(f"ubatch:{name}{label} {_num(x)}")
+
+    emit("iterations_total", "Scheduler iterations.", "counter", sch.iteration)
+    emit("decode_rows_total", "Token rows submitted to decode calls.", "counter", st.n_rows_total)
+    emit("ubatches_total", "Ubatches (forward passes) run by decode calls.", "counter", st.n_ubatch_total)
+    emit(
+        "decode_seqs_max",
+        "Most sequences carried by a single decode call.",
+        "gauge",
+        max(st.decodes_by_n_seqs, default=0),
+    )
+    emit(
+        "decodes_by_n_seqs_total",
+        "Decode calls by the number of sequences they carried.",
+        "counter",
+        [(f'{{n_seqs="{k}"}}', v) for k, v in sorted(st.decodes_by_n_seqs.items())],
+    )
+    emit("requests_total", "Completion tasks accepted.", "counter", st.n_requests)
+    emit("requests_cancelled_total", "Tasks cancelled because the client disconnected.", "counter", st.n_cancelled)
+    emit("kv_cells_used", "KV cache cells in use.", "gauge", sch.ctx.memory.used)
+    return "\n".join(lines) + "\n"

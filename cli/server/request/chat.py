@@ -1,0 +1,53 @@
+"""Chat messages -> the prompt, as llama-server's oaicompat_chat_params_parse builds it for
+/chat/completions, /apply-template and /chat/completions/input_tokens.
+
+Beyond rendering the template this decides how the prompt ends:
+* `add_generation_prompt` (default true): open the assistant's turn;
+* a final assistant message (assistant prefill, on unless --no-prefill-assistant) or
+  `continue_final_message`: the last message is not rendered as a closed turn; the prompt is the
+  earlier messages with the assistant's turn opened, then that message's text, which the model
+  continues. The reply's content then starts with that text, as llama-server's does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ubatch.cli.server.request.oai import chat_messages
+from ubatch.cli.server.request.params import get_bool
+from ubatch.cli.server.state import ServerState
+from ubatch.engine.errors import UbatchError
+from ubatch.engine.serve.task import RequestError
+
+
+@dataclass(slots=True)
+class ChatPrompt:
+    text: str  # the prompt
+    prefill: str = ""  # the continued message's text: the start of the reply's content
+
+
+def _continuation(v: Any) -> bool:
+    """common_chat_continuation_parse: true, "content" or "reasoning_content" continue."""
+    return v is True or v in ("content", "reasoning_content")
+
+
+def chat_prompt(st: ServerState, body: dict[str, Any]) -> ChatPrompt:
+    """The prompt for an OpenAI chat body (already checked by oai_chat_body)."""
+    assert st.chat is not None
+    msgs = chat_messages(body["messages"])
+    add_gen = get_bool(body, "add_generation_prompt", True)
+    cont = _continuation(body.get("continue_final_message"))
+    if not cont and st.options.prefill_assistant and msgs and msgs[-1]["role"] == "assistant":
+        if len(msgs) >= 2 and msgs[-2]["role"] == "assistant":
+            raise RequestError("Cannot have 2 or more assistant messages at the end of the list.")
+        cont, add_gen = True, False
+    if cont and add_gen:
+        raise RequestError("Cannot set both add_generation_prompt and continue_final_message to true.")
+    try:
+        if not cont:
+            return ChatPrompt(st.chat.apply(msgs, add_gen))
+        last = msgs[-1]["content"] if msgs else ""
+        return ChatPrompt(st.chat.apply(msgs[:-1], True) + last, last)
+    except UbatchError as e:  # a template that rejects these messages: the client's problem
+        raise RequestError(str(e)) from None

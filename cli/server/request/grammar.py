@@ -1,0 +1,71 @@
+"""A request's grammar (`grammar`, `json_schema`, OpenAI `response_format`), compiled by the HTTP
+layer: a grammar that does not parse is llama-server's 400 before any slot is taken, and the
+engine thread never parses text.
+
+The same few grammars tend to come back request after request (one schema per client), so
+compiled grammars are kept by text: their matcher's states, filled in by earlier generations,
+make the next request's first tokens as cheap as its last.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from ubatch.engine.errors import UbatchError
+from ubatch.engine.grammar import Grammar, GrammarError, compile_grammar
+from ubatch.engine.grammar.json_schema.convert import schema_to_gbnf
+from ubatch.engine.serve.task import RequestError
+
+
+@lru_cache(maxsize=32)
+def _compiled(text: str) -> Grammar:
+    return compile_grammar(text)
+
+
+def compile_request_grammar(text: str) -> Grammar:
+    """GBNF text -> Grammar, or llama-server's 400 for a grammar that does not parse."""
+    try:
+        return _compiled(text)
+    except GrammarError as e:
+        raise RequestError(f"Failed to initialize samplers: {e}") from None
+
+
+def schema_grammar(schema: Any) -> str:
+    """A JSON schema's GBNF; an empty schema means any object, as in llama-server."""
+    if isinstance(schema, dict) and not schema:
+        schema = {"type": "object"}
+    try:
+        return schema_to_gbnf(schema)
+    except UbatchError as e:
+        raise RequestError(f'"json_schema": {e}') from None
+
+
+def request_grammar(body: dict[str, Any], default: Grammar | None = None) -> Grammar | None:
+    """server-schema.cpp: `json_schema` unless a `grammar` is given too; an empty or absent
+    grammar keeps the server's default (--grammar, --json-schema). JSON null is absent."""
+    text, schema = body.get("grammar"), body.get("json_schema")
+    if text is not None and not isinstance(text, str):
+        from ubatch.cli.server.request.params import type_name
+
+        raise RequestError(f"Field 'grammar': expected a string, got {type_name(text)}")
+    if schema is not None and text is None:
+        text = schema_grammar(schema)
+    return compile_request_grammar(text) if text else default
+
+
+def response_format_schema(body: dict[str, Any]) -> Any:
+    """OpenAI chat's response_format as the json_schema it stands for (None: no constraint).
+    json_object: its `schema`, or any object; json_schema: json_schema.schema."""
+    rf = body.get("response_format")
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    kind = kind if isinstance(kind, str) else None  # llama.cpp reads a non-string type as ""
+    if kind == "json_object":
+        return rf.get("schema") if rf.get("schema") is not None else body.get("json_schema") or {}  # type: ignore[union-attr]
+    if kind == "json_schema":
+        wrapper = rf.get("json_schema")  # type: ignore[union-attr]
+        schema = wrapper.get("schema") if isinstance(wrapper, dict) else None
+        return {} if schema is None else schema
+    if kind not in (None, "", "text"):
+        raise RequestError(f'response_format type must be one of "text" or "json_object", but got: {kind}')
+    return body.get("json_schema")

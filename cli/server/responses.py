@@ -1,0 +1,254 @@
+"""llama-server's response JSON for generation: native /completion, OpenAI text and chat
+completions, their stream chunks and errors. Pure functions from the scheduler's events to dicts.
+
+What a client gets back for its prompt is kept apart from the monitoring views of the server's
+state (/slots, /metrics: cli/server_metrics.py)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from ubatch.engine.generation.generation import TokenProb
+from ubatch.engine.serve.prompt_progress import Progress
+from ubatch.engine.serve.task import Final, Partial
+
+FLT_LOWEST = -3.4028234663852886e38  # llama.cpp sends this instead of -inf (not valid JSON)
+BUILD_INFO = "ubatch-0.1.0"
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def error_json(code: int, message: str, type: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "type": type, **extra}}
+
+
+def new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(16)
+
+
+def _text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="ignore")
+
+
+def probs_json(probs: list[TokenProb], post: bool = False) -> list[dict[str, Any]]:
+    """completion_probabilities (also the `content` of OpenAI logprobs)."""
+
+    def lp(v: float) -> float:
+        return max(v, FLT_LOWEST)
+
+    def one(i: int, piece: bytes, v: float) -> dict[str, Any]:
+        return {
+            "id": i,
+            "token": _text(piece),
+            "bytes": list(piece),
+            **({"prob": 2.718281828459045**v} if post else {"logprob": lp(v)}),
+        }
+
+    return [
+        {
+            **one(p.id, p.piece, p.logprob),
+            ("top_probs" if post else "top_logprobs"): [one(i, b, v) for i, b, v in p.top],
+        }
+        for p in probs
+    ]
+
+
+# -- native /completion ------------------------------------------------------------------------
+
+
+def native_partial(ev: Partial) -> dict[str, Any]:
+    p = ev.task.params
+    res: dict[str, Any] = {
+        "index": ev.task.index,
+        "content": ev.text,
+        "tokens": [ev.token],
+        "stop": False,
+        "id_slot": ev.id_slot,
+        "tokens_predicted": ev.n_decoded,
+        "tokens_evaluated": ev.n_prompt,
+    }
+    if ev.timings is not None:
+        res["timings"] = ev.timings.to_json()
+    if ev.prob is not None:
+        res["completion_probabilities"] = probs_json([ev.prob], p.post_sampling_probs)
+    return res
+
+
+def native_progress(ev: Progress) -> dict[str, Any]:
+    """A prompt_progress chunk: a partial without text (llama-server sends token 0 with it)."""
+    return {
+        "index": ev.task.index,
+        "content": "",
+        "tokens": [0],
+        "stop": False,
+        "id_slot": ev.id_slot,
+        "tokens_predicted": 0,
+        "tokens_evaluated": ev.total,
+        "prompt_progress": ev.to_json(),
+    }
+
+
+def native_final(ev: Final, model: str) -> dict[str, Any]:
+    p = ev.task.params
+    res = {
+        "index": ev.task.index,
+        "content": ev.content,
+        "tokens": ev.tokens if p.return_tokens and not p.stream else [],
+        "id_slot": ev.id_slot,
+        "stop": True,
+        "model": model,
+        "tokens_predicted": ev.n_decoded,
+        "tokens_evaluated": ev.n_prompt,
+        "generation_settings": p.to_json(),
+        "prompt": ev.task.prompt_text,
+        "has_new_line": ev.has_new_line,
+        "truncated": ev.truncated,
+        "stop_type": ev.stop_type,
+        "stopping_word": ev.stopping_word,
+        "tokens_cached": ev.n_cached,
+        "timings": ev.timings.to_json(),
+    }
+    if not p.stream and ev.probs:
+        res["completion_probabilities"] = probs_json(ev.probs, p.post_sampling_probs)
+    return res
+
+
+# -- OpenAI ---------------------------------------------------------------------------------------
+
+
+def finish_reason(ev: Final) -> str:
+    return "stop" if ev.stop_type in ("eos", "word") else "length"
+
+
+def _usage(finals: list[Final]) -> dict[str, Any]:
+    n_prompt = sum(f.n_prompt for f in finals if f.task.index % max(f.task.params.n_cmpl, 1) == 0)
+    n_gen = sum(f.n_decoded for f in finals)
+    cached = sum(f.timings.cache_n for f in finals)
+    return {
+        "completion_tokens": n_gen,
+        "prompt_tokens": n_prompt,
+        "total_tokens": n_gen + n_prompt,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _head(obj: str, cid: str, model: str) -> dict[str, Any]:
+    return {"created": int(time.time()), "model": model, "system_fingerprint": BUILD_INFO, "object": obj, "id": cid}
+
+
+def _logprobs(ev: Final | Partial) -> dict[str, Any] | None:
+    probs = ev.probs if isinstance(ev, Final) else ([ev.prob] if ev.prob else [])
+    if not probs:
+        return None
+    return {"content": probs_json(probs, ev.task.params.post_sampling_probs)}
+
+
+def oai_completion(finals: list[Final], cid: str, model: str) -> dict[str, Any]:
+    finals = sorted(finals, key=lambda f: f.task.index)
+    choices = [
+        {"text": f.content, "index": f.task.index, "logprobs": _logprobs(f), "finish_reason": finish_reason(f)}
+        for f in finals
+    ]
+    return _final_body("text_completion", choices, finals, cid, model)
+
+
+def _final_body(obj: str, choices: list[Any], finals: list[Final], cid: str, model: str) -> dict[str, Any]:
+    """The OpenAI body of finished tasks: choices, id/model/object, usage and llama.cpp's timings."""
+    body = {
+        "choices": choices,
+        **_head(obj, cid, model),
+        "usage": _usage(finals),
+        "timings": finals[0].timings.to_json(),
+    }
+    return _verbose(body, finals[0], model)
+
+
+def _verbose(res: dict[str, Any], ev: Final | Partial, model: str) -> dict[str, Any]:
+    """With "verbose": true an OpenAI body also carries the native one (llama-server's __verbose)."""
+    if ev.task.params.verbose:
+        res["__verbose"] = native_final(ev, model) if isinstance(ev, Final) else native_partial(ev)
+    return res
+
+
+def oai_completion_chunk(ev: Partial | Final | Progress, cid: str, model: str) -> list[dict[str, Any]]:
+    if isinstance(ev, Progress):
+        choice = {"text": "", "index": ev.task.index, "logprobs": None, "finish_reason": None}
+        return [{"choices": [choice], **_head("text_completion", cid, model), "prompt_progress": ev.to_json()}]
+    if isinstance(ev, Partial):
+        choice = {"text": ev.text, "index": ev.task.index, "logprobs": _logprobs(ev), "finish_reason": None}
+        return [_verbose({"choices": [choice], **_head("text_completion", cid, model)}, ev, model)]
+    out = [
+        {
+            "choices": [
+                {"text": ev.content, "index": ev.task.index, "logprobs": None, "finish_reason": finish_reason(ev)}
+            ],
+            **_head("text_completion", cid, model),
+            "usage": _usage([ev]),
+            "timings": ev.timings.to_json(),
+        }
+    ]
+    _verbose(out[0], ev, model)
+    return out
+
+
+def oai_chat(finals: list[Final], cid: str, model: str) -> dict[str, Any]:
+    finals = sorted(finals, key=lambda f: f.task.index)
+    choices = []
+    for f in finals:
+        c: dict[str, Any] = {
+            "finish_reason": finish_reason(f),
+            "index": f.task.index,
+            "message": {"role": "assistant", "content": f.content},
+        }
+        if (lp := _logprobs(f)) is not None:
+            c["logprobs"] = lp
+        choices.append(c)
+    return _final_body("chat.completion", choices, finals, cid, model)
+
+
+def _chat_chunk(index: int, delta: dict[str, Any], cid: str, model: str, finish: str | None = None) -> dict[str, Any]:
+    return {
+        "choices": [{"finish_reason": finish, "index": index, "delta": delta}],
+        **_head("chat.completion.chunk", cid, model),
+    }
+
+
+def oai_chat_chunks(ev: Partial | Final | Progress, cid: str, model: str) -> list[dict[str, Any]]:
+    """The chunks one event becomes: a role delta first, then content deltas; at the end an
+    empty delta with finish_reason and, with include_usage, a usage chunk. A prompt_progress
+    event is a role delta carrying it."""
+    i = ev.task.index
+    if isinstance(ev, Progress):
+        c = _chat_chunk(i, {"role": "assistant", "content": None}, cid, model)
+        return [{**c, "prompt_progress": ev.to_json()}]
+    if isinstance(ev, Partial):
+        out = []
+        if ev.n_decoded == 1:
+            out.append(_chat_chunk(i, {"role": "assistant", "content": None}, cid, model))
+        if ev.text:
+            out.append(_chat_chunk(i, {"content": ev.text}, cid, model))
+        if out and (lp := _logprobs(ev)) is not None:
+            out[-1]["choices"][0]["logprobs"] = lp
+        if out and ev.timings is not None:
+            out[-1]["timings"] = ev.timings.to_json()
+        return out
+    out = []
+    if ev.n_decoded == 0:
+        out.append(_chat_chunk(i, {"role": "assistant", "content": None}, cid, model))
+    if ev.content:
+        out.append(_chat_chunk(i, {"content": ev.content}, cid, model))
+    out.append(_chat_chunk(i, {}, cid, model, finish_reason(ev)))
+    if ev.task.params.include_usage:
+        out.append({"choices": [], **_head("chat.completion.chunk", cid, model), "usage": _usage([ev])})
+    out[-1]["timings"] = ev.timings.to_json()
+    _verbose(out[0], ev, model)
+    return out

@@ -1,0 +1,1 @@
+"""The routes of `ubatch server`, grouped as llama-server groups them."""

@@ -1,0 +1,146 @@
+"""The completion routes of `ubatch server`: llama-server's native /completion, OpenAI's
+/v1/completions and /v1/chat/completions.
+
+All three are one path (read the prompts, fan them out into tasks, await their events) that
+differs only in how the body is read and how the results are written, so they share a module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from ubatch.cli.server import responses as sj
+from ubatch.cli.server.http import api, error_response, internal_error, read_json
+from ubatch.cli.server.request.chat import chat_prompt
+from ubatch.cli.server.request.oai import oai_chat_body, oai_completion_body
+from ubatch.cli.server.request.params import parse_params, split_prompts
+from ubatch.cli.server.resume import StreamSessions
+from ubatch.cli.server.state import ServerState
+from ubatch.cli.server.stream import EventStream, Reader, sse_events
+from ubatch.engine.grammar.tokens import token_table
+from ubatch.engine.serve.task import Failed, Final, RequestError, Task, context_error
+
+
+def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any], list[list[str | int]], str]:
+    """The native body, its prompts and the assistant prefill; kind is "native", "oai" or "chat"."""
+    if kind == "chat":
+        body = oai_chat_body(body)
+        chat = chat_prompt(st, body)
+        return body, [[chat.text]], chat.prefill
+    if kind == "oai":
+        body = oai_completion_body(body)
+    elif not isinstance(body, dict) or "prompt" not in body:
+        raise RequestError('"prompt" is required')
+    return body, split_prompts(body["prompt"]), ""
+
+
+async def complete(st: ServerState, request: Request, kind: str, body: Any = None) -> Response:
+    """One completion request; `body` when the caller read (and rewrote) it (/infill)."""
+    s = st.sch()
+    body = await read_json(request) if body is None else body
+    vocab = s.vocab
+    body, prompts, prefill = read_prompts(st, body, kind)
+    params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False))
+    if params.grammar is not None:  # the vocabulary's token trie: built once, off the event loop
+        await asyncio.to_thread(token_table, vocab)
+    token_lists = [st.tokenize_prompt(p, n_ctx=s.n_ctx_slot) for p in prompts]
+    for toks in token_lists:  # before any task runs: one prompt too long fails the whole request
+        if (err := context_error(len(toks), s.n_ctx_slot)) is not None:
+            raise err
+    model = body["model"] if isinstance(body.get("model"), str) else st.model_id
+    reader = Reader(s, request.receive)
+    try:
+        n = params.n_cmpl
+        for i, (p, toks) in enumerate(zip(prompts, token_lists)):
+            text = p[0] if len(p) == 1 and isinstance(p[0], str) else vocab.detokenize(toks)
+            reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text) for j in range(n)]
+        for t in reader.tasks:
+            s.submit(t)
+        conv_id = request.headers.get("x-conversation-id", "") if params.stream else ""
+        return await _respond(reader, params.stream, kind, model, prefill, request.app.state.streams, conv_id)
+    except BaseException:  # a bug (or a cancelled handler): free the slots, then the 500 of `api`
+        reader.disconnect()
+        reader.close()
+        raise
+
+
+async def _respond(
+    reader: Reader, stream: bool, kind: str, model: str, prefill: str, streams: StreamSessions, conv_id: str
+) -> Response:
+    """Await the request's events: the SSE stream (kept for replay under `conv_id` when the
+    client sent X-Conversation-Id), or every task's Final as one JSON body."""
+    first = await reader.get()
+    if first is Reader.GONE:
+        reader.close()
+        return Response(status_code=499)
+    if isinstance(first, Failed):
+        reader.disconnect()  # cancel the request's other tasks
+        reader.close()
+        return error_response(first.error)
+    cid = sj.new_id("chatcmpl-")  # llama-server's id for every kind
+    reader.register(cid)
+    if stream:
+        session = streams.create_or_replace(conv_id) if conv_id else None
+        chunks = guarded(sse_events(reader, first, kind, cid, model, prefill), reader)
+        return EventStream(chunks, reader, session)
+    finals: list[Final] = []
+    ev = first
+    while True:
+        if ev is Reader.GONE:
+            reader.close()
+            return Response(status_code=499)
+        if isinstance(ev, Failed):
+            reader.disconnect()
+            reader.close()
+            return error_response(ev.error)
+        if isinstance(ev, Final):
+            finals.append(ev)
+            if len(finals) == len(reader.tasks):
+                break
+        ev = await reader.get()
+    reader.close()
+    for f in finals:
+        f.content = prefill + f.content
+    if kind == "chat":
+        return JSONResponse(sj.oai_chat(finals, cid, model))
+    if kind == "oai":
+        return JSONResponse(sj.oai_completion(finals, cid, model))
+    res = [sj.native_final(f, model) for f in sorted(finals, key=lambda f: f.task.index)]
+    return JSONResponse(res[0] if len(res) == 1 else res)
+
+
+async def guarded(chunks: AsyncIterator[bytes], reader: Reader) -> AsyncIterator[bytes]:
+    """A stream that cannot die mid-body: an exception while making a chunk cancels the
+    request's tasks (their slots are freed at the next iteration) and ends the stream with
+    llama-server's error event, as when a task fails; never an ASGI traceback."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as e:
+        reader.disconnect()
+        err = internal_error(e)
+        yield sj.sse(sj.error_json(err.code, err.message, err.type))
+
+
+def add_completion_routes(app: FastAPI, st: ServerState) -> None:
+    @app.post("/completion")
+    @app.post("/completions")
+    @api
+    async def completion(request: Request) -> Response:
+        return await complete(st, request, "native")
+
+    @app.post("/v1/completions")
+    @api
+    async def completions_oai(request: Request) -> Response:
+        return await complete(st, request, "oai")
+
+    @app.post("/chat/completions")
+    @app.post("/v1/chat/completions")
+    @api
+    async def chat(request: Request) -> Response:
+        return await complete(st, request, "chat")

@@ -1,0 +1,107 @@
+"""POST /infill: fill-in-the-middle code completion, as llama-server builds its prompt
+(format_prompt_infill), answered as a native /completion.
+
+The prompt uses the repo-level FIM pattern: `[FIM_REP]myproject\\n`, then each `input_extra`
+chunk after `[FIM_SEP]filename\\n` (or a `--- snippet ---` line when the vocabulary has no
+FIM_SEP), then `[FIM_SEP]filename\\n[FIM_PRE]prefix[FIM_SUF]suffix[FIM_MID]prompt`. The prefix
+and suffix are cut to fit one batch (3:1); the extra chunks fill what the context has left.
+A model whose vocabulary has no FIM prefix, suffix and middle tokens answers 501.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from ubatch.cli.server.http import api, read_json
+from ubatch.cli.server.request.params import mixed_parts, split_prompts
+from ubatch.cli.server.routes.completion import complete
+from ubatch.cli.server.state import ServerState
+from ubatch.engine.serve.task import RequestError
+from ubatch.engine.vocab.tables import AUTO_SPECIAL_TEXTS
+
+_SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's chunk separator without FIM_SEP
+
+
+def fim_tokens(st: ServerState) -> dict[str, int | None]:
+    """The FIM token ids: from the GGUF keys, else the lowest id with one of llama.cpp's texts."""
+    s = st.sch()
+    md, vocab = s.ctx.model.gguf.metadata, s.vocab
+    names = ("fim_pre", "fim_suf", "fim_mid", "fim_rep", "fim_sep")
+    out: dict[str, int | None] = {n: md.get(f"tokenizer.ggml.{n}_token_id") for n in names}
+    want = {t: n for n in names if out[n] is None for t in AUTO_SPECIAL_TEXTS.get(n, ())}
+    if want:
+        for i in range(vocab.n_tokens):
+            n = want.get(vocab.token_text(i))
+            if n is not None and out[n] is None:
+                out[n] = i
+    return out
+
+
+def _check(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    if "prompt" in body and not isinstance(body["prompt"], str):
+        raise RequestError('"prompt" must be a string')
+    for k in ("input_prefix", "input_suffix"):
+        if k not in body:
+            raise RequestError(f'"{k}" is required')
+    extra = body.get("input_extra", [])
+    if not isinstance(extra, list):
+        raise RequestError('"input_extra" must be an array of {"filename": string, "text": string}')
+    for chunk in extra:
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise RequestError('extra_context chunk must contain a "text" field with a string value')
+        if "filename" in chunk and not isinstance(chunk["filename"], str):
+            raise RequestError('extra_context chunk\'s "filename" field must be a string')
+    return body
+
+
+def infill_prompt(st: ServerState, body: dict[str, Any], fim: dict[str, int | None]) -> list[int]:
+    s = st.sch()
+    vocab, d = s.vocab, st.defaults
+
+    def tok(text: str) -> list[int]:
+        return vocab.tokenize(text, False, False)
+
+    prefix = st.tokenize_prompt(mixed_parts(body["input_prefix"], "input_prefix"), False, False)
+    suffix = st.tokenize_prompt(mixed_parts(body["input_suffix"], "input_suffix"), False, False)
+    prompt = st.tokenize_prompt(split_prompts(body.get("prompt", ""))[0], False, True)
+    extra: list[int] = []
+    if fim["fim_rep"] is not None:
+        extra += [fim["fim_rep"], *tok("myproject\n")]
+    for chunk in body.get("input_extra", []):
+        if fim["fim_sep"] is not None:
+            extra += [fim["fim_sep"], *tok(chunk.get("filename", "tmp") + "\n")]
+        else:
+            extra += tok(_SNIPPET)
+        extra += tok(chunk["text"])
+    if fim["fim_sep"] is not None:
+        extra += [fim["fim_sep"], *tok("filename\n")]
+    n_batch = s.ctx.cparams.n_batch
+    n_prefix = min(len(prefix), 3 * (n_batch // 4))
+    n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
+    n_extra = min(max(0, d.n_ctx_slot - n_batch - 2 * d.n_predict), len(extra))
+    head = [fim["fim_pre"], *prefix[len(prefix) - n_prefix :], *prompt]
+    tail = [fim["fim_suf"], *suffix[:n_suffix]]
+    inp = [*([vocab.bos] if vocab.add_bos else []), *head]
+    return [*extra[len(extra) - n_extra :], *inp, *tail, fim["fim_mid"]]  # type: ignore[list-item]
+
+
+def add_infill_routes(app: FastAPI, st: ServerState) -> None:
+    cache: dict[int, dict[str, int | None]] = {}  # by scheduler: read once
+
+    @app.post("/infill")
+    @api
+    async def infill(request: Request) -> Response:
+        fim = cache.get(id(st.sch())) or cache.setdefault(id(st.sch()), fim_tokens(st))
+        missing = [
+            w for k, w in (("fim_pre", "prefix"), ("fim_suf", "suffix"), ("fim_mid", "middle")) if fim[k] is None
+        ]
+        if missing:
+            why = "".join(f"{w} token is missing. " for w in missing)
+            raise RequestError(f"Infill is not supported by this model: {why}", 501, "not_supported_error")
+        body = _check(await read_json(request))
+        return await complete(st, request, "native", {**body, "prompt": infill_prompt(st, body, fim)})

@@ -1,0 +1,113 @@
+"""The monitoring routes of `ubatch server`: /health, /models, /props (and POST /props), /slots,
+/metrics and ubatch's own /iterations.
+
+Monitoring and client discovery read the scheduler's state without submitting work; keeping
+them apart from the completion path keeps each module about one thing.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from ubatch.cli.server import metrics as server_metrics
+from ubatch.cli.server.http import api
+from ubatch.cli.server.info import models_json, props_json
+from ubatch.cli.server.state import ServerState
+from ubatch.engine.serve.task import RequestError
+
+
+def _require_slots_endpoint(st: ServerState) -> None:
+    if not st.options.slots:
+        raise RequestError(
+            "This server does not support slots endpoint. Start it with `--slots`", 501, "not_supported_error"
+        )
+
+
+def add_info_routes(app: FastAPI, st: ServerState) -> None:
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/models")
+    @app.get("/v1/models")
+    @api
+    async def models(request: Request) -> Response:
+        return JSONResponse(models_json(st))
+
+    @app.get("/props")
+    @api
+    async def props(request: Request) -> Response:
+        return JSONResponse(props_json(st))
+
+    @app.post("/props")
+    @api
+    async def set_props(request: Request) -> Response:
+        """llama-server changes no property here either; it answers only when --props allows it."""
+        if not st.options.props:
+            raise RequestError(
+                "This server does not support changing global properties. Start it with `--props`",
+                501,
+                "not_supported_error",
+            )
+        return JSONResponse({"success": True})
+
+    @app.get("/slots")
+    @api
+    async def slots(request: Request) -> Response:
+        _require_slots_endpoint(st)
+        s = st.sch()
+        if request.query_params.get("fail_on_no_slot") and all(x.busy for x in s.slots):  # any value
+            raise RequestError("no slot available", 503, "unavailable_error")
+        return JSONResponse([server_metrics.slot_json(x, s.vocab.detokenize) for x in s.slots])
+
+    @app.get("/iterations")
+    @api
+    async def iterations(request: Request) -> Response:
+        """ubatch's own: the last decode calls (rows per sequence) and slot releases."""
+        _require_slots_endpoint(st)
+        s = st.sch()
+        return JSONResponse(
+            {
+                "iteration": s.iteration,
+                "records": [
+                    {
+                        "index": r.index,
+                        "n_tokens": r.n_tokens,
+                        "n_outputs": r.n_outputs,
+                        "rows": {str(k): v for k, v in r.rows.items()},
+                        "n_gen": r.n_gen,
+                        "n_prompt": r.n_prompt,
+                        "n_ubatch": r.n_ubatch,
+                        "ms": r.ms,
+                        "retries": r.retries,
+                        "n_queued": r.n_queued,
+                    }
+                    for r in list(s.records)
+                ],
+                "releases": [
+                    {
+                        "slot": r.slot,
+                        "id_task": r.task,
+                        "reason": r.reason,
+                        "iteration": r.iteration,
+                        "cancel_iteration": r.cancel_iteration,
+                    }
+                    for r in list(s.releases)
+                ],
+            }
+        )
+
+    @app.get("/metrics")
+    @api
+    async def metrics(request: Request) -> Response:
+        if not st.options.metrics:
+            raise RequestError(
+                "This server does not support metrics endpoint. Start it with `--metrics`", 501, "not_supported_error"
+            )
+        s = st.sch()
+        return Response(  # exactly llama-server's content type (Starlette would add a charset)
+            server_metrics.metrics_text(s).encode(),
+            headers={"Content-Type": "text/plain; version=0.0.4", "Process-Start-Time-Unix": str(int(s.stats.t_start))},
+        )

@@ -1,0 +1,75 @@
+"""The tokenizer routes of `ubatch server`: /tokenize, /detokenize, /apply-template and the
+chat token count (/chat/completions/input_tokens).
+
+They let a client see exactly what the completion routes would feed the model, without running
+it; they need the vocabulary and the chat template, never a slot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from ubatch.cli.server.http import api, read_json
+from ubatch.cli.server.request.chat import chat_prompt
+from ubatch.cli.server.request.oai import oai_chat_body
+from ubatch.cli.server.request.params import get_bool, mixed_parts
+from ubatch.cli.server.state import ServerState
+from ubatch.engine.serve.task import RequestError
+
+
+def add_token_routes(app: FastAPI, st: ServerState) -> None:
+    @app.post("/apply-template")
+    @api
+    async def apply_template(request: Request) -> Response:
+        """The prompt /chat/completions would run, without running it."""
+        body = oai_chat_body(await read_json(request))
+        return JSONResponse({"prompt": chat_prompt(st, body).text})
+
+    @app.post("/chat/completions/input_tokens")
+    @app.post("/v1/chat/completions/input_tokens")
+    @api
+    async def input_tokens(request: Request) -> Response:
+        """How many tokens a chat request's prompt is (llama-server's handle_count_tokens)."""
+        body = oai_chat_body(await read_json(request))
+        n = len(st.tokenize_prompt([chat_prompt(st, body).text]))
+        return JSONResponse({"input_tokens": n, "object": "response.input_tokens"})
+
+    @app.post("/tokenize")
+    @api
+    async def tokenize(request: Request) -> Response:
+        body, vocab = await read_json(request), st.sch().vocab
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        content = body.get("content")
+        if content is None:
+            return JSONResponse({"tokens": []})
+        add_special = get_bool(body, "add_special", False)
+        parse_special = get_bool(body, "parse_special", True)
+        with_pieces = get_bool(body, "with_pieces", False)
+        toks = st.tokenize_prompt(mixed_parts(content, "content"), add_special, parse_special)
+        if not with_pieces:
+            return JSONResponse({"tokens": toks})
+        out = []
+        for t in toks:
+            b = vocab.token_to_piece(t, True)
+            try:
+                piece: Any = b.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(b)
+            out.append({"id": t, "piece": piece})
+        return JSONResponse({"tokens": out})
+
+    @app.post("/detokenize")
+    @api
+    async def detokenize(request: Request) -> Response:
+        body, vocab = await read_json(request), st.sch().vocab
+        toks = body.get("tokens", []) if isinstance(body, dict) else None
+        if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+            raise RequestError("Field 'tokens': expected an array of token ids")
+        if any(not 0 <= t < vocab.n_tokens for t in toks):
+            raise RequestError("Field 'tokens': token id out of range")
+        text = b"".join(vocab.token_to_piece(t, True) for t in toks).decode("utf-8", errors="replace")
+        return JSONResponse({"content": text})

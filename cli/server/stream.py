@@ -1,0 +1,173 @@
+"""How a request's events get from the engine thread to the client: the `Reader` that hands
+them onto the event loop (and cancels the request's tasks when the client goes away), and the
+server-sent-events stream of `"stream": true` completions.
+
+Handlers never block the engine: they submit tasks and await the events that the scheduler
+thread hands over with `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.responses import Response
+
+from ubatch.cli.server import responses as sj
+from ubatch.cli.server.log import current
+from ubatch.cli.server.resume import StreamSession
+from ubatch.engine.serve.prompt_progress import Progress
+from ubatch.engine.serve.scheduler import Scheduler
+from ubatch.engine.serve.task import Failed, Final, Partial, Task
+
+
+class Reader:
+    """One request's events, moved from the engine thread onto the event loop; watches for the
+    client going away and then cancels the request's tasks. A shutdown reaches it as ordinary
+    events: a Final for a generating task, a 503 Failed for one that had not started."""
+
+    GONE = object()
+
+    def __init__(self, scheduler: Scheduler, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.scheduler, self.tasks, self.gone = scheduler, list[Task](), False
+        self.detached = False  # a resumable stream: generation goes on when the client leaves
+        self.client_gone = self.closed = False
+        self.record = current()  # this request's access-log line
+        self._watcher = asyncio.ensure_future(self._watch(receive))
+
+    def register(self, cmpl_id: str) -> None:
+        """Make the request findable by its completion id while it runs."""
+        _LIVE[cmpl_id] = self
+
+    def sink(self, event: Any) -> None:  # called on the engine thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop has closed (shutdown)
+            pass
+
+    async def _watch(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.client_gone = True
+        if not self.detached:
+            self.disconnect()
+
+    def disconnect(self) -> None:
+        if not self.gone:
+            self.gone = True
+            for t in self.tasks:
+                self.scheduler.cancel(t)
+            self.queue.put_nowait(Reader.GONE)
+
+    def close(self) -> None:
+        self.closed = True
+        self._watcher.cancel()
+
+    async def get(self) -> Any:
+        """The next event; what it tells the access log (tokens, a failure) is noted on the way."""
+        ev = await self.queue.get()
+        if self.record is not None:
+            if isinstance(ev, Final):
+                self.record.add_final(ev.n_prompt, ev.n_decoded)
+            elif isinstance(ev, Failed):
+                self.record.fail(ev.error.message)
+            elif ev is Reader.GONE:
+                self.record.note = "client disconnected"
+        return ev
+
+
+_LIVE: weakref.WeakValueDictionary[str, Reader] = weakref.WeakValueDictionary()
+
+
+def live_completion(cmpl_id: str) -> bool:
+    """Whether a request with this completion id is still running."""
+    r = _LIVE.get(cmpl_id)
+    return r is not None and not r.closed
+
+
+class EventStream(Response):
+    """text/event-stream without Content-Length; a failed send counts as a disconnect. With a
+    `session` (X-Conversation-Id) every chunk is also kept there, and the stream runs to its end
+    when the client goes away, unless the session is stopped (DELETE /v1/stream)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], reader: Reader, session: StreamSession | None = None) -> None:
+        self.chunks, self.reader, self.session = chunks, reader, session
+        self.status_code, self.background = 200, None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),  # llama-server: tell a proxy (nginx) not to buffer the stream
+        ]
+        reader.detached = session is not None
+
+    async def _send(self, send: Any, message: dict[str, Any]) -> None:
+        if self.reader.client_gone:
+            return
+        try:
+            await send(message)
+        except OSError:
+            self.reader.client_gone = True
+            if self.session is None:
+                self.reader.disconnect()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        s = self.session
+        if s is not None:
+            s.on_cancel = self.reader.disconnect
+        try:
+            await self._send(send, {"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in self.chunks:
+                if s is not None:
+                    s.append(chunk)
+                await self._send(send, {"type": "http.response.body", "body": chunk, "more_body": True})
+            await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            if s is not None:
+                s.on_cancel = None
+                s.finalize()
+            self.reader.close()
+
+
+async def sse_events(
+    reader: Reader, ev: Any, kind: str, cid: str, model: str, prefill: str = ""
+) -> AsyncIterator[bytes]:
+    """The SSE chunks of a streamed request, from its first event `ev` until every task has
+    finished: native chunks for kind "native", OpenAI chunks (and `[DONE]`) for "oai" and "chat".
+    `prefill` (a continued assistant message) starts each choice's first text."""
+    n_final, started = 0, set[int]()
+    while True:
+        if ev is Reader.GONE:
+            return
+        if isinstance(ev, Failed):
+            e = ev.error
+            yield sj.sse(sj.error_json(e.code, e.message, e.type, **e.extra))
+            return
+        if prefill and isinstance(ev, Partial | Final) and ev.task.index not in started:
+            started.add(ev.task.index)
+            if isinstance(ev, Partial):
+                ev.text = prefill + ev.text
+            else:
+                ev.content = prefill + ev.content
+        if isinstance(ev, Progress) and kind == "native":
+            chunks = [sj.native_progress(ev)]
+        elif kind == "native":
+            chunks = [sj.native_partial(ev) if isinstance(ev, Partial) else sj.native_final(ev, model)]
+        elif kind == "oai":
+            chunks = sj.oai_completion_chunk(ev, cid, model)
+        else:
+            chunks = sj.oai_chat_chunks(ev, cid, model)
+        for c in chunks:
+            yield sj.sse(c)
+        if isinstance(ev, Final):
+            n_final += 1
+            if n_final == len(reader.tasks):
+                if kind != "native":
+                    yield b"data: [DONE]\n\n"
+                return
+        ev = await reader.get()

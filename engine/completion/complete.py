@@ -1,0 +1,191 @@
+"""One completion: prefill the prompt in n_batch chunks, then sample and decode token by token.
+
+Yields events as tokens are produced so the CLI can stream them; the timings it records are the
+ones llama-completion prints (prompt eval vs eval, sampling time).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from ubatch.engine.batch import Batch
+from ubatch.engine.context.context import Context
+from ubatch.engine.errors import ContextError
+from ubatch.engine.generation.generation import Generation, GenerationParams, Step, shift_sequence
+from ubatch.engine.kv.memory import DecodeError
+from ubatch.engine.sampling.chain import Sampler
+from ubatch.engine.spec.speculative import Draft, SpecStats, Speculator, n_draft_max
+from ubatch.engine.spec.verify import verify
+from ubatch.engine.units import DecodeRates
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    token: int
+    text: str  # newly completed text (UTF-8 sequences split over byte tokens are held back)
+
+
+@dataclass(slots=True)
+class CompletionStats(DecodeRates):
+    n_prompt: int = 0
+    t_prompt_ms: float = 0.0
+    n_gen: int = 0  # tokens sampled
+    n_eval: int = 0  # tokens decoded while generating (one per step; more with speculation)
+    n_eval_calls: int = 0  # decode calls while generating (n_eval without speculation)
+    t_eval_ms: float = 0.0
+    t_sample_ms: float = 0.0
+    stop_reason: str = ""  # "eog", "length", "context", "word"
+    stopping_word: str = ""  # the stop string that ended it (stop_reason "word")
+    n_past: int = 0  # tokens the sequence holds in the cache afterwards
+    n_shifts: int = 0  # context shifts performed
+    spec: SpecStats = field(default_factory=SpecStats)  # drafts verified (speculative decoding)
+
+
+def check_prompt_fits(ctx: Context, n_prompt: int) -> None:
+    n_ctx = ctx.cparams.n_ctx_seq
+    if n_prompt > n_ctx:
+        raise ContextError(
+            f"the prompt is {n_prompt} tokens but the context holds {n_ctx}; raise -c (context size) or shorten the prompt"
+        )
+    if n_prompt == 0:
+        raise ContextError("the prompt is empty (0 tokens); give a prompt or enable BOS")
+
+
+def prefill(
+    ctx: Context,
+    tokens: list[int],
+    pos0: int = 0,
+    seq_id: int = 0,
+    all_logits: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Decode tokens in chunks of n_batch (each chunk is split into ubatches by the context).
+
+    With `progress`, it is called as progress(ubatches_done, ubatches_total) after each
+    ubatch; the chunks are then n_ubatch tokens long. One sequence's batch is split into
+    consecutive n_ubatch-token ubatches anyway, so the forward passes are the same ones.
+    """
+    step = ctx.cparams.n_batch
+    if progress is not None:
+        step = min(step, ctx.cparams.n_ubatch)
+        total, done = -(-len(tokens) // ctx.cparams.n_ubatch), 0
+    for i in range(0, len(tokens), step):
+        chunk = tokens[i : i + step]
+        b = Batch.from_tokens(chunk, pos0 + i, seq_id, all_logits)
+        ctx.decode(b)
+        if progress is not None:
+            done += len(ctx.records)
+            progress(done, total)
+
+
+def context_shift(ctx: Context, n_past: int, n_keep: int, seq_id: int = 0) -> int:
+    """llama-completion's context shift on sequence seq_id; returns the new n_past."""
+    return n_past - shift_sequence(ctx.memory, seq_id, n_past, n_keep)
+
+
+def decode_step(
+    ctx: Context, gen: Generation, seq_id: int, spec: Speculator | None, stats: CompletionStats
+) -> list[Step]:
+    """Decode the sampled token (and a draft, if one is proposed); the target's next tokens.
+    The one generation step every caller of a single sequence shares (completions, chat turns,
+    the `Llama` API); the server's slots do the same per slot in engine/slot_spec.py."""
+    cache, p = gen.cache, gen.params
+    te = time.perf_counter()  # eval time: drafting and the decode (sampling is counted apart)
+    n = n_draft_max(gen.n_ctx, len(cache), p.n_predict, gen.n_decoded, spec.n_max) if spec else 0
+    draft = spec.draft(seq_id, cache, gen.sampled, n) if n > 0 else Draft([])  # type: ignore[union-attr]
+    b = Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g")
+    for i, t in enumerate(draft.tokens):
+        b.add(t, len(cache) + 1 + i, seq_id, True, "d")
+    td = time.perf_counter()
+    try:
+        ctx.decode(b)
+    except DecodeError as e:  # no cells for the draft (a full window cache): verify nothing
+        if e.code != 1 or not draft.tokens:
+            raise
+        draft = Draft([])
+        ctx.decode(Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g"))
+    t_end = time.perf_counter()
+    stats.t_eval_ms += (t_end - te) * 1e3
+    gen.decoded()
+    n_before = len(cache)
+    if not draft.tokens:
+        steps = [gen.sample(ctx.logits[-1])]
+    else:
+        v = verify(gen, ctx.logits, draft, ctx.memory, seq_id)
+        ms = (t_end - td) * 1e3  # the verification's decode alone
+        spec.stats.add(v.n_drafted, v.n_accepted, len(ctx.records), ms)  # type: ignore[union-attr]
+        stats.spec.add(v.n_drafted, v.n_accepted, len(ctx.records), ms)
+        steps = v.steps
+    stats.n_eval += 1 + len(cache) - n_before
+    stats.n_eval_calls += 1
+    return steps
+
+
+def complete(
+    ctx: Context,
+    prompt: list[int],
+    n_predict: int,
+    sampler: Sampler,
+    stats: CompletionStats | None = None,
+    ignore_eos: bool = False,
+    n_past: int = 0,
+    ctx_shift: bool = False,
+    n_keep: int = 0,
+    seq_id: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    cache: list[int] | None = None,
+    extra: GenerationParams | None = None,
+    speculator: Speculator | None = None,
+) -> Iterator[TokenEvent]:
+    """Generate up to n_predict tokens (-1 = until end of generation or a full context).
+
+    `prompt` is decoded after the n_past tokens sequence seq_id already holds (a chat turn
+    prefills only itself). When the context fills: with ctx_shift, the first n_keep tokens stay
+    and half of the rest is discarded; without it generation stops (stop_reason "context").
+    `stats.n_past` is the sequence length afterwards; `cache`, when given, holds the n_past
+    cached tokens and is kept equal to what the sequence's cells hold. `extra` carries the rest of
+    a request's generation settings (stop strings, logit biases, a grammar); its n_predict and
+    shift settings are replaced by the arguments. With a `speculator`, each step decodes the
+    sampled token and a draft in one batch and keeps what the target agrees with
+    (engine/spec_verify.py); the tokens are the same as without it.
+    """
+    stats = stats if stats is not None else CompletionStats()
+    check_prompt_fits(ctx, n_past + len(prompt))
+    if ctx_shift and not ctx.memory.can_shift:
+        raise ContextError(
+            "context shift needs every KV cache to hold the whole context; with a sliding-window model add --swa-full"
+        )
+    cache = cache if cache is not None else [0] * n_past  # without the caller's tokens only its length matters
+    params = copy.copy(extra) if extra is not None else GenerationParams()
+    params.n_predict, params.ignore_eos, params.ctx_shift, params.n_keep = n_predict, ignore_eos, ctx_shift, n_keep
+    gen = Generation(ctx.model.vocab, sampler, params, ctx.cparams.n_ctx_seq, cache)
+    t0 = time.perf_counter()
+    prefill(ctx, prompt, n_past, seq_id, progress=progress)
+    cache.extend(prompt)
+    stats.n_prompt, stats.t_prompt_ms = len(prompt), (time.perf_counter() - t0) * 1e3
+    stats.n_past = len(cache)
+    gen.accept_prompt(prompt)
+    if n_predict == 0:  # llama-completion -n 0: evaluate the prompt, generate nothing
+        stats.stop_reason = "length"
+        return
+    pending = [gen.sample(ctx.logits[-1])]
+    while True:
+        stats.n_gen, stats.t_sample_ms = gen.n_decoded, gen.t_sample_ms
+        for step in pending:
+            if gen.stop_reason == "eog" and step is pending[-1]:  # it carries what was held back
+                step.text += gen.finish()
+                if not step.text:
+                    continue
+            yield TokenEvent(step.token, step.text)
+        if gen.done:
+            break
+        stats.n_shifts += gen.make_room(ctx.memory, seq_id)
+        pending = decode_step(ctx, gen, seq_id, speculator, stats)
+        stats.n_past = len(cache)
+    stats.stop_reason, stats.stopping_word = gen.stop_reason, gen.stopping_word
+    tail = gen.finish()
+    if tail:
+        yield TokenEvent(-1, tail)

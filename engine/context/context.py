@@ -1,0 +1,298 @@
+"""A context: the model plus its KV memory, decoding batches ubatch by ubatch.
+
+`decode` follows llama_context::decode: validate the batch (llama.cpp's rules and messages),
+apply pending memory work, split into ubatches and check they all fit, then for each ubatch
+place it in the cache, run the forward pass and keep the logits of the slots flagged as
+outputs, returned in batch order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+import torch
+
+from ubatch.engine.batch import Batch, UBatch
+from ubatch.engine.context.reserve import Reservation, check_fits, plan_sizes, reserve
+from ubatch.engine.context.step_inputs import StepInputs
+from ubatch.engine.errors import ContextError, allocate
+from ubatch.engine.generation.embedding import model_causal, resolve_pooling
+from ubatch.engine.graph.cuda_graphs import run_step, runner
+from ubatch.engine.graph.forward import GraphShape, build_forward
+from ubatch.engine.graph.graph import Graph, bind_output, input_views
+from ubatch.engine.kv.memory import DecodeError, KVMemory
+from ubatch.engine.model.model import Model
+from ubatch.engine.params import ContextParams, derive
+from ubatch.kernels import backends
+from ubatch.kernels.ops import Ops
+
+# planned graphs kept by shape: speculative verifications come in many row counts (1 + draft), and
+# rebuilding a graph costs about as much as running it
+GRAPHS_KEPT = 32
+
+
+@dataclass(slots=True)
+class PerfCounters:
+    """llama_perf_context's counters: multi-token decodes are prompt eval, 1-token ones eval."""
+
+    n_p_eval: int = 0
+    t_eval_ms: float = 0.0
+    n_eval: int = 0
+    n_decode: int = 0
+    n_ubatch: int = 0
+    graphs_reused: int = 0
+
+    def reset(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, type(getattr(self, f.name))())
+
+
+@dataclass(slots=True)
+class UBatchRecord:
+    """What one ubatch did: the seam for `explain` and the server's per-iteration statistics."""
+
+    n_tokens: int
+    n_outputs: int
+    n_seqs: int
+    seq_ids: list[int]
+    n_kv: tuple[int, ...]
+    reused: bool
+    ms: float
+
+
+def make_backend(name: str, n_threads: int) -> Ops:
+    """The op backend a context computes with, from the registry (errors as one line)."""
+    try:
+        return backends.create(name, n_threads)
+    except backends.BackendError as e:
+        raise ContextError(str(e)) from None
+
+
+class Context:
+    def __init__(
+        self,
+        model: Model,
+        params: ContextParams | None = None,
+        ops: Ops | None = None,
+        *,
+        embeddings: bool = False,
+        pooling: str | None = None,
+    ) -> None:
+        """`embeddings`: reserve hidden-state rows next to the logits (llama.cpp's
+        params.embeddings); `pooling`: none|mean|cls|last|rank, None = the model's own type."""
+        self.model = model
+        self.params = params or ContextParams()
+        if not model_causal(model):  # llama.cpp takes the attention type from the model
+            self.params = replace(self.params, causal_attn=False)
+        self.pooling = resolve_pooling(model, pooling)
+        self.cparams = derive(self.params, model.hparams)
+        torch.set_num_threads(self.cparams.n_threads)
+        self.ops = ops or make_backend(self.params.backend, self.cparams.n_threads)
+        self.ops.prepare_weights(model.matrices())
+        # sized first, from shapes alone; refused in one line if the machine cannot hold it
+        _, self.reservation, self.sizes = plan_sizes(model, self.cparams, self.ops)
+        check_fits(self.sizes, self.cparams, model.device)
+        self.memory = KVMemory.build(model.hparams, self.cparams, model.device)
+        self.step_inputs = StepInputs(model, self.ops, self.cparams.causal_attn)
+        self.perf = PerfCounters()
+        self.logits = torch.empty(0, model.hparams.n_vocab)
+        self.output_ids: list[int] = []  # batch index of each logits row
+        self.records: list[UBatchRecord] = []  # ubatches of the last decode
+        # called after each ubatch as observer(batch, ubatch, record): `explain` keeps what it sees
+        self.observers: list[Callable[[Batch, UBatch, UBatchRecord], None]] = []
+        self._prev_shape: dict[bool, GraphShape] = {}  # llama.cpp keeps one graph with outputs, one without
+        self._graphs: OrderedDict[GraphShape, Graph] = OrderedDict()
+        self.workspace = allocate(
+            "compute buffer",
+            self.reservation.bytes,
+            lambda: torch.empty(self.reservation.bytes, dtype=torch.uint8, device=model.device),
+        )
+        self.workspace_regrows = 0
+        # the output buffer: n_seq_max logits rows at start, grown to the largest batch's outputs
+        # as llama.cpp's output_reserve does; a decode's logits are valid until the next decode
+        self._outputs = self._output_buffer(self.cparams.n_seq_max)
+        # llama_set_embeddings: while on, every row is an output and a decode fills `embd` with
+        # final-norm hidden states instead of `logits` (engine/embedding.py pools them)
+        self.embeddings = False
+        self._embd_out = self._output_buffer(self.cparams.n_seq_max if embeddings else 0, model.hparams.n_embd)
+        self.embd = self._embd_out[:0]
+
+    def _output_buffer(self, rows: int, width: int = 0) -> torch.Tensor:
+        width = width or self.model.hparams.n_vocab
+        return allocate("output buffer", rows * width * 4, lambda: torch.empty(rows, width))
+
+    @property
+    def embd_bytes(self) -> int:
+        """The hidden-state rows of the output buffer (0 unless embeddings were reserved or used)."""
+        return self._embd_out.numel() * 4
+
+    @property
+    def output_rows(self) -> int:
+        """Logits rows the output buffer holds (what the startup log's output buffer line says)."""
+        return self._outputs.shape[0]
+
+    @property
+    def n_ctx(self) -> int:
+        return self.cparams.n_ctx
+
+    def warmup(self) -> None:
+        """Run a 2-token decode, as llama.cpp warms up (pages in the weights, binds the graphs)."""
+        v = self.model.vocab
+        self.decode(Batch.from_tokens([v.bos, v.eos], 0))
+        self.memory.clear()
+        self.perf.reset()
+        self._prev_shape.clear()
+
+    def validate(self, batch: Batch) -> None:
+        """llama_batch_allocr::init's checks; a failure leaves the memory untouched (code -1)."""
+        cp, n_vocab = self.cparams, self.model.hparams.n_vocab
+        if batch.n_tokens == 0:
+            raise DecodeError(-1, "n_tokens == 0")
+        if batch.n_tokens > cp.n_batch:
+            raise DecodeError(
+                -1,
+                f"n_tokens = {batch.n_tokens} > n_batch = {cp.n_batch}: a decode takes at most n_batch tokens; split the batch or raise -b",
+            )
+        n = batch.n_tokens
+        if not (len(batch.pos) == len(batch.seq_id) == len(batch.logits) == n):
+            raise DecodeError(-1, "batch arrays (token, pos, seq_id, logits) differ in length")
+        tok = np.asarray(batch.token)
+        bad = np.flatnonzero((tok < 0) | (tok >= n_vocab))
+        if bad.size:
+            raise DecodeError(-1, f"invalid token[{bad[0]}] = {tok[bad[0]]}")
+        seen: dict[int, list[int]] = {}
+        sets: dict[int, frozenset[int]] = {}
+        for i, sids in enumerate(batch.seq_id):
+            if not sids:
+                raise DecodeError(-1, f"entry {i} has no sequence id")
+            for j, s in enumerate(sids):
+                if not 0 <= s < cp.n_seq_max:
+                    raise DecodeError(-1, f"invalid seq_id[{i}][{j}] = {s} >= {cp.n_seq_max}")
+            fs = frozenset(sids)
+            for s in sids:
+                if s in sets and sets[s] != fs and (sets[s] & fs) != min((sets[s], fs), key=len):
+                    raise DecodeError(-1, f"sequence {s} belongs to incompatible sequence sets (not allowed)")
+                sets.setdefault(s, fs)
+                seen.setdefault(s, []).append(batch.pos[i])
+        for s, ps in seen.items():
+            if any(b < a for a, b in zip(ps, ps[1:])):
+                raise DecodeError(-1, f"sequence {s} positions are decreasing (not allowed)")
+            if max(ps) - min(ps) + 1 > len(set(ps)):
+                raise DecodeError(-1, f"sequence {s} positions are not continuous")
+            x = self.memory.seq_pos_max(s)
+            if x >= 0 and min(ps) != x + 1:
+                raise DecodeError(
+                    -1,
+                    f"the tokens of sequence {s} in the input batch have inconsistent sequence "
+                    f"positions:\n - the last position stored in the memory module of the "
+                    f"context (i.e. the KV cache) for sequence {s} is X = {x}\n - the tokens "
+                    f"for sequence {s} in the input batch have a starting position of Y = "
+                    f"{min(ps)}\n it is required that the sequence positions remain "
+                    f"consecutive: Y = X + 1",
+                )
+
+    def graph_for(self, shape: GraphShape) -> Graph:
+        """The planned graph of a shape, built on first use (kept for the last few shapes)."""
+        g = self._graphs.get(shape)
+        if g is None:
+            g = self._graphs[shape] = build_forward(self.model, self.memory, shape, self.ops)
+            while len(self._graphs) > GRAPHS_KEPT:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(shape)
+        return g
+
+    def reserve(self) -> Reservation:
+        """The worst-case graphs of this context's shapes (engine/reserve.py)."""
+        return reserve(self.model, self.memory, self.cparams, self.ops)
+
+    def decode(self, batch: Batch) -> None:
+        """Run a batch; afterwards `self.logits[i]` holds the i-th output slot's logits, a view of
+        the output buffer that the next decode overwrites (as llama_get_logits; clone to keep).
+        With `embeddings` on, `self.embd[i]` holds row i's final-norm hidden state instead."""
+        embd = self.embeddings
+        if embd:  # llama.cpp's output_all: embeddings need every row
+            batch = replace(batch, logits=[True] * batch.n_tokens)
+        self.validate(batch)
+        n_outputs = sum(batch.logits)
+        if n_outputs > self.cparams.n_outputs_max and not embd:
+            raise DecodeError(
+                -1,
+                f"batch requests {n_outputs} outputs but n_outputs_max = {self.cparams.n_outputs_max}; raise --n-outputs-max",
+            )
+        t0 = time.perf_counter()
+        hp = self.model.hparams
+        if self.memory.update(hp, self.ops, self.model.rope_freqs):
+            self._prev_shape.clear()  # llama.cpp rebuilds graphs after a memory update
+        ubatches = self.memory.init_batch(batch, self.cparams.n_ubatch)
+        if embd and n_outputs > self._embd_out.shape[0]:
+            self._embd_out = self._output_buffer(n_outputs, hp.n_embd)
+        elif not embd and n_outputs > self.output_rows:
+            self._outputs = self._output_buffer(n_outputs)
+        output = (self._embd_out if embd else self._outputs)[:n_outputs]
+        order: list[np.ndarray] = []
+        self.records = []
+        row = 0
+        for ub in ubatches:
+            tu = time.perf_counter()
+            slots = self.memory.place(ub)
+            out_rows = np.flatnonzero(ub.output)
+            groups = [c.ubatch_streams(ub) for c in self.memory.caches]
+            shape = GraphShape(
+                ub.n_tokens,
+                len(out_rows),
+                tuple(len(g) for g in groups),
+                tuple(c.n_kv_of(g) for c, g in zip(self.memory.caches, groups)),
+                embd,
+            )
+            reused = self._prev_shape.get(len(out_rows) > 0) == shape
+            self._prev_shape[len(out_rows) > 0] = shape
+            self.perf.graphs_reused += reused
+            graph = self.graph_for(shape)
+            if graph.size > self.workspace.numel():  # cannot happen for shapes within the reservation
+                self.workspace = torch.empty(graph.size, dtype=torch.uint8, device=self.model.device)
+                self.workspace_regrows += 1
+            n_out = len(out_rows)
+            dest = output[row : row + n_out]
+            # without CUDA graphs the last node writes the output rows itself: no copy after
+            direct = n_out > 0 and runner(self.ops) is None and bind_output(graph, self.ops, self.workspace, dest)
+            with torch.inference_mode():
+                self.step_inputs.fill(self.memory, ub, slots, shape, *input_views(graph, self.ops, self.workspace))
+                logits = run_step(graph, self.ops, self.workspace, {})  # CUDA graphs if the backend asks
+                if n_out and not direct:
+                    dest.copy_(logits)
+            row += n_out
+            order.append(ub.batch_idx[out_rows])
+            self.perf.n_ubatch += 1
+            rec = UBatchRecord(
+                ub.n_tokens,
+                len(out_rows),
+                ub.n_seqs,
+                sorted({int(s) for s in ub.seq_id0}),
+                shape.n_kv,
+                reused,
+                (time.perf_counter() - tu) * 1e3,
+            )
+            self.records.append(rec)
+            for obs in self.observers:
+                obs(batch, ub, rec)
+        idx = np.concatenate(order)
+        logits = output[:row]
+        if not np.all(idx[:-1] < idx[1:]):  # split_equal reorders slots: restore batch order
+            logits = logits[torch.from_numpy(np.argsort(idx, kind="stable"))]
+            idx = np.sort(idx)
+        if embd:
+            self.embd, self.logits = logits, self._outputs[:0]
+        else:
+            self.logits = logits
+        self.output_ids = idx.tolist()
+        dt = (time.perf_counter() - t0) * 1e3
+        self.perf.n_decode += 1
+        if batch.n_tokens == 1:
+            self.perf.t_eval_ms += dt
+            self.perf.n_eval += 1
+        else:
+            self.perf.n_p_eval += batch.n_tokens

@@ -1,0 +1,173 @@
+"""What a context allocated and why, as data (the MemoryPlan). Nothing here prints: cli.memory_view
+renders the one plan as llama.cpp's startup lines, Rich tables and JSON, so every view agrees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ubatch.engine.context.context import Context
+from ubatch.engine.kv.cache import KVCacheInfo
+from ubatch.engine.units import mib
+from ubatch.kernels.quant.dequant import type_name
+
+if TYPE_CHECKING:  # at run time fit() imports what it needs, late (no import cycle)
+    from ubatch.engine.context.reserve import Reservation
+    from ubatch.engine.model.model import Model
+    from ubatch.engine.params import ContextParams, CParams
+    from ubatch.kernels.ops import Ops
+
+
+@dataclass(slots=True)
+class MemoryPlan:
+    model_file: str
+    arch: str
+    n_params: int
+    model_bytes: int  # the GGUF tensors as stored (memory-mapped)
+    backend: str  # the op backend the context computes with (kernels.backends)
+    backend_bytes: int  # weight memory the backend holds beyond the file (dense copies, repacks)
+    kernels: dict[str, str]  # tensor type -> how the backend multiplies with it
+    n_ctx: int
+    n_ctx_seq: int
+    n_ctx_train: int  # n_ctx_seq below it leaves part of the model's trained context unused
+    n_batch: int
+    n_ubatch: int
+    n_seq_max: int
+    n_outputs_max: int
+    kv_unified: bool
+    kv: list[KVCacheInfo]
+    compute_bytes: int  # the workspace: max of the pp and tg graphs' reservations
+    pp_bytes: int
+    tg_bytes: int
+    output_bytes: int  # logits rows: n_vocab x max(n_outputs, n_seq_max) x 4, + n_embd per embedding row
+    worst_case: tuple[int, int, int]  # (n_tokens, n_seqs, n_outputs) of the prompt reservation
+    graph_nodes: tuple[int, int]
+    peak: list[tuple[str, tuple[int, ...], int]]
+    warnings: list[str] = field(default_factory=list)
+    device: str = "cpu"  # where the weights, the KV cache and the compute buffer live (torch's name)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(c.k_bytes + c.v_bytes for c in self.kv)
+
+    @property
+    def context_bytes(self) -> int:
+        return self.kv_bytes + self.output_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.model_bytes + self.backend_bytes + self.context_bytes + self.compute_bytes
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.model_bytes / max(self.n_params, 1)
+
+
+def memory_plan(ctx: Context) -> MemoryPlan:
+    """The plan of a context that exists: read from the objects that hold the memory."""
+    return _plan(
+        ctx.model,
+        ctx.cparams,
+        ctx.ops,
+        [c.info() for c in ctx.memory.caches],
+        ctx.reservation,
+        ctx.output_rows,
+        ctx.embd_bytes,
+    )
+
+
+def plan_for(model: Model, params: ContextParams) -> MemoryPlan:
+    """The memory plan of a configuration without allocating it: the same numbers a Context of
+    these parameters reports (tests/test_memory_plan.py), from shapes alone (engine/reserve.py)."""
+    from ubatch.engine.context.context import make_backend
+    from ubatch.engine.context.reserve import plan_sizes
+    from ubatch.engine.params import derive
+
+    cp = derive(params, model.hparams)
+    ops = make_backend(params.backend, cp.n_threads)
+    ops.prepare_weights(model.matrices())
+    shadow, r, _ = plan_sizes(model, cp, ops)
+    return _plan(model, cp, ops, [c.info() for c in shadow.caches], r, cp.n_seq_max)
+
+
+def _plan(
+    m: Model, cp: CParams, ops: Ops, kv: list[KVCacheInfo], r: Reservation, output_rows: int, embd_bytes: int = 0
+) -> MemoryPlan:
+    types = sorted({w.ggml_type for w in m.matrices()})
+    kernels = {type_name(t): ops.kernel_path(t) for t in types}
+    return MemoryPlan(
+        model_file=str(m.path),
+        arch=m.hparams.arch,
+        n_params=m.n_params,
+        model_bytes=m.size_bytes,
+        backend=ops.name,
+        backend_bytes=ops.held_bytes(),
+        kernels=kernels,
+        n_ctx=cp.n_ctx,
+        n_ctx_seq=cp.n_ctx_seq,
+        n_ctx_train=m.hparams.n_ctx_train,
+        n_batch=cp.n_batch,
+        n_ubatch=cp.n_ubatch,
+        n_seq_max=cp.n_seq_max,
+        n_outputs_max=cp.n_outputs_max,
+        kv_unified=cp.kv_unified,
+        kv=kv,
+        compute_bytes=r.bytes,
+        pp_bytes=r.pp_bytes,
+        tg_bytes=r.tg_bytes,
+        output_bytes=m.hparams.n_vocab * output_rows * 4 + embd_bytes,
+        worst_case=(r.pp.n_tokens, cp.n_seq_max, r.tg.n_outputs),
+        graph_nodes=r.n_nodes,
+        peak=r.peak,
+        warnings=[*cp.warnings, *ops.notices],
+        device=str(m.device),
+    )
+
+
+def fit(model: Model, params: ContextParams, budget: int) -> tuple[ContextParams, MemoryPlan]:
+    """The largest context (up to the training context) whose whole plan fits `budget` bytes.
+
+    -ub is part of the fit: a smaller ubatch shrinks the compute buffer, which can buy context;
+    among equal contexts the larger -ub wins. -np is lowered only when nothing fits otherwise.
+    """
+    from dataclasses import replace
+
+    from ubatch.engine.errors import ContextError
+    from ubatch.engine.params import derive
+
+    n_ctx_train = model.hparams.n_ctx_train
+    best: tuple[int, int, ContextParams, MemoryPlan] | None = None
+    smallest: MemoryPlan | None = None
+    for np_ in range(max(1, params.n_seq_max), 0, -1):
+        step = 256 * (1 if params.kv_unified else np_)
+        ub = params.n_ubatch or params.n_batch
+        ubs = [u for u in (ub, 256, 128, 64) if u <= ub]
+        for u in dict.fromkeys(ubs):
+            base = replace(params, n_seq_max=np_, n_ubatch=u)
+            lo_plan = plan_for(model, replace(base, n_ctx=step))
+            if smallest is None or lo_plan.total_bytes < smallest.total_bytes:
+                smallest = lo_plan
+            if lo_plan.total_bytes > budget:
+                continue
+            lo, hi = 1, max(1, n_ctx_train * (1 if params.kv_unified else np_) // step)
+            found = (1, lo_plan)
+            while lo <= hi:  # memory grows with n_ctx: binary search on multiples of `step`
+                mid = (lo + hi) // 2
+                p = plan_for(model, replace(base, n_ctx=mid * step))
+                if p.total_bytes <= budget:
+                    found, lo = (mid, p), mid + 1
+                else:
+                    hi = mid - 1
+            n_ctx = found[0] * step
+            if best is None or n_ctx > best[0] or (n_ctx == best[0] and u > best[1]):
+                best = (n_ctx, u, replace(base, n_ctx=n_ctx), found[1])
+        if best is not None:
+            derive(best[2], model.hparams)
+            return best[2], best[3]
+    assert smallest is not None
+    raise ContextError(
+        f"no plan fits {mib(budget):.1f} MiB: the smallest (-c {smallest.n_ctx} -ub {smallest.n_ubatch} "
+        f"-np {smallest.n_seq_max}) needs {mib(smallest.total_bytes):.1f} MiB "
+        f"(model {mib(smallest.model_bytes):.1f} + backend weights {mib(smallest.backend_bytes):.1f} + "
+        f"KV/output {mib(smallest.context_bytes):.1f} + compute {mib(smallest.compute_bytes):.1f})"
+    )

@@ -1,0 +1,103 @@
+"""The values of a graph's inputs for one ubatch (llama.cpp's set_input step), written in place.
+
+Everything is computed on the host from the cell arrays, so nothing here waits for the device.
+On host memory the values go straight into numpy views of the graph's input views (no tensor
+made and copied per input per step); on a device each is one host-to-device copy. The RoPE
+rows come from host tables the backend computes once (`Ops.rope_cache` over 0..N-1, grown by
+doubling), so a step gathers rows instead of calling the backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ubatch.engine.batch import UBatch
+from ubatch.engine.graph.forward import NO_CAUSAL, GraphShape, mask_in_kernel, rope_keys
+from ubatch.engine.kv.cache import KVCache, as_mask
+from ubatch.engine.kv.memory import KVMemory
+from ubatch.engine.model.model import Model
+from ubatch.kernels.ops import KV_CHUNK, Ops
+
+ROPE_ROWS_MIN = 1024  # first table size; doubled past the largest position seen
+
+
+class StepInputs:
+    """Fills the inputs of a context's graphs; holds the host RoPE tables between steps."""
+
+    def __init__(self, model: Model, ops: Ops, causal: bool = True) -> None:
+        """`causal` False: a query also sees the later tokens of its sequence (models with
+        attention.causal = false)."""
+        self.model, self.ops, self.causal = model, ops, causal
+        self.rope = rope_keys(model)
+        self._tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+
+    def rope_rows(self, key: tuple[float, float], pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos/sin rows of a rope key's table for these positions (the backend's values)."""
+        hi = int(pos.max()) if pos.size else 0
+        if pos.size and int(pos.min()) < 0:  # no table for negative positions
+            return self._backend_rows(key, torch.from_numpy(pos))
+        cos, sin = self._tables.get(key, (None, None))
+        if cos is None or cos.shape[0] <= hi:
+            size = max(ROPE_ROWS_MIN, 1 << hi.bit_length())
+            cos, sin = self._tables[key] = self._backend_rows(key, torch.arange(size))
+        return cos[pos], sin[pos]
+
+    def _backend_rows(self, key: tuple[float, float], pos: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        base, scale = key
+        cos, sin = self.ops.rope_cache(pos, self.model.hparams.n_rot, base, scale, self.model.rope_freqs)
+        return cos.cpu().numpy(), sin.cpu().numpy()
+
+    def fill(
+        self,
+        mem: KVMemory,
+        ub: UBatch,
+        slots: list[np.ndarray],
+        shape: GraphShape,
+        views: dict[str, torch.Tensor],
+        host: dict[str, np.ndarray] | None,
+    ) -> None:
+        """Write every input of the ubatch's graph: into `host` (numpy views of `views`) when
+        given, else into `views` by one copy each."""
+
+        def put(name: str, value: np.ndarray) -> None:
+            if host is not None:
+                np.copyto(host[name], value.reshape(host[name].shape))
+            else:
+                views[name].copy_(torch.from_numpy(np.ascontiguousarray(value)).view(views[name].shape))
+
+        put("inp_tokens", ub.token)
+        for i, key in enumerate(self.rope):
+            cos, sin = self.rope_rows(key, ub.pos)
+            put(f"inp_cos_{i}", cos)
+            put(f"inp_sin_{i}", sin)
+        cells = mask_in_kernel(self.ops, mem)
+        if cells:
+            pos = ub.pos.astype(np.int32)
+            put("inp_q_pos", pos)
+            put("inp_q_lim", pos if self.causal else np.full_like(pos, NO_CAUSAL))
+            put("inp_q_seq", np.left_shift(np.uint64(1), ub.seq_id0.astype(np.uint64)).view(np.int64))
+        for c, cache in enumerate(mem.caches):
+            streams, n_kv = cache.ubatch_streams(ub), shape.n_kv[c]
+            vis = cache.visible(ub, streams, n_kv, self.causal)  # on the host: which chunks to read
+            if cells:
+                pos, bits = cell_arrays(cache, streams, n_kv)
+                put(f"kv_pos_{c}", pos)
+                put(f"kv_seq_{c}", bits)
+            else:
+                put(f"kq_mask_{c}", as_mask(vis))
+            put(f"kv_idxs_{c}", slots[c])
+            put(f"kv_starts_{c}", np.array([s * cache.size for s in streams], dtype=np.int64))
+            # 256-cell chunks no query can see (other sequences, outside the window) are skipped
+            put(f"kv_visible_{c}", vis.reshape(-1, n_kv // KV_CHUNK, KV_CHUNK).any(axis=(0, 2)))
+        if shape.n_outputs < shape.n_tokens:
+            put("inp_out_ids", np.flatnonzero(ub.output))
+
+
+def cell_arrays(cache: KVCache, streams: list[int], n_kv: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's first n_kv cells: position (-1 = empty) and sequence set as int64 bits."""
+    cells = [cache.streams[s] for s in streams]
+    pos = np.stack([x.pos[:n_kv] for x in cells]).astype(np.int32)
+    weights = np.left_shift(np.uint64(1), np.arange(cache.n_seq_max, dtype=np.uint64))
+    bits = np.stack([(x.seq[:n_kv].astype(np.uint64) * weights).sum(1, dtype=np.uint64) for x in cells])
+    return pos, bits.view(np.int64)

@@ -1,0 +1,1 @@
+"""One sequence's generation (sampling, grammar, stop strings, streaming text) and embedding pooling."""

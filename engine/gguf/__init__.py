@@ -1,0 +1,1 @@
+"""GGUF files: the memory-mapped container, typed metadata reads and string arrays."""

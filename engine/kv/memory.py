@@ -1,0 +1,229 @@
+"""A context's KV memory: one cache, or llama.cpp's iSWA pair for sliding-window models.
+
+It decides how a batch is split (split_simple for one stream, split_equal for per-sequence
+streams), checks that every ubatch will find cells *before* anything is placed (so a failed
+decode leaves the cache unchanged), and applies pending work (stream copies, K-shift) at the
+start of a decode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ubatch.engine.batch import Batch, SplitError, UBatch, split_equal, split_simple
+from ubatch.engine.errors import ContextError
+from ubatch.engine.kv.cache import KVCache, round_up
+from ubatch.engine.model.hparams import HParams
+from ubatch.engine.params import CParams
+from ubatch.kernels.ops import Ops
+
+
+class DecodeError(ContextError):
+    """A batch llama_decode would refuse; `code` is llama.cpp's return value (-1 invalid, 1 no slot)."""
+
+    def __init__(self, code: int, msg: str) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+class KVMemory:
+    def __init__(self, caches: list[KVCache], layer_cache: list[int]) -> None:
+        self.caches, self.layer_cache = caches, layer_cache
+        self._planned: list[tuple[UBatch, list[np.ndarray]]] = []  # prepared, not yet placed
+
+    @classmethod
+    def build(cls, hp: HParams, cp: CParams, device: torch.device | str = "cpu", sizes_only: bool = False) -> KVMemory:
+        """Sizes as llama.cpp: n_ctx_seq cells per stream; the SWA cache holds the window for each
+        sequence plus one ubatch (or everything with --swa-full). `sizes_only`: shapes without
+        storage or cells, for planning (engine/reserve.py)."""
+        n_stream = 1 if cp.kv_unified else cp.n_seq_max
+        if sizes_only:
+            device = "meta"
+        args = dict(
+            cells=not sizes_only,
+            n_stream=n_stream,
+            n_seq_max=cp.n_seq_max,
+            n_head_kv=hp.n_head_kv,
+            head_k=hp.n_embd_head_k,
+            head_v=hp.n_embd_head_v,
+            type_k=cp.type_k,
+            type_v=cp.type_v,
+            device=device,
+        )
+        if hp.n_swa <= 0:
+            return cls([KVCache(list(range(hp.n_layer)), cp.n_ctx_seq, **args)], [0] * hp.n_layer)
+        base = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
+        swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
+        size_swa = (
+            cp.n_ctx_seq
+            if cp.swa_full
+            else round_up(min(cp.n_ctx_seq, hp.n_swa * (cp.n_seq_max if cp.kv_unified else 1) + cp.n_ubatch), 256)
+        )
+        caches = [
+            KVCache(base, cp.n_ctx_seq, name="non-SWA", **args),
+            KVCache(swa, size_swa, n_swa=hp.n_swa, name="SWA", **args),
+        ]
+        return cls(caches, [1 if hp.is_swa(il) else 0 for il in range(hp.n_layer)])
+
+    @property
+    def n_stream(self) -> int:
+        return self.caches[0].n_stream
+
+    @property
+    def is_iswa(self) -> bool:
+        return len(self.caches) == 2
+
+    @property
+    def can_shift(self) -> bool:
+        """K-shift needs every cache to hold the same cells (iSWA only with --swa-full)."""
+        return len({c.size for c in self.caches}) == 1
+
+    # -- splitting and placement ----------------------------------------------------------------
+    def init_batch(self, batch: Batch, n_ubatch: int) -> list[UBatch]:
+        """Split as llama.cpp's memory does and check every ubatch fits (error code 1 if not)."""
+        floor: dict[int, int] = {}
+        if "d" in batch.kind:  # a verification: its drafts may be removed again (seq_rm)
+            for pos, sids in zip(batch.pos, batch.seq_id):
+                for s in sids:
+                    floor[s] = min(floor.get(s, pos), pos)
+        for c in self.caches:
+            c.window_floor = floor
+        try:
+            return self._init_batch(batch, n_ubatch)
+        finally:
+            for c in self.caches:
+                c.window_floor = {}
+
+    def _init_batch(self, batch: Batch, n_ubatch: int) -> list[UBatch]:
+        self._planned = []
+        try:
+            if self.n_stream == 1:
+                ubs = split_simple(batch, n_ubatch)
+                if self.prepare(ubs):
+                    return ubs
+                if self.is_iswa:  # unified iSWA retries with equal splits
+                    ubs = split_equal(batch, n_ubatch, sequential=False)
+            else:
+                ubs = split_equal(batch, n_ubatch, sequential=True)
+        except SplitError as e:
+            raise DecodeError(1, str(e)) from None
+        if not self.prepare(ubs):
+            used = ", ".join(f"{c.name or 'KV'} {c.used}/{c.size * c.n_stream}" for c in self.caches)
+            raise DecodeError(
+                1,
+                f"failed to find a memory slot for batch of size {batch.n_tokens} (cells used: {used}); raise -c or free sequences",
+            )
+        return ubs
+
+    def prepare(self, ubs: list[UBatch]) -> bool:
+        """Find the cells of every ubatch and keep them, so that `place` applies each ubatch
+        without searching again. One ubatch (every decode step) is only searched for: the
+        search changes no cell. Several: each is placed in turn so the next is searched for in
+        the cells it leaves, then the cells are restored exactly as they were."""
+        if len(ubs) == 1:
+            slots = [c.find_slot(ubs[0]) for c in self.caches]
+            if any(sl is None for sl in slots):
+                return False
+            self._planned = [(ubs[0], slots)]
+            return True
+        snaps = [c.snapshot() for c in self.caches]
+        planned: list[list[np.ndarray]] = []
+        try:
+            for ub in ubs:
+                per_cache = []
+                for c in self.caches:
+                    slots = c.find_slot(ub)
+                    if slots is None:
+                        return False
+                    c.apply_ubatch(ub, slots)
+                    per_cache.append(slots)
+                planned.append(per_cache)
+            self._planned = list(zip(ubs, planned))
+            return True
+        finally:
+            for c, s in zip(self.caches, snaps):
+                c.restore(s)
+
+    def place(self, ub: UBatch) -> list[np.ndarray]:
+        """Apply the next prepared ubatch to the cells (the same cells `prepare` found)."""
+        if self._planned and self._planned[0][0] is ub:
+            slots = self._planned.pop(0)[1]
+            for c, sl in zip(self.caches, slots):
+                c.apply_ubatch(ub, sl)
+            return slots
+        out = []
+        for c in self.caches:
+            sl = c.find_slot(ub)
+            if sl is None:  # prepare() said it fits; this would be a bug
+                raise DecodeError(-2, "KV slot vanished between prepare and apply")
+            c.apply_ubatch(ub, sl)
+            out.append(sl)
+        return out
+
+    # -- pending work ----------------------------------------------------------------------------
+    def update(self, hp: HParams, ops: Ops, freq_factors: torch.Tensor | None) -> bool:
+        """Copy queued streams and re-rotate shifted K; True if any work was done."""
+        did = False
+        for c in self.caches:
+            for a, b in c.pending_copies:
+                for store in (*c.k.values(), *c.v.values()):
+                    store.data[b * c.size : (b + 1) * c.size] = store.data[a * c.size : (a + 1) * c.size]
+                did = True
+            c.pending_copies.clear()
+        if any(c.has_shift for c in self.caches):
+            if not self.can_shift:
+                raise ContextError(
+                    "the KV cache cannot shift positions with a sliding-window cache smaller than the context; use --swa-full"
+                )
+            for c in self.caches:
+                for s, cells in enumerate(c.streams):
+                    idx = np.flatnonzero(cells.shift)
+                    if idx.size == 0:
+                        continue
+                    slots = torch.from_numpy(idx + s * c.size)
+                    shift = torch.from_numpy(cells.shift[idx])
+                    for il in c.layers:
+                        base, scale = hp.rope_params(il)
+                        cos, sin = ops.rope_cache(shift, hp.n_rot, base, scale, freq_factors)
+                        store = c.k[il]
+                        k = ops.kv_rows(store, slots)
+                        ops.kv_store(store, slots, ops.rope(k, cos, sin, hp.rope_neox, out=torch.empty_like(k)))
+                    cells.shift[:] = 0
+            did = True
+        return did
+
+    # -- sequence operations --------------------------------------------------------------------
+    def seq_pos_max(self, s: int) -> int:
+        return self.caches[-1].seq_pos_max(s)  # iSWA reports the SWA cache's view
+
+    def seq_pos_min(self, s: int) -> int:
+        return self.caches[-1].seq_pos_min(s)
+
+    def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> None:
+        for c in self.caches:
+            c.seq_rm(s, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        for c in self.caches:
+            c.seq_cp(src, dst, p0, p1)
+
+    def seq_keep(self, s: int) -> None:
+        for c in self.caches:
+            c.seq_keep(s)
+
+    def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
+        for c in self.caches:
+            c.seq_add(s, p0, p1, delta)
+
+    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        for c in self.caches:
+            c.seq_div(s, p0, p1, d)
+
+    def clear(self) -> None:
+        for c in self.caches:
+            c.clear()
+
+    @property
+    def used(self) -> int:
+        return self.caches[0].used

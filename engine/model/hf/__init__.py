@@ -1,0 +1,1 @@
+"""Hugging Face checkpoints read as the GGUF file their conversion would give, and written as one."""

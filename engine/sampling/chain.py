@@ -1,0 +1,190 @@
+"""llama.cpp's sampler chain (common/sampling.cpp): the stages in `samplers` order, then a draw.
+
+The default order is penalties -> DRY -> top-n-sigma -> top-k -> typical -> top-p -> min-p ->
+XTC -> temperature, then `dist`, a draw from the remaining candidates. A stage whose
+parameters switch it off is left out of the chain, as llama.cpp's "empty" samplers are. With
+--mirostat 1 or 2 the chain is only temperature -> mirostat (llama.cpp ignores the other
+stages then). temp <= 0 is not a separate greedy mode: the temperature stage keeps only the
+best token, so a stage before it can still matter (XTC, typical); when none can, the result
+is the argmax after the logit penalties, taken without sorting anything.
+
+Every random draw reproduces llama.cpp's (engine/sampler_rng.py): dist, mirostat and XTC each
+own a std::mt19937 seeded with the seed, as each llama.cpp sampler seeds its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+
+from ubatch.engine.errors import UbatchError
+from ubatch.engine.sampling import stages as S
+from ubatch.engine.sampling.dry import Dry, breaker_table
+from ubatch.engine.sampling.mirostat import Mirostat
+from ubatch.engine.sampling.names import DEFAULT_SAMPLERS, SAMPLER_CHARS, UNSUPPORTED_SAMPLERS
+from ubatch.engine.sampling.rng import LLAMA_DEFAULT_SEED, Mt19937, resolve_seed
+from ubatch.engine.sampling.stages import Cands, f32
+
+if TYPE_CHECKING:
+    from ubatch.engine.vocab.vocab import Vocab
+
+__all__ = ["LLAMA_DEFAULT_SEED", "Sampler", "SamplerParams"]
+
+Stage = Callable[[Cands], Cands]
+_LOGIT_MODIFIERS = ("penalties", "dry")  # change logits, keep every candidate
+_KEEP_BEST = ("top_k", "top_p", "min_p", "top_n_sigma")  # drop candidates, never the best one
+
+
+@dataclass(slots=True)
+class SamplerParams:
+    """common_params_sampling's sampler fields, with llama.cpp's defaults."""
+
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    min_keep: int = 0
+    seed: int = LLAMA_DEFAULT_SEED  # default / negative = random
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64  # 0 disables the penalties; -1 (ubatch's): the whole history
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    typ_p: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    mirostat: int = 0  # 0 off, 1 mirostat, 2 mirostat 2.0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64  # 0 disables DRY; -1: the context size (the Sampler's n_ctx)
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+
+
+class Sampler:
+    """One sequence's sampler: `accept` every prompt and generated token, `sample` each row.
+
+    `n_ctx` is what dry_penalty_last_n = -1 means (0: the whole history); `vocab` turns DRY's
+    sequence breakers (text) into tokens; without it DRY runs without breakers.
+    """
+
+    def __init__(self, params: SamplerParams | None = None, n_ctx: int = 0, vocab: Vocab | None = None) -> None:
+        self.params = p = params or SamplerParams()
+        self.rng = Mt19937(resolve_seed(p.seed))  # dist's (or mirostat's) generator
+        self.seed = self.rng.seed
+        self._stages: list[tuple[str, Stage]] = []
+        self._accept: list[Callable[[int], None]] = []
+        self._final: Callable[[Cands], int]
+        if p.mirostat == 0:
+            for name in p.samplers:
+                self._add(name, n_ctx, vocab)
+            self._final = partial(S.dist, rng=self.rng)
+        elif p.mirostat in (1, 2):
+            if f32(p.temp) != 1.0:
+                self._stages.append(("temperature", partial(S.scale, temp=p.temp)))
+            self._final = Mirostat(p.mirostat, p.mirostat_tau, p.mirostat_eta, self.rng)
+        else:
+            raise UbatchError(f"mirostat must be 0 (off), 1 or 2, not {p.mirostat}")
+        self._greedy = self._greedy_stages()
+
+    def _add(self, name: str, n_ctx: int, vocab: Vocab | None) -> None:
+        p = self.params
+        stage: Stage | None = None
+        if name == "penalties":
+            neutral = f32(p.repeat_penalty) == 1.0 and f32(p.frequency_penalty) == 0 and f32(p.presence_penalty) == 0
+            if p.repeat_last_n != 0 and not neutral:
+                pen = S.Penalties(p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
+                self._accept.append(pen.accept)
+                stage = pen
+        elif name == "dry":
+            last_n = (n_ctx or None) if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n
+            if f32(p.dry_multiplier) != 0 and f32(p.dry_base) >= 1.0 and last_n != 0:
+                table = breaker_table(vocab, tuple(p.dry_sequence_breakers))
+                dry = Dry(p.dry_multiplier, p.dry_base, p.dry_allowed_length, last_n, table)
+                self._accept.append(dry.accept)
+                stage = dry
+        elif name == "top_n_sigma":
+            if f32(p.top_n_sigma) > 0:
+                stage = partial(S.top_n_sigma, n=p.top_n_sigma)
+        elif name == "top_k":
+            if p.top_k > 0:
+                stage = partial(S.top_k, k=p.top_k)
+        elif name == "typ_p":
+            if f32(p.typ_p) < 1.0:
+                stage = partial(S.typical, p=p.typ_p, min_keep=p.min_keep)
+        elif name == "top_p":
+            if f32(p.top_p) < 1.0:
+                stage = partial(S.top_p, p=p.top_p, min_keep=p.min_keep)
+        elif name == "min_p":
+            if f32(p.min_p) > 0:
+                stage = partial(S.min_p, p=p.min_p, min_keep=p.min_keep)
+        elif name == "xtc":
+            if f32(p.xtc_probability) > 0 and f32(p.xtc_threshold) <= 0.5:
+                stage = S.Xtc(p.xtc_probability, p.xtc_threshold, p.min_keep, Mt19937(resolve_seed(p.seed)))
+        elif name == "temperature":
+            if f32(p.dynatemp_range) > 0:
+                stage = partial(S.temperature, temp=p.temp, delta=p.dynatemp_range, exponent=p.dynatemp_exponent)
+            elif f32(p.temp) != 1.0:
+                stage = partial(S.scale, temp=p.temp)
+        elif name in UNSUPPORTED_SAMPLERS:
+            raise UbatchError(f"sampler '{name}' is not supported by ubatch")
+        else:
+            raise UbatchError(f"unknown sampler '{name}' (valid: {', '.join(SAMPLER_CHARS)})")
+        if stage is not None:
+            self._stages.append((name, stage))
+
+    def _greedy_stages(self) -> list[Stage] | None:
+        """The logit modifiers to run before an argmax, when the chain is greedy in effect:
+        temp <= 0 and nothing before the temperature can drop the best token or change the
+        logits after a filter did. None: run the whole chain."""
+        p = self.params
+        if p.mirostat or f32(p.temp) > 0 or f32(p.dynatemp_range) > 0:
+            return None
+        mods: list[Stage] = []
+        filtered = False
+        for name, stage in self._stages:
+            if name == "temperature":
+                return mods
+            if name in _LOGIT_MODIFIERS and not filtered:
+                mods.append(stage)
+            elif name in _KEEP_BEST:
+                filtered = True
+            else:
+                return None
+        return None  # no temperature stage: llama.cpp draws at temperature 1
+
+    def accept(self, token: int) -> None:
+        """Feed a token into the penalty and DRY histories (prompt tokens and each sampled one)."""
+        for accept in self._accept:
+            accept(token)
+
+    def sample(self, logits: torch.Tensor) -> int:
+        c = Cands(logits.float())
+        if self._greedy is not None:
+            for stage in self._greedy:
+                c = stage(c)
+            return S.first_best(c.logits)
+        for _, stage in self._stages:
+            c = stage(c)
+        return self._final(c)
+
+    def distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The candidates the final draw chooses from and their probabilities, for speculative
+        rejection sampling. None when the chain is not "stages, then dist" without other draws
+        (greedy in effect, mirostat, XTC): those are verified by sampling and matching."""
+        if self._greedy is not None or self.params.mirostat or any(n == "xtc" for n, _ in self._stages):
+            return None
+        c = Cands(logits.float())
+        for _, stage in self._stages:
+            c = stage(c)
+        ids = torch.arange(c.size) if c.ids is None else c.ids
+        return ids, torch.softmax(c.logits.double(), 0)

@@ -1,0 +1,56 @@
+"""A slot's prompt being read, chunk by chunk: the bookkeeping after each decoded chunk and
+llama-server's `prompt_progress` events (`"return_progress": true` on a streamed request).
+
+llama-server sends one progress event when a task starts on a slot (what the prompt cache
+already holds) and one after every decode that carried a chunk of its prompt, the last one
+before the first generated token. Kept out of the scheduler's loop so that loop stays about
+batching.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ubatch.engine.serve.slot import Slot
+from ubatch.engine.serve.stats import SchedulerStats
+from ubatch.engine.serve.task import Task
+
+
+@dataclass(slots=True)
+class Progress:
+    """How far a streamed task's prompt has been read (server-task.cpp result_prompt_progress)."""
+
+    task: Task
+    id_slot: int
+    total: int  # prompt tokens
+    cache: int  # of which were found in the slot's cache
+    processed: int  # tokens in the slot's cells so far (cached + evaluated)
+    time_ms: int  # since the task started on its slot
+
+    def to_json(self) -> dict[str, int]:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
+
+def report(s: Slot) -> None:
+    """Emit the slot's progress event when its task asked for them."""
+    t = s.task
+    if t is not None and t.params.stream and t.params.return_progress:
+        ms = int((time.perf_counter() - s.t_start) * 1e3)
+        t.emit(Progress(t, s.id, len(t.prompt), s.n_prompt_cache, len(s.cache), ms))
+
+
+def prompt_started(s: Slot, stats: SchedulerStats) -> None:
+    """A task took the slot with `s.n_prompt_cache` of its prompt already cached."""
+    stats.n_prompt_cached_total += s.n_prompt_cache
+    report(s)
+
+
+def prompt_chunk_done(s: Slot, n: int) -> None:
+    """`n` more prompt tokens of the slot's task were decoded into its cells."""
+    assert s.task is not None
+    prompt = s.task.prompt
+    s.cache.extend(prompt[s.i_prompt : s.i_prompt + n])
+    s.i_prompt += n
+    s.n_prompt_done += n
+    report(s)

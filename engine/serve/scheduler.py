@@ -1,0 +1,235 @@
+"""The server's scheduler: -np slots, continuous batching, one `Context.decode` per iteration.
+
+Slot i owns sequence id i. Each iteration (llama-server's update_slots):
+  1. free the slots whose client went away, start queued tasks on idle slots (reusing the
+     longest common prefix of the slot's cached tokens), shift full contexts if allowed;
+  2. assemble ONE batch: a row from every generating slot (its last sampled token), then
+     prompt chunks of prefilling slots in slot order until n_batch rows;
+  3. decode it; on "no KV slot" purge idle caches or postpone prompt rows and retry;
+  4. let each slot's Generation (engine/generation.py) sample from its output row; emit events.
+The loop runs in its own thread; `submit` and `cancel` are safe to call from any thread.
+Nothing here prints: callers read events, `records` (per iteration) and `stats`.
+On shutdown (`EngineThread.shutdown`) `_drain` ends every running slot and fails queued tasks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+from ubatch.engine.batch import Batch
+from ubatch.engine.context.context import Context
+from ubatch.engine.generation.generation import Generation, GenerationParams, Step
+from ubatch.engine.kv.memory import DecodeError
+from ubatch.engine.sampling.chain import Sampler
+from ubatch.engine.serve.engine_loop import EngineThread, shutdown_error
+from ubatch.engine.serve.prompt_cache import pick_slot, reuse_cache
+from ubatch.engine.serve.prompt_progress import prompt_chunk_done, prompt_started
+from ubatch.engine.serve.slot import Slot, SlotState
+from ubatch.engine.serve.slot_batch import SlotRows, assemble, record_of
+from ubatch.engine.serve.slot_ends import SlotEnds
+from ubatch.engine.serve.slot_spec import drop_drafts, plan_drafts, verify_slot
+from ubatch.engine.serve.stats import IterationRecord, ReleaseRecord, SchedulerStats
+from ubatch.engine.serve.task import Failed, Partial, RequestError, Task, context_error
+from ubatch.engine.spec.speculative import Speculator
+
+__all__ = ["IterationRecord", "ReleaseRecord", "Scheduler", "SchedulerStats", "Slot", "SlotState"]
+
+
+class Scheduler(SlotEnds, EngineThread):
+    def __init__(
+        self,
+        ctx: Context,
+        n_slots: int,
+        *,
+        context_shift: bool = False,
+        cache_reuse: int = 0,
+        slot_prompt_similarity: float = 0.1,
+        cont_batching: bool = True,
+        history: int = 256,
+        speculator: Speculator | None = None,
+    ) -> None:
+        cp, hp = ctx.cparams, ctx.model.hparams
+        if not 1 <= n_slots <= cp.n_seq_max:
+            raise ValueError(f"n_slots = {n_slots} needs a context with n_seq_max >= {n_slots}")
+        self.ctx, self.vocab = ctx, ctx.model.vocab
+        self.n_ctx_slot = min(cp.n_ctx_seq, hp.n_ctx_train)
+        self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_slots)]
+        self.warnings: list[str] = []
+        can_shift = ctx.memory.can_shift
+        if (context_shift or cache_reuse) and not can_shift:
+            self.warnings.append(
+                "ctx_shift / cache_reuse is not supported by this context (a sliding-window cache smaller than the context; use --swa-full), disabling"
+            )
+        self.context_shift = context_shift and can_shift
+        self.cache_reuse = cache_reuse if can_shift else 0
+        self.similarity = slot_prompt_similarity
+        self.cont_batching = cont_batching
+        self.speculator = speculator  # drafts verified with each generating slot's row
+        for s in self.slots:
+            s.speculative = speculator is not None
+        self.stats = SchedulerStats()
+        self.records: deque[IterationRecord] = deque(maxlen=history)
+        self.releases: deque[ReleaseRecord] = deque(maxlen=history)
+        EngineThread.__init__(self, ctx)
+        # called on the engine thread as listener("launch" | "release", slot): for logging only
+        self.listener: Callable[[str, Slot], None] | None = None
+
+    # -- one iteration ---------------------------------------------------------------------------
+    def step(self) -> IterationRecord | None:
+        """Run one iteration; returns its record, or None when there was nothing to decode."""
+        with self._cv:
+            self.iteration += 1
+            self.queue.extend(self._incoming)
+            self._incoming.clear()
+        self._reap_cancelled()
+        for r in self.side_runners:  # slot actions, embedding / rerank tasks: outside the batch
+            r.step(self)
+        self._launch_queued()
+        for s in self.slots:
+            if s.state is SlotState.GENERATING and s.gen is not None:
+                s.gen.make_room(self.ctx.memory, s.id)
+        budget, retries = self.ctx.cparams.n_batch, 0
+        plan_drafts(self.slots, self.speculator, budget)
+        while True:
+            batch, parts = assemble(self.slots, budget, self.cont_batching)
+            if batch.n_tokens == 0:
+                return None
+            t0 = time.perf_counter()
+            try:
+                self.ctx.decode(batch)
+                break
+            except DecodeError as e:
+                retries += 1
+                if e.code == 1:  # no room in the KV cache
+                    if drop_drafts(self.slots) or self._purge_idle():
+                        continue
+                    n_gen = sum(1 for s, n, _ in parts if s.state is SlotState.GENERATING)
+                    n_prompt = batch.n_tokens - n_gen
+                    if n_prompt > 1 or (n_prompt == 1 and n_gen > 0):
+                        budget = n_gen + n_prompt // 2  # halve the prompt rows, as llama-server
+                        continue
+                    # nothing left to postpone: the slot holding the most cells gives way
+                    victim = max((s for s, _, _ in parts), key=lambda s: len(s.cache))
+                    self._fail(victim, RequestError("Context size has been exceeded.", 500, "server_error"))
+                    continue
+                for s, _, _ in parts:
+                    self._fail(s, RequestError(f"Invalid input batch. ({e})", 500, "server_error"))
+                return None
+            except Exception as e:
+                for s, _, _ in parts:
+                    self._fail(s, RequestError(f"Compute error. ({e})", 500, "server_error"))
+                return None
+        rec = self._record(batch, parts, (time.perf_counter() - t0) * 1e3, retries)
+        self._after_decode(parts)
+        return rec
+
+    def _record(self, batch: Batch, parts: list[SlotRows], ms: float, retries: int) -> IterationRecord:
+        rec = record_of(parts, self.iteration, batch, len(self.ctx.records), ms, retries, len(self.queue))
+        self.stats.count_decode(rec, sum(s.busy for s in self.slots))
+        self.records.append(rec)
+        return rec
+
+    def _after_decode(self, parts: list[SlotRows]) -> None:
+        out_row = {b: i for i, b in enumerate(self.ctx.output_ids)}
+        now = time.perf_counter()
+        for s, n, out in parts:
+            if s.state is SlotState.GENERATING:
+                s.gen.decoded()  # type: ignore[union-attr]
+            else:
+                prompt_chunk_done(s, n)  # and its prompt_progress event (engine/prompt_progress.py)
+            self.stats.n_tokens_max = max(self.stats.n_tokens_max, len(s.cache))
+            if out < 0:
+                continue
+            if s.state is SlotState.PROCESSING_PROMPT:
+                s.state, s.t_prompt_done = SlotState.GENERATING, now
+                self.stats.prompt_done(s.n_prompt_done, (now - s.t_start) * 1e3)
+            try:
+                if s.draft.tokens:
+                    r = out_row[out]
+                    rows = self.ctx.logits[r : r + 1 + len(s.draft.tokens)]
+                    for step in verify_slot(s, rows, self.ctx.memory, self.speculator, len(self.ctx.records)):  # type: ignore[arg-type]
+                        self._emit(s, step)
+                else:
+                    self._emit(s, s.gen.sample(self.ctx.logits[out_row[out]]))  # type: ignore[union-attr]
+            except Exception as e:
+                self._fail(s, RequestError(f"sampling failed: {e}", 500, "server_error"))
+
+    # -- per slot ---------------------------------------------------------------------------------
+    def _emit(self, s: Slot, step: Step) -> None:
+        """One sampled token of the slot: stream it, finish on a stop rule."""
+        task, gen = s.task, s.gen
+        if task is None or gen is None:  # the slot finished on an earlier token of this step
+            return
+        s.t_last = time.perf_counter()
+        p = task.params
+        if p.stream:
+            tm = s.timings() if p.timings_per_token else None
+            task.emit(Partial(task, s.id, step.token, step.text, gen.n_decoded, len(task.prompt), step.prob, tm))
+        if step.done:
+            self._finish(s)
+
+    # -- starting a task ----------------------------------------------------------------------------
+    def _busy(self) -> bool:
+        return any(s.busy for s in self.slots)
+
+    def _fail_all(self, e: Exception) -> None:
+        for s in self.slots:
+            self._fail(s, RequestError(f"internal error: {e}", 500, "server_error"))
+
+    def _drain(self) -> None:
+        """Shutdown: a generating slot ends as if it reached n_predict (stop_type "limit", so
+        finish_reason "length", with the text so far); a task still reading its prompt or
+        waiting for a slot has nothing to return and gets 503."""
+        self._reap_cancelled()
+        while self.queue:
+            t = self.queue.popleft()
+            t.emit(Failed(t, shutdown_error()))
+        for s in self.slots:
+            if s.state is SlotState.GENERATING:
+                self._finish(s, "limit", "shutdown")
+            else:
+                self._fail(s, shutdown_error())
+
+    def _launch_queued(self) -> None:
+        waiting: deque[Task] = deque()
+        while self.queue:
+            task = self.queue.popleft()
+            slot = pick_slot(self.slots, task.prompt, task.params.id_slot, self.similarity)
+            if slot is None:
+                waiting.append(task)
+            else:
+                self._launch(slot, task)
+        self.queue = waiting
+
+    def _launch(self, s: Slot, task: Task) -> None:
+        prompt, p = task.prompt, task.params
+        if (err := context_error(len(prompt), s.n_ctx)) is not None:
+            task.emit(Failed(task, err))
+            return
+        s.start(task)
+        n_keep = (len(prompt) if p.n_keep < 0 else p.n_keep) + int(self.vocab.add_bos)
+        params = GenerationParams(
+            n_predict=p.n_predict,
+            stop=p.stop,
+            ignore_eos=p.ignore_eos,
+            logit_bias=p.logit_bias,
+            n_probs=p.n_probs,
+            ctx_shift=self.context_shift,
+            n_keep=min(s.n_ctx - 4, n_keep),
+            n_discard=p.n_discard,
+            grammar=p.grammar,
+            special=p.special,
+        )
+        s.gen = Generation(self.vocab, Sampler(p.sampling, s.n_ctx, self.vocab), params, s.n_ctx, s.cache)
+        if not prompt:  # llama-server answers an empty prompt at once
+            s.t_prompt_done = s.t_last = s.t_start
+            self._finish(s)
+            return
+        reuse = (p.n_cache_reuse or self.cache_reuse) if self.cache_reuse else 0
+        n_swa = self.ctx.model.hparams.n_swa
+        s.n_prompt_cache = s.i_prompt = reuse_cache(self.ctx.memory, s, prompt, p.cache_prompt, reuse, n_swa)
+        s.gen.accept_prompt(prompt)
+        prompt_started(s, self.stats)
+        self._notify("launch", s)

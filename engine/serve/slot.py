@@ -1,0 +1,90 @@
+"""A server slot: one sequence id, its cached tokens and the generation it runs.
+
+The slot keeps what outlives a request (the tokens its KV cells hold, for prompt caching) and
+the bookkeeping llama-server reports per slot (`/slots`, timings); everything about turning
+logits into text is the slot's `Generation`, shared with every other way ubatch generates.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ubatch.engine.generation.generation import Generation
+from ubatch.engine.serve.task import Task, Timings
+from ubatch.engine.spec.speculative import Draft, SpecStats
+
+# llama-server's stop types for the reasons a generation ends
+STOP_TYPES = {"": "none", "eog": "eos", "word": "word", "length": "limit", "context": "limit"}
+
+
+class SlotState(Enum):
+    IDLE = "idle"
+    PROCESSING_PROMPT = "processing_prompt"
+    GENERATING = "generating"
+
+
+@dataclass(slots=True)
+class Slot:
+    id: int
+    n_ctx: int
+    state: SlotState = SlotState.IDLE
+    task: Task | None = None
+    last_task: Task | None = None
+    cache: list[int] = field(default_factory=list)  # tokens whose K/V sit in the cache, by position
+    i_prompt: int = 0  # next prompt token to evaluate
+    gen: Generation | None = None  # the current (or, when idle, the last) task's generation
+    draft: Draft = field(default_factory=lambda: Draft([]))  # tokens to verify in this iteration
+    spec: SpecStats = field(default_factory=SpecStats)  # the current task's drafts
+    speculative: bool = False  # the server drafts for its slots (/slots' "speculative")
+    n_prompt_cache: int = 0
+    n_prompt_done: int = 0
+    t_start: float = 0.0
+    t_prompt_done: float = 0.0
+    t_last: float = 0.0
+    t_last_used: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.state is not SlotState.IDLE
+
+    @property
+    def n_decoded(self) -> int:
+        return self.gen.n_decoded if self.gen else 0
+
+    @property
+    def text(self) -> str:
+        return self.gen.text if self.gen else ""
+
+    @property
+    def has_new_line(self) -> bool:
+        return bool(self.gen and self.gen.has_new_line)
+
+    @property
+    def stop_type(self) -> str:
+        return STOP_TYPES[self.gen.stop_reason] if self.gen else "none"
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.gen and self.gen.truncated)
+
+    def timings(self) -> Timings:
+        t_gen = max(self.t_last - self.t_prompt_done, 1e-6) if self.n_decoded else 0.0
+        return Timings(
+            self.n_prompt_cache,
+            self.n_prompt_done,
+            (self.t_prompt_done - self.t_start) * 1e3,
+            self.n_decoded,
+            t_gen * 1e3,
+            self.spec.n_drafted,
+            self.spec.n_accepted,
+        )
+
+    def start(self, task: Task) -> None:
+        """Take `task`: the prompt is to be processed; counters of the last task are reset."""
+        self.task, self.state = task, SlotState.PROCESSING_PROMPT
+        self.t_start = time.perf_counter()
+        self.n_prompt_cache = self.n_prompt_done = 0
+        self.gen = None
+        self.draft, self.spec = Draft([]), SpecStats()

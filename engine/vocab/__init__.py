@@ -1,0 +1,1 @@
+"""The SPM tokenizer exactly as llama.cpp runs it, and streaming detokenisation."""

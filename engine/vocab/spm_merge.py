@@ -1,0 +1,48 @@
+"""llama.cpp's SPM merge loop (llm_tokenizer_spm_session::tokenize) in pure Python.
+
+The tokenizer normally runs this loop inside `sentencepiece`; this copy stays for vocabularies
+sentencepiece cannot express (no byte tokens, no unknown token), and as the readable statement
+of what the fast path must reproduce: repeatedly merge the adjacent pair whose joined text is a
+token with the best score (leftmost on ties), then fall back to byte tokens.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+import numpy as np
+
+from ubatch.engine.vocab.tables import SPM_SPACE
+
+
+def spm_merge(text: str, ids: dict[str, int], scores: np.ndarray, byte_token: Callable[[int], int]) -> list[int]:
+    """The token ids of one raw fragment (no special tokens in it)."""
+    sym = list(text.replace(" ", SPM_SPACE))  # symbols start as single characters
+    end = len(sym)
+    nxt, prv = list(range(1, end + 1)), list(range(-1, end - 1))
+    heap: list[tuple[float, int, int, int]] = []
+
+    def push(left: int, right: int) -> None:
+        if left >= 0 and right < end and (tok := ids.get(sym[left] + sym[right])) is not None:
+            size = len(sym[left]) + len(sym[right])
+            heapq.heappush(heap, (-float(scores[tok]), left, right, size))  # best score, leftmost
+
+    for i in range(1, end):
+        push(i - 1, i)
+    while heap:
+        _, left, right, size = heapq.heappop(heap)
+        if not sym[left] or not sym[right] or len(sym[left]) + len(sym[right]) != size:
+            continue  # stale: a side was merged since this pair was queued
+        sym[left], sym[right] = sym[left] + sym[right], ""
+        nxt[left] = nxt[right]
+        if nxt[right] < end:
+            prv[nxt[right]] = left
+        push(prv[left], left)
+        push(left, nxt[left])
+    out, i = [], 0
+    while i < end:
+        tok = ids.get(sym[i])
+        out.extend([tok] if tok is not None else [byte_token(b) for b in sym[i].encode()])
+        i = nxt[i]
+    return out

@@ -1,0 +1,1 @@
+"""The CUDA backend: Triton kernels that read the weights as GGUF blocks."""
