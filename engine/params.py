@@ -4,9 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+from gguf import GGMLQuantizationType as T
+
 from ubatch.engine.errors import ContextError
-from ubatch.engine.kv.cache import KV_TYPES, round_up
 from ubatch.engine.model.hparams import HParams
+
+# cache type name -> (ggml type, torch dtype for float types or None for quantised)
+KV_TYPES: dict[str, tuple[int, torch.dtype | None]] = {
+    "f32": (T.F32, torch.float32),
+    "f16": (T.F16, torch.float16),
+    "bf16": (T.BF16, torch.bfloat16),
+    "q8_0": (T.Q8_0, None),
+    "q4_0": (T.Q4_0, None),
+}
+
+
+def round_up(x: int, n: int) -> int:
+    return -(-x // n) * n
+
 
 LLAMA_MAX_SEQ = 256
 N_CTX_PAD = 256

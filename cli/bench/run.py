@@ -20,7 +20,7 @@ import torch
 
 from ubatch.cli.bench.params import BenchParams, check_params, check_tests, expand
 from ubatch.cli.bench.result import BenchEvent, BenchResult, TensorShare
-from ubatch.cli.bench.sysinfo import build_info, cpu_info, model_description
+from ubatch.cli.sysinfo import build_info, cpu_info, model_description
 from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context, make_backend
 from ubatch.engine.graph.forward import GraphShape

@@ -13,7 +13,7 @@ import string
 import time
 from typing import Any
 
-from ubatch.cli.bench.sysinfo import FTYPE_NAMES
+from ubatch.cli.sysinfo import FTYPE_NAMES
 from ubatch.cli.server import responses as sj
 from ubatch.cli.server.state import ServerOptions, ServerState
 from ubatch.engine.serve.task import TaskParams

@@ -18,27 +18,15 @@ from gguf import GGMLQuantizationType as T
 from ubatch.engine.batch import UBatch
 from ubatch.engine.errors import ContextError, allocate
 from ubatch.engine.kv.cells import KVCells
+from ubatch.engine.params import KV_TYPES, round_up
 from ubatch.kernels.ops import KVTensor
 
 N_KV_PAD = 256  # n_kv grows in steps of 256 cells so graph shapes repeat
-
-# cache type name -> (ggml type, torch dtype for float types or None for quantised)
-KV_TYPES: dict[str, tuple[int, torch.dtype | None]] = {
-    "f32": (T.F32, torch.float32),
-    "f16": (T.F16, torch.float16),
-    "bf16": (T.BF16, torch.bfloat16),
-    "q8_0": (T.Q8_0, None),
-    "q4_0": (T.Q4_0, None),
-}
 
 
 def as_mask(visible: np.ndarray) -> np.ndarray:
     """A visibility array as the additive float16 mask attention adds: 0 or -inf."""
     return np.where(visible, np.float16(0.0), np.float16(-np.inf))
-
-
-def round_up(x: int, n: int) -> int:
-    return -(-x // n) * n
 
 
 def row_bytes(type_name: str, n: int) -> int:

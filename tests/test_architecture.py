@@ -1,0 +1,135 @@
+"""The tree keeps the shape docs/architecture.md describes: no import cycles between modules (every
+import counted, lazy and `if TYPE_CHECKING:` ones included), the layers of pyproject.toml's
+import-linter contracts, and types that mean something (few explicit `Any`, every ignore explained)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPS = ("cli", "engine", "kernels")  # reached as ubatch.cli, ubatch.engine, ubatch.kernels
+
+
+def project_modules() -> dict[str, Path]:
+    """Every module of the package by its import name, read from the top-level folders."""
+    files = [(("ubatch", top), p) for top in TOPS for p in sorted((ROOT / top).rglob("*.py"))]
+    files += [(("ubatch",), p) for p in sorted((ROOT / "ubatch").glob("*.py"))]
+    mods: dict[str, Path] = {}
+    for prefix, path in files:
+        base = ROOT / prefix[-1] if len(prefix) > 1 else ROOT / "ubatch"
+        parts = list(path.relative_to(base).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join((*prefix, *parts))] = path
+    return mods
+
+
+def imported(mods: dict[str, Path], name: str, tree: ast.AST) -> set[str]:
+    """The project modules a module imports anywhere in its body."""
+    is_pkg = mods[name].name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".") if is_pkg else name.split(".")[:-1]
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+        for t in targets:
+            while t and t not in mods:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.add(t)
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                group = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    group.append(w)
+                    if w == v:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_no_import_cycles_counting_every_import() -> None:
+    mods = project_modules()
+    assert "ubatch.engine.serve.scheduler" in mods and "ubatch.llama" in mods
+    graph = {m: imported(mods, m, ast.parse(p.read_text())) for m, p in mods.items()}
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_lazy_cycle() -> None:
+    """The check above can fail: a lazy import closing a loop is reported."""
+    mods = {"ubatch.a": Path("a.py"), "ubatch.b": Path("b.py"), "ubatch.c": Path("c.py")}
+    a = ast.parse("from ubatch.b import x\n")
+    b = ast.parse("def f():\n    from ubatch import c\n")
+    c = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ubatch.a import y\n")
+    graph = {m: imported(mods, m, t) for m, t in zip(mods, (a, b, c))}
+    assert cycles(graph) == [["ubatch.a", "ubatch.b", "ubatch.c"]]
+
+
+def test_layers_hold() -> None:
+    """pyproject.toml's import-linter contracts: cli > API > engine > kernels, and the order of the
+    packages inside engine/ and kernels/."""
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert exe, "import-linter is a test dependency (pip install -e '.[test]')"
+    out = subprocess.run([exe, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_types_mean_something() -> None:
+    """At most 20 explicit `Any` in engine/ and kernels/ (values that truly are arbitrary), and no
+    `type: ignore` without an error code and a reason."""
+    bare: list[str] = []
+    paths = [*sorted((ROOT / "engine").rglob("*.py")), *sorted((ROOT / "kernels").rglob("*.py"))]
+    n_any = sum(len(re.findall(r"\bAny\b", p.read_text())) for p in paths)
+    for path in [*paths, *sorted((ROOT / "ubatch").glob("*.py"))]:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            m = re.search(r"#\s*type:\s*ignore(\[[^\]]+\])?(.*)", line)
+            if m and (not m.group(1) or not m.group(2).strip().lstrip("#").strip()):
+                bare.append(f"{path.relative_to(ROOT)}:{i}")
+    assert n_any <= 20
+    assert bare == []
