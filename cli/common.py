@@ -6,7 +6,7 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -47,7 +47,7 @@ def user_errors(fn: F) -> F:
             sys.stderr.close()
             raise typer.Exit(0) from None
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)  # functools.wraps keeps fn's signature; mypy cannot see that
 
 
 def read_text_file(path: Path, what: str = "prompt file") -> str:

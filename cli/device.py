@@ -8,9 +8,15 @@ on the CPU the `--backend` flag chooses as before. llama.cpp's spellings are acc
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import torch
 
 from ubatch.engine.errors import UbatchError
+
+if TYPE_CHECKING:
+    from ubatch.engine.model.model import Model
 
 DEVICES = ("auto", "cuda", "cpu")
 _ALIASES = {"none": "cpu", "cuda0": "cuda", "gpu": "cuda"}
@@ -57,11 +63,11 @@ def describe(device: torch.device | str) -> str:
     return f"{device_name(d)}: {p.name}, compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.1f} GiB"
 
 
-def load_on(path, device: torch.device):  # type: ignore[no-untyped-def]
-    """The model loaded into `device`'s memory, or None on the CPU (the commands load it there
+def load_on(paths: list[Path], device: torch.device) -> dict[Path, Model] | None:
+    """The models loaded into `device`'s memory, or None on the CPU (the commands load them there
     themselves, as before)."""
     if device.type == "cpu":
         return None
     from ubatch.engine.model.model import Model
 
-    return Model.load(path, device)
+    return {p: Model.load(p, device) for p in paths}

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from ubatch.cli import validate
 from ubatch.cli.common import resolve_model, user_errors
+from ubatch.cli.context_flags import context_params
 from ubatch.cli.options import opt
 from ubatch.engine.errors import UbatchError
 
@@ -66,20 +67,19 @@ def info(
     from ubatch.cli.present import startup_lines
     from ubatch.engine.context.report import fit, plan_for
     from ubatch.engine.model.model import Model
-    from ubatch.engine.params import ContextParams
 
     m = Model.load(resolve_model(model), dev)
-    params = ContextParams(
-        n_ctx=ctx_size,
-        n_batch=batch_size,
-        n_ubatch=ubatch_size,
-        n_seq_max=parallel,
+    params = context_params(
+        ctx_size=ctx_size,
+        batch_size=batch_size,
+        ubatch_size=ubatch_size,
+        parallel=parallel,
         kv_unified=kv_unified,
         swa_full=swa_full,
-        type_k=ctk,
-        type_v=ctv,
-        n_outputs_max=parallel if n_outputs_max is None else n_outputs_max,
+        ctk=ctk,
+        ctv=ctv,
         backend=backend,
+        n_outputs_max=n_outputs_max,
     )
     # sized from shapes: info allocates none of the buffers it reports
     params, plan = fit(m, params, budget) if budget is not None else (params, plan_for(m, params))

@@ -20,36 +20,29 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command(
-    "cli",
-    cls=llama_command("cli"),
-    help="Chat in the terminal (no -p, or -cnv / -sys / -st), or with -p a one-shot completion (like llama-completion).",
-)(complete.cli)
-app.command(
-    "server",
-    cls=llama_command("server"),
-    help="OpenAI- and llama-server-compatible HTTP server: -np slots, continuous batching.",
-)(server.server)
-app.command(
-    "bench",
-    cls=llama_command("bench"),
-    help="Benchmark like llama-bench: pp/tg t/s, compute buffer, --profile, --sweep-ub plots.",
-)(bench.bench)
-app.command(
-    "batched-bench", cls=llama_command("batched-bench"), help="Continuous-batching throughput like llama-batched-bench."
-)(bench.batched_bench)
-app.command(
-    "info", cls=llama_command("info"), help="The memory plan of a configuration (KV cache, compute buffer, why)."
-)(info.info)
-app.command(
-    "explain",
-    cls=llama_command("cli"),
-    help="Run a request and show how it was batched, split, padded and masked, and where the memory went.",
-)(explain.explain)
-app.command("tokenize", cls=llama_command("tokenize"), help="Tokenize text like llama-tokenize.")(tokenize.tokenize)
-app.command("convert", help="Write a Hugging Face checkpoint directory as a GGUF file (--outtype f16, bf16, q8_0).")(
-    convert.convert
+HELP = {
+    "cli": "Chat in the terminal (no -p, or -cnv / -sys / -st), or with -p a one-shot completion (like llama-completion).",
+    "server": "OpenAI- and llama-server-compatible HTTP server: -np slots, continuous batching.",
+    "bench": "Benchmark like llama-bench: pp/tg t/s, compute buffer, --profile, --sweep-ub plots.",
+    "batched-bench": "Continuous-batching throughput like llama-batched-bench.",
+    "info": "The memory plan of a configuration (KV cache, compute buffer, why).",
+    "explain": "Run a request and show how it was batched, split, padded and masked, and where the memory went.",
+    "tokenize": "Tokenize text like llama-tokenize.",
+    "convert": "Write a Hugging Face checkpoint directory as a GGUF file (--outtype f16, bf16, q8_0).",
+}
+# each command, and the llama.cpp tool whose other spellings and LLAMA_ARG_* it takes (cli/llama)
+COMMANDS = (
+    ("cli", complete.cli, "cli"),
+    ("server", server.server, "server"),
+    ("bench", bench.bench, "bench"),
+    ("batched-bench", bench.batched_bench, "batched-bench"),
+    ("info", info.info, "info"),
+    ("explain", explain.explain, "cli"),
+    ("tokenize", tokenize.tokenize, "tokenize"),
+    ("convert", convert.convert, None),
 )
+for name, fn, tool in COMMANDS:
+    app.command(name, cls=llama_command(tool) if tool else None, help=HELP[name])(fn)
 
 if __name__ == "__main__":
     app()

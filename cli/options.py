@@ -1,11 +1,13 @@
 """The options the commands share, declared once: names, help and panel in `OPTIONS`, the sampling
 flags as one group (cli/sampling_flags.py). A command writes `ctx_size: int = opt("ctx_size", 0)`;
 the default may differ per command (llama-server's -np is -1, llama-cli's 1), the flag does not.
-llama.cpp's other spellings and LLAMA_ARG_* variables are added by cli/llama_command.py.
+llama.cpp's other spellings and LLAMA_ARG_* variables are added by cli/llama/command.py.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,3 +71,8 @@ def opt(name: str, default: Any, help: str | None = None, panel: str | None = No
     """The typer.Option of a shared flag; `help` and `panel` refine the shared ones for a command."""
     s = OPTIONS[name]
     return typer.Option(default, *s.names, help=help or s.help, rich_help_panel=panel or s.panel, **extra)
+
+
+def in_panel(panel: str) -> Callable[..., Any]:
+    """typer.Option shown under `panel` in --help: for a command's own flags."""
+    return functools.partial(typer.Option, rich_help_panel=panel)

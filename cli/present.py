@@ -1,5 +1,6 @@
-"""Text llama.cpp users know: the startup log and the performance summary. The memory part of the
-log is cli.memory_view's, so it reads the same in every command."""
+"""Text llama.cpp users know: the startup log, the performance summary and the terminal colours of
+llama-completion. The memory part of the log is cli.memory_view's, so it reads the same in every
+command."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ from ubatch.cli.memory_view import llama_lines
 from ubatch.engine.completion.complete import CompletionStats
 from ubatch.engine.context.context import Context
 from ubatch.engine.context.report import MemoryPlan, memory_plan, plan_for
-from ubatch.engine.graph.cuda_graphs import counters, summary
+from ubatch.engine.graph.cuda_graphs import counters
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams, derive
 from ubatch.engine.units import mib, tokens_per_second
+from ubatch.kernels.cuda.graphs import summary
+
+# llama-completion's colours on a terminal (-co): the prompt yellow, what you type green
+PROMPT_COLOUR, INPUT_COLOUR, RESET = "\x1b[33m", "\x1b[1;32m", "\x1b[0m"
 
 
 def startup_lines(

@@ -11,52 +11,54 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import typer
-
 from ubatch.cli import validate
 from ubatch.cli.common import read_text_file
-from ubatch.cli.flag_group import flag_group
+from ubatch.cli.flag_group import flag, flag_group
 from ubatch.cli.options import SAMPLING
 from ubatch.engine.errors import UbatchError
 
-_P = SAMPLING
+_flag = functools.partial(flag, panel=SAMPLING)
 
 
 @dataclass
 class SamplingFlags:
     """The sampling flags as typed (llama.cpp's names and defaults)."""
 
-    seed: int = -1
-    temp: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    top_n_sigma: float = -1.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    typical: float = 1.0
-    repeat_last_n: int = 64
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64
-    dry_sequence_breaker: Optional[list[str]] = None
-    dynatemp_range: float = 0.0
-    dynatemp_exp: float = 1.0
-    mirostat: int = 0
-    mirostat_lr: float = 0.1
-    mirostat_ent: float = 5.0
-    samplers: Optional[str] = None
-    sampling_seq: Optional[str] = None
-    ignore_eos: bool = False
-    logit_bias: Optional[list[str]] = None
-    grammar: Optional[str] = None
-    grammar_file: Optional[Path] = None
-    json_schema: Optional[str] = None
-    json_schema_file: Optional[Path] = None
+    seed: int = _flag(-1, "-s", "--seed", help="RNG seed (-1 = random)")
+    temp: float = _flag(0.8, "--temp", "--temperature", help="temperature (<= 0: greedy)")
+    top_k: int = _flag(40, "--top-k", help="top-k sampling (0 = disabled)")
+    top_p: float = _flag(0.95, "--top-p", help="top-p sampling (1.0 = disabled)")
+    min_p: float = _flag(0.05, "--min-p", help="min-p sampling (0.0 = disabled)")
+    top_n_sigma: float = _flag(-1.0, "--top-n-sigma", "--top-nsigma", help="top-n-sigma (-1 = off)")
+    xtc_probability: float = _flag(0.0, "--xtc-probability", help="XTC probability (0 = off)")
+    xtc_threshold: float = _flag(0.1, "--xtc-threshold", help="XTC threshold (> 0.5 = off)")
+    typical: float = _flag(1.0, "--typical", "--typical-p", help="locally typical sampling p (1 = off)")
+    repeat_last_n: int = _flag(64, "--repeat-last-n", help="tokens the penalties look at (-1 = ctx)")
+    repeat_penalty: float = _flag(1.0, "--repeat-penalty", help="repetition penalty (1 = off)")
+    presence_penalty: float = _flag(0.0, "--presence-penalty", help="presence penalty (0 = off)")
+    frequency_penalty: float = _flag(0.0, "--frequency-penalty", help="frequency penalty")
+    dry_multiplier: float = _flag(0.0, "--dry-multiplier", help="DRY multiplier (0 = off)")
+    dry_base: float = _flag(1.75, "--dry-base", help="DRY base")
+    dry_allowed_length: int = _flag(2, "--dry-allowed-length", help="DRY allowed length")
+    dry_penalty_last_n: int = _flag(64, "--dry-penalty-last-n", help="DRY window (-1 = ctx)")
+    dry_sequence_breaker: Optional[list[str]] = _flag(
+        None, "--dry-sequence-breaker", help="DRY sequence breaker (repeatable; 'none' clears the defaults)"
+    )
+    dynatemp_range: float = _flag(0.0, "--dynatemp-range", help="dynamic temperature range")
+    dynatemp_exp: float = _flag(1.0, "--dynatemp-exp", help="dynamic temperature exponent")
+    mirostat: int = _flag(0, "--mirostat", help="Mirostat: 0 off, 1 v1, 2 v2")
+    mirostat_lr: float = _flag(0.1, "--mirostat-lr", help="Mirostat learning rate (eta)")
+    mirostat_ent: float = _flag(5.0, "--mirostat-ent", help="Mirostat target entropy (tau)")
+    samplers: Optional[str] = _flag(None, "--samplers", help="sampler order, ';'-separated names")
+    sampling_seq: Optional[str] = _flag(
+        None, "--sampling-seq", "--sampler-seq", help="sampler order as letters (edskypmxt)"
+    )
+    ignore_eos: bool = _flag(False, "--ignore-eos", help="keep generating past end-of-generation tokens")
+    logit_bias: Optional[list[str]] = _flag(None, "-l", "--logit-bias", help="TOKEN_ID(+/-)BIAS (repeatable)")
+    grammar: Optional[str] = _flag(None, "--grammar", help="GBNF grammar the output must follow")
+    grammar_file: Optional[Path] = _flag(None, "--grammar-file", help="file with a GBNF grammar")
+    json_schema: Optional[str] = _flag(None, "-j", "--json-schema", help="JSON schema the output must follow")
+    json_schema_file: Optional[Path] = _flag(None, "-jf", "--json-schema-file", help="file with a JSON schema")
 
     def check(self) -> None:
         """Every value checked before anything loads (one line naming the flag)."""
@@ -176,49 +178,5 @@ class SamplingFlags:
         return out
 
 
-def _options(d: SamplingFlags) -> dict[str, tuple[Any, Any]]:
-    """name -> (annotation, typer.Option) for every sampling flag."""
-    o = functools.partial(typer.Option, rich_help_panel=_P)
-    return {
-        "seed": (int, o(d.seed, "-s", "--seed", help="RNG seed (-1 = random)")),
-        "temp": (float, o(d.temp, "--temp", "--temperature", help="temperature (<= 0: greedy)")),
-        "top_k": (int, o(d.top_k, "--top-k", help="top-k sampling (0 = disabled)")),
-        "top_p": (float, o(d.top_p, "--top-p", help="top-p sampling (1.0 = disabled)")),
-        "min_p": (float, o(d.min_p, "--min-p", help="min-p sampling (0.0 = disabled)")),
-        "top_n_sigma": (float, o(d.top_n_sigma, "--top-n-sigma", "--top-nsigma", help="top-n-sigma (-1 = off)")),
-        "xtc_probability": (float, o(d.xtc_probability, "--xtc-probability", help="XTC probability (0 = off)")),
-        "xtc_threshold": (float, o(d.xtc_threshold, "--xtc-threshold", help="XTC threshold (> 0.5 = off)")),
-        "typical": (float, o(d.typical, "--typical", "--typical-p", help="locally typical sampling p (1 = off)")),
-        "repeat_last_n": (int, o(d.repeat_last_n, "--repeat-last-n", help="tokens the penalties look at (-1 = ctx)")),
-        "repeat_penalty": (float, o(d.repeat_penalty, "--repeat-penalty", help="repetition penalty (1 = off)")),
-        "presence_penalty": (float, o(d.presence_penalty, "--presence-penalty", help="presence penalty (0 = off)")),
-        "frequency_penalty": (float, o(d.frequency_penalty, "--frequency-penalty", help="frequency penalty")),
-        "dry_multiplier": (float, o(d.dry_multiplier, "--dry-multiplier", help="DRY multiplier (0 = off)")),
-        "dry_base": (float, o(d.dry_base, "--dry-base", help="DRY base")),
-        "dry_allowed_length": (int, o(d.dry_allowed_length, "--dry-allowed-length", help="DRY allowed length")),
-        "dry_penalty_last_n": (int, o(d.dry_penalty_last_n, "--dry-penalty-last-n", help="DRY window (-1 = ctx)")),
-        "dry_sequence_breaker": (
-            Optional[list[str]],
-            o(None, "--dry-sequence-breaker", help="DRY sequence breaker (repeatable; 'none' clears the defaults)"),
-        ),
-        "dynatemp_range": (float, o(d.dynatemp_range, "--dynatemp-range", help="dynamic temperature range")),
-        "dynatemp_exp": (float, o(d.dynatemp_exp, "--dynatemp-exp", help="dynamic temperature exponent")),
-        "mirostat": (int, o(d.mirostat, "--mirostat", help="Mirostat: 0 off, 1 v1, 2 v2")),
-        "mirostat_lr": (float, o(d.mirostat_lr, "--mirostat-lr", help="Mirostat learning rate (eta)")),
-        "mirostat_ent": (float, o(d.mirostat_ent, "--mirostat-ent", help="Mirostat target entropy (tau)")),
-        "samplers": (Optional[str], o(None, "--samplers", help="sampler order, ';'-separated names")),
-        "sampling_seq": (
-            Optional[str],
-            o(None, "--sampling-seq", "--sampler-seq", help="sampler order as letters (edskypmxt)"),
-        ),
-        "ignore_eos": (bool, o(False, "--ignore-eos", help="keep generating past end-of-generation tokens")),
-        "logit_bias": (Optional[list[str]], o(None, "-l", "--logit-bias", help="TOKEN_ID(+/-)BIAS (repeatable)")),
-        "grammar": (Optional[str], o(None, "--grammar", help="GBNF grammar the output must follow")),
-        "grammar_file": (Optional[Path], o(None, "--grammar-file", help="file with a GBNF grammar")),
-        "json_schema": (Optional[str], o(None, "-j", "--json-schema", help="JSON schema the output must follow")),
-        "json_schema_file": (Optional[Path], o(None, "-jf", "--json-schema-file", help="file with a JSON schema")),
-    }
-
-
 # Add the sampling flags to a command; it receives them as `sampling: SamplingFlags`.
-sampling_options = flag_group(SamplingFlags, _options, "sampling")
+sampling_options = flag_group(SamplingFlags, "sampling")

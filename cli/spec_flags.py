@@ -10,29 +10,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import typer
-
-from ubatch.cli.flag_group import flag_group
+from ubatch.cli.context_flags import context_params
+from ubatch.cli.flag_group import flag, flag_group
 from ubatch.engine.errors import UbatchError
 
 PANEL = "Speculative decoding"
+
+
+_flag = functools.partial(flag, panel=PANEL)
 
 
 @dataclass
 class SpecFlags:
     """The flags as typed (llama.cpp's names and defaults)."""
 
-    model_draft: Optional[Path] = None
-    spec_type: Optional[list[str]] = None
-    spec_draft_n_max: int = 3
-    spec_draft_n_min: int = 0
-    spec_draft_p_min: float = 0.0
-    spec_draft_sampling: str = "greedy"
-    spec_ngram_simple_size_n: int = 12
-    spec_ngram_simple_size_m: int = 48
-    spec_ngram_simple_min_hits: int = 1
-    spec_draft_type_k: str = "f16"
-    spec_draft_type_v: str = "f16"
+    model_draft: Optional[Path] = _flag(
+        None, "-md", "--model-draft", "--spec-draft-model", help="draft model (GGUF) for draft-simple"
+    )
+    spec_type: Optional[list[str]] = _flag(
+        None, "--spec-type", help="drafters, comma-separated: ngram-simple, draft-simple, none"
+    )
+    spec_draft_n_max: int = _flag(3, "--spec-draft-n-max", help="tokens the draft model drafts")
+    spec_draft_n_min: int = _flag(0, "--spec-draft-n-min", help="shorter drafts are dropped")
+    spec_draft_p_min: float = _flag(
+        0.0, "--spec-draft-p-min", "--draft-p-min", help="stop drafting below this probability"
+    )
+    spec_draft_sampling: str = _flag(
+        "greedy", "--spec-draft-sampling", help="greedy, or probabilistic (rejection sampling)"
+    )
+    spec_ngram_simple_size_n: int = _flag(12, "--spec-ngram-simple-size-n", help="ngram-simple: tokens looked up")
+    spec_ngram_simple_size_m: int = _flag(48, "--spec-ngram-simple-size-m", help="ngram-simple: tokens drafted at most")
+    spec_ngram_simple_min_hits: int = _flag(1, "--spec-ngram-simple-min-hits", help="ngram-simple: hits needed")
+    spec_draft_type_k: str = _flag(
+        "f16", "-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", help="draft KV type for K"
+    )
+    spec_draft_type_v: str = _flag(
+        "f16", "-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", help="draft KV type for V"
+    )
 
     def types(self) -> tuple[str, ...]:
         """--spec-type values: comma lists, repeatable, in the order given (as llama.cpp appends)."""
@@ -70,9 +84,9 @@ class SpecFlags:
             )
         if self.spec_ngram_simple_min_hits < 1:
             raise UbatchError("--spec-ngram-simple-min-hits must be at least 1")
-        for flag, v in (("-ctkd", self.spec_draft_type_k), ("-ctvd", self.spec_draft_type_v)):
+        for name, v in (("-ctkd", self.spec_draft_type_k), ("-ctvd", self.spec_draft_type_v)):
             if v not in KV_TYPES:
-                raise UbatchError(f"{flag} {v}: unsupported KV cache type; use one of {', '.join(KV_TYPES)}")
+                raise UbatchError(f"{name} {v}: unsupported KV cache type; use one of {', '.join(KV_TYPES)}")
         p = self.params()
         p.check()
         notes = []
@@ -99,74 +113,29 @@ class SpecFlags:
             return None
         from ubatch.engine.context.context import Context
         from ubatch.engine.model.model import Model
-        from ubatch.engine.params import ContextParams
-        from ubatch.engine.spec.speculative import Speculator
+        from ubatch.engine.spec.draft import create_speculator
 
         draft_ctx = None
         if self.uses_draft_model:
+            assert self.model_draft is not None  # check() refused draft-simple without -md
             cp = ctx.cparams
             dm = Model.load(self.model_draft, ctx.model.device)
             draft_ctx = Context(
                 dm,
-                ContextParams(
-                    n_ctx=cp.n_ctx,
-                    n_batch=cp.n_batch,
-                    n_ubatch=cp.n_ubatch,
-                    n_seq_max=cp.n_seq_max,
+                context_params(
+                    ctx_size=cp.n_ctx,
+                    batch_size=cp.n_batch,
+                    ubatch_size=cp.n_ubatch,
+                    parallel=cp.n_seq_max,
                     kv_unified=cp.kv_unified,
-                    n_threads=cp.n_threads,
-                    type_k=self.spec_draft_type_k,
-                    type_v=self.spec_draft_type_v,
-                    n_outputs_max=cp.n_seq_max,
+                    ctk=self.spec_draft_type_k,
+                    ctv=self.spec_draft_type_v,
+                    threads=cp.n_threads,
                     backend=ctx.params.backend,
                 ),
             )
-        return Speculator.create(self.params(), ctx, draft_ctx)
-
-
-def _options(d: SpecFlags) -> dict[str, tuple[Any, Any]]:
-    o = functools.partial(typer.Option, rich_help_panel=PANEL)
-    return {
-        "model_draft": (
-            Optional[Path],
-            o(None, "-md", "--model-draft", "--spec-draft-model", help="draft model (GGUF) for draft-simple"),
-        ),
-        "spec_type": (
-            Optional[list[str]],
-            o(None, "--spec-type", help="drafters, comma-separated: ngram-simple, draft-simple, none"),
-        ),
-        "spec_draft_n_max": (int, o(d.spec_draft_n_max, "--spec-draft-n-max", help="tokens the draft model drafts")),
-        "spec_draft_n_min": (int, o(d.spec_draft_n_min, "--spec-draft-n-min", help="shorter drafts are dropped")),
-        "spec_draft_p_min": (
-            float,
-            o(d.spec_draft_p_min, "--spec-draft-p-min", "--draft-p-min", help="stop drafting below this probability"),
-        ),
-        "spec_draft_sampling": (
-            str,
-            o(d.spec_draft_sampling, "--spec-draft-sampling", help="greedy, or probabilistic (rejection sampling)"),
-        ),
-        "spec_ngram_simple_size_n": (
-            int,
-            o(d.spec_ngram_simple_size_n, "--spec-ngram-simple-size-n", help="ngram-simple: tokens looked up"),
-        ),
-        "spec_ngram_simple_size_m": (
-            int,
-            o(d.spec_ngram_simple_size_m, "--spec-ngram-simple-size-m", help="ngram-simple: tokens drafted at most"),
-        ),
-        "spec_ngram_simple_min_hits": (
-            int,
-            o(d.spec_ngram_simple_min_hits, "--spec-ngram-simple-min-hits", help="ngram-simple: hits needed"),
-        ),
-        "spec_draft_type_k": (
-            str,
-            o(d.spec_draft_type_k, "-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", help="draft KV type for K"),
-        ),
-        "spec_draft_type_v": (
-            str,
-            o(d.spec_draft_type_v, "-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", help="draft KV type for V"),
-        ),
-    }
+        return create_speculator(self.params(), ctx, draft_ctx)
 
 
 # Add the speculative flags to a command; it receives them as `spec: SpecFlags`.
-spec_options = flag_group(SpecFlags, _options, "spec")
+spec_options = flag_group(SpecFlags, "spec")

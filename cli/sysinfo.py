@@ -61,7 +61,7 @@ def model_description(model: Model) -> str:
         n = model.n_params
         size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
     ft = md.get("general.file_type")
-    if ft is not None:
+    if isinstance(ft, int | float | str):  # a scalar, as GGUF stores it
         ftype = FTYPE_NAMES.get(int(ft), f"ftype {int(ft)}")
     else:  # llama.cpp guesses from the most common matrix type
         from gguf import GGMLQuantizationType as T

@@ -22,7 +22,7 @@ class Batch:
     logits: list[bool] = field(default_factory=list)
     # what each row is: "p" prompt, "g" generated, "d" drafted (empty: not said). `explain` draws
     # it; the placement reads it once: drafted rows may be removed again, so a batch with them
-    # keeps the window cells its first row still sees (engine/memory.py init_batch)
+    # keeps the window cells its first row still sees (engine/kv/memory.py init_batch)
     kind: list[str] = field(default_factory=list)
 
     @property
@@ -119,7 +119,7 @@ def split_equal(batch: Batch, n_ubatch: int, sequential: bool) -> list[UBatch]:
         first = int(np.flatnonzero(~used)[0])
         sets = [tuple(sorted(batch.seq_id[first]))]
         seen = set(sets[0])
-        for i in np.flatnonzero(~used):
+        for i in np.flatnonzero(~used).tolist():
             key = tuple(sorted(batch.seq_id[i]))
             if key in sets or seen & set(key) or len(sets) >= n_ubatch:
                 continue

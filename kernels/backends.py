@@ -4,7 +4,7 @@
 with the C kernels (`cpu-portable` forces their portable build, `cpu-avx2` their 256-bit one on an
 AVX-512 CPU, `cpu-noamx` the f32 FMA GEMM where `cpu` would use AMX tiles); `auto` takes the fastest one
 that can run here and says why when it has to fall back. `cuda` runs the Triton kernels on the
-GPU (kernels/cuda_ops.py); `--device` (cli/device.py) chooses it.
+GPU (kernels/cuda/ops.py); `--device` (cli/device.py) chooses it.
 """
 
 from __future__ import annotations
@@ -72,4 +72,4 @@ register("cpu", _cpu)
 register("cpu-portable", lambda n: _cpu(n, portable=True))
 register("cpu-avx2", lambda n: _cpu(n, portable=False, no_avx512=True))  # the 256-bit kernels, even with AVX-512
 register("cpu-noamx", lambda n: _cpu(n, no_amx=True))  # the f32 FMA GEMM, even with AMX
-register("cuda", _cuda)  # Triton kernels on the GPU (kernels/cuda_ops.py); cli/device.py picks it
+register("cuda", _cuda)  # Triton kernels on the GPU (kernels/cuda/ops.py); cli/device.py picks it

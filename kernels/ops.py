@@ -1,18 +1,28 @@
-"""The op interface of llama / gemma3 graphs, and the plain data the ops exchange.
+"""The abstract backend of llama / gemma3 graphs, and the plain data the ops exchange.
 
 Every op writes into an `out` tensor it is given (a view of the workspace) and takes any
 scratch it needs as views too, so a planned forward pass allocates nothing on its own. Ops know
 tensors and ggml types, never contexts: a backend (torch reference, fast CPU, CUDA) implements
-this protocol and the engine picks one by name from `kernels.backends`. Activations are f32
+`Ops` and the engine picks one by name from `kernels.backends`. Activations are f32
 throughout: Gemma's residual stream reaches ~1e5, beyond fp16.
+
+`Ops` declares every op and every capability a backend may have, each capability with a
+default (binding a graph node to one call, fusing runs of calls, attention scratch, the mask
+inside the attention kernel, a graph runner), so the engine reads attributes and never probes.
+A graph node's inputs travel as one of the `*Args` dataclasses below, generic in what stands
+for a tensor: `torch.Tensor` in a backend's hands, the graph builder's symbol while recording.
 """
 
 from __future__ import annotations
 
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeAlias, TypeVar
 
 import torch
+from torch import Tensor
 
 from ubatch.kernels.quant.weight import QWeight
 
@@ -20,6 +30,8 @@ KV_CHUNK = 256  # cells per attention step (n_kv is always a multiple of 256)
 MASKED = -1e30  # running-max floor: rows that have seen only masked cells stay finite
 
 ScratchSpec = list[tuple[tuple[int, ...], torch.dtype]]
+Step = Callable[[], object]  # one bound node: every input, output and scratch resolved
+X = TypeVar("X")  # what stands for a tensor in node arguments: a Tensor, or a graph symbol
 
 
 @dataclass(eq=False)
@@ -27,7 +39,7 @@ class KVTensor:
     """One layer's K or V rows for every cell: float (cells, heads, d) or quantised
     (cells, row bytes) data, and the ggml type that says how to read it."""
 
-    data: torch.Tensor
+    data: Tensor
     ggml_type: int
     n_head: int
     head_dim: int
@@ -45,13 +57,13 @@ TRIM_MIN_TOKENS = 32  # query blocks at least this tall skip the cells none of t
 
 
 def attn_scratch(g: int, t: int, n_head: int, n_head_kv: int, n_kv: int, d: int, dv: int) -> ScratchSpec:
-    """Scratch of the attention op: one chunk of K and V in f32, the score tile for one block of
-    queries and one chunk of cells, the running max and sum per query row, and for GQA
+    """Scratch of the reference attention: one chunk of K and V in f32, the score tile for one
+    block of queries and one chunk of cells, the running max and sum per query row, and for GQA
     (n_head_kv > 1) head-major copies of q and of the output. Nothing grows with the context,
     and the score tile stops growing with the ubatch at ATTN_TILE_ROWS rows."""
     r, c, b = n_head // n_head_kv, min(KV_CHUNK, n_kv), g * n_head_kv
     rows = query_block(t, r) * r
-    out = [
+    out: ScratchSpec = [
         ((b, c, d), torch.float32),
         ((b, c, dv), torch.float32),
         ((b, rows, c), torch.float32),
@@ -69,56 +81,257 @@ def attn_scratch_count(n_head_kv: int) -> int:
     return 6 if n_head_kv == 1 else 8
 
 
-class Ops(Protocol):
-    """A backend. `out` may alias the first input where noted."""
+# -- a graph node's inputs ------------------------------------------------------------------------
+@dataclass(slots=True)
+class GetRowsArgs(Generic[X]):
+    w: QWeight
+    ids: X
+
+
+@dataclass(slots=True)
+class LinearArgs(Generic[X]):
+    x: X
+    w: QWeight
+
+
+@dataclass(slots=True)
+class RmsNormArgs(Generic[X]):
+    x: X
+    w: Tensor  # a weight of the model, never a graph tensor
+    eps: float
+
+
+@dataclass(slots=True)
+class RopeArgs(Generic[X]):
+    x: X
+    cos: X
+    sin: X
+    neox: bool
+
+
+@dataclass(slots=True)
+class ScaleArgs(Generic[X]):
+    x: X
+    s: float
+
+
+@dataclass(slots=True)
+class AddArgs(Generic[X]):
+    a: X
+    b: X
+
+
+@dataclass(slots=True)
+class GluArgs(Generic[X]):
+    gate: X
+    up: X
+    act: str
+
+
+@dataclass(slots=True)
+class RowsArgs(Generic[X]):
+    x: X
+    idx: X
+
+
+@dataclass(slots=True)
+class SoftcapArgs(Generic[X]):
+    x: X
+    c: float
+
+
+@dataclass(slots=True)
+class KVStoreArgs(Generic[X]):
+    kv: KVTensor
+    cells: X
+    x: X
+
+
+@dataclass(slots=True)
+class MaskCells(Generic[X]):
+    """What a backend with `mask_in_kernel` computes the mask from, instead of a [n_tokens, n_kv]
+    tensor: a query sees a cell that is not empty, shares one of its sequences, is not in its
+    future (its causal limit) and lies inside the sliding window (engine/kv/cache.py's rules)."""
+
+    cell_pos: X  # (G, n_kv) int32, -1 where empty
+    cell_seq: X  # (G, n_kv) int64, the cell's sequences as bits
+    query_pos: X  # (G·T,) int32
+    query_seq: X  # (G·T,) int64, the query's sequence as one bit
+    n_swa: int  # 0: no window
+    query_lim: X  # (G·T,) int32: the last position a query sees (INT32_MAX: not causal)
+
+
+@dataclass(slots=True)
+class AttentionArgs(Generic[X]):
+    """softmax(scale·q·kᵀ + mask)·v over the layer's KV stores. q (G, T, H, D), one group per KV
+    stream; cells [s, s + n_kv) of each stream start at `starts` (G,); the mask is the additive
+    (G, T, n_kv) f16 tensor, or None with `cells` where the backend masks in its kernel;
+    `visible[i]` False: no query sees a cell of 256-cell chunk i. Query head h reads KV head
+    h // (H / Hkv) (GQA)."""
+
+    q: X
+    k: KVTensor
+    v: KVTensor
+    starts: X
+    n_kv: int
+    mask: X | None
+    scale: float
+    visible: X | None = None
+    cells: MaskCells[X] | None = None
+
+
+NodeArgs: TypeAlias = (
+    GetRowsArgs[X]
+    | LinearArgs[X]
+    | RmsNormArgs[X]
+    | RopeArgs[X]
+    | ScaleArgs[X]
+    | AddArgs[X]
+    | GluArgs[X]
+    | RowsArgs[X]
+    | SoftcapArgs[X]
+    | KVStoreArgs[X]
+    | AttentionArgs[X]
+)
+_OP_NAMES: dict[type, str] = {
+    GetRowsArgs: "get_rows", LinearArgs: "linear", RmsNormArgs: "rms_norm", RopeArgs: "rope", ScaleArgs: "scale",
+    AddArgs: "add", GluArgs: "glu", RowsArgs: "rows", SoftcapArgs: "softcap", KVStoreArgs: "kv_store",
+    AttentionArgs: "attention",
+}  # fmt: skip
+
+
+def op_name(a: NodeArgs[X]) -> str:
+    """The `Ops` method a node's arguments are for."""
+    return _OP_NAMES[type(a)]
+
+
+# -- the graph runner -----------------------------------------------------------------------------
+@dataclass(slots=True)
+class GraphCounters:
+    """How a backend's runner ran the steps: what the performance summary and `ubatch bench` report."""
+
+    captures: int = 0
+    replays: int = 0
+    eager: int = 0  # steps run launch by launch (first sight of a key, prefill)
+
+    def line(self) -> str:
+        return f"CUDA graphs: {self.captures} captured, {self.replays} replays, {self.eager} steps launched eagerly"
+
+    def since(self, before: GraphCounters) -> GraphCounters:
+        """The counts added after `before` (a copy taken earlier)."""
+        return GraphCounters(self.captures - before.captures, self.replays - before.replays, self.eager - before.eager)
+
+
+class GraphRunner(Protocol):
+    """Runs a bound graph's steps its own way: the CUDA backend replays decode steps as CUDA
+    graphs (kernels/cuda/graphs.py). `graph` and `workspace` (its address) say which binding the
+    steps are, `rows` how many tokens the step computes."""
+
+    counters: GraphCounters
+
+    def run(self, graph: object, workspace: int, rows: int, steps: Sequence[Step]) -> None: ...
+
+
+# -- the backend ----------------------------------------------------------------------------------
+class Ops(ABC):
+    """A backend: every op, abstract, and every capability, with its default. `out` may alias
+    the first input where noted."""
 
     name: str
     notices: list[str]  # things the user should know (missing kernels, portable fallback)
-    # True: attention computes the mask from the cells' positions and sequence bits (`cells`),
-    # so the graph declares no [n_tokens, n_kv] mask tensor (engine/forward.py)
-    mask_in_kernel: bool
+    # True: attention computes the mask from the cells' positions and sequence bits
+    # (`AttentionArgs.cells`), so the graph declares no [n_tokens, n_kv] mask tensor
+    mask_in_kernel: bool = False
+    cuda_graphs: bool = False  # decode steps are captured and replayed (`graph_runner`)
+
+    @property
+    def graph_runner(self) -> GraphRunner | None:
+        """The backend's own runner of bound steps (engine/graph/cuda_graphs.py), or None: the
+        steps run one after the other."""
+        return None
 
     # weights: the backend owns their layout and says what it holds beyond the file's bytes
+    @abstractmethod
     def prepare_weights(self, weights: list[QWeight]) -> None: ...
+    @abstractmethod
     def held_bytes(self) -> int: ...
+    @abstractmethod
     def kernel_path(self, ggml_type: int) -> str: ...
+    @abstractmethod
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec: ...
 
-    def get_rows(self, w: QWeight, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
-    def linear(
-        self, x: torch.Tensor, w: QWeight, out: torch.Tensor, scratch: list[torch.Tensor] | None = None
-    ) -> torch.Tensor: ...
-    def rms_norm(
-        self, x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor, scratch: list[torch.Tensor]
-    ) -> torch.Tensor: ...
-    def rope(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool, out: torch.Tensor
-    ) -> torch.Tensor: ...
-    def scale(self, x: torch.Tensor, s: float, out: torch.Tensor) -> torch.Tensor: ...  # in place ok
-    def add(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...  # in place ok
-    def glu(self, gate: torch.Tensor, up: torch.Tensor, act: str, out: torch.Tensor) -> torch.Tensor: ...
-    def rows(self, x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
-    def softcap(self, x: torch.Tensor, c: float, out: torch.Tensor) -> torch.Tensor: ...
+    def extra_read_bytes(self) -> int:
+        """Bytes a pass over every weight reads beyond the stored ones (repacked copies)."""
+        return 0
+
+    def attention_scratch(self, q: tuple[int, ...], k: KVTensor, v: KVTensor, n_kv: int) -> ScratchSpec:
+        """The scratch of an attention node for q's shape (G, T, H, D): the reference's tiles."""
+        g, t, h, d = q
+        return attn_scratch(g, t, h, k.n_head, n_kv, d, v.head_dim)
+
+    # ops
+    @abstractmethod
+    def get_rows(self, w: QWeight, ids: Tensor, out: Tensor) -> Tensor: ...
+    @abstractmethod
+    def linear(self, x: Tensor, w: QWeight, out: Tensor, scratch: list[Tensor] | None = None) -> Tensor: ...
+    @abstractmethod
+    def rms_norm(self, x: Tensor, w: Tensor, eps: float, out: Tensor, scratch: list[Tensor]) -> Tensor: ...
+    @abstractmethod
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor, neox: bool, out: Tensor) -> Tensor: ...
+    @abstractmethod
+    def scale(self, x: Tensor, s: float, out: Tensor) -> Tensor: ...  # in place ok
+    @abstractmethod
+    def add(self, a: Tensor, b: Tensor, out: Tensor) -> Tensor: ...  # in place ok
+    @abstractmethod
+    def glu(self, gate: Tensor, up: Tensor, act: str, out: Tensor) -> Tensor: ...
+    @abstractmethod
+    def rows(self, x: Tensor, idx: Tensor, out: Tensor) -> Tensor: ...
+    @abstractmethod
+    def softcap(self, x: Tensor, c: float, out: Tensor) -> Tensor: ...
 
     # the KV cache: rows in the cache's ggml type (f32 / f16 / bf16 / q8_0 / q4_0)
-    def kv_store(
-        self, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor, scratch: list[torch.Tensor] | None = None
-    ) -> None: ...
-    def kv_chunk(self, kv: KVTensor, start: int, n: int, out: torch.Tensor) -> torch.Tensor: ...
-    def kv_rows(self, kv: KVTensor, cells: torch.Tensor) -> torch.Tensor: ...
-    def attention(
-        self,
-        q: torch.Tensor,
-        k: KVTensor,
-        v: KVTensor,
-        starts: torch.Tensor,
-        n_kv: int,
-        mask: torch.Tensor,
-        scale: float,
-        out: torch.Tensor,
-        scratch: list[torch.Tensor],
-        visible: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
+    @abstractmethod
+    def kv_store(self, kv: KVTensor, cells: Tensor, x: Tensor, scratch: list[Tensor] | None = None) -> None: ...
+    @abstractmethod
+    def kv_rows(self, kv: KVTensor, cells: Tensor) -> Tensor: ...
+    @abstractmethod
+    def attention(self, a: AttentionArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
+        """out (G·T, H·Dv); scratch as `attention_scratch` planned it."""
+
+    @abstractmethod
     def rope_cache(
-        self, pos: torch.Tensor, n_rot: int, base: float, scale: float, freq_factors: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+        self, pos: Tensor, n_rot: int, base: float, scale: float, freq_factors: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]: ...
+
+    # running a graph
+    def bind(self, a: NodeArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Step:
+        """A graph node as one zero-argument call, made once per graph: a backend compiles the
+        nodes it can (the CPU's C calls, CUDA's fused kernels); here, its method bound."""
+        match a:
+            case GetRowsArgs():
+                return functools.partial(self.get_rows, a.w, a.ids, out)
+            case LinearArgs():
+                return functools.partial(self.linear, a.x, a.w, out, scratch)
+            case RmsNormArgs():
+                return functools.partial(self.rms_norm, a.x, a.w, a.eps, out, scratch)
+            case RopeArgs():
+                return functools.partial(self.rope, a.x, a.cos, a.sin, a.neox, out)
+            case ScaleArgs():
+                return functools.partial(self.scale, a.x, a.s, out)
+            case AddArgs():
+                return functools.partial(self.add, a.a, a.b, out)
+            case GluArgs():
+                return functools.partial(self.glu, a.gate, a.up, a.act, out)
+            case RowsArgs():
+                return functools.partial(self.rows, a.x, a.idx, out)
+            case SoftcapArgs():
+                return functools.partial(self.softcap, a.x, a.c, out)
+            case KVStoreArgs():
+                return functools.partial(self.kv_store, a.kv, a.cells, a.x, scratch)
+            case AttentionArgs():
+                return functools.partial(self.attention, a, out, scratch)
+
+    def fuse(self, steps: Sequence[Step]) -> list[Step]:
+        """Runs of bound calls as fewer calls where the backend can (the CPU's C calls become
+        one ctypes call per run); here, the steps as they are."""
+        return list(steps)

@@ -1,11 +1,11 @@
 """A timing proxy around any op backend, for `ubatch bench --profile`.
 
-It lives with the kernels because it only knows the `Ops` protocol: it wraps a backend, passes
+It lives with the kernels because it only knows the `Ops` interface: it wraps a backend, passes
 every call through, and adds up wall-clock time per op category. The bench turns those sums into
 its "where the time goes" table; nothing in a normal run pays for the timers. A timed node is a
-Python closure, so a profiled graph runs every node as its own call (the backend cannot fuse
-runs of C calls into one, `Ops.fuse`): the per-call overhead a normal run no longer pays shows
-up in each op's category.
+Python closure, so a profiled graph runs every node as its own call (it keeps `Ops.fuse`'s
+default: the backend cannot fuse runs of C calls into one): the per-call overhead a normal run
+no longer pays shows up in each op's category.
 """
 
 from __future__ import annotations
@@ -13,15 +13,29 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
-from ubatch.kernels.ops import Ops
+from torch import Tensor
+
+from ubatch.kernels.ops import (
+    AttentionArgs,
+    GraphRunner,
+    KVTensor,
+    LinearArgs,
+    NodeArgs,
+    Ops,
+    ScratchSpec,
+    Step,
+    op_name,
+)
+from ubatch.kernels.quant.weight import QWeight
+
+R = TypeVar("R")
 
 # op method -> category; `linear` with the output matrix is split out as "lm_head"
 OP_CATEGORY = {
     "linear": "matmul",
     "attention": "attention",
-    "kv_chunk": "attention",
     "rms_norm": "norm",
     "rope": "rope",
     "rope_cache": "rope",
@@ -45,68 +59,116 @@ CATEGORY_TITLES = {
     "rows": "embd/rows",
     "overhead": "Python/graph",
 }
+LM_HEAD_NAMES = frozenset({"output.weight", "token_embd.weight"})
 
 
-def _timed(name: str, category: str) -> Callable:
-    def method(self: ProfilingOps, *args: Any, **kwargs: Any) -> Any:
-        base = getattr(self.inner, name)
-        if not self.active or self._depth:
-            return base(*args, **kwargs)
-        self._depth += 1
-        t0 = time.perf_counter_ns()
-        try:
-            return base(*args, **kwargs)
-        finally:
-            cat = category
-            if name == "linear" and getattr(args[1], "name", "") in self.lm_head_names:
-                cat = "lm_head"
-            self.ns[cat] += time.perf_counter_ns() - t0
-            self._depth -= 1
-
-    method.__name__ = name
-    return method
+def _linear_category(w: QWeight) -> str:
+    return "lm_head" if w.name in LM_HEAD_NAMES else "matmul"
 
 
-class ProfilingOps:
+class ProfilingOps(Ops):
     """A backend with a wall-clock timer around every op (CPU ops are synchronous, so the time is
-    the op's own). Only calls made while `active` are counted, and only the outermost one."""
-
-    lm_head_names = frozenset({"output.weight", "token_embd.weight"})
+    the op's own). Only calls made while `active` are counted. Weights, scratch plans and the
+    backend's capabilities are the inner backend's."""
 
     def __init__(self, inner: Ops) -> None:
         self.inner = inner
         self.name, self.notices = inner.name, inner.notices
+        self.mask_in_kernel, self.cuda_graphs = inner.mask_in_kernel, inner.cuda_graphs
         self.active = False
-        self._depth = 0
         self.ns: dict[str, int] = defaultdict(int)
 
-    def __getattr__(self, name: str) -> Any:  # weights, scratch and rope tables: the backend's
-        return getattr(self.inner, name)
+    def reset(self) -> None:
+        self.ns.clear()
 
-    def bind(self, op: str, args: list, out: Any, scratch: list) -> Callable[[], Any] | None:
-        """The backend's bound call for a node, with the same timer around it."""
-        inner = getattr(self.inner, "bind", None)
-        f = inner(op, args, out, scratch) if inner else None
-        if f is None or op not in OP_CATEGORY:
-            return f
-        cat = OP_CATEGORY[op]
-        if op == "linear" and getattr(args[1], "name", "") in self.lm_head_names:
-            cat = "lm_head"
+    def _timed(self, category: str, call: Callable[[], R]) -> R:
+        if not self.active:
+            return call()
+        t0 = time.perf_counter_ns()
+        try:
+            return call()
+        finally:
+            self.ns[category] += time.perf_counter_ns() - t0
+
+    # -- the inner backend's own ----------------------------------------------------------------
+    @property
+    def graph_runner(self) -> GraphRunner | None:
+        return self.inner.graph_runner
+
+    def prepare_weights(self, weights: list[QWeight]) -> None:
+        self.inner.prepare_weights(weights)
+
+    def held_bytes(self) -> int:
+        return self.inner.held_bytes()
+
+    def extra_read_bytes(self) -> int:
+        return self.inner.extra_read_bytes()
+
+    def kernel_path(self, ggml_type: int) -> str:
+        return self.inner.kernel_path(ggml_type)
+
+    def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
+        return self.inner.linear_scratch(m, w)
+
+    def attention_scratch(self, q: tuple[int, ...], k: KVTensor, v: KVTensor, n_kv: int) -> ScratchSpec:
+        return self.inner.attention_scratch(q, k, v, n_kv)
+
+    def bind(self, a: NodeArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Step:
+        """The backend's bound call for a node, with the timer around it."""
+        f = self.inner.bind(a, out, scratch)
+        cat = _linear_category(a.w) if isinstance(a, LinearArgs) else OP_CATEGORY[op_name(a)]
 
         def timed() -> None:
             if not self.active:
-                return f()
+                f()
+                return
             t0 = time.perf_counter_ns()
             f()
             self.ns[cat] += time.perf_counter_ns() - t0
 
         return timed
 
-    def reset(self) -> None:
-        self.ns.clear()
+    # -- ops, timed -----------------------------------------------------------------------------
+    def get_rows(self, w: QWeight, ids: Tensor, out: Tensor) -> Tensor:
+        return self._timed("rows", lambda: self.inner.get_rows(w, ids, out))
 
+    def linear(self, x: Tensor, w: QWeight, out: Tensor, scratch: list[Tensor] | None = None) -> Tensor:
+        return self._timed(_linear_category(w), lambda: self.inner.linear(x, w, out, scratch))
 
-for _name, _cat in OP_CATEGORY.items():
-    setattr(ProfilingOps, _name, _timed(_name, _cat))
+    def rms_norm(self, x: Tensor, w: Tensor, eps: float, out: Tensor, scratch: list[Tensor]) -> Tensor:
+        return self._timed("norm", lambda: self.inner.rms_norm(x, w, eps, out, scratch))
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor, neox: bool, out: Tensor) -> Tensor:
+        return self._timed("rope", lambda: self.inner.rope(x, cos, sin, neox, out))
+
+    def scale(self, x: Tensor, s: float, out: Tensor) -> Tensor:
+        return self._timed("elementwise", lambda: self.inner.scale(x, s, out))
+
+    def add(self, a: Tensor, b: Tensor, out: Tensor) -> Tensor:
+        return self._timed("elementwise", lambda: self.inner.add(a, b, out))
+
+    def glu(self, gate: Tensor, up: Tensor, act: str, out: Tensor) -> Tensor:
+        return self._timed("elementwise", lambda: self.inner.glu(gate, up, act, out))
+
+    def rows(self, x: Tensor, idx: Tensor, out: Tensor) -> Tensor:
+        return self._timed("rows", lambda: self.inner.rows(x, idx, out))
+
+    def softcap(self, x: Tensor, c: float, out: Tensor) -> Tensor:
+        return self._timed("elementwise", lambda: self.inner.softcap(x, c, out))
+
+    def kv_store(self, kv: KVTensor, cells: Tensor, x: Tensor, scratch: list[Tensor] | None = None) -> None:
+        self._timed("kv_write", lambda: self.inner.kv_store(kv, cells, x, scratch))
+
+    def kv_rows(self, kv: KVTensor, cells: Tensor) -> Tensor:
+        return self.inner.kv_rows(kv, cells)
+
+    def attention(self, a: AttentionArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
+        return self._timed("attention", lambda: self.inner.attention(a, out, scratch))
+
+    def rope_cache(
+        self, pos: Tensor, n_rot: int, base: float, scale: float, freq_factors: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        return self._timed("rope", lambda: self.inner.rope_cache(pos, n_rot, base, scale, freq_factors))
+
 
 __all__ = ["OP_CATEGORY", "CATEGORIES", "CATEGORY_TITLES", "ProfilingOps"]

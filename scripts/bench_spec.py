@@ -30,11 +30,13 @@ from typing import Any
 
 from ubatch.engine.completion.complete import CompletionStats, complete
 from ubatch.engine.context.context import Context
+from ubatch.engine.generation.generation import GenerationParams
 from ubatch.engine.model.default_model import default_model_path
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling.chain import Sampler, SamplerParams
-from ubatch.engine.spec.speculative import SpecParams, Speculator
+from ubatch.engine.spec.draft import create_speculator
+from ubatch.engine.spec.speculative import SpecParams
 from ubatch.kernels.cpu.build import cpu_model
 
 CODE = '''def parse_header(line: str) -> tuple[str, str]:
@@ -59,11 +61,15 @@ def run(model: Model, n: int, ub: int, threads: int, spec: SpecParams | None) ->
     n_out = spec.n_outputs_max(1, 1) if spec is not None else 1
     ctx = Context(model, ContextParams(n_ctx=2048, n_ubatch=ub, n_threads=threads, n_outputs_max=n_out))
     ctx.warmup()
-    sp = Speculator.create(spec, ctx) if spec is not None else None
+    sp = create_speculator(spec, ctx) if spec is not None else None
     st = CompletionStats()
     ids = model.vocab.tokenize(PROMPT, add_special=True)
     sampler = Sampler(SamplerParams(temp=0))
-    toks = [e.token for e in complete(ctx, ids, n, sampler, st, ignore_eos=True, speculator=sp) if e.token >= 0]
+    toks = [
+        e.token
+        for e in complete(ctx, ids, sampler, GenerationParams(n_predict=n, ignore_eos=True), st, speculator=sp)
+        if e.token >= 0
+    ]
     return toks, st
 
 

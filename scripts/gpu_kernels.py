@@ -15,7 +15,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gpu_synth import random_blocks
 
-from ubatch.kernels.ops import KV_CHUNK, KVTensor, attn_scratch
+from ubatch.kernels.ops import KV_CHUNK, AttentionArgs, KVTensor, attn_scratch
 from ubatch.kernels.quant.dequant import dequantize
 from ubatch.kernels.quant.quantize import QUANTIZERS
 from ubatch.kernels.quant.weight import QWeight
@@ -146,7 +146,7 @@ def _attention(ops, ref, dev, tiny, randn, add) -> list:  # type: ignore[no-unty
                 visible = (mask != float("-inf")).view(g * t, n_kv // KV_CHUNK, KV_CHUNK).any(2).any(0)
                 sc = [torch.empty(s, dtype=dt, device=dev) for s, dt in attn_scratch(g, t, h, hkv, n_kv, d, d)]
                 o = torch.empty(g * t, h * d, device=dev)
-                want = ref.attention(q, k, v, starts.cpu(), n_kv, mask, 0.125, o.clone(), sc, visible)
-                got = ops.attention(q, k, v, starts, n_kv, mask, 0.125, o, sc, visible)
+                want = ref.attention(AttentionArgs(q, k, v, starts.cpu(), n_kv, mask, 0.125, visible), o.clone(), sc)
+                got = ops.attention(AttentionArgs(q, k, v, starts, n_kv, mask, 0.125, visible), o, sc)
                 add("attention", f"{kv_type} h{h}/{hkv} t={t} n_kv={n_kv}", rel(got, want), 1e-5)
     return []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ubatch.engine.completion.complete import complete
 from ubatch.engine.context.context import Context
+from ubatch.engine.generation.generation import GenerationParams
 from ubatch.engine.model.default_model import default_model_path
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
@@ -30,7 +31,12 @@ def main() -> None:
         c = json.loads(line)
         ctx.memory.clear()
         ref = c["greedy_ids"]
-        out = [e.token for e in complete(ctx, c["prompt_ids"], len(ref), Sampler(SamplerParams(temp=0)))]
+        out = [
+            e.token
+            for e in complete(
+                ctx, c["prompt_ids"], Sampler(SamplerParams(temp=0)), GenerationParams(n_predict=len(ref))
+            )
+        ]
         n = next((i for i, (x, y) in enumerate(zip(out, ref)) if x != y), min(len(out), len(ref)))
         print(f"| {c['prompt']!r} | {'yes' if out[:8] == ref[:8] else 'no'} | {n}/{len(ref)} |")
 

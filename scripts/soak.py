@@ -47,21 +47,12 @@ from typing import Any  # noqa: E402
 
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
+from bench_server import PROMPTS  # noqa: E402  (the same prompts as the throughput benchmark)
 
 MARK = "soak: injected decode failure"
 SAFETY_TIMEOUT = httpx.Timeout(120.0, connect=10.0)  # no answer by then: the request is lost
 CLIENT_TIMEOUT = httpx.Timeout(10.0, read=0.3)  # the impatient client of the "timeout" kind
 HANGUP_AFTER = 3  # data events a "disconnect" client reads before it hangs up
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time there was",
-    "The best way to learn Python is",
-    "In the year 2050, cities will",
-    "A recipe for pancakes:",
-    "The theory of relativity says",
-    "My favourite animal is the",
-    "The history of the printing press",
-]
 
 
 # -- the requests ---------------------------------------------------------------------------------
@@ -274,6 +265,7 @@ class InProcessServer:
 
     def __init__(self, path: Path, n_slots: int, n_ctx: int, fail_every: int) -> None:
         from ubatch.cli.server.app import ServerOptions, create_app
+        from ubatch.cli.server.run import start_engine
         from ubatch.engine.context.context import Context
         from ubatch.engine.model.model import Model
         from ubatch.engine.params import ContextParams
@@ -284,14 +276,14 @@ class InProcessServer:
         ctx.warmup()
         self.inject = FaultInjector(ctx.decode, fail_every)
         ctx.decode = self.inject  # type: ignore[method-assign]
-        self.sch = Scheduler(ctx, n_slots)
-        self.sch.start()
+        self.engine = start_engine(Scheduler(ctx, n_slots))
+        self.sch = self.engine.scheduler
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         sock.listen(256)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        app = create_app(self.sch, ServerOptions(metrics=True))
+        app = create_app(self.engine, ServerOptions(metrics=True))
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
@@ -308,8 +300,9 @@ class InProcessServer:
         while calm < 2:
             if time.time() > deadline:
                 busy = [s.id for s in self.sch.slots if s.busy]
-                return [f"not idle {timeout:.0f} s after the round: busy slots {busy}, {self.sch.n_deferred} queued"]
-            idle = not any(s.busy for s in self.sch.slots) and self.sch.n_deferred == 0
+                n_queued = self.engine.loop.n_deferred
+                return [f"not idle {timeout:.0f} s after the round: busy slots {busy}, {n_queued} queued"]
+            idle = not any(s.busy for s in self.sch.slots) and self.engine.loop.n_deferred == 0
             calm = calm + 1 if idle else 0
             time.sleep(0.05)
         return []
@@ -317,11 +310,11 @@ class InProcessServer:
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-        self.sch.stop()
+        self.engine.stop()
 
 
 def kv_problems(sch: Any) -> list[str]:
-    """Every KV cell accounted for by a slot's cached tokens (see engine/kv_cache.py)."""
+    """Every KV cell accounted for by a slot's cached tokens (see engine/kv/cache.py)."""
     out = []
     for c in sch.ctx.memory.caches:
         name = c.name or "KV"

@@ -2,7 +2,7 @@
 
 The interpreter (TRITON_INTERPRET=1, used by the CPU tests) accepts code the real compiler
 rejects, so CI also compiles each entry of `COMPILE_SPECS` in every module of
-ubatch.kernels.cuda.triton that has one (format: the docstring of kernels/triton/matmul.py) down to
+ubatch.kernels.cuda.triton that has one (format: the docstring of kernels/cuda/triton/matmul.py) down to
 PTX and a cubin. One line per specialisation: OK/FAIL, name, constexprs, registers / spill stack
 / shared memory (cuobjdump's resource usage of the cubin, plus Triton's dynamic shared memory),
 compile seconds. Exit 1 if any fails.

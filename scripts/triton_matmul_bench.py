@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
+from gpu_synth import F16_AT  # the f16 fields of each block type (a sibling script)
 
 from ubatch.kernels.cuda.triton import mode
 
@@ -31,17 +32,6 @@ from ubatch.kernels.cuda.triton import matmul as mm  # noqa: E402
 from ubatch.kernels.quant.dequant import dequantize, type_name  # noqa: E402
 from ubatch.kernels.quant.weight import QWeight  # noqa: E402
 
-# byte offsets of the f16 fields inside a block: kept finite and small (random bytes would be NaN/Inf)
-F16_FIELDS = {
-    T.Q8_0: (0,),
-    T.Q4_0: (0,),
-    T.Q4_1: (0, 2),
-    T.Q5_0: (0,),
-    T.Q5_1: (0, 2),
-    T.Q4_K: (0, 2),
-    T.Q5_K: (0, 2),
-    T.Q6_K: (208,),
-}
 FLOATS = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 GEMV1_SWEEP = [(8, 512, 4), (8, 256, 4), (16, 256, 4), (4, 1024, 4), (16, 512, 8)]
 GEMV16_SWEEP = [(64, 32, 4), (32, 64, 4), (32, 32, 4), (64, 64, 8)]
@@ -56,7 +46,7 @@ def random_weight(t: int, n: int, k: int, device: str = "cpu", seed: int = 0) ->
     else:
         block, type_size = GGML_QUANT_SIZES[T(t)]
         raw = torch.randint(0, 256, (n * k // block, type_size), dtype=torch.uint8, generator=g)
-        for off in F16_FIELDS[T(t)]:
+        for off in F16_AT[T(t)]:  # f16 fields kept finite and small (random bytes would be NaN/Inf)
             f16 = (torch.rand(len(raw), 1, generator=g) * 0.1 - 0.05).half()
             raw[:, off : off + 2] = f16.view(torch.uint8)
     return QWeight(f"w.{type_name(t)}", raw.reshape(-1).to(device), int(t), (n, k))

@@ -1,4 +1,4 @@
-"""Prefill's GEMM on AMX tiles (kernels/csrc/amx.c) is as accurate as the f32 FMA kernel.
+"""Prefill's GEMM on AMX tiles (kernels/cpu/csrc/amx.c) is as accurate as the f32 FMA kernel.
 
 The tile products multiply bf16 values; the kernel splits each f32 value into three bf16 parts
 and sums the six part products that matter, so its error against an f64 reference must stay at
@@ -16,14 +16,15 @@ from gguf import GGMLQuantizationType as T
 from test_kernels import QUANT, rel_err, run_linear, weight
 
 from ubatch.kernels import backends
-from ubatch.kernels.cpu.bind import AMX_MIN_ROWS, bind_node
+from ubatch.kernels.cpu.bind import AMX_MIN_ROWS
+from ubatch.kernels.ops import LinearArgs
 from ubatch.kernels.quant.dequant import dequantize
 
 
 @pytest.fixture(scope="module")
 def amx():
     ops = backends.create("cpu", n_threads=2)
-    if not ops.amx:
+    if not ops.kernels.amx:
         pytest.skip("no AMX tiles on this CPU (or for this process): the f32 GEMM is the only one")
     return ops
 
@@ -59,7 +60,7 @@ def test_the_tiles_are_taken_from_amx_min_rows(amx, f32) -> None:
     for ops, m, op in ((amx, AMX_MIN_ROWS, "gemm_amx"), (amx, AMX_MIN_ROWS - 1, "gemm"), (f32, 512, "gemm")):
         x, out = torch.randn(m, 256), torch.empty(m, 64)
         scratch = [torch.empty(s, dtype=d) for s, d in ops.linear_scratch(m, w)]
-        assert bind_node(ops, "linear", [x, w], out, scratch).op == op, (ops.name, m)
+        assert ops.kernels.bind(LinearArgs(x, w), out, scratch).op == op, (ops.name, m)
     assert "AMX tiles" in amx.kernel_path(int(T.Q4_K)) and "AMX" not in f32.kernel_path(int(T.Q4_K))
 
 
@@ -94,7 +95,7 @@ def test_strided_rows_and_any_thread_count(f32, n_threads: int) -> None:
     """x a column slice of a wider buffer (ldx > k) and y a column slice of a wider output (ldy >
     n), as workspace views are, on 1 thread and on more threads than weight blocks."""
     ops = backends.create("cpu", n_threads=n_threads)
-    if not ops.amx:
+    if not ops.kernels.amx:
         pytest.skip("no AMX tiles on this CPU (or for this process)")
     w = weight(T.Q6_K, 48, 512, seed=7)
     big = torch.randn(200, 600, generator=torch.Generator().manual_seed(9))

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from ubatch.engine.batch import Batch, split_equal, split_simple
-from ubatch.engine.completion.complete import prefill
 from ubatch.engine.context.context import Context
 from ubatch.engine.kv.memory import DecodeError
 from ubatch.engine.model.model import Model
@@ -28,7 +27,7 @@ def test_a_5000_token_prompt_is_three_decodes_and_ten_ubatches(gemma: Model) -> 
         decodes.append([r.n_tokens for r in ctx.records])
 
     ctx.decode = spy  # type: ignore[method-assign]
-    prefill(ctx, [2] + [7 + i % 300 for i in range(4999)])
+    ctx.prefill([2] + [7 + i % 300 for i in range(4999)])
     assert [sum(d) for d in decodes] == [2048, 2048, 904]
     assert [len(d) for d in decodes] == [4, 4, 2]
     assert decodes[2] == [512, 392]
@@ -38,7 +37,7 @@ def test_a_5000_token_prompt_is_three_decodes_and_ten_ubatches(gemma: Model) -> 
 def test_batch_smaller_than_ubatch_makes_batch_sized_ubatches(gemma: Model) -> None:
     ctx = Context(gemma, ContextParams(n_ctx=512, n_batch=64, n_ubatch=512))
     assert ctx.cparams.n_ubatch == 64  # clamped: a ubatch never exceeds the batch
-    prefill(ctx, [2] + list(range(7, 206)))
+    ctx.prefill([2] + list(range(7, 206)))
     assert ctx.perf.n_ubatch == 4 and ctx.perf.n_decode == 4  # 200 tokens = 64 + 64 + 64 + 8
 
 

@@ -26,6 +26,7 @@ from ubatch.engine.chat.template import ChatTemplate
 from ubatch.engine.completion.complete import complete
 from ubatch.engine.completion.conversation import ChatInputError, ChatSession, ContextFullError
 from ubatch.engine.context.context import Context
+from ubatch.engine.generation.generation import GenerationParams
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling.chain import Sampler, SamplerParams
@@ -35,10 +36,12 @@ def greedy() -> Sampler:
     return Sampler(SamplerParams(temp=0, seed=1))
 
 
-def session(m: Model, n_ctx: int = 256, n_ubatch: int = 512, **kw: object) -> ChatSession:
+def session(
+    m: Model, n_ctx: int = 256, n_ubatch: int = 512, system: str | None = None, n_predict: int = 3, **kw: bool
+) -> ChatSession:
     ctx = Context(m, ContextParams(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=max(n_ctx, n_ubatch)))
-    kw.setdefault("n_predict", 3)
-    return ChatSession(ctx, ChatTemplate.for_model(m), greedy(), **kw)  # type: ignore[arg-type]
+    params = GenerationParams(n_predict=n_predict, **kw)
+    return ChatSession(ctx, ChatTemplate.for_model(m), greedy(), params, system=system)
 
 
 def in_cache(s: ChatSession) -> int:
@@ -105,7 +108,7 @@ def test_ctrl_c_during_the_answer_keeps_what_was_decoded(tiny_gemma_model: Model
     assert t is not None and t.stop_reason == "interrupted"
     assert len(s.tokens) == in_cache(s) == t.n_past
     assert s.messages[-1]["role"] == "assistant"
-    s.n_predict = 2
+    s.params.n_predict = 2
     "".join(s.respond("the world"))  # the conversation goes on from the cache
     assert s.last is not None and s.last.n_reused == t.n_past and s.last.reprocess == ""
 
@@ -163,11 +166,8 @@ def test_context_shift_within_an_answer_keeps_the_token_list_in_step(tiny_gemma_
         ctx,
         ChatTemplate.for_model(m),
         greedy(),
-        n_predict=64,
-        ignore_eos=True,
-        ctx_shift=True,
+        GenerationParams(n_predict=64, ignore_eos=True, ctx_shift=True, n_keep=-1),
         system="be brief",
-        keep=-1,
     )
     assert s.shift_in_answer
     "".join(s.respond("hello world " * 85))
@@ -176,7 +176,7 @@ def test_context_shift_within_an_answer_keeps_the_token_list_in_step(tiny_gemma_
     assert len(s.tokens) == in_cache(s) == t.n_past < 256
     first = m.vocab.tokenize(t.prompt_text, True, True)
     assert s.tokens[: len(first)] == first  # --keep -1: the first prompt survives the shifts
-    s.n_predict = 2
+    s.params.n_predict = 2
     "".join(s.respond("the world"))
     assert s.last is not None and s.last.n_reused == t.n_past and s.last.reprocess == ""
 
@@ -213,7 +213,7 @@ def test_second_answer_on_reused_cache_equals_fresh_context(default_model: Model
     m = default_model
     ctx = Context(m, ContextParams(n_ctx=256))
     ctx.warmup()  # the dense f32 weights, as the CLI makes them
-    s = ChatSession(ctx, ChatTemplate.for_model(m), greedy(), n_predict=8)
+    s = ChatSession(ctx, ChatTemplate.for_model(m), greedy(), GenerationParams(n_predict=8))
     "".join(s.respond("What is the capital of France?"))
     assert s._stream is not None
     conversation = list(s._stream)  # what the model saw and wrote, the undecoded token included
@@ -221,7 +221,7 @@ def test_second_answer_on_reused_cache_equals_fresh_context(default_model: Model
     assert s.last is not None and s.last.n_reused > 0
     conversation += m.vocab.tokenize(s.last.turn_text, add_special=False, parse_special=True)
     fresh = Context(m, ContextParams(n_ctx=256))
-    text = "".join(ev.text for ev in complete(fresh, conversation, 8, greedy()))
+    text = "".join(ev.text for ev in complete(fresh, conversation, greedy(), GenerationParams(n_predict=8)))
     assert text == second
 
 

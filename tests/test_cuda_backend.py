@@ -30,7 +30,7 @@ PROMPT = [2, 17, 33, 5, 60, 41, 9, 70, 12, 88]
 
 
 class ReferenceMatmul:
-    """Stands in for kernels/triton/matmul.py: every type 'has a kernel', computed as x @ dense(w)ᵀ."""
+    """Stands in for kernels/cuda/triton/matmul.py: every type 'has a kernel', computed as x @ dense(w)ᵀ."""
 
     SUPPORTED = frozenset(range(64))
     GEMV_MAX_ROWS = 16
@@ -149,13 +149,15 @@ def test_graph_runner_runs_eagerly_then_captures_then_replays(models, monkeypatc
     shape runs eagerly, the second is captured, then replayed; a ubatch over GRAPH_MAX_TOKENS
     rows is never captured. Replays must give the reference's logits."""
     from ubatch.engine.graph import cuda_graphs
+    from ubatch.kernels.cuda import graphs
     from ubatch.kernels.torch_ops import TorchOps
 
-    assert cuda_graphs.runner(TorchOps()) is None  # CPU backends: plain run_graph
+    assert TorchOps().graph_runner is None  # CPU backends: plain run_graph
     ops = cuda_ops()
+    assert ops.graph_runner is None  # the interpreter: no CUDA graphs
     ops.cuda_graphs = True
-    monkeypatch.setattr(cuda_graphs.GraphRunner, "capture", staticmethod(_Recorded))
-    monkeypatch.setattr(cuda_graphs, "GRAPH_MAX_TOKENS", 4)
+    monkeypatch.setattr(graphs.CudaGraphRunner, "capture", staticmethod(_Recorded))
+    monkeypatch.setattr(graphs, "GRAPH_MAX_TOKENS", 4)
     model, params, prompt = models["llama"], ContextParams(n_ctx=256, n_ubatch=8), PROMPT[:6]  # 6 rows: eager
     want_toks, want = greedy(Context(model, params, backends.create("torch")), prompt, 4)
     toks, got = greedy(Context(model, params, ops), prompt, 4, want_toks)

@@ -1,4 +1,4 @@
-"""The cuda backend computes the attention mask in its kernel from the cells (engine/forward.py
+"""The cuda backend computes the attention mask in its kernel from the cells (engine/graph/forward.py
 passes cell positions and sequence bits, query positions, causal limits and sequence bits):
 its graphs declare no kq_mask input, so its compute buffer holds no [n_tokens, n_kv] mask, and
 its tokens and logits equal the torch backend's, which reads the mask tensor. Interpreter mode
@@ -20,7 +20,8 @@ from ubatch.engine.context.reserve import plan_sizes
 from ubatch.engine.graph.forward import SEQ_BITS, mask_in_kernel
 from ubatch.engine.params import ContextParams, derive
 from ubatch.kernels import backends
-from ubatch.kernels.cuda.ops import mask_from_cells
+from ubatch.kernels.ops import MaskCells
+from ubatch.kernels.torch_ops import mask_from_cells
 
 
 def two_sequences(ctx: Context, steps: int, forced: list[list[int]] | None = None) -> tuple[list, torch.Tensor]:
@@ -97,7 +98,7 @@ def test_mask_from_cells_is_the_engine_mask_rules() -> None:
     want = (pos[:, None, :] >= 0) & (pos[:, None, :] <= qpos[..., None]) & (qpos[..., None] - pos[:, None, :] < n_swa)
     want &= np.take_along_axis(seqs, qseq[:, None, :].repeat(n_kv, 1), 2).transpose(0, 2, 1)
     bits = (seqs * (1 << np.arange(3))).sum(2)
-    cells = (
+    cells = MaskCells(
         torch.from_numpy(pos).int(),
         torch.from_numpy(bits).long(),
         torch.from_numpy(qpos.ravel()).int(),

@@ -16,9 +16,9 @@ from ubatch.cli.present import perf_lines
 from ubatch.engine.completion.complete import CompletionStats
 from ubatch.engine.context.context import Context
 from ubatch.engine.context.report import memory_plan
-from ubatch.engine.graph import cuda_graphs
 from ubatch.engine.params import ContextParams
 from ubatch.kernels import backends
+from ubatch.kernels.cuda.graphs import CudaGraphRunner
 from ubatch.kernels.cuda.ops import CudaOps
 
 
@@ -37,7 +37,7 @@ def test_the_startup_lines_name_the_device_of_the_buffers(models) -> None:  # no
 
 
 def test_the_performance_summary_shows_the_cuda_graph_counters(models, monkeypatch) -> None:  # noqa: F811
-    monkeypatch.setattr(cuda_graphs.GraphRunner, "capture", staticmethod(_Recorded))
+    monkeypatch.setattr(CudaGraphRunner, "capture", staticmethod(_Recorded))
     ops = cuda_ops()
     ctx = Context(models["llama"], ContextParams(n_ctx=256, n_ubatch=8), ops)
     assert perf_lines(ctx, CompletionStats(), 0.0, 0.0)[-1] == (
@@ -54,7 +54,7 @@ def test_the_performance_summary_shows_the_cuda_graph_counters(models, monkeypat
 
 def test_bench_prints_the_cuda_graph_counters_per_test(models, monkeypatch) -> None:  # noqa: F811
     """A stand-in capture on the CPU: the tg test's decodes go through the graph runner."""
-    monkeypatch.setattr(cuda_graphs.GraphRunner, "capture", staticmethod(_Recorded))
+    monkeypatch.setattr(CudaGraphRunner, "capture", staticmethod(_Recorded))
     init = CudaOps.__init__
 
     def with_graphs(self, n_threads: int = 1) -> None:  # type: ignore[no-untyped-def]

@@ -16,6 +16,7 @@ import torch
 from ubatch.engine.batch import Batch
 from ubatch.engine.completion.complete import complete
 from ubatch.engine.context.context import Context
+from ubatch.engine.generation.generation import GenerationParams
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling.chain import Sampler, SamplerParams
@@ -68,7 +69,10 @@ def test_greedy_continuations_match_llama_cpp(ctx: Context) -> None:
     for c in cases:
         assert ctx.model.vocab.tokenize(c["prompt"], True, True) == c["prompt_ids"]
         ctx.memory.clear()
-        out = [e.token for e in complete(ctx, c["prompt_ids"], 8, Sampler(SamplerParams(temp=0)))]
+        out = [
+            e.token
+            for e in complete(ctx, c["prompt_ids"], Sampler(SamplerParams(temp=0)), GenerationParams(n_predict=8))
+        ]
         matched += out[:8] == c["greedy_ids"][:8]
     assert matched >= 5, f"{matched}/6 prompts match llama.cpp's first 8 greedy tokens"
 
@@ -80,7 +84,10 @@ def test_greedy_text_is_the_same_on_every_backend(model: Model) -> None:
     for backend in ("torch", "cpu"):
         c = Context(model, ContextParams(n_ctx=512, n_outputs_max=1, backend=backend))
         outs[backend] = [
-            [e.token for e in complete(c, case["prompt_ids"], 16, Sampler(SamplerParams(temp=0)))]
+            [
+                e.token
+                for e in complete(c, case["prompt_ids"], Sampler(SamplerParams(temp=0)), GenerationParams(n_predict=16))
+            ]
             for case in cases
             if not c.memory.clear()
         ]

@@ -21,10 +21,10 @@ from test_server import Live, post
 
 from ubatch import Llama
 from ubatch.cli.server.app import ServerOptions, create_app
-from ubatch.cli.server.run import load_scheduler
+from ubatch.cli.server.run import EngineOptions, load_engine
 from ubatch.engine.context.context import Context
 from ubatch.engine.context.report import memory_plan
-from ubatch.engine.generation.embedding import embed_prompts, embed_sequences, model_causal
+from ubatch.engine.generation.embedding import embed_prompts, embed_sequences
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 
@@ -60,7 +60,7 @@ def test_hidden_states_are_the_reference_final_norm_rows(ranker: Path, bidir: Pa
     g = tiny_gemma_model
     assert torch.allclose(hidden(g, IDS, n_ubatch=8), reference_hidden(g, IDS), atol=2e-5)
     b = Model.load(bidir)
-    assert model_causal(m) and not model_causal(b)
+    assert m.hparams.causal_attn and not b.hparams.causal_attn
     hb = hidden(b, IDS)
     assert torch.allclose(hb, reference_hidden(b, IDS, causal=False), atol=2e-5)
     assert not torch.allclose(hb, reference_hidden(b, IDS), atol=1e-3)
@@ -120,32 +120,14 @@ def test_several_prompts_in_one_decode_equal_one_at_a_time(ranker: Path, bidir: 
 def served(path: Path, **kw: object) -> Iterator[str]:
     """`ubatch server` with these flags, in-process on a free loopback port: -np 2 -c 512 -ub 64."""
     flags = {k: kw.pop(k) for k in ("embedding", "pooling", "reranking") if k in kw}
-    sch = load_scheduler(
-        model=path,
-        n_parallel=2,
-        ctx_size=512,
-        batch_size=2048,
-        ubatch_size=64,
-        kv_unified=False,
-        ctk="f16",
-        ctv="f16",
-        swa_full=False,
-        threads=0,
-        no_warmup=False,
-        context_shift=False,
-        cache_reuse=0,
-        sps=0.1,
-        cont_batching=True,
-        quiet=True,
-        **flags,  # type: ignore[arg-type]
-    )
-    live = Live(create_app(sch, ServerOptions(alias="tiny", **flags)))  # type: ignore[arg-type]
+    eng = load_engine(EngineOptions(model=path, n_parallel=2, ctx_size=512, ubatch_size=64, quiet=True, **flags))  # type: ignore[arg-type]
+    live = Live(create_app(eng, ServerOptions(alias="tiny", **flags)))  # type: ignore[arg-type]
     try:
         yield live.url
-        assert sch.ctx.workspace_regrows == 0  # the reservation covered every embedding graph
+        assert eng.scheduler.ctx.workspace_regrows == 0  # the reservation covered every embedding graph
     finally:
         live.close()
-        sch.stop()
+        eng.stop()
 
 
 def error(r: httpx.Response, code: int, needle: str) -> None:

@@ -1,17 +1,16 @@
 """The forward pass on tiny random GGUF models against an independent, cache-free reference.
 
-The reference below is written straight from reference/gguf-models.md §3 (full-sequence
-attention with explicit causal / sliding-window masks, no KV cache, no ubatches), so it checks
-the engine's cache placement, mask, RoPE bases, norms and quant paths all at once.
+The reference (tests/embd_reference.py, written straight from reference/gguf-models.md §3:
+full-sequence attention with explicit causal / sliding-window masks, no KV cache, no ubatches)
+checks the engine's cache placement, mask, RoPE bases, norms and quant paths all at once.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
+from embd_reference import reference_hidden
 from gguf import GGMLQuantizationType as T
 from tiny_models import TinySpec, write_tiny_model
 
@@ -22,58 +21,8 @@ from ubatch.engine.params import ContextParams
 
 
 def reference_logits(m: Model, ids: list[int]) -> torch.Tensor:
-    hp = m.hparams
-    n = len(ids)
-    x = m.tok_embd.dense()[torch.tensor(ids)] * hp.embd_scale
-    pos = torch.arange(n, dtype=torch.float64)
-
-    def rms(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return v / torch.sqrt((v * v).mean(-1, keepdim=True) + hp.rms_eps) * w
-
-    def rope(v: torch.Tensor, base: float) -> torch.Tensor:
-        d = v.shape[-1]
-        inv = base ** (-torch.arange(0, d // 2, dtype=torch.float64) * 2 / d)
-        th = (pos[:, None] * inv[None]).float()
-        c, s = th.cos()[:, None], th.sin()[:, None]
-        if hp.rope_neox:
-            a, b = v[..., : d // 2], v[..., d // 2 :]
-            return torch.cat([a * c - b * s, a * s + b * c], -1)
-        a, b = v[..., 0::2], v[..., 1::2]
-        return torch.stack([a * c - b * s, a * s + b * c], -1).flatten(-2)
-
-    qp, kp = pos[:, None], pos[None, :]
-    for il, L in enumerate(m.layers):
-        h = rms(x, L.attn_norm)
-        q = (h @ L.wq.dense().T).view(n, hp.n_head, -1)
-        k = (h @ L.wk.dense().T).view(n, hp.n_head_kv, -1)
-        v = (h @ L.wv.dense().T).view(n, hp.n_head_kv, -1)
-        if hp.qk_norm:
-            q, k = rms(q, L.q_norm), rms(k, L.k_norm)
-        base = hp.rope_freq_base_swa if hp.is_swa(il) else hp.rope_freq_base
-        q, k = rope(q, base), rope(k, base)
-        allowed = kp <= qp
-        if hp.is_swa(il):
-            allowed &= (qp - kp) < hp.n_swa
-        r = hp.n_head // hp.n_head_kv
-        k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
-        att = torch.einsum("qhd,khd->hqk", q, k) * hp.attn_scale
-        att = att.masked_fill(~allowed[None], -math.inf).softmax(-1)
-        a = torch.einsum("hqk,khd->qhd", att, v).reshape(n, -1) @ L.wo.dense().T
-        if hp.sandwich_norm:
-            a = rms(a, L.post_attn_norm)
-        x = x + a
-        h = rms(x, L.ffn_norm)
-        g = h @ L.ffn_gate.dense().T
-        g = (
-            torch.nn.functional.gelu(g, approximate="tanh")
-            if hp.ffn_act == "gelu_tanh"
-            else torch.nn.functional.silu(g)
-        )
-        f = (g * (h @ L.ffn_up.dense().T)) @ L.ffn_down.dense().T
-        if hp.sandwich_norm:
-            f = rms(f, L.post_ffn_norm)
-        x = x + f
-    return rms(x, m.output_norm) @ m.output.dense().T
+    """The output head over the reference's final-norm hidden states (causal, from position 0)."""
+    return reference_hidden(m, ids) @ m.output.dense().T
 
 
 def all_logits(m: Model, ids: list[int], **kw: int | str) -> torch.Tensor:

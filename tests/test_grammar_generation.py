@@ -13,6 +13,7 @@ import pytest
 from test_server import Live
 
 from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.cli.server.run import start_engine
 from ubatch.engine.completion.complete import CompletionStats, complete
 from ubatch.engine.context.context import Context
 from ubatch.engine.generation.generation import GenerationParams
@@ -57,7 +58,7 @@ def generate(ctx: Context, prompt: str, g: Grammar, sp: SamplerParams, **kw: Any
     ctx.memory.clear()
     st = CompletionStats()
     ids = ctx.model.vocab.tokenize(prompt)
-    events = complete(ctx, ids, kw.pop("n", 120), Sampler(sp), st, extra=GenerationParams(grammar=g), **kw)
+    events = complete(ctx, ids, Sampler(sp), GenerationParams(n_predict=kw.pop("n", 120), grammar=g, **kw), st)
     return "".join(e.text for e in events), st.stop_reason
 
 
@@ -102,12 +103,11 @@ def test_no_grammar_no_grammar_work(ctx: Context) -> None:
 @pytest.fixture(scope="module")
 def url(default_model: Model) -> Iterator[str]:
     ctx = Context(default_model, ContextParams(n_ctx=1024, n_seq_max=2, n_outputs_max=2))
-    sch = Scheduler(ctx, 2)
-    sch.start()
-    live = Live(create_app(sch, ServerOptions()))
+    eng = start_engine(Scheduler(ctx, 2))
+    live = Live(create_app(eng, ServerOptions()))
     yield live.url
     live.close()
-    sch.stop()
+    eng.stop()
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:

@@ -24,6 +24,7 @@ from tiny_hf import HFSpec, corpus, write_tiny_hf
 from ubatch.engine.batch import Batch
 from ubatch.engine.completion.complete import complete
 from ubatch.engine.context.context import Context
+from ubatch.engine.generation.generation import GenerationParams
 from ubatch.engine.gguf.file import open_gguf
 from ubatch.engine.model.hf.convert import as_f32, convert
 from ubatch.engine.model.model import Model
@@ -154,7 +155,12 @@ def test_greedy_tokens_from_directory_and_converted_file(ckpts: dict[str, Path],
 
     def greedy(path: Path) -> list[int]:
         ctx = Context(Model.load(path), ContextParams(n_ctx=256))
-        return [e.token for e in complete(ctx, IDS[:4], 24, Sampler(SamplerParams(temp=0)), ignore_eos=True)]
+        return [
+            e.token
+            for e in complete(
+                ctx, IDS[:4], Sampler(SamplerParams(temp=0)), GenerationParams(n_predict=24, ignore_eos=True)
+            )
+        ]
 
     toks = greedy(ckpts["bf16"])
     assert len(toks) == 24 and len(set(toks)) > 3

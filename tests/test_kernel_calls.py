@@ -1,6 +1,6 @@
 """The CPU backend's call structure: fused programs and row-count independence.
 
-A graph's C calls run as fused `ub_run` programs (kernels/cpu_program.py), and a row of a
+A graph's C calls run as fused `ub_run` programs (kernels/cpu/program.py), and a row of a
 product must not depend on how many rows share the call (speculative verification compares a
 drafted batch against one-row decodes token for token).
 """
@@ -16,9 +16,10 @@ from ubatch.kernels.cpu.ops import CpuOps
 
 
 def test_a_fused_program_computes_what_its_calls_compute_one_by_one() -> None:
-    """Bound C calls fused into one ub_run call (cpu_program.fuse) give bit-identical outputs,
+    """Bound C calls fused into one ub_run call (program.fuse) give bit-identical outputs,
     and a step that is not a C call splits the program."""
     from ubatch.kernels.cpu.program import CCall, Program
+    from ubatch.kernels.ops import AddArgs, GluArgs, LinearArgs, RmsNormArgs, ScaleArgs
 
     ops = CpuOps(2)
     w = weight(T.Q5_0, 48, 64)
@@ -28,12 +29,12 @@ def test_a_fused_program_computes_what_its_calls_compute_one_by_one() -> None:
     def steps(out: list[torch.Tensor], marker: list[int]) -> list:
         y, n, s, a = out
         calls = [
-            ops.bind("linear", [x, w], y, []),
-            ops.bind("rms_norm", [x, g, 1e-6], n, []),
-            ops.bind("scale", [n, 0.5], s, []),
+            ops.bind(LinearArgs(x, w), y, []),
+            ops.bind(RmsNormArgs(x, g, 1e-6), n, []),
+            ops.bind(ScaleArgs(n, 0.5), s, []),
             lambda: marker.append(1),  # a Python step between C calls
-            ops.bind("add", [y, y], a, []),
-            ops.bind("glu", [y, a, "gelu_tanh"], a, []),
+            ops.bind(AddArgs(y, y), a, []),
+            ops.bind(GluArgs(y, a, "gelu_tanh"), a, []),
         ]
         assert all(isinstance(c, CCall) for i, c in enumerate(calls) if i != 3)
         return calls
@@ -77,10 +78,10 @@ def test_the_gemv_scratch_is_planned_and_its_contents_do_not_matter(t: T, portab
     k = 512 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 160
     w = weight(t, 40, k)
     for m in (1, 5, 16):
-        need = ops.gemv_scratch(m, w)
+        need = ops.kernels.gemv_scratch(m, w)
         spec = ops.linear_scratch(m, w)
         assert spec == ([((need,), torch.float32)] if need else [])
-        lanes = ops.library.simd == "avx2" and t not in (T.Q8_0, *FLOATS)
+        lanes = ops.kernels.library.simd == "avx2" and t not in (T.Q8_0, *FLOATS)
         assert (need >= m * k) == lanes  # x reordered only where the decoders read lanes
         wide = torch.randn(m, k + 24, generator=torch.Generator().manual_seed(m))
         x = wide[:, :k]  # rows k + 24 floats apart

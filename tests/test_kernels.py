@@ -120,7 +120,7 @@ def test_prefill_tiles_are_bit_exact_dequantisation(t: T, portable: bool) -> Non
     k = 256 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 64
     w = weight(t, 70, k)
     tile = torch.empty(70, k)
-    CpuOps(2, portable)._dequant(w, 0, 70, tile)
+    CpuOps(2, portable).kernels.dequant_rows(w, 0, 70, tile)
     want = dequantize(w.raw, t, w.shape)
     assert torch.equal(tile.view(torch.int32), want.view(torch.int32))
 
@@ -134,7 +134,7 @@ def test_gemm_panel_spans_are_bit_exact_dequantisation(t: T, backend: str) -> No
 
     k = 768
     w = weight(t, 5, k)
-    lib = backends.create(backend, n_threads=1)._lib
+    lib = backends.create(backend, n_threads=1).kernels.lib
     lib.ub_dequant_span.argtypes = [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
     want = dequantize(w.raw, t, w.shape)
     for r, (k0, n) in enumerate([(0, k), (256, 256), (512, 224), (96, 512), (704, 64)]):
@@ -189,7 +189,7 @@ def test_rms_norm_and_rope_match_the_reference(ops) -> None:
 def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple[int, int]) -> None:
     """Two groups (streams) reading their own cells, masked cells and whole hidden chunks; the
     backend's own planned scratch (t = 40: several of the CPU's fused row blocks per chunk)."""
-    from ubatch.kernels.ops import KV_CHUNK, KVTensor, attn_scratch
+    from ubatch.kernels.ops import KV_CHUNK, AttentionArgs, KVTensor
     from ubatch.kernels.quant.quantize import QUANTIZERS
     from ubatch.kernels.torch_ops import TorchOps
 
@@ -213,10 +213,8 @@ def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple
 
     def run(o):
         out = torch.empty(g * t, h * d)
-        plan = getattr(o, "attention_scratch", None)
-        spec = plan(g, t, h, hkv, n_kv, d, d, gt, gt) if plan else attn_scratch(g, t, h, hkv, n_kv, d, d)
-        scratch = [torch.empty(s, dtype=dt) for s, dt in spec]
-        return o.attention(q, k, v, starts, n_kv, mask, 0.125, out, scratch, visible)
+        scratch = [torch.empty(s, dtype=dt) for s, dt in o.attention_scratch(q.shape, k, v, n_kv)]
+        return o.attention(AttentionArgs(q, k, v, starts, n_kv, mask, 0.125, visible), out, scratch)
 
     assert rel_err(run(ops), run(TorchOps())) <= 1e-5
 
@@ -288,7 +286,7 @@ def test_a_cpu_without_avx2_gets_the_portable_build_with_a_notice(monkeypatch) -
     monkeypatch.setattr(cpu_build, "cpu_flags", lambda: frozenset({"sse2", "fma"}))
     monkeypatch.setattr(cpu_build.platform, "machine", lambda: "x86_64")
     ops = backends.create("cpu", 2)
-    assert ops.library.simd == "portable"
+    assert ops.kernels.library.simd == "portable"
     assert any("CPU lacks avx2, f16c" in n and "portable" in n for n in ops.notices)
 
 
@@ -301,7 +299,7 @@ def test_the_native_build_is_512_bit_exactly_where_the_cpu_has_avx512() -> None:
     if not set(FAST_FLAGS) <= flags:
         pytest.skip("this CPU has no AVX2/FMA/F16C: only the portable build runs here")
     native, avx2 = backends.create("cpu", 2), backends.create("cpu-avx2", 2)
-    assert native.library.simd == ("avx512" if "avx512f" in flags else "avx2")
-    assert avx2.library.simd == "avx2" and avx2.name == "cpu-avx2"
-    assert native.kernel_path(int(T.Q4_K)).startswith(f"C {native.library.simd}: ")
-    assert native.has_gemm and avx2.has_gemm
+    assert native.kernels.library.simd == ("avx512" if "avx512f" in flags else "avx2")
+    assert avx2.kernels.library.simd == "avx2" and avx2.name == "cpu-avx2"
+    assert native.kernel_path(int(T.Q4_K)).startswith(f"C {native.kernels.library.simd}: ")
+    assert native.kernels.has_gemm and avx2.kernels.has_gemm

@@ -15,6 +15,7 @@ from test_server import Live
 
 from ubatch import Llama
 from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.cli.server.run import start_engine
 from ubatch.engine.context.context import Context
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
@@ -24,30 +25,9 @@ FINISH = {"length": "length", "context": "length", "eog": "stop", "word": "stop"
 
 
 def via_cli(model: Path, prompt: str, n_predict: int, n_ctx: int) -> dict[str, Any]:
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ubatch.cli.main",
-            "cli",
-            "-m",
-            str(model),
-            "-p",
-            prompt,
-            "-n",
-            str(n_predict),
-            "-c",
-            str(n_ctx),
-            "--temp",
-            "0",
-            "--no-display-prompt",
-            "-t",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    flags = ["-m", str(model), "-p", prompt, "-n", str(n_predict), "-c", str(n_ctx), "--temp", "0", "-t", "1"]
+    cmd = [sys.executable, "-m", "ubatch.cli.main", "cli", *flags, "--no-display-prompt"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     m = re.search(r"generation stopped: (\w+), (\d+) tokens sampled", r.stderr)
     assert m, r.stderr
@@ -64,9 +44,8 @@ def via_llama(model: Path, prompt: str, n_predict: int, n_ctx: int) -> dict[str,
 
 def via_server(model: Path, prompt: str, n_predict: int, n_ctx: int) -> dict[str, Any]:
     ctx = Context(Model.load(model), ContextParams(n_ctx=n_ctx, n_seq_max=1, n_outputs_max=1, n_threads=1))
-    sch = Scheduler(ctx, 1)
-    sch.start()
-    live = Live(create_app(sch, ServerOptions()))
+    eng = start_engine(Scheduler(ctx, 1))
+    live = Live(create_app(eng, ServerOptions()))
     try:
         r = httpx.post(
             live.url + "/completion", json={"prompt": prompt, "n_predict": n_predict, "temperature": 0}, timeout=300
@@ -83,7 +62,7 @@ def via_server(model: Path, prompt: str, n_predict: int, n_ctx: int) -> dict[str
                     chunks.append(httpx.Response(200, content=line[6:]).json()["content"])
     finally:
         live.close()
-        sch.stop()
+        eng.stop()
     assert "".join(chunks) == r["content"]  # streamed or not, the same text
     return {"text": r["content"], "stop_type": r["stop_type"], "truncated": r["truncated"], "n": r["tokens_predicted"]}
 

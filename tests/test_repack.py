@@ -86,7 +86,9 @@ def test_the_avx2_backend_computes_q5_0_from_its_repack(default_model) -> None: 
     x = torch.randn(3, w.shape[1])
     want = x @ dequantize(w.raw, T.Q5_0, w.shape).t()
     got = ops.linear(x, w, torch.empty(3, w.shape[0]))
-    assert ops.repacks.layout(w).ggml_type == T.Q8_0  # made by that call
+    assert ops.kernels.repacks.layout(w).ggml_type == T.Q8_0  # made by that call
     assert ((got - want).abs().max() / want.abs().max()).item() <= 1e-5
-    assert ops.gemv_scratch(1, w) == ops.gemv_scratch(1, ops.repacks.layout(w))
-    assert torch.equal(dequantize(w.raw, T.Q5_0, w.shape), dequantize(ops.repacks.layout(w).raw, T.Q8_0, w.shape))
+    assert ops.kernels.gemv_scratch(1, w) == ops.kernels.gemv_scratch(1, ops.kernels.repacks.layout(w))
+    assert torch.equal(
+        dequantize(w.raw, T.Q5_0, w.shape), dequantize(ops.kernels.repacks.layout(w).raw, T.Q8_0, w.shape)
+    )

@@ -11,10 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from test_server import Live, start_scheduler
+from test_server import Live, start_server_engine
 
 from ubatch.cli.server.app import ServerOptions, create_app
-from ubatch.engine.serve.scheduler import Scheduler
 
 FIELDS = {
     "typical_p": 0.9,
@@ -33,15 +32,16 @@ FIELDS = {
     "repeat_penalty": 1.1,
     "repeat_last_n": 16,
 }
+LLAMA_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
 
 
 @pytest.fixture(scope="module")
 def url(tiny_gemma: Path) -> Iterator[str]:
-    sch: Scheduler = start_scheduler(tiny_gemma, 1, 256)
-    live = Live(create_app(sch, ServerOptions(alias="tiny")))
+    eng = start_server_engine(tiny_gemma, 1, 256)
+    live = Live(create_app(eng, ServerOptions(alias="tiny")))
     yield live.url
     live.close()
-    sch.stop()
+    eng.stop()
 
 
 def complete(url: str, **body: Any) -> httpx.Response:
@@ -57,17 +57,7 @@ def test_every_field_is_answered_and_reported(url: str) -> None:
     gs = r.json()["generation_settings"]
     assert r.json()["tokens_predicted"] == 6
     assert {k: gs[k] for k in FIELDS} == FIELDS
-    assert gs["samplers"] == [
-        "penalties",
-        "dry",
-        "top_n_sigma",
-        "top_k",
-        "typ_p",
-        "top_p",
-        "min_p",
-        "xtc",
-        "temperature",
-    ]
+    assert gs["samplers"] == LLAMA_SAMPLERS
     assert (gs["mirostat"], gs["min_keep"]) == (0, 0)
     slot = httpx.get(url + "/slots", timeout=30).json()[0]["params"]  # the slot's last task
     assert {k: slot[k] for k in FIELDS} == FIELDS and slot["samplers"] == gs["samplers"]
@@ -77,17 +67,7 @@ def test_every_field_is_answered_and_reported(url: str) -> None:
 
 def test_defaults_are_llama_servers(url: str) -> None:
     gs = complete(url).json()["generation_settings"]
-    assert gs["samplers"] == [
-        "penalties",
-        "dry",
-        "top_n_sigma",
-        "top_k",
-        "typ_p",
-        "top_p",
-        "min_p",
-        "xtc",
-        "temperature",
-    ]
+    assert gs["samplers"] == LLAMA_SAMPLERS
     assert (gs["typical_p"], gs["top_n_sigma"], gs["mirostat"], gs["dry_penalty_last_n"]) == (1.0, -1.0, 0, 64)
     assert gs["dry_sequence_breakers"] == ["\n", ":", '"', "*"]
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import pytest
 
 from ubatch.engine.context.context import Context
+from ubatch.engine.errors import ErrorKind
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling.chain import SamplerParams
+from ubatch.engine.serve.engine_loop import EngineLoop
 from ubatch.engine.serve.scheduler import Scheduler, SlotState
 from ubatch.engine.serve.task import Failed, Final, Partial, Task, TaskParams
 
@@ -59,14 +61,14 @@ class Collector:
 
 def submit(sch: Scheduler, col: Collector, prompt: list[int], params: TaskParams, i: int = 0) -> Task:
     t = Task(i, prompt, params, col, index=i)
-    sch.submit(t)
+    assert sch.accept(t)
     return t
 
 
 def drain(sch: Scheduler, limit: int = 2000) -> None:
     for _ in range(limit):
         sch.step()
-        if not sch.queue and not sch._incoming and not any(s.busy for s in sch.slots):
+        if not sch.busy:
             return
     raise AssertionError("scheduler did not finish")
 
@@ -153,8 +155,8 @@ def test_context_limit_truncates_and_an_overlong_prompt_is_refused(gemma: Model)
     t = submit(sch, col, [2] * 256, greedy(5))
     drain(sch)
     err = col.final(t)
-    assert isinstance(err, Failed) and err.error.type == "exceed_context_size_error"
-    assert (err.error.code, err.error.extra) == (400, {"n_prompt_tokens": 256, "n_ctx": 256})
+    assert isinstance(err, Failed) and err.error.kind is ErrorKind.EXCEEDS_CONTEXT
+    assert err.error.details == {"n_prompt_tokens": 256, "n_ctx": 256}
 
 
 def test_context_shift_keeps_generating(llama: Model) -> None:
@@ -189,12 +191,15 @@ def test_cache_reuse_shifts_matching_chunks(llama: Model) -> None:
 
 def test_cancel_frees_the_slot_and_its_cells_within_one_iteration(gemma: Model) -> None:
     sch, col = make(gemma, n_slots=2, n_ctx=512), Collector()
-    t = submit(sch, col, PROMPTS[0], greedy(100))
-    other = submit(sch, col, PROMPTS[1], greedy(5), 1)
+    loop = EngineLoop(sch)  # its door, driven on this thread
+    t = Task(0, PROMPTS[0], greedy(100), col)
+    other = Task(1, PROMPTS[1], greedy(5), col, index=1)
+    loop.submit(t)
+    loop.submit(other)
     for _ in range(4):
-        sch.step()
-    sch.cancel(t)
-    sch.step()
+        loop.iterate()
+    loop.cancel(t)
+    loop.iterate()
     assert not sch.slots[0].busy and sch.slots[0].cache == []
     assert sch.ctx.memory.seq_pos_max(0) == -1
     rel = next(r for r in sch.releases if r.task == t.id)

@@ -24,7 +24,8 @@ import pytest
 import uvicorn
 from starlette.testclient import TestClient
 
-from ubatch.cli.server.app import ServerOptions, ServerState, create_app
+from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
+from ubatch.cli.server.run import start_engine
 from ubatch.engine.context.context import Context
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
@@ -55,22 +56,29 @@ class Live:
         self.thread.join(timeout=10)
 
 
-def start_scheduler(path: Path, n_slots: int, n_ctx: int) -> Scheduler:
+def spawn(cmd: list[str]) -> tuple[subprocess.Popen[str], list[str], threading.Thread]:
+    """A server subprocess, the stderr lines it has written so far, and the thread reading them."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]  # stderr is a pipe here
+    reader.start()
+    return proc, lines, reader
+
+
+def start_server_engine(path: Path, n_slots: int, n_ctx: int) -> ServerEngine:
     m = Model.load(path)
     ctx = Context(m, ContextParams(n_ctx=n_ctx, n_seq_max=n_slots, n_outputs_max=n_slots))
-    sch = Scheduler(ctx, n_slots)
-    sch.start()
-    return sch
+    return start_engine(Scheduler(ctx, n_slots))
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_gemma: Path) -> Iterator[tuple[str, Scheduler]]:
+def tiny(tiny_gemma: Path) -> Iterator[tuple[str, ServerEngine]]:
     """-np 4 -c 1024 (256 per slot), --metrics."""
-    sch = start_scheduler(tiny_gemma, 4, 1024)
-    live = Live(create_app(sch, ServerOptions(metrics=True, alias="tiny")))
-    yield live.url, sch
+    eng = start_server_engine(tiny_gemma, 4, 1024)
+    live = Live(create_app(eng, ServerOptions(metrics=True, alias="tiny")))
+    yield live.url, eng
     live.close()
-    sch.stop()
+    eng.stop()
 
 
 def post(url: str, path: str, body: Any, **kw: Any) -> httpx.Response:
@@ -101,7 +109,7 @@ def oai(url: str, key: str = "none") -> openai.OpenAI:
 # -- endpoints ------------------------------------------------------------------------------------
 
 
-def test_health_models_props_slots(tiny: tuple[str, Scheduler]) -> None:
+def test_health_models_props_slots(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     assert httpx.get(url + "/health").json() == {"status": "ok"}
     models = httpx.get(url + "/v1/models").json()
@@ -115,7 +123,7 @@ def test_health_models_props_slots(tiny: tuple[str, Scheduler]) -> None:
     assert [s["id"] for s in slots] == [0, 1, 2, 3] and all(s["n_ctx"] == 256 for s in slots)
 
 
-def test_health_is_503_while_the_model_loads(tiny: tuple[str, Scheduler]) -> None:
+def test_health_is_503_while_the_model_loads(tiny: tuple[str, ServerEngine]) -> None:
     state = ServerState()
     client = TestClient(create_app(state=state))
     for path in ("/health", "/v1/models", "/props"):
@@ -126,7 +134,7 @@ def test_health_is_503_while_the_model_loads(tiny: tuple[str, Scheduler]) -> Non
     assert client.get("/health").json() == {"status": "ok"}
 
 
-def test_openai_text_completion_matches_native_completion(tiny: tuple[str, Scheduler]) -> None:
+def test_openai_text_completion_matches_native_completion(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     client = oai(url)
     r = client.completions.create(
@@ -146,8 +154,8 @@ def test_openai_text_completion_matches_native_completion(tiny: tuple[str, Sched
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-def test_openai_chat_uses_the_gemma_template(tiny: tuple[str, Scheduler]) -> None:
-    url, sch = tiny
+def test_openai_chat_uses_the_gemma_template(tiny: tuple[str, ServerEngine]) -> None:
+    url, sch = tiny[0], tiny[1].scheduler
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     prompt = post(url, "/apply-template", {"messages": msgs}).json()["prompt"]
     assert prompt == "<start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\n"
@@ -180,7 +188,7 @@ def test_openai_chat_uses_the_gemma_template(tiny: tuple[str, Scheduler]) -> Non
     assert stream[-1].choices == [] and stream[-1].usage.completion_tokens == 6
 
 
-def test_native_completion_fields_stream_and_prompt_cache(tiny: tuple[str, Scheduler]) -> None:
+def test_native_completion_fields_stream_and_prompt_cache(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     body = {"prompt": "the world is", "n_predict": 5, **GREEDY}
     full = post(url, "/completion", body).json()
@@ -223,7 +231,7 @@ def test_native_completion_fields_stream_and_prompt_cache(tiny: tuple[str, Sched
     assert len(with_tokens["tokens"]) == 5 and with_tokens["content"] == full["content"]
 
 
-def test_stop_strings(tiny: tuple[str, Scheduler]) -> None:
+def test_stop_strings(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     text = post(url, "/completion", {"prompt": "a b c", "n_predict": 12, **GREEDY}).json()["content"]
     word = text[len(text) // 2 : len(text) // 2 + 2]
@@ -240,7 +248,7 @@ def test_stop_strings(tiny: tuple[str, Scheduler]) -> None:
     assert "".join(e["content"] for e in events) == cut
 
 
-def test_logprobs(tiny: tuple[str, Scheduler]) -> None:
+def test_logprobs(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     r = oai(url).chat.completions.create(
         model="t",
@@ -264,8 +272,8 @@ def test_logprobs(tiny: tuple[str, Scheduler]) -> None:
     assert len(cmpl["choices"][0]["logprobs"]["content"]) == 3
 
 
-def test_seed_and_several_choices(tiny: tuple[str, Scheduler]) -> None:
-    url, sch = tiny
+def test_seed_and_several_choices(tiny: tuple[str, ServerEngine]) -> None:
+    url, sch = tiny[0], tiny[1].scheduler
     body = {
         "prompt": "hello",
         "n_predict": 8,
@@ -286,7 +294,7 @@ def test_seed_and_several_choices(tiny: tuple[str, Scheduler]) -> None:
     assert [m["index"] for m in many] == [0, 1] and [m["prompt"] for m in many] == ["hello", "world"]
 
 
-def test_logit_bias_bans_a_token(tiny: tuple[str, Scheduler]) -> None:
+def test_logit_bias_bans_a_token(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     body = {"prompt": "hello", "n_predict": 1, "return_tokens": True, **GREEDY}
     first = post(url, "/completion", body).json()["tokens"][0]
@@ -295,7 +303,7 @@ def test_logit_bias_bans_a_token(tiny: tuple[str, Scheduler]) -> None:
         assert r.status_code == 200 and r.json()["tokens"][0] != first
 
 
-def test_exceed_context_size(tiny: tuple[str, Scheduler]) -> None:
+def test_exceed_context_size(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     r = post(url, "/completion", {"prompt": [2] * 256, "n_predict": 4})
     assert r.status_code == 400
@@ -314,8 +322,8 @@ def test_exceed_context_size(tiny: tuple[str, Scheduler]) -> None:
     assert (ok["tokens_predicted"], ok["truncated"], ok["stop_type"]) == (1, True, "limit")
 
 
-def test_tokenize_detokenize(tiny: tuple[str, Scheduler]) -> None:
-    url, sch = tiny
+def test_tokenize_detokenize(tiny: tuple[str, ServerEngine]) -> None:
+    url, sch = tiny[0], tiny[1].scheduler
     toks = post(url, "/tokenize", {"content": "hello world"}).json()["tokens"]
     assert toks == sch.vocab.tokenize("hello world", False, True)
     assert post(url, "/tokenize", {"content": "hello", "add_special": True}).json()["tokens"][0] == sch.vocab.bos
@@ -384,7 +392,7 @@ BAD = [  # path, body, status, error type, message fragment
 
 @pytest.mark.parametrize("path,body,status,kind,fragment", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
 def test_bad_input_is_a_4xx_with_llama_cpp_error_json(
-    tiny: tuple[str, Scheduler], path: str, body: Any, status: int, kind: str, fragment: str
+    tiny: tuple[str, ServerEngine], path: str, body: Any, status: int, kind: str, fragment: str
 ) -> None:
     r = post(tiny[0], path, body)
     assert r.status_code == status
@@ -392,7 +400,7 @@ def test_bad_input_is_a_4xx_with_llama_cpp_error_json(
     assert (err["code"], err["type"]) == (status, kind) and fragment in err["message"]
 
 
-def test_server_survives_bad_input(tiny: tuple[str, Scheduler]) -> None:
+def test_server_survives_bad_input(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     assert httpx.get(url + "/completion").status_code == 404  # wrong method
     with pytest.raises(openai.BadRequestError):
@@ -401,9 +409,8 @@ def test_server_survives_bad_input(tiny: tuple[str, Scheduler]) -> None:
     assert post(url, "/completion", {"prompt": "x", "n_predict": 2}).status_code == 200
 
 
-def test_api_key_and_disabled_endpoints(tiny: tuple[str, Scheduler]) -> None:
-    sch = tiny[1]
-    live = Live(create_app(sch, ServerOptions(api_keys=("k1", "k2"), slots=False)))
+def test_api_key_and_disabled_endpoints(tiny: tuple[str, ServerEngine]) -> None:
+    live = Live(create_app(tiny[1], ServerOptions(api_keys=("k1", "k2"), slots=False)))
     try:
         url = live.url
         assert httpx.get(url + "/health").status_code == 200  # public
@@ -446,7 +453,7 @@ def _stream_text(url: str, prompt: str, n: int, barrier: threading.Barrier | Non
     out[i] = "".join(c.choices[0].text for c in chunks)
 
 
-def test_four_concurrent_streams_share_each_decode(tiny: tuple[str, Scheduler]) -> None:
+def test_four_concurrent_streams_share_each_decode(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     name = 'ubatch:decodes_by_n_seqs_total{n_seqs="4"}'
     before, first_iter = metric(url, name), httpx.get(url + "/iterations").json()["iteration"]
@@ -465,7 +472,7 @@ def test_four_concurrent_streams_share_each_decode(tiny: tuple[str, Scheduler]) 
     assert out == alone and all(out)
 
 
-def test_sixteen_clients_against_four_slots(tiny: tuple[str, Scheduler]) -> None:
+def test_sixteen_clients_against_four_slots(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     prompts = [f"hello {'world ' * (i % 5)}{chr(97 + i)}" for i in range(16)]
     ref = [
@@ -519,7 +526,7 @@ def test_sixteen_clients_against_four_slots(tiny: tuple[str, Scheduler]) -> None
     assert not any(s["is_processing"] for s in httpx.get(url + "/slots").json())
 
 
-def test_disconnect_mid_stream_frees_the_slot(tiny: tuple[str, Scheduler]) -> None:
+def test_disconnect_mid_stream_frees_the_slot(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     cancelled = metric(url, "ubatch:requests_cancelled_total")
     with httpx.Client(timeout=30) as client:
@@ -565,10 +572,7 @@ def test_cli_server_subprocess(tiny_gemma: Path) -> None:
         "-t",
         "1",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
-    reader.start()
+    proc, lines, reader = spawn(cmd)
     try:
         deadline = time.time() + 60
         port = None
@@ -624,10 +628,12 @@ def test_default_model_chat_end_to_end(default_model_path: Path) -> None:
     """Gemma 3 270M: the chat endpoint's greedy answer is the engine's greedy continuation of the
     gemma-templated prompt, and two concurrent streams answer as they do alone."""
     from ubatch.engine.completion.complete import complete
+    from ubatch.engine.generation.generation import GenerationParams
     from ubatch.engine.sampling.chain import Sampler, SamplerParams
 
-    sch = start_scheduler(default_model_path, 2, 1024)
-    live = Live(create_app(sch))
+    eng = start_server_engine(default_model_path, 2, 1024)
+    sch = eng.scheduler
+    live = Live(create_app(eng))
     try:
         url, client = live.url, oai(live.url)
         msgs = [{"role": "user", "content": "What is the capital of France?"}]
@@ -635,7 +641,9 @@ def test_default_model_chat_end_to_end(default_model_path: Path) -> None:
         prompt = "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"
         ctx = Context(sch.ctx.model, ContextParams(n_ctx=512, n_outputs_max=1))
         ids = sch.vocab.tokenize(prompt, True, True)
-        ref = "".join(ev.text for ev in complete(ctx, ids, 6, Sampler(SamplerParams(temp=0.0))))
+        ref = "".join(
+            ev.text for ev in complete(ctx, ids, Sampler(SamplerParams(temp=0.0)), GenerationParams(n_predict=6))
+        )
         assert r.choices[0].message.content == ref and r.usage.prompt_tokens == len(ids)
         out, barrier = ["", ""], threading.Barrier(2)
         prompts = ["The capital of France is", "Once upon a time"]
@@ -653,4 +661,4 @@ def test_default_model_chat_end_to_end(default_model_path: Path) -> None:
         assert any(len(rec.rows) == 2 for rec in sch.records)
     finally:
         live.close()
-        sch.stop()
+        eng.stop()

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,34 +17,33 @@ from pathlib import Path
 import httpx
 import pytest
 import typer
-from test_server import GREEDY, Live, start_scheduler
+from test_server import GREEDY, Live, spawn, start_server_engine
 
-from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.cli.server.app import ServerEngine, ServerOptions, create_app
 from ubatch.cli.server.bind import bind_all
-from ubatch.engine.serve.scheduler import Scheduler
 
 LOCAL = ["http://localhost", "http://localhost:5173", "https://127.0.0.1:3000", "http://[::1]", "http://[::1]:8080"]
 FOREIGN = ["http://evil.com", "http://localhost.evil.com", "http://notlocalhost", "http://127.0.0.2", "null"]
 
 
 @pytest.fixture(scope="module")
-def sch(tiny_gemma: Path) -> Iterator[Scheduler]:
-    s = start_scheduler(tiny_gemma, 2, 512)
+def eng(tiny_gemma: Path) -> Iterator[ServerEngine]:
+    s = start_server_engine(tiny_gemma, 2, 512)
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
-def url(sch: Scheduler) -> Iterator[str]:
+def url(eng: ServerEngine) -> Iterator[str]:
     """Our defaults for CORS (localhost only), --metrics, two aliases and two tags."""
     opts = ServerOptions(metrics=True, aliases=("zeta", "alpha"), tags=("t2", "t1"))
-    live = Live(create_app(sch, opts))
+    live = Live(create_app(eng, opts))
     yield live.url
     live.close()
 
 
-def serve(sch: Scheduler, **kw: object) -> Live:
-    return Live(create_app(sch, ServerOptions(**kw)))  # type: ignore[arg-type]
+def serve(eng: ServerEngine, **kw: object) -> Live:
+    return Live(create_app(eng, ServerOptions(**kw)))  # type: ignore[arg-type]
 
 
 def preflight(url: str, origin: str) -> httpx.Response:
@@ -66,8 +63,8 @@ def test_cors_reflects_localhost_origins_only(url: str) -> None:
     assert "access-control-allow-origin" not in r.headers and "llama.cpp" in r.headers.get_list("server")
 
 
-def test_preflight_headers_and_api_key(sch: Scheduler) -> None:
-    live = serve(sch, api_keys=("k1",), cors_origins="*")
+def test_preflight_headers_and_api_key(eng: ServerEngine) -> None:
+    live = serve(eng, api_keys=("k1",), cors_origins="*")
     try:
         r = preflight(live.url, "http://web.example")  # no key: a browser's preflight carries none
         assert r.status_code == 200 and r.text == ""
@@ -79,7 +76,7 @@ def test_preflight_headers_and_api_key(sch: Scheduler) -> None:
         assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == "*"
     finally:
         live.close()
-    live = serve(sch, cors_origins="*", cors_credentials=True)  # echoes the origin, with credentials
+    live = serve(eng, cors_origins="*", cors_credentials=True)  # echoes the origin, with credentials
     try:
         r = preflight(live.url, "http://web.example")
         assert r.headers["access-control-allow-origin"] == "http://web.example"
@@ -87,7 +84,7 @@ def test_preflight_headers_and_api_key(sch: Scheduler) -> None:
     finally:
         live.close()
     listed = "http://a.example,http://b.example"
-    live = serve(sch, cors_origins=listed, cors_methods="GET, POST")  # a list is sent as given
+    live = serve(eng, cors_origins=listed, cors_methods="GET, POST")  # a list is sent as given
     try:
         r = preflight(live.url, "http://c.example")
         assert r.headers["access-control-allow-origin"] == listed
@@ -96,8 +93,8 @@ def test_preflight_headers_and_api_key(sch: Scheduler) -> None:
         live.close()
 
 
-def test_api_prefix(sch: Scheduler) -> None:
-    live = serve(sch, api_prefix="/llm")
+def test_api_prefix(eng: ServerEngine) -> None:
+    live = serve(eng, api_prefix="/llm")
     try:
         assert httpx.get(live.url + "/llm/health").json() == {"status": "ok"}
         r = httpx.post(live.url + "/llm/completion", json={"prompt": "hello", "n_predict": 2, **GREEDY})
@@ -110,7 +107,7 @@ def test_api_prefix(sch: Scheduler) -> None:
         live.close()
 
 
-def test_models_list_aliases_and_tags(url: str, sch: Scheduler) -> None:
+def test_models_list_aliases_and_tags(url: str, eng: ServerEngine) -> None:
     body = httpx.get(url + "/v1/models").json()
     other = httpx.get(url + "/models").json()
     assert other["models"] == body["models"] and other["data"][0]["id"] == body["data"][0]["id"]
@@ -119,16 +116,17 @@ def test_models_list_aliases_and_tags(url: str, sch: Scheduler) -> None:
     assert m["object"] == "model" and m["owned_by"] == "llamacpp"
     assert m["architecture"] == {"input_modalities": ["text"], "output_modalities": ["text"]}
     assert set(m["meta"]) == {"vocab_type", "n_vocab", "n_ctx", "n_ctx_train", "n_embd", "n_params", "size", "ftype"}
+    sch = eng.scheduler
     assert m["meta"]["n_ctx"] == sch.n_ctx_slot and m["meta"]["n_vocab"] == sch.vocab.n_tokens
     assert body["models"][0]["name"] == "alpha" and body["models"][0]["capabilities"] == ["completion"]
     r = httpx.post(
         url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     )
     assert r.json()["model"] == "alpha"
-    live = serve(sch)  # no alias: the model path is the id and the one alias
+    live = serve(eng)  # no alias: the model path is the id and the one alias
     try:
         (m,) = httpx.get(live.url + "/v1/models").json()["data"]
-        assert m["id"] == str(sch.ctx.model.path) and m["aliases"] == [m["id"]] and m["tags"] == []
+        assert m["id"] == str(eng.scheduler.ctx.model.path) and m["aliases"] == [m["id"]] and m["tags"] == []
     finally:
         live.close()
 
@@ -236,10 +234,7 @@ def test_cli_listens_on_every_host(tiny_gemma: Path, tmp_path: Path) -> None:
     port = _free_port()
     cmd = [sys.executable, "-m", "ubatch.cli.main", "server", "-m", str(tiny_gemma), "-c", "256", "-np", "1"]
     cmd += ["--host", ",".join(hosts), "--port", str(port), "-t", "1", "--no-warmup"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
-    reader.start()
+    proc, lines, _ = spawn(cmd)
     try:
         deadline = time.time() + 60
         while not any("listening on unix://" in x for x in lines):

@@ -15,9 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-from test_server import GREEDY, Live, start_scheduler
+from test_server import GREEDY, Live, start_server_engine
 
-from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.cli.server.app import ServerEngine, ServerOptions, create_app
+from ubatch.cli.server.run import start_engine
 from ubatch.engine.context.context import Context
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
@@ -27,17 +28,16 @@ CHAT = [{"role": "user", "content": "hello world"}]
 
 
 @pytest.fixture(scope="module")
-def srv(tiny_gemma: Path) -> Iterator[tuple[str, Scheduler]]:
+def srv(tiny_gemma: Path) -> Iterator[tuple[str, ServerEngine]]:
     """-np 2 -c 512 -b 16: a 60-token prompt takes four decodes."""
     ctx = Context(
         Model.load(tiny_gemma), ContextParams(n_ctx=512, n_seq_max=2, n_outputs_max=2, n_batch=16, n_ubatch=16)
     )
-    sch = Scheduler(ctx, 2)
-    sch.start()
-    live = Live(create_app(sch, ServerOptions(alias="tiny")))
-    yield live.url, sch
+    eng = start_engine(Scheduler(ctx, 2))
+    live = Live(create_app(eng, ServerOptions(alias="tiny")))
+    yield live.url, eng
     live.close()
-    sch.stop()
+    eng.stop()
 
 
 def post(url: str, path: str, body: Any, **kw: Any) -> httpx.Response:
@@ -60,7 +60,7 @@ def cmpl(url: str, prompt: Any, n: int = 4) -> Any:
     return r.json()
 
 
-def test_prompts_as_strings_token_ids_mixtures_and_lists(srv: tuple[str, Scheduler]) -> None:
+def test_prompts_as_strings_token_ids_mixtures_and_lists(srv: tuple[str, ServerEngine]) -> None:
     url, _ = srv
     text = cmpl(url, "hello world")["content"]
     ids = tokens(url, "hello world")  # with BOS, as the string prompt is tokenized
@@ -78,14 +78,14 @@ def test_prompts_as_strings_token_ids_mixtures_and_lists(srv: tuple[str, Schedul
         assert r.status_code == 400 and "prompt" in r.json()["error"]["message"], bad
 
 
-def test_tokenize_mixed_content(srv: tuple[str, Scheduler]) -> None:
+def test_tokenize_mixed_content(srv: tuple[str, ServerEngine]) -> None:
     url, _ = srv
     a, b = tokens(url, "a"), tokens(url, "b", False)
     assert tokens(url, ["a", "b"]) == a + b and tokens(url, [5, "a"]) == [5, *tokens(url, "a", False)]
     assert tokens(url, []) == [] and post(url, "/tokenize", {"content": [["a"]]}).status_code == 400
 
 
-def test_apply_template_prefill_and_input_tokens(srv: tuple[str, Scheduler]) -> None:
+def test_apply_template_prefill_and_input_tokens(srv: tuple[str, ServerEngine]) -> None:
     url, _ = srv
     head = post(url, "/apply-template", {"messages": CHAT}).json()["prompt"]
     assert head.endswith("<start_of_turn>model\n")
@@ -117,7 +117,7 @@ def test_apply_template_prefill_and_input_tokens(srv: tuple[str, Scheduler]) -> 
 LONG = "the world " * 30  # 61 tokens with BOS
 
 
-def test_prompt_progress_events(srv: tuple[str, Scheduler]) -> None:
+def test_prompt_progress_events(srv: tuple[str, ServerEngine]) -> None:
     url, _ = srv
     body = {"prompt": LONG, "n_predict": 2, "stream": True, "return_progress": True, "cache_prompt": False, **GREEDY}
     evs = events(url, "/completion", body)
@@ -136,7 +136,7 @@ def test_prompt_progress_events(srv: tuple[str, Scheduler]) -> None:
     assert p[-1]["prompt_progress"]["processed"] == p[-1]["prompt_progress"]["total"]
 
 
-def test_verbose(srv: tuple[str, Scheduler]) -> None:
+def test_verbose(srv: tuple[str, ServerEngine]) -> None:
     url, _ = srv
     r = post(url, "/v1/completions", {"prompt": "hello", "max_tokens": 3, "verbose": True, **GREEDY}).json()
     v = r["__verbose"]
@@ -146,7 +146,7 @@ def test_verbose(srv: tuple[str, Scheduler]) -> None:
     assert "__verbose" not in post(url, "/v1/completions", {"prompt": "hello", "max_tokens": 1}).json()
 
 
-def test_resumable_stream(srv: tuple[str, Scheduler]) -> None:
+def test_resumable_stream(srv: tuple[str, ServerEngine]) -> None:
     url, _ = srv
     conv = "conv-1::org/model"
     qs = {"conv_id": conv}
@@ -175,8 +175,8 @@ def test_resumable_stream(srv: tuple[str, Scheduler]) -> None:
     assert httpx.get(url + "/v1/stream").status_code == 400 and httpx.delete(url + "/v1/stream").status_code == 400
 
 
-def test_stop_cancels_a_detached_stream(srv: tuple[str, Scheduler]) -> None:
-    url, sch = srv
+def test_stop_cancels_a_detached_stream(srv: tuple[str, ServerEngine]) -> None:
+    url, sch = srv[0], srv[1].scheduler
     body = {"prompt": "hello", "n_predict": 400, "stream": True, **GREEDY}
     with httpx.stream("POST", url + "/completion", json=body, headers={"X-Conversation-Id": "c2"}) as r:
         next(r.iter_lines())
@@ -192,7 +192,7 @@ def test_stop_cancels_a_detached_stream(srv: tuple[str, Scheduler]) -> None:
     )
 
 
-def test_features_this_server_lacks(srv: tuple[str, Scheduler]) -> None:
+def test_features_this_server_lacks(srv: tuple[str, ServerEngine]) -> None:
     url, _ = srv
     assert httpx.get(url + "/lora-adapters").json() == [] and post(url, "/lora-adapters", []).json() == {
         "success": True
@@ -223,8 +223,8 @@ def test_infill(tmp_path: Path) -> None:
         for name, tok in (("pre", pre), ("suf", suf), ("mid", mid)):
             w.add_uint32(f"tokenizer.ggml.fim_{name}_token_id", tok)
 
-    sch = start_scheduler(write_tiny_model(tmp_path / "fim.gguf", TinySpec(extra=fim)), 1, 256)
-    live = Live(create_app(sch))
+    eng = start_server_engine(write_tiny_model(tmp_path / "fim.gguf", TinySpec(extra=fim)), 1, 256)
+    live = Live(create_app(eng))
     try:
         url = live.url
         body = {"input_prefix": "hello", "input_suffix": "world", "prompt": " the", "n_predict": 3, **GREEDY}
@@ -234,4 +234,4 @@ def test_infill(tmp_path: Path) -> None:
         assert post(url, "/infill", {"input_prefix": "x"}).status_code == 400
     finally:
         live.close()
-        sch.stop()
+        eng.stop()

@@ -14,22 +14,21 @@ from typing import Any
 
 import httpx
 import pytest
-from test_server import GREEDY, Live, start_scheduler
+from test_server import GREEDY, Live, start_server_engine
 
 from ubatch.cli.server import responses as server_json
-from ubatch.cli.server.app import ServerOptions, create_app
+from ubatch.cli.server.app import ServerEngine, ServerOptions, create_app
 from ubatch.engine.generation.generation import N_PROBS_MAX, Generation
-from ubatch.engine.serve.scheduler import Scheduler
 
 
 @pytest.fixture(scope="module")
-def srv(tiny_gemma: Path) -> Iterator[tuple[str, Scheduler]]:
+def srv(tiny_gemma: Path) -> Iterator[tuple[str, ServerEngine]]:
     """-np 2 -c 512."""
-    sch = start_scheduler(tiny_gemma, 2, 512)
-    live = Live(create_app(sch, ServerOptions(alias="tiny")))
-    yield live.url, sch
+    eng = start_server_engine(tiny_gemma, 2, 512)
+    live = Live(create_app(eng, ServerOptions(alias="tiny")))
+    yield live.url, eng
     live.close()
-    sch.stop()
+    eng.stop()
 
 
 def post_raw(url: str, path: str, text: str | bytes) -> httpx.Response:
@@ -103,7 +102,9 @@ SURROGATES = [  # path, body as JSON text, the field the error names
 
 
 @pytest.mark.parametrize("path,text,field", SURROGATES, ids=[f"{s[0]}-{s[2]}" for s in SURROGATES])
-def test_lone_surrogate_is_a_400_naming_the_field(srv: tuple[str, Scheduler], path: str, text: str, field: str) -> None:
+def test_lone_surrogate_is_a_400_naming_the_field(
+    srv: tuple[str, ServerEngine], path: str, text: str, field: str
+) -> None:
     url, _ = srv
     r = post_raw(url, path, text)
     assert r.status_code == 400, r.text
@@ -113,7 +114,7 @@ def test_lone_surrogate_is_a_400_naming_the_field(srv: tuple[str, Scheduler], pa
     assert_healthy(url)
 
 
-def test_valid_pairs_and_invalid_utf8(srv: tuple[str, Scheduler]) -> None:
+def test_valid_pairs_and_invalid_utf8(srv: tuple[str, ServerEngine]) -> None:
     url, _ = srv
     pair = post_raw(url, "/tokenize", '{"content": "\\ud83d\\ude00", "with_pieces": true}')  # U+1F600: fine
     assert pair.status_code == 200 and pair.json()["tokens"]
@@ -128,8 +129,8 @@ def test_valid_pairs_and_invalid_utf8(srv: tuple[str, Scheduler]) -> None:
 # -- n_probs / logprobs --------------------------------------------------------------------------
 
 
-def test_huge_n_probs_is_clamped_and_bounded(srv: tuple[str, Scheduler]) -> None:
-    url, sch = srv
+def test_huge_n_probs_is_clamped_and_bounded(srv: tuple[str, ServerEngine]) -> None:
+    url, sch = srv[0], srv[1].scheduler
     assert sch.vocab.n_tokens > N_PROBS_MAX  # so the clamp, not the vocabulary, is what bounds it
     body = {"prompt": "hi", "n_predict": 4, "n_probs": 10**6, **GREEDY}
     r = httpx.post(url + "/completion", json=body, timeout=60)
@@ -148,7 +149,7 @@ def test_huge_n_probs_is_clamped_and_bounded(srv: tuple[str, Scheduler]) -> None
     assert_healthy(url)
 
 
-def test_chat_top_logprobs_keeps_openai_limit(srv: tuple[str, Scheduler]) -> None:
+def test_chat_top_logprobs_keeps_openai_limit(srv: tuple[str, ServerEngine]) -> None:
     url, _ = srv
     msgs = [{"role": "user", "content": "hi"}]
     big = {"messages": msgs, "max_tokens": 2, "logprobs": True, "top_logprobs": 10**6}
@@ -162,7 +163,7 @@ def test_chat_top_logprobs_keeps_openai_limit(srv: tuple[str, Scheduler]) -> Non
 # -- id_slot -------------------------------------------------------------------------------------
 
 
-def test_id_slot_out_of_range_is_a_400(srv: tuple[str, Scheduler]) -> None:
+def test_id_slot_out_of_range_is_a_400(srv: tuple[str, ServerEngine]) -> None:
     url, _ = srv
     for bad in (99, 2, -2):
         r = httpx.post(url + "/completion", json={"prompt": "hi", "n_predict": 1, "id_slot": bad}, timeout=60)
@@ -181,7 +182,7 @@ def _boom(*args: Any, **kwargs: Any) -> Any:
 
 
 def test_exception_in_the_route_is_a_500_and_frees_the_slot(
-    srv: tuple[str, Scheduler], monkeypatch: pytest.MonkeyPatch
+    srv: tuple[str, ServerEngine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, _ = srv
     monkeypatch.setattr(server_json, "native_final", _boom)  # after the task ran, while answering
@@ -194,9 +195,9 @@ def test_exception_in_the_route_is_a_500_and_frees_the_slot(
 
 
 def test_exception_mid_stream_ends_with_an_error_event(
-    srv: tuple[str, Scheduler], monkeypatch: pytest.MonkeyPatch
+    srv: tuple[str, ServerEngine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, sch = srv
+    url, sch = srv[0], srv[1].scheduler
     monkeypatch.setattr(server_json, "native_partial", _boom)
     events = stream_lines(url, "/completion", {"prompt": "hi", "n_predict": 200, "stream": True, **GREEDY})
     assert (
@@ -216,7 +217,7 @@ def test_exception_mid_stream_ends_with_an_error_event(
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_exception_in_the_engine_fails_only_that_request(
-    srv: tuple[str, Scheduler], monkeypatch: pytest.MonkeyPatch, stream: bool
+    srv: tuple[str, ServerEngine], monkeypatch: pytest.MonkeyPatch, stream: bool
 ) -> None:
     url, _ = srv
     monkeypatch.setattr(Generation, "sample", _boom)
@@ -237,7 +238,7 @@ def test_exception_in_the_engine_fails_only_that_request(
     assert_healthy(url)
 
 
-def test_huge_prompt_is_refused_before_tokenizing(srv: tuple[str, Scheduler]) -> None:
+def test_huge_prompt_is_refused_before_tokenizing(srv: tuple[str, ServerEngine]) -> None:
     """A prompt that cannot fit is refused by its length: no token is longer than the vocabulary's
     longest, so its token count has a lower bound, and 4 MB never reach the tokenizer."""
     url, _ = srv

@@ -18,16 +18,17 @@ from test_server import Live, metric, post
 from tiny_models import TinySpec, write_tiny_model
 
 from ubatch.cli.server.app import ServerOptions, create_app
-from ubatch.cli.server.run import load_scheduler
+from ubatch.cli.server.run import EngineOptions, load_engine
 from ubatch.cli.spec_flags import SpecFlags
 from ubatch.engine.completion.complete import CompletionStats, complete
 from ubatch.engine.context.context import Context
+from ubatch.engine.generation.generation import GenerationParams
 from ubatch.engine.gguf.file import open_gguf
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling.chain import Sampler, SamplerParams
-from ubatch.engine.spec.draft import NgramSimple
-from ubatch.engine.spec.speculative import SpecError, SpecParams, Speculator
+from ubatch.engine.spec.draft import NgramSimple, create_speculator
+from ubatch.engine.spec.speculative import SpecError, SpecParams
 from ubatch.engine.spec.verify import rejection_choice
 
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
@@ -43,10 +44,14 @@ def greedy(model: Model, n: int, spec: SpecParams | None = None, draft: Model | 
     sp = None
     if spec is not None:
         dctx = Context(draft, ContextParams(n_ctx=1024, n_outputs_max=1)) if draft is not None else None
-        sp = Speculator.create(spec, ctx, dctx)
+        sp = create_speculator(spec, ctx, dctx)
     st = CompletionStats()
     ids = model.vocab.tokenize(PROMPT, add_special=True)
-    toks = [e.token for e in complete(ctx, ids, n, Sampler(SamplerParams(temp=0)), st, speculator=sp) if e.token >= 0]
+    toks = [
+        e.token
+        for e in complete(ctx, ids, Sampler(SamplerParams(temp=0)), GenerationParams(n_predict=n), st, speculator=sp)
+        if e.token >= 0
+    ]
     return toks, st
 
 
@@ -102,7 +107,7 @@ def test_a_tiny_random_draft_with_the_same_vocabulary(
 def test_a_draft_with_another_vocabulary_is_refused(default_model: Model, tiny_gemma_model: Model) -> None:
     ctx = Context(default_model, ContextParams(n_ctx=256))
     with pytest.raises(SpecError, match="vocabulary has 326 tokens but the target's has 262144"):
-        Speculator.create(SpecParams(types=("draft-simple",)), ctx, Context(tiny_gemma_model, ContextParams(n_ctx=256)))
+        create_speculator(SpecParams(types=("draft-simple",)), ctx, Context(tiny_gemma_model, ContextParams(n_ctx=256)))
 
 
 def test_rejection_sampling_keeps_the_target_distribution() -> None:
@@ -187,30 +192,19 @@ def test_server_slots_verify_drafts_under_concurrency(default_model_path: Path, 
         ctx = Context(default_model, ContextParams(n_ctx=1024))
         ids = default_model.vocab.tokenize(p, add_special=True)
         expected.append(
-            [e.token for e in complete(ctx, ids, 24, Sampler(SamplerParams(temp=0)), ignore_eos=True) if e.token >= 0]
+            [
+                e.token
+                for e in complete(
+                    ctx, ids, Sampler(SamplerParams(temp=0)), GenerationParams(n_predict=24, ignore_eos=True)
+                )
+                if e.token >= 0
+            ]
         )
     spec = SpecFlags(spec_type=["ngram-simple"], spec_ngram_simple_size_n=3, spec_ngram_simple_size_m=5)
-    sch = load_scheduler(
-        default_model_path,
-        2,
-        2048,
-        2048,
-        512,
-        False,
-        "f16",
-        "f16",
-        False,
-        0,
-        True,
-        False,
-        0,
-        0.1,
-        True,
-        True,
-        spec=spec,
-    )
+    eng = load_engine(EngineOptions(default_model_path, 2, 2048, warmup=False, spec=spec, quiet=True))
+    sch = eng.scheduler
     assert sch.ctx.cparams.n_outputs_max == 2 * (1 + 5)
-    live = Live(create_app(sch, ServerOptions(metrics=True, alias="gemma")))
+    live = Live(create_app(eng, ServerOptions(metrics=True, alias="gemma")))
     try:
         out: list[Any] = [None, None]
         barrier = threading.Barrier(2)
@@ -235,7 +229,7 @@ def test_server_slots_verify_drafts_under_concurrency(default_model_path: Path, 
         assert any(len(r.rows) == 2 for r in sch.records)  # both slots rode in the same decode
     finally:
         live.close()
-        sch.stop()
+        eng.stop()
 
 
 def test_window_cache_keeps_what_the_next_row_needs_after_a_rejected_draft(tmp_path: Path) -> None:
@@ -251,7 +245,7 @@ def test_window_cache_keeps_what_the_next_row_needs_after_a_rejected_draft(tmp_p
         sp = None
         if spec is not None:  # a random draft with the tiny vocabulary: 4-token drafts, mostly rejected
             dctx = Context(draft, ContextParams(n_ctx=1024, n_batch=64, n_ubatch=2))
-            sp = Speculator.create(spec, ctx, dctx)
+            sp = create_speculator(spec, ctx, dctx)
         swa = ctx.memory.caches[1]
 
         def window_complete(batch: Any, ub: Any, rec: Any) -> None:  # what the first row must see
@@ -263,7 +257,8 @@ def test_window_cache_keeps_what_the_next_row_needs_after_a_rejected_draft(tmp_p
         st = CompletionStats()
         ids = model.vocab.tokenize("a b c a b c a b", add_special=True)
         sampler = Sampler(SamplerParams(temp=0))
-        return [e.token for e in complete(ctx, ids, 300, sampler, st, ignore_eos=True, speculator=sp)], st
+        params = GenerationParams(n_predict=300, ignore_eos=True)
+        return [e.token for e in complete(ctx, ids, sampler, params, st, speculator=sp)], st
 
     missing: list[int] = []
     plain, _ = run(None)
@@ -289,11 +284,12 @@ def test_llama_api_speculates_with_the_same_text(default_model_path: Path, plain
 def test_probabilistic_drafts_are_verified_by_rejection(tiny_gemma_model: Model) -> None:
     ctx = Context(tiny_gemma_model, ContextParams(n_ctx=512, n_outputs_max=8))
     dctx = Context(tiny_gemma_model, ContextParams(n_ctx=512, n_outputs_max=1))
-    sp = Speculator.create(SpecParams(types=("draft-simple",), n_max=4, probabilistic=True), ctx, dctx)
+    sp = create_speculator(SpecParams(types=("draft-simple",), n_max=4, probabilistic=True), ctx, dctx)
     sampler = Sampler(SamplerParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3))
     ids = tiny_gemma_model.vocab.tokenize("a b c", add_special=True)
     st = CompletionStats()
-    toks = [e.token for e in complete(ctx, ids, 64, sampler, st, ignore_eos=True, speculator=sp) if e.token >= 0]
+    params = GenerationParams(n_predict=64, ignore_eos=True)
+    toks = [e.token for e in complete(ctx, ids, sampler, params, st, speculator=sp) if e.token >= 0]
     assert len(toks) == 64 and st.spec.n_drafts > 0
     assert all(q for q in sp.drafters[0].draft(0, ids, toks[0], 2).q)  # the draft's probabilities travel
     # the draft is the target at temperature 1 over its top 10: most drafted tokens pass p/q

@@ -1,4 +1,4 @@
-"""Saved sequence state (engine/state.py, engine/state_file.py) through every door: the engine,
+"""Saved sequence state (engine/context/state.py, engine/context/state_file.py) through every door: the engine,
 `Llama.save_state` / `load_state`, llama-completion's `--prompt-cache` in fresh processes, and
 llama-server's POST /slots/{id}?action=save|restore|erase over HTTP. A restored sequence must
 continue exactly as the uninterrupted run; every bad state is refused in one line (or
@@ -16,13 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from test_server import GREEDY, Live, start_scheduler
+from test_server import GREEDY, Live, start_server_engine
 
 from ubatch import Llama
 from ubatch.cli.server.app import ServerOptions, create_app
 from ubatch.cli.server.routes.slots import valid_filename
 from ubatch.engine.batch import Batch
-from ubatch.engine.completion.complete import prefill
 from ubatch.engine.context import state, state_file
 from ubatch.engine.context.context import Context
 from ubatch.engine.context.state_file import StateError
@@ -50,7 +49,7 @@ def greedy(ctx: Context, n_past: int, logits: torch.Tensor, n: int, seq_id: int 
 def tiny_state(tiny_llama_model) -> state_file.SeqState:  # type: ignore[no-untyped-def]
     """A state of the tiny llama model, for the "another model" cases."""
     ctx = Context(tiny_llama_model, ContextParams(n_ctx=256))
-    prefill(ctx, [1, 5, 6, 7])
+    ctx.prefill([1, 5, 6, 7])
     return state.capture(ctx, 0, [1, 5, 6, 7])
 
 
@@ -114,11 +113,11 @@ def test_prompt_cache_reuses_the_matching_prefix(tiny_gemma: Path, tmp_path: Pat
 def test_restore_refusals_leave_the_cache_alone(tiny_gemma_model, tmp_path: Path, tiny_state) -> None:  # type: ignore[no-untyped-def]
     ctx = Context(tiny_gemma_model, ContextParams(n_ctx=512, n_seq_max=2))  # a stream per sequence
     prompt = list(range(3, 43))
-    prefill(ctx, prompt)
+    ctx.prefill(prompt)
     good = state.capture(ctx, 0, prompt)
     data = state_file.to_bytes(good)
     target = Context(tiny_gemma_model, ContextParams(n_ctx=512))
-    prefill(target, [3, 4, 5], seq_id=0)
+    target.prefill([3, 4, 5], seq_id=0)
 
     def refused(st: state_file.SeqState, into: Context = target) -> str:
         before = (into.memory.seq_pos_min(0), into.memory.seq_pos_max(0), into.memory.used)
@@ -163,7 +162,7 @@ def test_swa_full_state_into_a_window_sized_cache(tiny_gemma_model) -> None:  # 
     plus one ubatch: only the tail the window still needs is taken, and generation agrees."""
     full = Context(tiny_gemma_model, ContextParams(n_ctx=1024, n_ubatch=64, swa_full=True))
     prompt = [3 + i % 50 for i in range(300)]
-    prefill(full, prompt)
+    full.prefill(prompt)
     saved = state.capture(full, 0, prompt)
     assert saved.tensors["c1.pos"].numel() == 300
     small = Context(tiny_gemma_model, ContextParams(n_ctx=1024, n_ubatch=64))
@@ -206,11 +205,11 @@ def test_llama_save_and_load_state(tiny_gemma: Path, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def slot_server(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Scheduler, Path]]:
     d = tmp_path_factory.mktemp("slots")
-    sch = start_scheduler(tiny_gemma, 2, 512)
-    live = Live(create_app(sch, ServerOptions(slot_save_path=str(d))))
-    yield live.url, sch, d
+    eng = start_server_engine(tiny_gemma, 2, 512)
+    live = Live(create_app(eng, ServerOptions(slot_save_path=str(d))))
+    yield live.url, eng.scheduler, d
     live.close()
-    sch.stop()
+    eng.stop()
 
 
 def post(url: str, path: str, body: object) -> httpx.Response:

@@ -1,9 +1,9 @@
-"""The Triton quantised matmul (kernels/triton/matmul.py) against dequantise-then-matmul.
+"""The Triton quantised matmul (kernels/cuda/triton/matmul.py) against dequantise-then-matmul.
 
 Without a GPU the kernels run in Triton's interpreter on the CPU (tiny shapes: the grid is a
 handful of programs); with one, compiled on it (tests/triton_interp.py). They are also compiled for sm_90 by scripts/triton_compile_check.py in a subprocess that
 uses the real compiler. Tolerance: max |out - ref| / max |ref| <= 1e-5 against a float64
-reference of the exactly dequantised weights (kernels/dequant.py); the kernels accumulate in f32.
+reference of the exactly dequantised weights (kernels/quant/dequant.py); the kernels accumulate in f32.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Triton kernels other than the matmul (kernels/triton/elementwise.py, gather.py,
+"""The Triton kernels other than the matmul (kernels/cuda/triton/elementwise.py, gather.py,
 attention.py) against the torch reference, in Triton's interpreter on tiny shapes.
 
 Tolerances: element-wise ops and norms <= 1e-6 relative to the largest reference value (f32
@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as T
 from test_kernels import rel_err, weight
 
 from ubatch.kernels.cuda.triton import mode
-from ubatch.kernels.ops import KV_CHUNK, KVTensor, attn_scratch
+from ubatch.kernels.ops import KV_CHUNK, AttentionArgs, KVTensor, MaskCells, attn_scratch
 from ubatch.kernels.quant.dequant import dequantize
 from ubatch.kernels.quant.quantize import QUANTIZERS
 from ubatch.kernels.torch_ops import TorchOps
@@ -64,7 +64,7 @@ def test_glu_scale_add_softcap_rows() -> None:
     want = REF.softcap(g * 10, 30.0, torch.empty_like(g))
     assert rel_err(te.elementwise(te.OP_SOFTCAP, g * 10, None, 30.0, torch.empty_like(g)), want) <= 1e-6
     idx = torch.tensor([2, 0, 2])
-    assert torch.equal(te.rows(g, idx, torch.empty(3, 1500)), g[idx])
+    assert torch.equal(tg.rows(g, idx, torch.empty(3, 1500)), g[idx])
 
 
 @pytest.mark.parametrize("t", [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0], ids=lambda t: t.name)
@@ -102,7 +102,7 @@ def _kv(kv_type: str, rows: torch.Tensor) -> KVTensor:
 
 
 def _cells_mask(pos: np.ndarray, seqs: np.ndarray, qpos: np.ndarray, qseq: np.ndarray, n_swa: int) -> np.ndarray:
-    """The four rules as engine/kv_cache.py KVCache.mask states them, per group: (T, n_kv) bool."""
+    """The four rules as engine/kv/cache.py KVCache.mask states them, per group: (T, n_kv) bool."""
     vis = (pos[None, :] >= 0) & seqs[:, qseq].T & (pos[None, :] <= qpos[:, None])
     return vis & ~((qpos[:, None] - pos[None, :] >= n_swa) if n_swa > 0 else False)
 
@@ -133,17 +133,18 @@ def test_attention_matches_the_reference_with_the_mask_tensor_or_the_cells(
     visible = torch.from_numpy(vis.reshape(g * t, n_kv // KV_CHUNK, KV_CHUNK).any(2).any(0))
     out = torch.empty(g * t, h * d)
     scratch = [torch.empty(s, dtype=dt) for s, dt in attn_scratch(g, t, h, hkv, n_kv, d, d)]
-    want = REF.attention(q, k, v, starts, n_kv, mask, 0.125, out.clone(), scratch, visible)
+    a = AttentionArgs(q, k, v, starts, n_kv, mask, 0.125, visible)
+    want = REF.attention(a, out.clone(), scratch)
     tiles = ta.blocks(t * (h // hkv), d)  # the GPU's tiles (the interpreter's default is one chunk wide)
-    got = ta.attention(q, k, v, starts, n_kv, mask, 0.125, torch.empty_like(out), visible, tiles=tiles)
+    got = ta.attention(a, torch.empty_like(out), tiles=tiles)
     assert rel_err(got, want) <= 1e-5
     if t == 1:  # decode: the cells split 4 ways (one split sees only empty cells), then combined
-        got = ta.attention(q, k, v, starts, n_kv, mask, 0.125, torch.empty_like(out), visible, tiles=tiles, split=4)
+        got = ta.attention(a, torch.empty_like(out), tiles=tiles, split=4)
         assert rel_err(got, want) <= 1e-5
     bits = (seqs.astype(np.int64) << np.arange(3)).sum(2)
-    cells = (
-        torch.from_numpy(pos), torch.from_numpy(bits), torch.from_numpy(qpos.reshape(-1)),
-        torch.from_numpy(np.int64(1) << qseq.reshape(-1)), n_swa, True,
-    )  # fmt: skip
-    got = ta.attention(q, k, v, starts, n_kv, None, 0.125, torch.empty_like(out), visible, cells)  # one-chunk tiles
-    assert rel_err(got, want) <= 1e-5
+    qp = torch.from_numpy(qpos.reshape(-1))  # causal: each query's limit is its own position
+    cells = MaskCells(
+        torch.from_numpy(pos), torch.from_numpy(bits), qp, torch.from_numpy(np.int64(1) << qseq.reshape(-1)), n_swa, qp
+    )
+    got = ta.attention(AttentionArgs(q, k, v, starts, n_kv, None, 0.125, visible, cells), torch.empty_like(out))
+    assert rel_err(got, want) <= 1e-5  # one-chunk tiles

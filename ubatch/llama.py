@@ -2,14 +2,16 @@
 
 Code written for llama-cpp-python's `Llama(...).tokenize/.detokenize/.eval/.scores/
 .create_completion` runs unchanged. Like llama-cpp-python, `create_completion` reuses the
-longest common prefix of the previous evaluation instead of re-evaluating it.
+longest common prefix of the previous evaluation instead of re-evaluating it. The completion
+loop (ubatch/llama_completion.py) and the saved state (ubatch/llama_state.py) take what they need
+from this class as arguments; neither imports it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -18,15 +20,19 @@ from ubatch import llama_state
 from ubatch.engine.batch import Batch, common_prefix
 from ubatch.engine.context.context import Context
 from ubatch.engine.errors import ContextError
-from ubatch.engine.generation.embedding import POOLING_TYPES, embed_prompts
-from ubatch.engine.grammar import compile_grammar
+from ubatch.engine.generation.embedding import embed_prompts
+from ubatch.engine.grammar import Grammar, compile_grammar
 from ubatch.engine.model.default_model import default_model_path
+from ubatch.engine.model.hparams import POOLING_TYPES
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling.chain import LLAMA_DEFAULT_SEED, SamplerParams
 from ubatch.engine.serve.embedding_task import fit_prompt
 from ubatch.engine.spec.speculative import SpecError, SpecParams, SpecStats
-from ubatch.llama_completion import completion_chunks, speculator_for
+from ubatch.llama_completion import CompletionChunk, completion_chunks, join_logprobs, speculator_for
+from ubatch.llama_state import LlamaState
+
+Embedding = list[float] | list[list[float]]  # one text's vector (per-token rows with pooling none)
 
 
 class Llama:
@@ -52,7 +58,7 @@ class Llama:
         spec_draft_n_max: int = 3,
         spec_ngram_size_n: int = 12,
         spec_ngram_size_m: int = 48,
-        **_ignored: Any,
+        **_ignored: object,
     ) -> None:
         types = tuple(t.strip() for t in (spec_type or "").split(",") if t.strip())
         spec = SpecParams(types, spec_draft_n_max, ngram_size_n=spec_ngram_size_n, ngram_size_m=spec_ngram_size_m)
@@ -136,6 +142,10 @@ class Llama:
             self.input_ids[n_past : n_past + len(chunk)] = chunk
             self.n_tokens += len(chunk)
 
+    def _set_evaluated(self, tokens: list[int]) -> None:
+        self.input_ids[: len(tokens)] = tokens
+        self.n_tokens = len(tokens)
+
     def after_step(self, cache: list[int], n_before: int, n_rows: int) -> None:
         """A generation step decoded rows n_before.. (the sampled token, then accepted drafts)."""
         self.input_ids[: len(cache)] = cache
@@ -147,24 +157,45 @@ class Llama:
         else:
             self.scores[0] = logits[-1].numpy()
 
-    save_state, load_state = llama_state.save, llama_state.load  # llama-cpp-python's names
-    save_state_file, load_state_file = llama_state.save_file, llama_state.load_file
+    # -- state (llama-cpp-python's names) ------------------------------------------------------
+    def save_state(self) -> LlamaState:
+        tokens = self.input_ids[: self.n_tokens].tolist()
+        return llama_state.capture(self.ctx, tokens, self._last_logits, self.seed)
+
+    def load_state(self, state: LlamaState) -> None:
+        """Restore; a state from another model or cache type is refused before anything changes."""
+        tokens, last = llama_state.restore(self.ctx, state, self.n_vocab())
+        self._set_evaluated(tokens)
+        if last is not None:
+            self._last_logits = last
+            self.scores[0] = last.numpy()
+        self.seed = state.seed
+
+    def save_state_file(self, path: str | os.PathLike[str]) -> int:
+        return llama_state.save_file(self.ctx, self.input_ids[: self.n_tokens].tolist(), path)
+
+    def load_state_file(self, path: str | os.PathLike[str]) -> int:
+        self._set_evaluated(llama_state.load_file(self.ctx, path))
+        self._last_logits = torch.empty(0)
+        return self.n_tokens
 
     # -- embeddings ------------------------------------------------------------------------------
-    def embed(self, input: str | list[str], normalize: bool = True, truncate: bool = True) -> Any:
+    def embed(
+        self, input: str | list[str], normalize: bool = True, truncate: bool = True
+    ) -> Embedding | list[Embedding]:
         """The embedding of a text (a list of them for a list): the model's pooling of the
         final-norm hidden states, Euclidean-normalised; per-token rows with pooling none."""
         vecs, _ = self._embed(input, normalize, truncate)
         return vecs[0] if isinstance(input, str) else vecs
 
-    def create_embedding(self, input: str | list[str], model: str | None = None) -> dict[str, Any]:
+    def create_embedding(self, input: str | list[str], model: str | None = None) -> dict[str, object]:
         """OpenAI's embeddings response, as llama-cpp-python's (vectors as /v1/embeddings gives)."""
         vecs, n = self._embed(input, True, True)
         data = [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vecs)]
         usage = {"prompt_tokens": n, "total_tokens": n}
         return {"object": "list", "data": data, "model": model or self.model_path, "usage": usage}
 
-    def _embed(self, input: str | list[str], normalize: bool, truncate: bool) -> tuple[list[Any], int]:
+    def _embed(self, input: str | list[str], normalize: bool, truncate: bool) -> tuple[list[Embedding], int]:
         if not self.embedding:
             raise RuntimeError("Llama model must be created with embedding=True to call this method")
         texts = [input] if isinstance(input, str) else list(input)
@@ -175,11 +206,13 @@ class Llama:
         return [v.tolist() for v in vecs], sum(map(len, prompts))
 
     # -- completion -----------------------------------------------------------------------------
-    def _prefix_eval(self, prompt: list[int]) -> None:
-        """Reuse the longest common prefix with what is already evaluated (at least one token new)."""
+    def prefix_eval(self, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+        """Evaluate `prompt`, reusing the longest common prefix with what is already evaluated (at
+        least one token new); (the tokens now evaluated, the logits row that predicts the next)."""
         common = min(common_prefix(self.input_ids[: self.n_tokens].tolist(), prompt), len(prompt) - 1)
         self.n_tokens = common
         self.eval(prompt[common:])
+        return self.input_ids[: self.n_tokens].tolist(), self._last_logits
 
     def create_completion(
         self,
@@ -202,10 +235,10 @@ class Llama:
         mirostat_mode: int = 0,
         mirostat_tau: float = 5.0,
         mirostat_eta: float = 0.1,
-        grammar: Any = None,
+        grammar: str | Grammar | None = None,
         logit_bias: dict[int, float] | None = None,
-        **_ignored: Any,
-    ) -> Any:
+        **_ignored: object,
+    ) -> CompletionChunk | Iterator[CompletionChunk]:
         """llama-cpp-python's create_completion; `grammar` is GBNF text (or a compiled Grammar)."""
         sp = SamplerParams(
             temp=temperature,
@@ -224,23 +257,20 @@ class Llama:
         if isinstance(grammar, str):
             grammar = compile_grammar(grammar)
         bias = [(int(t), float(b)) for t, b in (logit_bias or {}).items()]
-        chunks = self._completion(prompt, max_tokens, sp, logprobs, echo, stop, grammar, bias)
+        chunks = completion_chunks(self, prompt, max_tokens, sp, logprobs, echo, stop, grammar, bias)
         if stream:
             return chunks
         text, lps, final = "", [], None
         for c in chunks:
-            text += c["choices"][0]["text"]
-            if c["choices"][0]["logprobs"]:
-                lps.append(c["choices"][0]["logprobs"])
+            choice = c["choices"][0]
+            text += choice["text"]
+            if choice["logprobs"]:
+                lps.append(choice["logprobs"])
             final = c
         assert final is not None
-        lp = None
-        if logprobs is not None:
-            lp = {k: sum((x[k] for x in lps), []) for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
-        final["choices"][0].update(text=text, logprobs=lp)
+        choice = final["choices"][0]
+        choice["text"] = text
+        choice["logprobs"] = None if logprobs is None else join_logprobs(lps)
         return final
 
     __call__ = create_completion
-
-    def _completion(self, *args: Any) -> Iterator[dict[str, Any]]:
-        return completion_chunks(self, *args)

@@ -1,9 +1,16 @@
-"""Teacher-forced scoring: log-probabilities of every position, and the KL divergence from a
-reference's top-k log-probabilities (how llama.cpp's KLD tooling compares two runs)."""
+"""Teacher-forced scoring, part of the Python API: log-probabilities of every position, and the
+KL divergence from a reference's top-k log-probabilities (how llama.cpp's KLD tooling compares
+two runs).
+
+Used by the logits tests (tests/test_default_model.py) and scripts/check_logits.py; it drives a
+`Context` of the engine directly and uses nothing above the engine.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -41,26 +48,24 @@ def kld_vs_top(logprobs: torch.Tensor, ref_ids: list[list[int]], ref_lp: list[li
 @dataclass(slots=True)
 class ReferenceText:
     """One text of a logits reference: its token ids, the reference's top-k per position, and
-    llama.cpp's own distance from that reference."""
+    llama.cpp's own distance from that reference (`lcpp_kld_top32_mean`, `lcpp_top1_agree`, ...)."""
 
     ids: list[int]
     top_ids: list[list[int]]
     top_logprobs: list[list[float]]
-    lcpp: dict
+    lcpp: dict[str, float]
 
 
-def load_reference(refdir: Path) -> list[ReferenceText]:  # noqa: F821
+def load_reference(refdir: Path) -> list[ReferenceText]:
     """tests/refdata's logits_ids.json, logits_ref.jsonl and logits_lcpp_vs_ref.json, joined."""
-    import json
-
     texts = json.loads((refdir / "logits_ids.json").read_text())
-    rows: dict[int, list[dict]] = {}
+    rows: dict[int, list[tuple[int, list[int], list[float]]]] = {}  # text -> (position, top ids, top logprobs)
     for line in (refdir / "logits_ref.jsonl").read_text().splitlines():
         r = json.loads(line)
-        rows.setdefault(r["text"], []).append(r)
+        rows.setdefault(r["text"], []).append((r["pos"], r["top_ids"], r["top_logprobs"]))
     lcpp = {r["text"]: r for r in json.loads((refdir / "logits_lcpp_vs_ref.json").read_text())}
     out = []
     for t, ids in enumerate(texts):
-        rs = sorted(rows[t], key=lambda r: r["pos"])
-        out.append(ReferenceText(ids, [r["top_ids"] for r in rs], [r["top_logprobs"] for r in rs], lcpp[t]))
+        rs = sorted(rows[t], key=lambda r: r[0])
+        out.append(ReferenceText(ids, [r[1] for r in rs], [r[2] for r in rs], lcpp[t]))
     return out

@@ -4,6 +4,7 @@ Where llama-bench times one sequence per test, this fills the KV cache with `pl`
 sequences (`-npl`) of `pp` prompt tokens and then generates `tg` tokens for each, the way a
 server with `pl` busy slots works; it reports the prompt, generation and total speed per
 combination of -npp x -ntg x -npl, with llama-batched-bench's header line and table.
+It serves `ubatch batched-bench` alone, so it sits in cli/bench/, above the engine.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import numpy as np
 from ubatch.cli.bench.params import BenchError
 from ubatch.cli.bench.result import BenchEvent
 from ubatch.cli.bench.run import kv_bytes, random_tokens
+from ubatch.cli.context_flags import context_params
 from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context
 from ubatch.engine.model.model import Model
-from ubatch.engine.params import ContextParams
 from ubatch.engine.units import mib
 
 
@@ -127,16 +128,17 @@ def run_batched_bench(
         model = Model.load(p.model)
     ctx = Context(
         model,
-        ContextParams(
-            n_ctx=p.n_ctx,
-            n_batch=p.n_batch,
-            n_ubatch=p.n_ubatch,
-            n_seq_max=max(p.n_pl),
-            n_threads=p.n_threads,
-            type_k=p.type_k,
-            type_v=p.type_v,
+        context_params(
+            ctx_size=p.n_ctx,
+            batch_size=p.n_batch,
+            ubatch_size=p.n_ubatch,
+            parallel=max(p.n_pl),
             kv_unified=p.kvu,
+            ctk=p.type_k,
+            ctv=p.type_v,
+            threads=p.n_threads,
             backend=p.backend,
+            n_outputs_max=0,  # n_batch, as llama-batched-bench
         ),
     )
     cp = ctx.cparams

@@ -2,12 +2,14 @@
 
 They are copied format string for format string so scripts that parse llama.cpp's
 batched-bench output read ubatch's unchanged; the jsonl rows then add ubatch's buffer and KV
-sizes. llama-bench's formats are a different tool's and live in cli/bench_format.py.
+sizes. llama-bench's formats are a different tool's and live in cli/bench/format.py.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from dataclasses import asdict, astuple
 
 from ubatch.cli.bench.batched import BatchedHeader, BatchedResult
 
@@ -21,68 +23,38 @@ def batched_header_line(h: BatchedHeader) -> str:
     )
 
 
+# llama-batched-bench's table: each column's header, width and number format (BatchedResult's order)
+_COLUMNS = (
+    ("PP", 6, "d"),
+    ("TG", 6, "d"),
+    ("B", 4, "d"),
+    ("N_KV", 6, "d"),
+    ("T_PP s", 8, ".3f"),
+    ("S_PP t/s", 8, ".2f"),
+    ("T_TG s", 8, ".3f"),
+    ("S_TG t/s", 8, ".2f"),
+    ("T s", 8, ".3f"),
+    ("S t/s", 8, ".2f"),
+)
+
+
+def _md_line(cells: Iterable[str]) -> str:
+    return "|" + " | ".join(cells) + " |\n"
+
+
 def batched_md_head() -> str:
-    return "|%6s | %6s | %4s | %6s | %8s | %8s | %8s | %8s | %8s | %8s |\n" % (
-        "PP",
-        "TG",
-        "B",
-        "N_KV",
-        "T_PP s",
-        "S_PP t/s",
-        "T_TG s",
-        "S_TG t/s",
-        "T s",
-        "S t/s",
-    ) + "|%6s-|-%6s-|-%4s-|-%6s-|-%8s-|-%8s-|-%8s-|-%8s-|-%8s-|-%8s-|\n" % (
-        "------",
-        "------",
-        "----",
-        "------",
-        "--------",
-        "--------",
-        "--------",
-        "--------",
-        "--------",
-        "--------",
-    )
+    rule = "|" + "-|-".join("-" * w for _, w, _ in _COLUMNS) + "-|\n"
+    return _md_line(f"{name:>{w}}" for name, w, _ in _COLUMNS) + rule
 
 
 def batched_md_row(r: BatchedResult) -> str:
-    return "|%6d | %6d | %4d | %6d | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |\n" % (
-        r.pp,
-        r.tg,
-        r.pl,
-        r.n_kv,
-        r.t_pp,
-        r.speed_pp,
-        r.t_tg,
-        r.speed_tg,
-        r.t,
-        r.speed,
-    )
+    return _md_line(f"{v:{w}{fmt}}" for v, (_, w, fmt) in zip(astuple(r), _COLUMNS, strict=True))
 
 
 def batched_jsonl_row(h: BatchedHeader, r: BatchedResult) -> str:
-    d = {
-        "n_kv_max": h.n_kv_max,
-        "n_batch": h.n_batch,
-        "n_ubatch": h.n_ubatch,
-        "flash_attn": h.flash_attn,
-        "is_pp_shared": h.is_pp_shared,
-        "n_gpu_layers": h.n_gpu_layers,
-        "n_threads": h.n_threads,
-        "n_threads_batch": h.n_threads_batch,
-        "pp": r.pp,
-        "tg": r.tg,
-        "pl": r.pl,
-        "n_kv": r.n_kv,
-        "t_pp": r.t_pp,
-        "speed_pp": r.speed_pp,
-        "t_tg": r.t_tg,
-        "speed_tg": r.speed_tg,
-        "t": r.t,
-        "speed": r.speed,
-        "compute_buffer_mib": h.compute_buffer_mib,
-        "kv_mib": h.kv_mib,
-    }
-    return json.dumps(d) + "\n"
+    """llama-batched-bench's jsonl fields (its header's but is_tg_separate, then the row's), then
+    ubatch's buffer and KV sizes."""
+    head = asdict(h)
+    sizes = {k: head.pop(k) for k in ("compute_buffer_mib", "kv_mib")}
+    del head["is_tg_separate"]
+    return json.dumps(head | asdict(r) | sizes) + "\n"

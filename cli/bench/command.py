@@ -7,22 +7,33 @@ or to the file given with `-o FILE.ext`.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import List, Optional
-
-import typer
+from typing import TYPE_CHECKING, List, Optional
 
 from ubatch.cli import validate
 from ubatch.cli.common import err_console, resolve_model, user_errors
-from ubatch.cli.options import opt
+from ubatch.cli.options import in_panel, opt
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from ubatch.cli.bench.params import BenchTest
+    from ubatch.cli.bench.result import BenchEvent
 
 TESTS, PARAMS, RUN, OUT = "Tests", "Parameters (comma lists and ranges: 1-8, 64-512*2, 0-4096+1024)", "Run", "Output"
+_tests, _params, _run, _out = (in_panel(p) for p in (TESTS, PARAMS, RUN, OUT))
 
 
-def _progress():
+def _progress(
+    total: int, step: Callable[[BenchEvent], tuple[str, str] | None]
+) -> tuple[Progress, Callable[[BenchEvent], None]]:
+    """The progress bar on stderr (a terminal only) and the event callback that moves it: notes,
+    the model load and each finished test alike for both benchmarks; `step` says what a
+    repetition shows, as (description, rep) (None: nothing for that event)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(
+    progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
@@ -33,9 +44,23 @@ def _progress():
         transient=True,
         disable=not err_console.is_terminal,
     )
+    task = progress.add_task("starting", total=total, rep="")
+
+    def on_event(e: BenchEvent) -> None:
+        if e.kind == "note":
+            progress.console.print(f"[yellow]note:[/] {e.text}", highlight=False)
+        elif e.kind == "load":
+            progress.update(task, description=f"loading {Path(e.text).name}")
+        elif e.kind == "done":
+            progress.update(task, completed=e.test_index)
+        elif (shown := step(e)) is not None:
+            description, rep = shown
+            progress.update(task, description=description, rep=rep)
+
+    return progress, on_event
 
 
-def _test_label(t) -> str:  # noqa: ANN001
+def _test_label(t: BenchTest) -> str:
     parts = [t.name, f"b {t.n_batch}", f"ub {t.n_ubatch}"]
     if t.type_k != "f16" or t.type_v != "f16":
         parts.append(f"kv {t.type_k}/{t.type_v}")
@@ -49,22 +74,15 @@ def bench(
     model: Optional[List[Path]] = opt(
         "model", None, help="GGUF file(s) (default: Gemma 3 270M Q4_K_M, bundled)", panel=TESTS
     ),
-    n_prompt: Optional[List[str]] = typer.Option(
-        None, "-p", "--n-prompt", help="prompt tokens of the pp tests", show_default="512", rich_help_panel=TESTS
+    n_prompt: Optional[List[str]] = _tests(
+        None, "-p", "--n-prompt", help="prompt tokens of the pp tests", show_default="512"
     ),
-    n_gen: Optional[List[str]] = typer.Option(
-        None, "-n", "--n-gen", help="generated tokens of the tg tests", show_default="128", rich_help_panel=TESTS
+    n_gen: Optional[List[str]] = _tests(
+        None, "-n", "--n-gen", help="generated tokens of the tg tests", show_default="128"
     ),
-    pg: Optional[List[str]] = typer.Option(
-        None, "-pg", help="pp,tg: a prompt then generation test (repeatable)", rich_help_panel=TESTS
-    ),
-    depth: Optional[List[str]] = typer.Option(
-        None,
-        "-d",
-        "--n-depth",
-        help="tokens already in the cache before each test",
-        show_default="0",
-        rich_help_panel=PARAMS,
+    pg: Optional[List[str]] = _tests(None, "-pg", help="pp,tg: a prompt then generation test (repeatable)"),
+    depth: Optional[List[str]] = _params(
+        None, "-d", "--n-depth", help="tokens already in the cache before each test", show_default="0"
     ),
     batch_size: Optional[List[str]] = opt("batch_size", None, show_default="2048", panel=PARAMS),
     ubatch_size: Optional[List[str]] = opt("ubatch_size", None, show_default="512", panel=PARAMS),
@@ -73,44 +91,28 @@ def bench(
     threads: Optional[List[str]] = opt("threads", None, show_default="all", panel=PARAMS),
     backend: str = opt("backend", "auto", panel=PARAMS),
     device: str = opt("device", "auto", panel=PARAMS),
-    n_outputs_max: Optional[List[str]] = typer.Option(
+    n_outputs_max: Optional[List[str]] = _params(
         None,
         "-nom",
         "--n-outputs-max",
         help="logit rows the compute buffer is planned for (0 = n_batch, llama-bench's)",
         show_default="0",
-        rich_help_panel=PARAMS,
     ),
-    reps: int = typer.Option(5, "-r", "--repetitions", help="timed repetitions per test", rich_help_panel=RUN),
-    no_warmup: bool = typer.Option(False, "--no-warmup", help="skip the untimed warm-up run", rich_help_panel=RUN),
-    delay: float = typer.Option(0.0, "--delay", help="seconds to wait between tests", rich_help_panel=RUN),
-    profile: bool = typer.Option(
-        False,
-        "--profile",
-        help="time every op: where prefill time goes, and what the compute buffer holds",
-        rich_help_panel=RUN,
+    reps: int = _run(5, "-r", "--repetitions", help="timed repetitions per test"),
+    no_warmup: bool = _run(False, "--no-warmup", help="skip the untimed warm-up run"),
+    delay: float = _run(0.0, "--delay", help="seconds to wait between tests"),
+    profile: bool = _run(
+        False, "--profile", help="time every op: where prefill time goes, and what the compute buffer holds"
     ),
-    sweep_ub: Optional[str] = typer.Option(
-        None,
-        "--sweep-ub",
-        help="the -ub sweep: same as -ub LIST -n 0 --plot ub-sweep.png (explicit -n/--plot win)",
-        rich_help_panel=RUN,
+    sweep_ub: Optional[str] = _run(
+        None, "--sweep-ub", help="the -ub sweep: same as -ub LIST -n 0 --plot ub-sweep.png (explicit -n/--plot win)"
     ),
-    output: str = typer.Option(
-        "md",
-        "-o",
-        "--output",
-        help="md, csv, json, jsonl; or FILE.{md,csv,json,jsonl} to write a file",
-        rich_help_panel=OUT,
+    output: str = _out(
+        "md", "-o", "--output", help="md, csv, json, jsonl; or FILE.{md,csv,json,jsonl} to write a file"
     ),
-    output_err: Optional[str] = typer.Option(
-        None, "-oe", "--output-err", help="also print this format to stderr", rich_help_panel=OUT
-    ),
-    plot: Optional[Path] = typer.Option(
-        None,
-        "--plot",
-        help="write a PNG/SVG/PDF: compute buffer and t/s against the varying parameter",
-        rich_help_panel=OUT,
+    output_err: Optional[str] = _out(None, "-oe", "--output-err", help="also print this format to stderr"),
+    plot: Optional[Path] = _out(
+        None, "--plot", help="write a PNG/SVG/PDF: compute buffer and t/s against the varying parameter"
     ),
 ) -> None:
     from ubatch.cli.bench.params import BenchError, BenchParams, check_params, expand, int_list, pair_list, str_list
@@ -165,26 +167,24 @@ def bench(
     if not tests:
         raise BenchError("nothing to run: every -p, -n and -pg value is 0")
 
-    progress = _progress()
-    task = progress.add_task("starting", total=len(tests), rep="")
     from ubatch.cli.bench.graphs import GraphTally
 
     tally = GraphTally()
 
-    def on_event(e) -> None:  # noqa: ANN001
+    def step(e: BenchEvent) -> tuple[str, str] | None:
+        if e.kind not in ("warmup", "rep") or e.test is None:
+            return None
+        rep = "warm-up" if e.kind == "warmup" else f"rep {e.rep}/{e.n_reps}"
+        return f"test {e.test_index}/{e.n_tests}: {_test_label(e.test)}", rep
+
+    progress, show = _progress(len(tests), step)
+
+    def on_event(e: BenchEvent) -> None:
         tally.on_event(e, _test_label)
-        if e.kind == "note":
-            progress.console.print(f"[yellow]note:[/] {e.text}", highlight=False)
-        elif e.kind == "load":
-            progress.update(task, description=f"loading {Path(e.text).name}")
-        elif e.kind in ("warmup", "rep"):
-            rep = "warm-up" if e.kind == "warmup" else f"rep {e.rep}/{e.n_reps}"
-            progress.update(task, description=f"test {e.test_index}/{e.n_tests}: {_test_label(e.test)}", rep=rep)
-        elif e.kind == "done":
-            progress.update(task, completed=e.test_index)
+        show(e)
 
     with progress:
-        results = run_bench(p, on_event, {m: load_on(m, dev) for m in p.models} if dev.type != "cpu" else None)
+        results = run_bench(p, on_event, load_on(p.models, dev))
     text = format_results(fmt, p, results, extras=profile)
     if out_path is not None:
         write_file(out_path, text, "-o")
@@ -204,17 +204,11 @@ def bench(
 @user_errors
 def batched_bench(
     model: Optional[Path] = opt("model", None, panel=TESTS),
-    npp: Optional[List[str]] = typer.Option(
-        None, "-npp", help="prompt lengths", show_default="128,256,512", rich_help_panel=TESTS
-    ),
-    ntg: Optional[List[str]] = typer.Option(
-        None, "-ntg", help="generation lengths", show_default="128,256", rich_help_panel=TESTS
-    ),
-    npl: Optional[List[str]] = typer.Option(
-        None, "-npl", help="parallel sequences", show_default="1,2,4,8,16,32", rich_help_panel=TESTS
-    ),
-    pps: bool = typer.Option(False, "-pps", help="the prompt is shared by all sequences", rich_help_panel=TESTS),
-    tgs: bool = typer.Option(False, "-tgs", help="generate for the sequences one after another", rich_help_panel=TESTS),
+    npp: Optional[List[str]] = _tests(None, "-npp", help="prompt lengths", show_default="128,256,512"),
+    ntg: Optional[List[str]] = _tests(None, "-ntg", help="generation lengths", show_default="128,256"),
+    npl: Optional[List[str]] = _tests(None, "-npl", help="parallel sequences", show_default="1,2,4,8,16,32"),
+    pps: bool = _tests(False, "-pps", help="the prompt is shared by all sequences"),
+    tgs: bool = _tests(False, "-tgs", help="generate for the sequences one after another"),
     ctx_size: int = opt("ctx_size", 0, help="context size = n_kv_max (0 = from the model)", panel=PARAMS),
     batch_size: int = opt("batch_size", 2048, panel=PARAMS),
     ubatch_size: int = opt("ubatch_size", 512, panel=PARAMS),
@@ -224,7 +218,7 @@ def batched_bench(
     ctk: str = opt("ctk", "f16", panel=PARAMS),
     ctv: str = opt("ctv", "f16", panel=PARAMS),
     kvu: bool = opt("kv_unified", False, help="one KV stream shared by all sequences", panel=PARAMS),
-    output_format: str = typer.Option("md", "--output-format", help="md or jsonl", rich_help_panel=OUT),
+    output_format: str = _out("md", "--output-format", help="md or jsonl"),
 ) -> None:
     from ubatch.cli.bench.params import BenchError, int_list
 
@@ -262,21 +256,14 @@ def batched_bench(
     if not p.model.exists():
         raise BenchError(f"{p.model}: model file not found")
     n_combos = len(p.n_pp) * len(p.n_tg) * len(p.n_pl)
-    progress = _progress()
-    task = progress.add_task("starting", total=n_combos, rep="")
 
-    def on_event(e) -> None:  # noqa: ANN001
-        if e.kind == "note":
-            progress.console.print(f"[yellow]note:[/] {e.text}", highlight=False)
-        elif e.kind == "load":
-            progress.update(task, description=f"loading {Path(e.text).name}")
-        elif e.kind == "rep":
-            progress.update(task, description=f"combination {e.test_index}/{e.n_tests}: {e.text}")
-        elif e.kind == "done":
-            progress.update(task, completed=e.test_index)
+    def step(e: BenchEvent) -> tuple[str, str] | None:
+        return (f"combination {e.test_index}/{e.n_tests}: {e.text}", "") if e.kind == "rep" else None
 
+    progress, on_event = _progress(n_combos, step)
     with progress:
-        header, results = run_batched_bench(p, on_event, load_on(p.model, dev))
+        loaded = load_on([p.model], dev)
+        header, results = run_batched_bench(p, on_event, loaded[p.model] if loaded else None)
     out = sys.stdout
     if output_format == "md":
         out.write("\n" + batched_header_line(header) + "\n")

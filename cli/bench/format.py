@@ -2,8 +2,8 @@
 
 They are reproduced column for column so that scripts written for llama-bench's output can read
 ubatch's; ubatch's own columns (compute buffer reserved vs used, KV cache) come after
-llama.cpp's. The --profile sections are in cli/bench_profile_format.py, llama-batched-bench's
-output in cli/batched_format.py.
+llama.cpp's. The --profile sections are in cli/bench/profile_format.py, llama-batched-bench's
+output in cli/bench/batched_format.py.
 """
 
 from __future__ import annotations

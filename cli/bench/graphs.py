@@ -1,7 +1,7 @@
 """`ubatch bench` on the cuda backend: CUDA-graph captures and replays per test.
 
 llama-bench's output formats stay column for column, so these lines go to stderr after the
-results. The counts come from the process-wide tally of engine/cuda_graphs.py, read at the end
+results. The counts come from the process-wide tally of kernels/cuda/graphs.py, read at the end
 of each test (the bench's "done" event), so no bench record needs a new field.
 """
 
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from ubatch.engine.graph import cuda_graphs
-from ubatch.engine.graph.cuda_graphs import GraphCounters
+from ubatch.cli.bench.params import BenchTest
+from ubatch.cli.bench.result import BenchEvent
+from ubatch.kernels.cuda import graphs as cuda_graphs
+from ubatch.kernels.ops import GraphCounters
 
 
 @dataclass
@@ -21,8 +22,8 @@ class GraphTally:
     rows: list[tuple[str, GraphCounters]] = field(default_factory=list)
     _before: GraphCounters = field(default_factory=lambda: replace(cuda_graphs.TOTALS))
 
-    def on_event(self, e: Any, label_of: Callable[[Any], str]) -> None:
-        if e.kind in ("warmup", "rep"):
+    def on_event(self, e: BenchEvent, label_of: Callable[[BenchTest], str]) -> None:
+        if e.kind in ("warmup", "rep") and e.test is not None:
             self.label = label_of(e.test)
         elif e.kind == "done":
             now = replace(cuda_graphs.TOTALS)

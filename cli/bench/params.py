@@ -3,18 +3,20 @@
 Everything the user types (comma lists, ranges `first-last`, `first-last+step`,
 `first-last*mult`, `-pg pp,tg` pairs) is parsed and checked here, before a model is loaded, so a
 typo costs a one-line error rather than a half-finished run. `expand` then crosses the lists in
-llama-bench's order.
+llama-bench's order. It serves `ubatch bench` alone, so it sits in cli/bench/, above the engine.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ubatch.cli.context_flags import context_params
 from ubatch.engine.errors import UbatchError
 
 if TYPE_CHECKING:
@@ -164,17 +166,15 @@ class BenchTest:
         return self.n_prompt + self.n_gen + self.n_depth
 
     def context_params(self) -> ContextParams:
-        from ubatch.engine.params import ContextParams
-
-        return ContextParams(
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            n_ubatch=self.n_ubatch,
-            n_threads=self.n_threads,
-            type_k=self.type_k,
-            type_v=self.type_v,
-            n_outputs_max=self.n_outputs_max,
+        return context_params(
+            ctx_size=self.n_ctx,
+            batch_size=self.n_batch,
+            ubatch_size=self.n_ubatch,
+            ctk=self.type_k,
+            ctv=self.type_v,
+            threads=self.n_threads,
             backend=self.backend,
+            n_outputs_max=self.n_outputs_max,
         )
 
     @property
@@ -197,28 +197,12 @@ def expand(p: BenchParams) -> list[BenchTest]:
     (n_outputs_max) x threads x depth; inside each, one test per -p (0 skipped), then per -n
     (0 skipped), then per -pg pair."""
     tests = []
-    for m in p.models:
-        for nb in p.n_batch:
-            for nub in p.n_ubatch:
-                for tk in p.type_k:
-                    for tv in p.type_v:
-                        for nom in p.n_outputs_max:
-                            for nt in p.n_threads:
-                                for d in p.n_depth:
-                                    base = dict(
-                                        model=m,
-                                        n_depth=d,
-                                        n_batch=nb,
-                                        n_ubatch=nub,
-                                        type_k=tk,
-                                        type_v=tv,
-                                        n_outputs_max=nom,
-                                        n_threads=nt,
-                                        backend=p.backend,
-                                    )
-                                    tests += [BenchTest(n_prompt=x, n_gen=0, **base) for x in p.n_prompt if x]
-                                    tests += [BenchTest(n_prompt=0, n_gen=x, **base) for x in p.n_gen if x]
-                                    tests += [BenchTest(n_prompt=a, n_gen=b, **base) for a, b in p.n_pg if a or b]
+    axes = (p.models, p.n_batch, p.n_ubatch, p.type_k, p.type_v, p.n_outputs_max, p.n_threads, p.n_depth)
+    for m, nb, nub, tk, tv, nom, nt, d in itertools.product(*axes):
+        base = BenchTest(m, 0, 0, d, nb, nub, tk, tv, nom, nt, p.backend)
+        tests += [replace(base, n_prompt=x) for x in p.n_prompt if x]
+        tests += [replace(base, n_gen=x) for x in p.n_gen if x]
+        tests += [replace(base, n_prompt=a, n_gen=b) for a, b in p.n_pg if a or b]
     return tests
 
 

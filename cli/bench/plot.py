@@ -93,9 +93,9 @@ class Sweep:
         out: dict[str, list[int]] = {}
         for i in range(len(self.results)):
             out.setdefault(self.name(i), []).append(i)
-        if self.x_key is not None:
+        if (x := self.x_key) is not None:
             for idx in out.values():
-                idx.sort(key=lambda i: self.req[i][self.x_key])
+                idx.sort(key=lambda i: self.req[i][x])
         return out
 
 
@@ -204,8 +204,8 @@ def build_figure(results: Sequence[BenchResult], tests: Sequence[Any] | None = N
     sw = sweep_of(results, tests)
     rs = sw.results
     profiled = [i for i, r in enumerate(rs) if r.profile_ms]
-    if sw.x_key is not None:
-        profiled.sort(key=lambda i: (sw.req[i][sw.x_key], sw.name(i)))
+    if (x := sw.x_key) is not None:
+        profiled.sort(key=lambda i: (sw.req[i][x], sw.name(i)))
     n_panels = 3 if profiled else 2
     fig = Figure(figsize=(10, 3.4 * n_panels), layout="constrained")
     axes = fig.subplots(n_panels, 1)

@@ -2,7 +2,7 @@
 
 They are plain data so that the CLI's printers (md/csv/json, the plot) and any script can read
 them without running anything; a result also carries what llama-bench cannot tell (the compute
-buffer reserved vs used, the tensors at its peak, the op profile).
+buffer reserved vs used, the tensors at its peak, the op profile). They belong to `ubatch bench`, so they sit in cli/bench/.
 """
 
 from __future__ import annotations

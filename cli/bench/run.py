@@ -5,6 +5,7 @@ changes -p or -n reuses the last one); each test is a warm-up, then timed repeti
 empty cache with random tokens. Besides llama-bench's timings a result records the compute
 buffer the context reserved, the largest graph that actually ran, the KV cache and, with
 `profile=True`, where the time went op by op. Nothing here prints: progress goes to a callback.
+It drives the engine for `ubatch bench` (and scripts/bench_cpu.py) alone, so it sits in cli/bench/.
 """
 
 from __future__ import annotations
@@ -222,7 +223,6 @@ def run_bench(
 __all__ = ["BenchContext", "kv_bytes", "repack_bytes", "random_tokens", "run_prompt", "run_gen", "run_bench"]
 
 
-def repack_bytes(ops: object) -> int:
+def repack_bytes(ops: Ops) -> int:
     """Bytes a pass over the weights reads beyond the stored ones (the CPU backend's repacks)."""
-    repacks = getattr(ops, "repacks", None)
-    return int(repacks.extra_bytes()) if repacks is not None else 0
+    return ops.extra_read_bytes()

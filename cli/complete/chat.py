@@ -1,15 +1,15 @@
 """`ubatch cli` without -p (or with -cnv): a conversation in the terminal.
 
-The loop: read a message (cli.chat_input), hand it to engine.chat.ChatSession (chat template, KV
-cache reuse between turns), stream the answer and the per-turn speeds (cli.chat_view), and run
-the slash commands. What is read, what is computed and what is shown each live in their own module.
+The loop: read a message (cli/complete/chat_input.py), hand it to the engine's ChatSession
+(engine/completion/conversation.py: chat template, KV cache reuse between turns), stream the
+answer and the per-turn speeds (cli/complete/chat_view.py), and run the slash commands. What is
+read, what is computed and what is shown each live in their own module.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from rich.text import Text
 
@@ -17,8 +17,12 @@ from ubatch.cli.complete.chat_input import Reader, make_reader
 from ubatch.cli.complete.chat_view import COMMANDS, HINT, ChatUI, PrefillProgress, startup_rows, stats_rows
 from ubatch.engine.chat.template import ChatTemplate, ChatTemplateError
 from ubatch.engine.completion.conversation import ChatInputError, ChatSession
+from ubatch.engine.context.context import Context
 from ubatch.engine.context.report import MemoryPlan
 from ubatch.engine.errors import UbatchError
+from ubatch.engine.generation.generation import GenerationParams
+from ubatch.engine.sampling.chain import Sampler
+from ubatch.engine.spec.speculative import Speculator
 
 __all__ = ["Chat", "ChatOptions", "PrefillProgress", "run_chat"]
 
@@ -34,13 +38,9 @@ class ChatOptions:
     simple_io: bool = False
     log_disable: bool = False
     show_timings: bool = True
-    n_predict: int = -1
-    ignore_eos: bool = False
-    context_shift: bool = False
-    keep: int = 0
-    extra: Any = None  # GenerationParams for every answer (-r, -l, --grammar)
+    generation: GenerationParams = field(default_factory=GenerationParams)  # every answer's (-n, -r, -l, ...)
     color: str = "auto"  # -co: on, off, auto
-    speculator: Any = None  # engine/speculative.py Speculator (-md, --spec-type)
+    speculator: Speculator | None = None  # -md, --spec-type
 
 
 class Chat:
@@ -89,7 +89,7 @@ class Chat:
             )
         elif ts.stop_reason == "context":
             hint = "restart with a larger -c or with --context-shift"
-            if self.opts.context_shift and not s.shift_in_answer:
+            if self.opts.generation.ctx_shift and not s.shift_in_answer:
                 hint = "restart with a larger -c (shifting within an answer needs --swa-full for this model)"
             ui.info(
                 f"context full ({s.n_ctx} tokens): the answer was cut; /clear to start over, or {hint}", style="yellow"
@@ -169,7 +169,7 @@ class Chat:
         ui.info("Exiting...")
 
 
-def run_chat(ctx: Any, sampler: Any, opts: ChatOptions, load_ms: float) -> None:
+def run_chat(ctx: Context, sampler: Sampler, opts: ChatOptions, load_ms: float) -> None:
     """Start the conversation on a loaded, warmed-up context."""
     from ubatch.cli.memory_view import breakdown_table
     from ubatch.cli.present import startup_lines
@@ -178,18 +178,7 @@ def run_chat(ctx: Any, sampler: Any, opts: ChatOptions, load_ms: float) -> None:
     template = ChatTemplate.for_model(ctx.model, override=opts.chat_template, use_jinja=opts.use_jinja)
     ui = ChatUI(opts.simple_io, opts.color)
     plan = memory_plan(ctx)
-    session = ChatSession(
-        ctx,
-        template,
-        sampler,
-        system=opts.system,
-        n_predict=opts.n_predict,
-        ignore_eos=opts.ignore_eos,
-        ctx_shift=opts.context_shift,
-        keep=opts.keep,
-        extra=opts.extra,
-        speculator=opts.speculator,
-    )
+    session = ChatSession(ctx, template, sampler, opts.generation, system=opts.system, speculator=opts.speculator)
     if not opts.log_disable:
         if opts.verbose:
             for line in startup_lines(ctx, plan):
@@ -200,7 +189,7 @@ def run_chat(ctx: Any, sampler: Any, opts: ChatOptions, load_ms: float) -> None:
             ui.log(f"sampler seed: {sampler.seed}")
         else:
             ui.rows(
-                startup_rows(ctx, plan, template, sampler, load_ms, opts.system, opts.n_predict),
+                startup_rows(ctx, plan, template, sampler, load_ms, opts.system, opts.generation.n_predict),
                 title="ubatch chat",
                 to_err=True,
             )
@@ -208,7 +197,7 @@ def run_chat(ctx: Any, sampler: Any, opts: ChatOptions, load_ms: float) -> None:
             ui.log(
                 "warning: the chatml template writes <|im_start|>, which is not a token of this model's vocabulary: it is read as plain text"
             )
-        if opts.context_shift and not session.shift_in_answer:
+        if opts.generation.ctx_shift and not session.shift_in_answer:
             ui.log(
                 "note: --context-shift drops the oldest messages when the conversation outgrows the "
                 "context; shifting within an answer needs --swa-full for this model"

@@ -1,6 +1,6 @@
 """How the chat reads a message: a prompt_toolkit line editor on a terminal, plain lines otherwise.
 
-Each reader is a `() -> str` that raises EOFError at the end of input, so the loop in cli.chat
+Each reader is a `() -> str` that raises EOFError at the end of input, so the loop in cli.complete.chat
 never knows which one it has.
 """
 
@@ -63,7 +63,8 @@ def plain_reader(echo: bool) -> Reader:
     terminal the lines read are echoed, so the transcript shows them."""
 
     def read() -> str:
-        parts, marker = [], "> "
+        parts: list[str] = []
+        marker = "> "
         while True:
             sys.stdout.write(marker)
             sys.stdout.flush()

@@ -1,7 +1,7 @@
 """`ubatch cli`: llama-cli and llama-completion in one command. A conversation in the terminal (no
 -p, or -cnv / -sys / -st), a one-shot completion with -p or -f, or llama-completion's raw-text
 interactive mode with -i / -if (and -r reverse prompts). This module is the command line: the
-flags and the checks that run before anything loads; cli/complete_run.py runs it.
+flags and the checks that run before anything loads; cli/complete/run.py runs it.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import typer
 
 from ubatch.cli import validate
 from ubatch.cli.common import check_text, err_console, process_escapes, read_text_file, user_errors
-from ubatch.cli.options import CHAT, OUTPUT, opt
+from ubatch.cli.options import CHAT, OUTPUT, in_panel, opt
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
 from ubatch.cli.spec_flags import SpecFlags, spec_options
+
+_chat, _output = in_panel(CHAT), in_panel(OUTPUT)
 
 
 @user_errors
@@ -45,69 +47,45 @@ def cli(
     backend: str = opt("backend", "auto"),
     device: str = opt("device", "auto"),
     warmup: bool = opt("warmup", True),
-    escape: bool = typer.Option(
-        True, "--escape/--no-escape", "-e", help="process \\n, \\t, \\xHH escapes in prompts", rich_help_panel=OUTPUT
-    ),
-    display_prompt: bool = typer.Option(
-        True, "--display-prompt/--no-display-prompt", help="echo the prompt before the output", rich_help_panel=OUTPUT
+    escape: bool = _output(True, "--escape/--no-escape", "-e", help="process \\n, \\t, \\xHH escapes in prompts"),
+    display_prompt: bool = _output(
+        True, "--display-prompt/--no-display-prompt", help="echo the prompt before the output"
     ),
     log_disable: bool = opt("log_disable", False),
     special: bool = opt("special", False),
-    color: str = typer.Option(
-        "auto",
-        "-co",
-        "--color",
-        help="colour prompt, input and output: on, off, auto (a terminal)",
-        rich_help_panel=OUTPUT,
-    ),
-    conversation: Optional[bool] = typer.Option(
+    color: str = _output("auto", "-co", "--color", help="colour prompt, input and output: on, off, auto (a terminal)"),
+    conversation: Optional[bool] = _chat(
         None,
         "--conversation/--no-conversation",
         "-cnv/-no-cnv",
         help="chat (default without -p / -f) or one-shot completion (default with -p / -f)",
         show_default=False,
-        rich_help_panel=CHAT,
     ),
-    system_prompt: Optional[str] = typer.Option(
-        None, "-sys", "--system-prompt", help="system prompt (starts a conversation)", rich_help_panel=CHAT
+    system_prompt: Optional[str] = _chat(None, "-sys", "--system-prompt", help="system prompt (starts a conversation)"),
+    system_prompt_file: Optional[Path] = _chat(
+        None, "-sysf", "--system-prompt-file", help="the system prompt from a file"
     ),
-    system_prompt_file: Optional[Path] = typer.Option(
-        None, "-sysf", "--system-prompt-file", help="the system prompt from a file", rich_help_panel=CHAT
-    ),
-    single_turn: bool = typer.Option(
-        False, "-st", "--single-turn", help="answer one message (-p, or the first typed) and exit", rich_help_panel=CHAT
+    single_turn: bool = _chat(
+        False, "-st", "--single-turn", help="answer one message (-p, or the first typed) and exit"
     ),
     chat_template: Optional[str] = opt("chat_template", None),
     chat_template_file: Optional[Path] = opt("chat_template_file", None),
     jinja: bool = opt("jinja", True),
-    reverse_prompt: Optional[list[str]] = typer.Option(
-        None,
-        "-r",
-        "--reverse-prompt",
-        help="stop at this text (-i: hand over to you); repeatable",
-        rich_help_panel=CHAT,
+    reverse_prompt: Optional[list[str]] = _chat(
+        None, "-r", "--reverse-prompt", help="stop at this text (-i: hand over to you); repeatable"
     ),
-    interactive: bool = typer.Option(
-        False, "-i", "--interactive", help="raw-text interactive mode (llama-completion -i)", rich_help_panel=CHAT
-    ),
-    interactive_first: bool = typer.Option(
-        False, "-if", "--interactive-first", help="-i, waiting for your input first", rich_help_panel=CHAT
-    ),
-    in_prefix: str = typer.Option("", "--in-prefix", help="-i: text before each input", rich_help_panel=CHAT),
-    in_suffix: str = typer.Option("", "--in-suffix", help="-i: text after each input", rich_help_panel=CHAT),
-    multiline_input: bool = typer.Option(
-        False, "-mli", "--multiline-input", help="-i: read input until a line ending in \\ is not", rich_help_panel=CHAT
+    interactive: bool = _chat(False, "-i", "--interactive", help="raw-text interactive mode (llama-completion -i)"),
+    interactive_first: bool = _chat(False, "-if", "--interactive-first", help="-i, waiting for your input first"),
+    in_prefix: str = _chat("", "--in-prefix", help="-i: text before each input"),
+    in_suffix: str = _chat("", "--in-suffix", help="-i: text after each input"),
+    multiline_input: bool = _chat(
+        False, "-mli", "--multiline-input", help="-i: read input until a line ending in \\ is not"
     ),
     verbose: bool = opt("verbose", False, help="chat: llama.cpp's startup lines instead of the panel; token counts"),
-    simple_io: bool = typer.Option(
-        False,
-        "--simple-io",
-        help="plain input and output (no line editor, colours, panels or bars)",
-        rich_help_panel=OUTPUT,
+    simple_io: bool = _output(
+        False, "--simple-io", help="plain input and output (no line editor, colours, panels or bars)"
     ),
-    show_timings: bool = typer.Option(
-        True, "--show-timings/--no-show-timings", help="chat: speeds after each answer", rich_help_panel=OUTPUT
-    ),
+    show_timings: bool = _output(True, "--show-timings/--no-show-timings", help="chat: speeds after each answer"),
     prompt_cache: Optional[Path] = typer.Option(
         None, "--prompt-cache", help="one-shot: reuse the KV state saved in this file, save it after the prompt"
     ),

@@ -9,9 +9,24 @@ until one ends in a backslash). End of input (Ctrl-D) ends the session.
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import Protocol, TextIO
 
+from ubatch.cli.present import INPUT_COLOUR, RESET
 from ubatch.engine.completion.complete import CompletionStats, complete
+from ubatch.engine.context.context import Context
+from ubatch.engine.generation.generation import GenerationParams
+from ubatch.engine.sampling.chain import Sampler
+from ubatch.engine.spec.speculative import Speculator
+
+
+class InteractiveFlags(Protocol):
+    """The flags the loop reads (cli/complete/run.py's Run has them)."""
+
+    interactive_first: bool
+    in_prefix: str
+    in_suffix: str
+    multiline_input: bool
+    reverse_prompts: list[str]
 
 
 def read_input(src: TextIO, multiline: bool) -> str | None:
@@ -40,21 +55,18 @@ def _add(total: CompletionStats, st: CompletionStats) -> None:
 
 
 def interact(
-    r: Any,
-    ctx: Any,
-    sampler: Any,
+    r: InteractiveFlags,
+    ctx: Context,
+    sampler: Sampler,
     ids: list[int],
     total: CompletionStats,
-    extra: Any,
-    shift: bool,
-    n_keep: int,
+    params: GenerationParams,
     colour: bool = False,
-    speculator: Any = None,
+    speculator: Speculator | None = None,
 ) -> None:
-    """The loop; `total` collects every round's counts for the summary. With `colour`, what you
-    type shows green (the terminal echoes it in the colour set before reading)."""
-    from ubatch.cli.complete.run import INPUT_COLOUR, RESET
-
+    """The loop; each round generates as `params` asks, and `total` collects every round's counts
+    for the summary. With `colour`, what you type shows green (the terminal echoes it in the
+    colour set before reading)."""
     vocab, out = ctx.model.vocab, sys.stdout
     cache: list[int] = []
     pending = ids
@@ -78,20 +90,7 @@ def interact(
             waiting = True
             continue
         st = CompletionStats()
-        events = complete(
-            ctx,
-            pending,
-            r.n_predict,
-            sampler,
-            st,
-            ignore_eos=r.sampling.ignore_eos,
-            n_past=len(cache),
-            ctx_shift=shift,
-            n_keep=n_keep,
-            cache=cache,
-            extra=extra,
-            speculator=speculator,
-        )
+        events = complete(ctx, pending, sampler, params, st, cache=cache, speculator=speculator)
         last = -1
         for ev in events:
             last = ev.token

@@ -2,8 +2,8 @@
 part of it the new prompt starts with, then save the state after the prompt (or, with
 `--prompt-cache-all`, after the generated text too) unless `--prompt-cache-ro`.
 
-The state itself is `engine/state.py`'s; this module is the command line's use of it and its
-log lines (on stderr, as llama-completion's).
+The state itself is engine/context/state.py's; this module is the command line's use of it and
+its log lines (on stderr, as llama-completion's).
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ubatch.cli.common import err_console
+
+if TYPE_CHECKING:
+    from ubatch.engine.context.context import Context
 
 
 @dataclass
@@ -30,7 +33,7 @@ class PromptCache:
         if not self.quiet:
             err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    def restore(self, ctx: Any, ids: list[int]) -> int:
+    def restore(self, ctx: Context, ids: list[int]) -> int:
         """Load the file (if any) into sequence 0; returns how many prompt tokens it covers."""
         from ubatch.engine.batch import common_prefix
         from ubatch.engine.context.state import restore, usable_prefix
@@ -63,7 +66,7 @@ class PromptCache:
         self.log(f"prompt cache: restored {n_keep} tokens in {self.restore_ms:.2f} ms")
         return n_keep
 
-    def after_prompt(self, ctx: Any, cache: list[int]) -> None:
+    def after_prompt(self, ctx: Context, cache: list[int]) -> None:
         """Save after the prompt, as llama-completion does before its first sampled token."""
         if self.done:
             return
@@ -71,11 +74,11 @@ class PromptCache:
         if not (self.read_only or self.save_all or cache == self.saved_tokens):
             self._save(ctx, cache)
 
-    def at_end(self, ctx: Any, cache: list[int]) -> None:
+    def at_end(self, ctx: Context, cache: list[int]) -> None:
         if self.save_all and not self.read_only:
             self._save(ctx, cache)
 
-    def _save(self, ctx: Any, cache: list[int]) -> None:
+    def _save(self, ctx: Context, cache: list[int]) -> None:
         from ubatch.engine.context.state import capture
         from ubatch.engine.context.state_file import write_file
 

@@ -8,18 +8,24 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ubatch.cli.common import err_console, resolve_model
+from ubatch.cli.context_flags import context_params
 from ubatch.cli.sampling_flags import SamplingFlags
 from ubatch.cli.spec_flags import SpecFlags
 
-PROMPT_COLOUR, INPUT_COLOUR, RESET = "\x1b[33m", "\x1b[1;32m", "\x1b[0m"
+if TYPE_CHECKING:
+    from ubatch.cli.complete.prompt_cache_file import PromptCache
+    from ubatch.engine.context.context import Context
+    from ubatch.engine.generation.generation import GenerationParams
+    from ubatch.engine.sampling.chain import Sampler
+    from ubatch.engine.spec.speculative import Speculator
 
 
 @dataclass
 class Run:
-    """What the command line asked for, checked (cli/complete.py builds it)."""
+    """What the command line asked for, checked (cli/complete/command.py builds it)."""
 
     model: Path | None
     prompt: str | None
@@ -58,7 +64,7 @@ class Run:
     sampling: SamplingFlags = field(default_factory=SamplingFlags)
     spec: SpecFlags = field(default_factory=SpecFlags)  # speculative decoding (-md, --spec-*)
     device: str = "cpu"  # the torch device the model is loaded on (--device, cli/device.py)
-    prompt_cache: Path | None = None  # --prompt-cache (cli/prompt_cache_file.py), one-shot only
+    prompt_cache: Path | None = None  # --prompt-cache (cli/complete/prompt_cache_file.py), one-shot only
     prompt_cache_ro: bool = False
     prompt_cache_all: bool = False
 
@@ -67,7 +73,6 @@ def run(r: Run) -> None:
     # the engine (and torch) load here, not at import: `ubatch tokenize` and --help start fast
     from ubatch.engine.context.context import Context
     from ubatch.engine.model.model import Model
-    from ubatch.engine.params import ContextParams
     from ubatch.engine.sampling.chain import Sampler
 
     t_start = time.perf_counter()
@@ -76,18 +81,19 @@ def run(r: Run) -> None:
     spinner = chat and not (r.log_disable or r.simple_io) and err_console.is_terminal
     with err_console.status("loading the model", spinner="dots") if spinner else contextlib.nullcontext():
         m = Model.load(path, r.device)
-        params = ContextParams(
-            n_ctx=r.ctx_size,
-            n_batch=r.batch_size,
-            n_ubatch=r.ubatch_size,
-            n_seq_max=r.parallel,
-            n_threads=r.threads if r.threads > 0 else 0,
-            type_k=r.ctk,
-            type_v=r.ctv,
-            swa_full=r.swa_full,
+        params = context_params(
+            ctx_size=r.ctx_size,
+            batch_size=r.batch_size,
+            ubatch_size=r.ubatch_size,
+            parallel=r.parallel,
             kv_unified=r.kv_unified,
-            n_outputs_max=r.spec.params().n_outputs_max(r.n_outputs_max, r.parallel),
+            swa_full=r.swa_full,
+            ctk=r.ctk,
+            ctv=r.ctv,
+            threads=r.threads,
             backend=r.backend,
+            n_outputs_max=r.n_outputs_max,
+            spec=r.spec.params(),
         )
         ctx = Context(m, params)
         speculator = r.spec.build(ctx)  # the draft model, if any, loads here too
@@ -107,11 +113,7 @@ def run(r: Run) -> None:
             simple_io=r.simple_io,
             log_disable=r.log_disable,
             show_timings=r.show_timings,
-            n_predict=r.n_predict,
-            ignore_eos=r.sampling.ignore_eos,
-            context_shift=r.context_shift,
-            keep=r.keep,
-            extra=generation_params(r, ctx),
+            generation=generation_params(r, ctx, r.context_shift, r.keep),
             color=r.color,
             speculator=speculator,
         )
@@ -120,23 +122,28 @@ def run(r: Run) -> None:
     once(r, ctx, Sampler(sp, ctx.cparams.n_ctx_seq, m.vocab), t_start, speculator)
 
 
-def generation_params(r: Run, ctx: Any) -> Any:
-    """Stop strings (-r), logit biases (-l) and the grammar, for engine.generate.complete."""
+def generation_params(r: Run, ctx: Context, ctx_shift: bool, n_keep: int) -> GenerationParams:
+    """What every answer asks (-n, --ignore-eos, -r, -l, the grammar, -sp), with the context
+    shift as the mode resolved it (the chat keeps --keep as typed, the completion counts tokens)."""
     from ubatch.engine.generation.generation import GenerationParams
 
     return GenerationParams(
+        n_predict=r.n_predict,
         stop=list(r.reverse_prompts),
+        ignore_eos=r.sampling.ignore_eos,
         logit_bias=r.sampling.logit_biases(ctx.model.hparams.n_vocab),
-        grammar=r.sampling.compiled_grammar(),
+        ctx_shift=ctx_shift,
+        n_keep=n_keep,
         special=r.special,
+        grammar=r.sampling.compiled_grammar(),
     )
 
 
-def once(r: Run, ctx: Any, sampler: Any, t_start: float, speculator: Any = None) -> None:
+def once(r: Run, ctx: Context, sampler: Sampler, t_start: float, speculator: Speculator | None = None) -> None:
     """llama-completion: the prompt, its continuation streamed to stdout, then the summary;
-    with -i the loop in cli/interactive.py takes over after the first answer."""
+    with -i the loop in cli/complete/interactive.py takes over after the first answer."""
     from ubatch.cli.memory_view import breakdown_table
-    from ubatch.cli.present import perf_lines, startup_lines
+    from ubatch.cli.present import PROMPT_COLOUR, RESET, perf_lines, startup_lines
     from ubatch.cli.spec_view import spec_startup_lines, spec_summary_lines
     from ubatch.engine.completion.complete import CompletionStats, check_prompt_fits, complete
     from ubatch.engine.context.report import memory_plan
@@ -169,26 +176,13 @@ def once(r: Run, ctx: Any, sampler: Any, t_start: float, speculator: Any = None)
         out.write(f"{PROMPT_COLOUR}{prompt}{RESET}" if colour and prompt else prompt)
         out.flush()
     n_keep = len(ids) if r.keep < 0 or r.keep > len(ids) else r.keep + int(m.vocab.add_bos)
-    extra = generation_params(r, ctx)
+    gen = generation_params(r, ctx, context_shift, n_keep)
     if r.mode == "interactive":
         from ubatch.cli.complete.interactive import interact
 
-        interact(r, ctx, sampler, ids, st, extra, context_shift, n_keep, colour, speculator)
+        interact(r, ctx, sampler, ids, st, gen, colour, speculator)
     else:
-        for ev in complete(
-            ctx,
-            ids[n_past:],
-            r.n_predict,
-            sampler,
-            st,
-            ignore_eos=r.sampling.ignore_eos,
-            n_past=n_past,
-            ctx_shift=context_shift,
-            n_keep=n_keep,
-            cache=cache,
-            extra=extra,
-            speculator=speculator,
-        ):
+        for ev in complete(ctx, ids[n_past:], sampler, gen, st, cache=cache, speculator=speculator):
             if pc is not None:
                 pc.after_prompt(ctx, cache)  # once, before the first sampled token is decoded
             if ev.text:
@@ -218,7 +212,7 @@ def once(r: Run, ctx: Any, sampler: Any, t_start: float, speculator: Any = None)
         err_console.print(breakdown_table(memory_plan(ctx)))
 
 
-def prompt_cache(r: Run, ctx: Any, ids: list[int]) -> tuple[Any, int, list[int]]:
+def prompt_cache(r: Run, ctx: Context, ids: list[int]) -> tuple[PromptCache | None, int, list[int]]:
     """--prompt-cache: the restored prefix (n_past) and the token list complete() keeps true."""
     if r.prompt_cache is None:
         return None, 0, []

@@ -1,6 +1,6 @@
 """`ubatch explain`: run a request for real and show how it was batched, split, padded, masked
-and where the memory went, from the engine's own records (engine/explain*.py); drawn by
-cli/explain_view.py, or as JSON with --json (cli/explain_json.py)."""
+and where the memory went, from the engine's own records (engine/explain/); drawn by
+cli/explain/view.py, or as JSON with --json (cli/explain/json_view.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import typer
 
 from ubatch.cli import validate
 from ubatch.cli.common import check_text, err_console, process_escapes, resolve_model, user_errors
+from ubatch.cli.context_flags import context_params
 from ubatch.cli.options import opt
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
 from ubatch.cli.spec_flags import SpecFlags, spec_options
@@ -60,23 +61,22 @@ def explain(
     texts = [check_text(process_escapes(p) if escape else p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
     from ubatch.cli.explain.run import Request, explain_request
     from ubatch.engine.model.model import Model
-    from ubatch.engine.params import ContextParams
 
     m = Model.load(resolve_model(model), dev)
     ids = [m.vocab.tokenize(t, add_special=True, parse_special=True) for t in texts]
-    params = ContextParams(
-        n_ctx=ctx_size,
-        n_batch=batch_size,
-        n_ubatch=ubatch_size,
-        n_seq_max=n_slots,
-        n_threads=threads if threads > 0 else 0,
-        # as llama-server: one output row per slot, and with speculation one per drafted token
-        n_outputs_max=min(batch_size, spec.params().n_outputs_max(n_slots, n_slots)),
-        type_k=ctk,
-        type_v=ctv,
+    # as llama-server: one output row per slot, and with speculation one per drafted token
+    params = context_params(
+        ctx_size=ctx_size,
+        batch_size=batch_size,
+        ubatch_size=ubatch_size,
+        parallel=n_slots,
         kv_unified=kv_unified,
         swa_full=swa_full,
+        ctk=ctk,
+        ctv=ctv,
+        threads=threads,
         backend=backend,
+        spec=spec.params(),
     )
     req = Request(
         ids,

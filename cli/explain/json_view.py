@@ -1,5 +1,5 @@
 """`ubatch explain --json`: the Explanation as JSON-ready data, the same content the Rich view
-draws (cli/explain_view.py), for scripts and `ubatch bench`."""
+draws (cli/explain/view.py), for scripts and `ubatch bench`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The KQ mask of one small ubatch as a grid: query rows x cells, a character per cell saying
-whether the row sees it and, if not, why (engine/explain_mask.py classifies; this draws)."""
+whether the row sees it and, if not, why (engine/explain/mask.py classifies; this draws)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
 """Run a request for `ubatch explain`: the prompts as the server's scheduler would decode them
-together (engine/scheduler.py, driven one iteration at a time in this thread), with a Recorder
-on the context, then the memory plan and the -ub what-if (engine/explain_whatif.py).
+together (engine/serve/scheduler.py, driven one iteration at a time in this thread), with a Recorder
+on the context, then the memory plan and the -ub what-if (cli/explain/whatif.py).
 
 Everything the explanation shows comes from the engine's own records: the derivation steps from
-`derive`, the calls and ubatches from `Context.observers`, the plan from engine/report.py.
+`derive`, the calls and ubatches from `Context.observers`, the plan from engine/context/report.py. The run serves `ubatch explain` alone, so it sits in
+cli/explain/, above the engine whose records it reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ubatch.cli.explain.whatif import WhatIf, what_if
 from ubatch.engine.context.context import Context
@@ -18,11 +18,13 @@ from ubatch.engine.context.report import MemoryPlan, memory_plan
 from ubatch.engine.errors import UbatchError
 from ubatch.engine.explain.mask import MaskGrid
 from ubatch.engine.explain.observer import CallView, Recorder
+from ubatch.engine.grammar import Grammar
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams, CParams
 from ubatch.engine.sampling.chain import SamplerParams
 from ubatch.engine.serve.scheduler import Scheduler
 from ubatch.engine.serve.task import Failed, Final, Task, TaskParams
+from ubatch.engine.spec.speculative import SpecStats, Speculator
 
 
 class ExplainError(UbatchError):
@@ -37,9 +39,9 @@ class Request:
     ignore_eos: bool = False
     n_slots: int = 0  # 0: one slot per prompt
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
-    grammar: Any = None  # a compiled grammar (engine/grammar), or None
-    # the Speculator for the target context (engine/speculative.py), or None: speculation off
-    speculator: Callable[[Context], Any] | None = None
+    grammar: Grammar | None = None  # a compiled grammar (engine/grammar)
+    # the Speculator for the target context (engine/spec/speculative.py), or None: speculation off
+    speculator: Callable[[Context], Speculator | None] | None = None
 
 
 @dataclass(slots=True)
@@ -64,7 +66,7 @@ class Explanation:
     plan: MemoryPlan
     what_if: list[WhatIf]
     warnings: list[str] = field(default_factory=list)
-    spec: Any = None  # the speculator's SpecStats (engine/speculative.py), None when off
+    spec: SpecStats | None = None  # what speculation did; None when off
 
     @property
     def n_ubatches(self) -> int:
@@ -97,10 +99,10 @@ def explain_request(model: Model, params: ContextParams, req: Request, sub_ubatc
     n_slots = req.n_slots or len(req.prompts)
     ctx = Context(model, params)
     spec = req.speculator(ctx) if req.speculator is not None else None
-    sched = Scheduler(ctx, n_slots, **({"speculator": spec} if spec is not None else {}))
+    sched = Scheduler(ctx, n_slots, speculator=spec)
     check_prompts(req, ctx.cparams, sched.n_ctx_slot, model.hparams.n_ctx_train)
     rec = Recorder.attach(ctx)
-    events: list[Any] = []
+    events: list[object] = []
     tasks = []
     for i, p in enumerate(req.prompts):
         tp = TaskParams(
@@ -111,7 +113,7 @@ def explain_request(model: Model, params: ContextParams, req: Request, sub_ubatc
             grammar=req.grammar,
         )
         tasks.append(Task(i, list(p), tp, events.append, index=i))
-        sched.submit(tasks[-1])
+        sched.accept(tasks[-1])
     limit = 4 * (sum(map(len, req.prompts)) + len(req.prompts) * max(req.n_predict, sched.n_ctx_slot)) + 16
     for _ in range(limit):
         sched.step()

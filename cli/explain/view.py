@@ -1,6 +1,6 @@
 """`ubatch explain` drawn with Rich: the parameter derivation, the decode calls and their
 ubatches (one character per row, coloured by sequence), n_kv and its padding, the mask grid
-(cli/explain_mask_view.py), the memory plan (cli/memory_view.py) and the -ub what-if."""
+(cli/explain/mask_view.py), the memory plan (cli/memory_view.py) and the -ub what-if."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ubatch.cli.explain.run import Explanation
 from ubatch.cli.explain.whatif import WhatIf
 from ubatch.cli.memory_view import plan_table, size
 from ubatch.engine.explain.observer import CacheUse, UBatchView
+from ubatch.engine.spec.speculative import SpecStats
 
 SEQ_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 DIAGRAM_WIDTH = 20
@@ -189,9 +190,9 @@ def verdict(e: Explanation) -> Text:
     return t
 
 
-def spec_line(e: Explanation) -> Text:
+def spec_line(e: Explanation, st: SpecStats) -> Text:
     """Speculative decoding: the drafts, and the passes their verification took."""
-    st, ub = e.spec, e.cparams.n_ubatch
+    ub = e.cparams.n_ubatch
     drafted = [c for c in e.calls if "d" in c.batch.kind]
     t = Text.assemble(
         ("speculative", "bold"),
@@ -210,7 +211,7 @@ def render(e: Explanation, console: Console) -> None:
     console.print(params_section(e))
     console.print(calls_section(e))
     if e.spec is not None:
-        console.print(spec_line(e))
+        console.print(spec_line(e, e.spec))
     for part in mask_section(e):
         console.print(part)
     console.print(plan_table(e.plan))

@@ -5,6 +5,7 @@ recorded batches are replayed into a fresh KV memory of the other configuration 
 K/V tensors live on the meta device) through the engine's own `KVMemory.init_batch`, which picks
 the split (split_simple / split_equal) and checks each ubatch finds cells, exactly as a decode
 does. The compute buffer and KV sizes come from the planner (`plan_for`); nothing is reloaded.
+It serves `ubatch explain` alone, so it sits in cli/explain/.
 """
 
 from __future__ import annotations

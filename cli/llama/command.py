@@ -1,12 +1,12 @@
 """Command lines read as llama.cpp reads them.
 
 Every ubatch command is a `LlamaCommand` for one llama.cpp tool. Before Typer parses the words,
-`translate` rewrites them against that tool's flag table (cli/llama_flags.py):
+`translate` rewrites them against that tool's flag table (cli/llama/flags.py):
 - another llama.cpp spelling of a declared option becomes the declared one (`--temperature` ->
   `--temp`, `--ctx_size` -> `--ctx-size`); the default side of a one-way flag (`--warmup` where
   only `--no-warmup` is declared) is dropped;
 - every other flag of the tool is taken out with its values and answered in one line: a notice
-  (no effect here, and why) or a refusal (cli/flag_policy.py), so `-ngl 99` is one flag, never
+  (no effect here, and why) or a refusal (cli/llama/policy.py), so `-ngl 99` is one flag, never
   `-n gl`;
 - LLAMA_ARG_* environment variables become words for the flags the command line does not give
   (the flag wins over the variable; the value is checked as a typed one would be).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -202,10 +203,11 @@ class LlamaGroup(TyperGroup):
 
     def main(
         self,
-        args: Any = None,
+        args: Sequence[str] | None = None,
         prog_name: str | None = None,
         complete_var: str | None = None,
         standalone_mode: bool = True,
+        windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
         words = sys.argv[1:] if args is None else list(args)
@@ -215,7 +217,9 @@ class LlamaGroup(TyperGroup):
                 sys.exit(0)
             return 0
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            rv = super().main(
+                args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **extra
+            )
         except click_errors.NoSuchOption as e:
             typer.echo(f"error: invalid argument: {e.option_name} (see --help)", err=True)
             rv = 1

@@ -12,7 +12,7 @@ from typing import Any
 from ubatch.cli.llama.flags import LLAMA_TOOL, TOOL_EXAMPLES, flags_for, server_routes
 from ubatch.cli.llama.policy import NO_EFFECT, policy_for
 
-# routes served the way llama-server serves them when the feature is off (cli/routes_extra.py)
+# routes served the way llama-server serves them when the feature is off (cli/server/routes/extra.py)
 _OFF = {
     "/lora-adapters": "no LoRA adapters are loaded: GET lists none",
     "/tools": "the web UI's tools are disabled: 403 as llama-server",
@@ -106,4 +106,4 @@ def current() -> str:
     from ubatch.cli.main import app
     from ubatch.cli.server.app import create_app
 
-    return render(get_command(app).commands, create_app())  # type: ignore[attr-defined]
+    return render(get_command(app).commands, create_app())  # type: ignore[attr-defined]  # get_command returns a click Group here (it has .commands)

@@ -38,89 +38,90 @@ _DOWNLOAD = "ubatch never downloads: give a local GGUF file with -m"
 _MTMD = "ubatch is text-only: no multimodal projector, images, audio or video"
 _ADAPTER = "LoRA adapters and control vectors are not supported"
 _ROPE = "RoPE/YaRN overrides are not supported: the model's own RoPE settings are used"
-
-_TABLE: dict[str, tuple[str, str]] = {}
-
-
-def _add(status: str, reason: str, *names: str) -> None:
-    for n in names:
-        _TABLE[n] = (status, reason)
-
-
-_add(NO_EFFECT, _GPU, "--n-gpu-layers", "--split-mode", "--tensor-split", "--main-gpu")
-_add(NO_EFFECT, "this command computes nothing on a device (--device is taken where a model runs)", "--device")
-_add(NO_EFFECT, _GPU, "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--n-cpu-ffn", "--kv-offload")
-_add(NO_EFFECT, _GPU, "--no-kv-offload", "--op-offload", "--no-op-offload", "--no-host", "--repack")
-_add(NO_EFFECT, _GPU, "--fit", "--fit-target", "--fit-ctx", "--list-devices", "--backend-sampling")
-_add(NO_EFFECT, _GPU, "--mmproj-offload", "--mmproj-device", "--rpc")
-_add(NO_EFFECT, _LOAD, "--load-mode", "--lazy-mode", "--numa", "--check-tensors", "--mlock", "--mmap", "--direct-io")
-_add(NO_EFFECT, _THREADS, "--threads-batch", "--cpu-mask", "--cpu-range", "--cpu-strict", "--prio", "--poll")
-_add(NO_EFFECT, _THREADS, "--cpu-mask-batch", "--cpu-range-batch", "--cpu-strict-batch", "--prio-batch")
-_add(NO_EFFECT, _THREADS, "--poll-batch", "--threads-http")
-_add(NO_EFFECT, _FA, "--flash-attn")
-_add(
-    NO_EFFECT,
-    _SPEC_DEV,
-    "--spec-draft-threads",
-    "--spec-draft-threads-batch",
-    "--spec-draft-ngl",
-    "--spec-draft-device",
-)
-_add(
-    NO_EFFECT,
-    _SPEC_DEV,
-    "--spec-draft-cpu-mask",
-    "--spec-draft-cpu-range",
-    "--spec-draft-cpu-strict",
-    "--spec-draft-prio",
-)
-_add(NO_EFFECT, _SPEC_DEV, "--spec-draft-poll", "--spec-draft-cpu-mask-batch", "--spec-draft-cpu-range-batch")
-_add(NO_EFFECT, _SPEC_DEV, "--spec-draft-cpu-strict-batch", "--spec-draft-prio-batch", "--spec-draft-poll-batch")
-_add(NO_EFFECT, _SPEC_DEV, "--spec-draft-override-tensor", "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe")
-_add(REFUSED, _DOWNLOAD, "--spec-draft-hf")
 _REMOVED = "the argument has been removed (as in llama.cpp): use --spec-draft-n-max or --spec-ngram-mod-n-max"
-_add(REFUSED, _REMOVED, "--draft", "--draft-n", "--draft-max", "--draft-min", "--draft-n-min")
-_add(NO_EFFECT, _LOG, "--log-file", "--log-jsonl", "--log-colors", "--log-prefix", "--log-timestamps")
-_add(NO_EFFECT, _LOG, "--log-prompts-dir", "--perf", "--verbose-prompt", "--print-token-count")
-_add(NO_EFFECT, _ROUTER, "--models-dir", "--models-preset", "--models-max", "--models-autoload")
-_add(NO_EFFECT, _UI, "--path", "--ui", "--ui-config", "--ui-config-file", "--ui-mcp-proxy", "--tools")
-_add(NO_EFFECT, _UI, "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--agent")
-_add(NO_EFFECT, _REASON, "--reasoning-format", "--reasoning", "--reasoning-effort", "--reasoning-budget")
-_add(NO_EFFECT, _REASON, "--reasoning-budget-message", "--reasoning-preserve", "--skip-chat-parsing")
-_add(NO_EFFECT, _CKPT, "--ctx-checkpoints", "--checkpoint-min-step", "--cache-ram", "--cache-idle-slots")
-_add(NO_EFFECT, _CKPT, "--kv-unified-per-slot", "--defrag-thold")
-_add(NO_EFFECT, _DOWNLOAD, "--offline")
-_add(NO_EFFECT, "there is no server-side idle sleep: the model stays loaded", "--sleep-idle-seconds")
-_add(NO_EFFECT, "no keep-alive pings are sent on idle streams", "--sse-ping-interval")
-_add(NO_EFFECT, "one socket per address is bound", "--reuse-port")
-_add(NO_EFFECT, "media files are not served (text-only)", "--media-path")
-_add(NO_EFFECT, "no LoRA adapters are loaded", "--lora-init-without-apply")
-_add(NO_EFFECT, "the prompt is always processed with the chat template's BOS", "--in-prefix-bos")
-_add(NO_EFFECT, _MTMD, "--no-mmproj", "--mmproj-auto", "--no-mmproj-auto")
-_add(REFUSED, _DOWNLOAD, "--hf-repo", "--hf-file", "--hf-token", "--model-url", "--docker-repo", "--cache-list")
-_add(REFUSED, _PRESET, "--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default")
-_add(REFUSED, _PRESET, "--fim-qwen-7b-default", "--fim-qwen-7b-spec", "--fim-qwen-14b-spec")
-_add(REFUSED, _PRESET, "--fim-qwen-30b-default", "--gpt-oss-20b-default", "--gpt-oss-120b-default")
-_add(REFUSED, _PRESET, "--vision-gemma-4b-default", "--vision-gemma-12b-default", "--spec-default")
-_add(REFUSED, _MTMD, "--mmproj", "--mmproj-url", "--image", "--image-min-tokens", "--image-max-tokens")
-_add(REFUSED, _MTMD, "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval")
-_add(REFUSED, _MTMD, "--video-ffmpeg-dir")
-_add(REFUSED, _ADAPTER, "--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled")
-_add(REFUSED, _ADAPTER, "--control-vector-layer-range")
-_add(REFUSED, _ROPE, "--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale")
-_add(REFUSED, _ROPE, "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow")
-_add(REFUSED, _ROPE, "--yarn-beta-fast", "--grp-attn-n", "--grp-attn-w")
-_add(REFUSED, "GGUF metadata overrides are not supported", "--override-kv")
-_add(REFUSED, "the adaptive-p sampler is not implemented", "--adaptive-target", "--adaptive-decay")
-_add(REFUSED, "binary prompt files are not supported: use -f with text", "--binary-file")
-_add(REFUSED, "HTTPS is not built in: put a TLS proxy in front of the server", "--ssl-key-file", "--ssl-cert-file")
-_add(REFUSED, "fill-in-the-middle (/infill) is not implemented", "--spm-infill")
-_add(REFUSED, "bash completion scripts are not generated", "--completion-bash")
-_add(REFUSED, "llama-cli's client mode is not implemented: run `ubatch server` and a client", "--server-base")
-_add(REFUSED, "chat template kwargs are not supported: the template gets the messages only", "--chat-template-kwargs")
-_add(REFUSED, "the output goes to stdout: redirect it to a file", "--output-file")
-_add(NO_EFFECT, "-lv 4 (debug) gives a line per request", "--log-verbose")
-_add(NO_EFFECT, "the one-shot log has one level: --log-disable turns it off, -v adds detail", "--log-verbosity")
+
+# reason -> the flags it applies to (space-separated)
+_NO_EFFECT = {
+    _GPU: (
+        "--n-gpu-layers --split-mode --tensor-split --main-gpu --override-tensor --cpu-moe "
+        "--n-cpu-moe --n-cpu-ffn --kv-offload --no-kv-offload --op-offload --no-op-offload "
+        "--no-host --repack --fit --fit-target --fit-ctx --list-devices --backend-sampling "
+        "--mmproj-offload --mmproj-device --rpc"
+    ),
+    "this command computes nothing on a device (--device is taken where a model runs)": "--device",
+    _LOAD: "--load-mode --lazy-mode --numa --check-tensors --mlock --mmap --direct-io",
+    _THREADS: (
+        "--threads-batch --cpu-mask --cpu-range --cpu-strict --prio --poll --cpu-mask-batch "
+        "--cpu-range-batch --cpu-strict-batch --prio-batch --poll-batch --threads-http"
+    ),
+    _FA: "--flash-attn",
+    _SPEC_DEV: (
+        "--spec-draft-threads --spec-draft-threads-batch --spec-draft-ngl --spec-draft-device "
+        "--spec-draft-cpu-mask --spec-draft-cpu-range --spec-draft-cpu-strict --spec-draft-prio "
+        "--spec-draft-poll --spec-draft-cpu-mask-batch --spec-draft-cpu-range-batch "
+        "--spec-draft-cpu-strict-batch --spec-draft-prio-batch --spec-draft-poll-batch "
+        "--spec-draft-override-tensor --spec-draft-cpu-moe --spec-draft-n-cpu-moe"
+    ),
+    _LOG: (
+        "--log-file --log-jsonl --log-colors --log-prefix --log-timestamps --log-prompts-dir "
+        "--perf --verbose-prompt --print-token-count"
+    ),
+    _ROUTER: "--models-dir --models-preset --models-max --models-autoload",
+    _UI: (
+        "--path --ui --ui-config --ui-config-file --ui-mcp-proxy --tools --tools-runtime "
+        "--mcp-servers-config --mcp-servers-json --agent"
+    ),
+    _REASON: (
+        "--reasoning-format --reasoning --reasoning-effort --reasoning-budget "
+        "--reasoning-budget-message --reasoning-preserve --skip-chat-parsing"
+    ),
+    _CKPT: "--ctx-checkpoints --checkpoint-min-step --cache-ram --cache-idle-slots --kv-unified-per-slot --defrag-thold",
+    _DOWNLOAD: "--offline",
+    "there is no server-side idle sleep: the model stays loaded": "--sleep-idle-seconds",
+    "no keep-alive pings are sent on idle streams": "--sse-ping-interval",
+    "one socket per address is bound": "--reuse-port",
+    "media files are not served (text-only)": "--media-path",
+    "no LoRA adapters are loaded": "--lora-init-without-apply",
+    "the prompt is always processed with the chat template's BOS": "--in-prefix-bos",
+    _MTMD: "--no-mmproj --mmproj-auto --no-mmproj-auto",
+    "-lv 4 (debug) gives a line per request": "--log-verbose",
+    "the one-shot log has one level: --log-disable turns it off, -v adds detail": "--log-verbosity",
+}
+_REFUSED = {
+    _DOWNLOAD: "--spec-draft-hf --hf-repo --hf-file --hf-token --model-url --docker-repo --cache-list",
+    _REMOVED: "--draft --draft-n --draft-max --draft-min --draft-n-min",
+    _PRESET: (
+        "--embd-gemma-default --fim-qwen-1.5b-default --fim-qwen-3b-default --fim-qwen-7b-default "
+        "--fim-qwen-7b-spec --fim-qwen-14b-spec --fim-qwen-30b-default --gpt-oss-20b-default "
+        "--gpt-oss-120b-default --vision-gemma-4b-default --vision-gemma-12b-default "
+        "--spec-default"
+    ),
+    _MTMD: (
+        "--mmproj --mmproj-url --image --image-min-tokens --image-max-tokens "
+        "--mtmd-batch-max-tokens --video-fps --video-timestamp-interval --video-ffmpeg-dir"
+    ),
+    _ADAPTER: "--lora --lora-scaled --control-vector --control-vector-scaled --control-vector-layer-range",
+    _ROPE: (
+        "--rope-scaling --rope-scale --rope-freq-base --rope-freq-scale --yarn-orig-ctx "
+        "--yarn-ext-factor --yarn-attn-factor --yarn-beta-slow --yarn-beta-fast --grp-attn-n "
+        "--grp-attn-w"
+    ),
+    "GGUF metadata overrides are not supported": "--override-kv",
+    "the adaptive-p sampler is not implemented": "--adaptive-target --adaptive-decay",
+    "binary prompt files are not supported: use -f with text": "--binary-file",
+    "HTTPS is not built in: put a TLS proxy in front of the server": "--ssl-key-file --ssl-cert-file",
+    "fill-in-the-middle (/infill) is not implemented": "--spm-infill",
+    "bash completion scripts are not generated": "--completion-bash",
+    "llama-cli's client mode is not implemented: run `ubatch server` and a client": "--server-base",
+    "chat template kwargs are not supported: the template gets the messages only": "--chat-template-kwargs",
+    "the output goes to stdout: redirect it to a file": "--output-file",
+}
+_TABLE = {
+    name: (status, reason)
+    for status, table in ((NO_EFFECT, _NO_EFFECT), (REFUSED, _REFUSED))
+    for reason, names in table.items()
+    for name in names.split()
+}
 
 # flags a tool takes from llama.cpp's common set but has no use for (as in llama.cpp itself)
 _UNUSED = {

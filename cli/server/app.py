@@ -1,9 +1,9 @@
-"""The HTTP layer of `ubatch server`: llama-server's routes on FastAPI over the engine's Scheduler.
+"""The HTTP layer of `ubatch server`: llama-server's routes on FastAPI over the server's engine.
 
 This module wires the app together: the Gate (503 while loading, then the API key), the
-pre-routing edge (cli/server_middleware.py: CORS, the OPTIONS preflight, --api-prefix),
-llama-server's 404 body, the access log (cli/server_log.py) and the route families from
-cli/routes_*.py and cli/server_resume.py. A client that disconnects (stream or not) cancels its
+pre-routing edge (cli/server/middleware.py: CORS, the OPTIONS preflight, --api-prefix),
+llama-server's 404 body, the access log (cli/server/log.py) and the route families from
+cli/server/routes/ and cli/server/resume.py. A client that disconnects (stream or not) cancels its
 tasks at once, unless its stream is resumable (X-Conversation-Id); the scheduler frees the slot
 at its next iteration. After shutdown began, new requests get 503.
 """
@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
+from ubatch.cli.server import responses as sj
 from ubatch.cli.server.http import error_response
 from ubatch.cli.server.log import LOG_LEVEL_INFO, AccessLog
 from ubatch.cli.server.middleware import Edge
@@ -27,12 +28,11 @@ from ubatch.cli.server.routes.infill import add_infill_routes
 from ubatch.cli.server.routes.info import add_info_routes
 from ubatch.cli.server.routes.slots import add_slot_routes
 from ubatch.cli.server.routes.tokens import add_token_routes
-from ubatch.cli.server.state import ServerOptions, ServerState
+from ubatch.cli.server.state import ServerEngine, ServerOptions, ServerState
+from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.serve.engine_loop import shutdown_error
-from ubatch.engine.serve.scheduler import Scheduler
-from ubatch.engine.serve.task import RequestError
 
-__all__ = ["PUBLIC_PATHS", "Gate", "ServerOptions", "ServerState", "create_app"]
+__all__ = ["PUBLIC_PATHS", "Gate", "ServerEngine", "ServerOptions", "ServerState", "create_app"]
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/api/tags"})
 
@@ -46,17 +46,17 @@ class Gate:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             err = None
-            sch = self.state.scheduler
-            if sch is None:
-                err = RequestError("Loading model", 503, "unavailable_error")
-            elif sch.shutting_down:  # a keep-alive connection after SIGTERM: no new work
+            eng = self.state.engine
+            if eng is None:
+                err = EngineError(ErrorKind.UNAVAILABLE, "Loading model")
+            elif eng.loop.shutting_down:  # a keep-alive connection after SIGTERM: no new work
                 err = shutdown_error()
             elif self.state.options.api_keys and scope["path"] not in PUBLIC_PATHS:
                 h = {k.lower(): v.decode("latin-1") for k, v in scope["headers"]}
                 auth = h.get(b"authorization", "")
                 key = auth[7:].strip() if auth.lower().startswith("bearer ") else h.get(b"x-api-key", "")
                 if key not in self.state.options.api_keys:
-                    err = RequestError("Invalid API Key", 401, "authentication_error")
+                    err = EngineError(ErrorKind.UNAUTHORIZED, "Invalid API Key")
             if err is not None:
                 await error_response(err)(scope, receive, send)
                 return
@@ -64,17 +64,17 @@ class Gate:
 
 
 def create_app(
-    scheduler: Scheduler | None = None,
+    engine: ServerEngine | None = None,
     options: ServerOptions | None = None,
     state: ServerState | None = None,
     log_verbosity: int | None = LOG_LEVEL_INFO,
 ) -> FastAPI:
-    """The FastAPI app. Pass a started scheduler, or a `state` whose scheduler is attached
-    later (the CLI serves /health = 503 while the model loads). `log_verbosity` is -lv
-    (None: --log-disable)."""
+    """The FastAPI app. Pass a started engine (cli/server/run.py `start_engine`), or a `state`
+    whose engine is attached later (the CLI serves /health = 503 while the model loads).
+    `log_verbosity` is -lv (None: --log-disable)."""
     st = state or ServerState(options)
-    if scheduler is not None:
-        st.attach(scheduler)
+    if engine is not None:
+        st.attach(engine)
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = st
     app.add_middleware(Gate, state=st)
@@ -84,8 +84,9 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def not_found(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code in (404, 405):
-            return error_response(RequestError("File Not Found", 404, "not_found_error"))
-        return error_response(RequestError(str(exc.detail), exc.status_code, "invalid_request_error"))
+            return error_response(EngineError(ErrorKind.NOT_FOUND, "File Not Found"))
+        code = exc.status_code  # no kind of ours: passed through as Starlette raised it
+        return JSONResponse(sj.error_json(code, str(exc.detail), "invalid_request_error"), status_code=code)
 
     app.state.streams = StreamSessions()  # resumable streams (X-Conversation-Id)
     add_info_routes(app, st)

@@ -3,7 +3,7 @@
 This module is the command line only: the options (shared ones from cli/options.py and
 cli/sampling_flags.py, the server's own here), the checks that must fail before anything loads,
 and the server-wide settings. Binding, loading the model and running uvicorn are in
-cli/server_run.py; the HTTP layer is cli/server_app.py.
+cli/server/run.py; the HTTP layer is cli/server/app.py.
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ from ubatch.cli.spec_flags import SpecFlags, spec_options
 EMBD = "Embeddings"
 
 
+def _flag(default: Any, *names: str, help: str, panel: str = SERVER, **extra: Any) -> Any:
+    """A flag of the server's own: its typer.Option, in the Server panel unless said."""
+    return typer.Option(default, *names, help=help, rich_help_panel=panel, **extra)
+
+
 def _csv(v: str | None) -> tuple[str, ...]:
     return tuple(s.strip() for s in (v or "").split(",") if s.strip())
 
@@ -31,68 +36,42 @@ def _csv(v: str | None) -> tuple[str, ...]:
 @spec_options
 def server(
     model: Optional[Path] = opt("model", None),
-    alias: Optional[str] = typer.Option(
-        None,
-        "-a",
-        "--alias",
-        help="model name(s), comma-separated: the id and aliases in /v1/models",
-        rich_help_panel=MODEL,
+    alias: Optional[str] = _flag(
+        None, "-a", "--alias", help="model name(s), comma-separated: the id and aliases in /v1/models", panel=MODEL
     ),
-    tags: Optional[str] = typer.Option(
-        None, "--tags", help="comma-separated tags listed in /v1/models", rich_help_panel=MODEL
-    ),
+    tags: Optional[str] = _flag(None, "--tags", help="comma-separated tags listed in /v1/models", panel=MODEL),
     chat_template: Optional[str] = opt("chat_template", None),
     chat_template_file: Optional[Path] = opt("chat_template_file", None),
     jinja: bool = opt("jinja", True),
-    prefill_assistant: bool = typer.Option(
-        True,
-        "--prefill-assistant/--no-prefill-assistant",
-        help="continue a final assistant message",
-        rich_help_panel=MODEL,
+    prefill_assistant: bool = _flag(
+        True, "--prefill-assistant/--no-prefill-assistant", help="continue a final assistant message", panel=MODEL
     ),
-    host: str = typer.Option(
-        "127.0.0.1",
-        "--host",
-        help="addresses to listen on, comma-separated (IPv4, IPv6, *.sock)",
-        rich_help_panel=SERVER,
-    ),
-    port: int = typer.Option(8080, "--port", help="port to listen on (0 = any free port)", rich_help_panel=SERVER),
-    api_prefix: str = typer.Option(
-        "", "--api-prefix", help="prefix every route is also served under", rich_help_panel=SERVER
-    ),
-    api_key: Optional[str] = typer.Option(
+    host: str = _flag("127.0.0.1", "--host", help="addresses to listen on, comma-separated (IPv4, IPv6, *.sock)"),
+    port: int = _flag(8080, "--port", help="port to listen on (0 = any free port)"),
+    api_prefix: str = _flag("", "--api-prefix", help="prefix every route is also served under"),
+    api_key: Optional[str] = _flag(
         None,
         "--api-key",
         envvar="LLAMA_API_KEY",
         help="API key(s), comma-separated; required on every route but /health and /models",
-        rich_help_panel=SERVER,
     ),
-    api_key_file: Optional[Path] = typer.Option(
-        None, "--api-key-file", help="file with one API key per line", rich_help_panel=SERVER
-    ),
-    cors_origins: str = typer.Option(
+    api_key_file: Optional[Path] = _flag(None, "--api-key-file", help="file with one API key per line"),
+    cors_origins: str = _flag(
         "localhost",
         "--cors-origins",
         help="allowed origins, comma-separated; 'localhost' reflects only localhost origins; '*' all",
-        rich_help_panel=SERVER,
     ),
-    cors_methods: str = typer.Option(
-        "GET, POST, DELETE, OPTIONS", "--cors-methods", help="allowed CORS methods", rich_help_panel=SERVER
+    cors_methods: str = _flag("GET, POST, DELETE, OPTIONS", "--cors-methods", help="allowed CORS methods"),
+    cors_headers: str = _flag("*", "--cors-headers", help="allowed CORS headers"),
+    cors_credentials: bool = _flag(
+        False, "--cors-credentials/--no-cors-credentials", help="allow credentials for CORS"
     ),
-    cors_headers: str = typer.Option("*", "--cors-headers", help="allowed CORS headers", rich_help_panel=SERVER),
-    cors_credentials: bool = typer.Option(
-        False, "--cors-credentials/--no-cors-credentials", help="allow credentials for CORS", rich_help_panel=SERVER
-    ),
-    timeout: int = typer.Option(
-        600, "-to", "--timeout", help="idle keep-alive timeout in seconds", rich_help_panel=SERVER
-    ),
-    metrics: bool = typer.Option(
-        False, "--metrics", help="enable the Prometheus /metrics endpoint", rich_help_panel=SERVER
-    ),
-    props: bool = typer.Option(False, "--props", help="let POST /props change server settings", rich_help_panel=SERVER),
-    slots: bool = typer.Option(True, "--slots/--no-slots", help="expose the /slots endpoint", rich_help_panel=SERVER),
-    slot_save_path: Optional[Path] = typer.Option(
-        None, "--slot-save-path", help="directory for POST /slots/{id}?action=save|restore", rich_help_panel=SERVER
+    timeout: int = _flag(600, "-to", "--timeout", help="idle keep-alive timeout in seconds"),
+    metrics: bool = _flag(False, "--metrics", help="enable the Prometheus /metrics endpoint"),
+    props: bool = _flag(False, "--props", help="let POST /props change server settings"),
+    slots: bool = _flag(True, "--slots/--no-slots", help="expose the /slots endpoint"),
+    slot_save_path: Optional[Path] = _flag(
+        None, "--slot-save-path", help="directory for POST /slots/{id}?action=save|restore"
     ),
     log_disable: bool = opt("log_disable", False, help="no startup log and no per-request lines", panel=SERVER),
     log_verbosity: int = opt(
@@ -102,67 +81,64 @@ def server(
         help="log threshold, llama.cpp's levels (4 = debug: a line per request)",
         panel=SERVER,
     ),
-    embedding: bool = typer.Option(
-        False, "--embedding", "--embeddings", help="serve /embedding and /v1/embeddings", rich_help_panel=EMBD
+    embedding: bool = _flag(
+        False, "--embedding", "--embeddings", help="serve /embedding and /v1/embeddings", panel=EMBD
     ),
-    pooling: Optional[str] = typer.Option(
-        None, "--pooling", help="none, mean, cls, last, rank (default: the model's)", rich_help_panel=EMBD
+    pooling: Optional[str] = _flag(
+        None, "--pooling", help="none, mean, cls, last, rank (default: the model's)", panel=EMBD
     ),
-    reranking: bool = typer.Option(
-        False, "--reranking", "--rerank", help="serve /rerank (needs a model with a rank head)", rich_help_panel=EMBD
+    reranking: bool = _flag(
+        False, "--reranking", "--rerank", help="serve /rerank (needs a model with a rank head)", panel=EMBD
     ),
-    embd_normalize: int = typer.Option(
-        2,
-        "--embd-normalize",
-        help="embedding normalisation: -1 none, 0 max-abs, 2 Euclidean, p>2 p-norm",
-        rich_help_panel=EMBD,
+    embd_normalize: int = _flag(
+        2, "--embd-normalize", help="embedding normalisation: -1 none, 0 max-abs, 2 Euclidean, p>2 p-norm", panel=EMBD
     ),
     n_parallel: int = opt("parallel", -1, help="number of slots (-1 = auto: 4 slots with a unified KV cache)"),
     ctx_size: int = opt("ctx_size", 0, help="context size, split across the slots unless -kvu (0 = from the model)"),
-    kv_unified: bool = typer.Option(
+    kv_unified: bool = _flag(
         False,
         "-kvu/-no-kvu",
         "--kv-unified/--no-kv-unified",
         help="one KV cache shared by all slots (default with -np -1)",
-        rich_help_panel=CTX,
+        panel=CTX,
     ),
     ctk: str = opt("ctk", "f16"),
     ctv: str = opt("ctv", "f16"),
     swa_full: bool = opt("swa_full", False),
     context_shift: bool = opt("context_shift", False, help="when a slot's context fills, drop half of it and continue"),
     keep: int = opt("keep", 0, help="tokens a context shift keeps (-1 = all)"),
-    cache_reuse: int = typer.Option(
-        0, "--cache-reuse", help="min chunk size to reuse from the cache via KV shifting (0 = off)", rich_help_panel=CTX
+    cache_reuse: int = _flag(
+        0, "--cache-reuse", help="min chunk size to reuse from the cache via KV shifting (0 = off)", panel=CTX
     ),
-    cache_prompt: bool = typer.Option(
+    cache_prompt: bool = _flag(
         True,
         "--cache-prompt/--no-cache-prompt",
         help="reuse the slot's common prefix with the previous request",
-        rich_help_panel=CTX,
+        panel=CTX,
     ),
-    slot_prompt_similarity: float = typer.Option(
+    slot_prompt_similarity: float = _flag(
         0.1,
         "-sps",
         "--slot-prompt-similarity",
         help="pick the idle slot whose cache matches this much of the prompt",
-        rich_help_panel=CTX,
+        panel=CTX,
     ),
     batch_size: int = opt("batch_size", 2048, help="logical batch size: rows per decode call"),
     ubatch_size: int = opt("ubatch_size", 512, help="physical batch size: rows per forward pass"),
-    cont_batching: bool = typer.Option(
+    cont_batching: bool = _flag(
         True,
         "-cb/-nocb",
         "--cont-batching/--no-cont-batching",
         help="mix prompt chunks into generation batches",
-        rich_help_panel=BATCH,
+        panel=BATCH,
     ),
     threads: int = opt("threads", -1),
     backend: str = opt("backend", "auto"),
     device: str = opt("device", "auto"),
     warmup: bool = opt("warmup", True),
     n_predict: int = opt("n_predict", -1, help="default tokens to generate per request (-1 = unlimited)"),
-    reverse_prompt: Optional[list[str]] = typer.Option(
-        None, "-r", "--reverse-prompt", help="default stop string of every request (repeatable)", rich_help_panel=MODEL
+    reverse_prompt: Optional[list[str]] = _flag(
+        None, "-r", "--reverse-prompt", help="default stop string of every request (repeatable)", panel=MODEL
     ),
     special: bool = opt("special", False),
     sampling: SamplingFlags = SamplingFlags(),
@@ -200,8 +176,8 @@ def server(
     if api_key_file is not None:
         keys += [k.strip() for k in read_text_file(api_key_file, "API key file").splitlines() if k.strip()]
 
-    from ubatch.cli.server.app import ServerOptions
-    from ubatch.cli.server.run import load_scheduler, serve
+    from ubatch.cli.server.run import EngineOptions, load_engine, serve
+    from ubatch.cli.server.state import ServerOptions
 
     names = _csv(alias)
     options = ServerOptions(
@@ -232,34 +208,39 @@ def server(
         special=special,
         n_keep=keep,
     )
-
-    def load() -> Any:
-        return load_scheduler(
-            model,
-            n_parallel,
-            ctx_size,
-            batch_size,
-            ubatch_size,
-            kv_unified,
-            ctk,
-            ctv,
-            swa_full,
-            threads,
-            not warmup,
-            context_shift,
-            cache_reuse,
-            slot_prompt_similarity,
-            cont_batching,
-            log_disable,
-            backend,
-            embedding=embedding,
-            pooling=pooling,
-            reranking=reranking,
-            spec=spec,
-            device=str(dev),
-        )
-
-    serve(host, port, options, load, timeout=timeout, log_disable=log_disable, log_verbosity=log_verbosity)
+    engine = EngineOptions(
+        model=model,
+        n_parallel=n_parallel,
+        ctx_size=ctx_size,
+        batch_size=batch_size,
+        ubatch_size=ubatch_size,
+        kv_unified=kv_unified,
+        ctk=ctk,
+        ctv=ctv,
+        swa_full=swa_full,
+        threads=threads,
+        backend=backend,
+        device=str(dev),
+        warmup=warmup,
+        context_shift=context_shift,
+        cache_reuse=cache_reuse,
+        slot_prompt_similarity=slot_prompt_similarity,
+        cont_batching=cont_batching,
+        embedding=embedding,
+        pooling=pooling,
+        reranking=reranking,
+        spec=spec,
+        quiet=log_disable,
+    )
+    serve(
+        host,
+        port,
+        options,
+        lambda: load_engine(engine),
+        timeout=timeout,
+        log_disable=log_disable,
+        log_verbosity=log_verbosity,
+    )
 
 
 def _slot_dir(path: Path | None) -> str:

@@ -1,7 +1,9 @@
 """The plumbing between Starlette and the routes of `ubatch server`: reading a JSON body, and
-turning a `RequestError` (or any other exception) into llama-server's error JSON.
+turning an error into llama-server's status code and error JSON.
 
-Every route module and the app's middleware answer errors the same way, so that lives here once.
+The engine raises errors by kind (engine/errors.py); this is the one place a kind becomes an
+HTTP status and llama-server's error `type`. Every route module, the middleware and the streams
+answer errors through it.
 """
 
 from __future__ import annotations
@@ -15,16 +17,57 @@ from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
-from ubatch.engine.serve.task import RequestError
+from ubatch.engine.errors import EngineError, ErrorKind, UbatchError
+
+STATUS: dict[ErrorKind, tuple[int, str]] = {  # llama-server's code and error type for each kind
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorKind.EXCEEDS_CONTEXT: (400, "exceed_context_size_error"),
+    ErrorKind.UNAUTHORIZED: (401, "authentication_error"),
+    ErrorKind.NOT_FOUND: (404, "not_found_error"),
+    ErrorKind.INTERNAL: (500, "server_error"),
+    ErrorKind.NOT_SUPPORTED: (501, "not_supported_error"),
+    ErrorKind.UNAVAILABLE: (503, "unavailable_error"),
+}
 
 
-def error_response(e: RequestError) -> JSONResponse:
-    return JSONResponse(sj.error_json(e.code, _shown(e.message), e.type, **e.extra), status_code=e.code)
+def bad_request(message: str) -> EngineError:
+    """A request llama-server answers 400 invalid_request_error."""
+    return EngineError(ErrorKind.INVALID_REQUEST, message)
 
 
-def internal_error(e: Exception) -> RequestError:
-    """An exception that is not the client's fault: llama-server's 500 server_error."""
-    return e if isinstance(e, RequestError) else RequestError(f"{type(e).__name__}: {e}", 500, "server_error")
+def not_started_with(what: str, flag: str) -> EngineError:
+    """A feature the server was not started with (llama-server's 501 and its message)."""
+    return EngineError(ErrorKind.NOT_SUPPORTED, f"This server does not support {what}. Start it with `{flag}`")
+
+
+def as_error(e: Exception) -> UbatchError:
+    """An exception as an error of a kind: one of ours as it is, anything else (a bug) an
+    internal error naming its type."""
+    return e if isinstance(e, UbatchError) else EngineError(ErrorKind.INTERNAL, f"{type(e).__name__}: {e}")
+
+
+def error_body(e: Exception) -> tuple[int, dict[str, Any]]:
+    """The status code and llama-server's `{"error": {"code", "message", "type", ...}}`."""
+    err = as_error(e)
+    code, json_type = STATUS[err.kind]
+    return code, sj.error_json(code, _shown(err.message), json_type, **err.details)
+
+
+def error_response(e: Exception) -> JSONResponse:
+    code, body = error_body(e)
+    return JSONResponse(body, status_code=code)
+
+
+def error_event(e: Exception) -> bytes:
+    """The SSE event that ends a stream with an error."""
+    return sj.sse(error_body(e)[1])
+
+
+def type_name(v: Any) -> str:
+    """JSON's name for a value's type, as llama-server's error messages spell it."""
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(v), "null" if v is None else type(v).__name__
+    )
 
 
 def _reject_constant(name: str) -> None:
@@ -78,9 +121,9 @@ async def read_json(request: Request) -> Any:
         text = raw.decode("utf-8-sig")
         body = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(f"Invalid JSON in the request body: {e}") from None
+        raise bad_request(f"Invalid JSON in the request body: {e}") from None
     if "\\u" in text and (where := lone_surrogate_at(body)) is not None:
-        raise RequestError(
+        raise bad_request(
             f"Invalid JSON in the request body: field '{where}' holds a lone UTF-16 surrogate"
             " (not Unicode text); send UTF-8 or a complete surrogate pair"
         )
@@ -95,6 +138,6 @@ def api(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awa
         try:
             return await fn(request)
         except Exception as e:  # never a dead server: report it and keep serving
-            return error_response(internal_error(e))
+            return error_response(e)
 
     return wrapper

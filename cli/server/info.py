@@ -2,8 +2,9 @@
 this llama-server version sends, so clients that read them (the web UI, OpenAI-style model
 pickers, Ollama-style `models`) see the same shapes.
 
-The model's names follow llama-server: the aliases (`-a a,b`) are a set, listed sorted, and the
-first of them is the model's id; with no alias the id is the model path as given.
+The model's names follow llama-server (`ServerOptions.model_aliases`, `model_name`): the aliases
+(`-a a,b`) are a set, listed sorted, and the first of them is the model's id; with no alias the
+id is the model path as given.
 """
 
 from __future__ import annotations
@@ -13,24 +14,13 @@ import string
 import time
 from typing import Any
 
-from ubatch.cli.sysinfo import FTYPE_NAMES
 from ubatch.cli.server import responses as sj
-from ubatch.cli.server.state import ServerOptions, ServerState
+from ubatch.cli.server.state import ServerState
+from ubatch.cli.sysinfo import FTYPE_NAMES
 from ubatch.engine.serve.task import TaskParams
 
 # a per-process marker, as llama-server's get_media_marker (this server takes no media)
 MEDIA_MARKER = "<__media_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32)) + "__>"
-
-
-def model_aliases(o: ServerOptions) -> list[str]:
-    """`--alias` names as llama-server keeps them: a set, so sorted and without repeats."""
-    return sorted({*o.aliases, *([o.alias] if o.alias else [])})
-
-
-def model_name(o: ServerOptions, path: Any) -> str:
-    """The model's id in every response: the first alias, else the model path as given."""
-    aliases = model_aliases(o)
-    return aliases[0] if aliases else str(path)
 
 
 def ftype_name(metadata: dict[str, Any]) -> str:
@@ -45,7 +35,7 @@ def models_json(st: ServerState) -> dict[str, Any]:
     s = st.sch()
     m = s.ctx.model
     hp, name = m.hparams, st.model_id
-    aliases = model_aliases(st.options) or [name]  # llama-server adds the path as the one alias
+    aliases = st.options.model_aliases() or [name]  # llama-server adds the path as the one alias
     ollama = {
         "name": name,
         "model": name,
@@ -112,7 +102,7 @@ def props_json(st: ServerState) -> dict[str, Any]:
     assert st.chat is not None
     params = TaskParams(n_predict=st.defaults.n_predict, sampling=st.defaults.sampling, cache_prompt=o.cache_prompt)
     return {
-        "default_generation_settings": {"params": params.to_json(), "n_ctx": s.n_ctx_slot},
+        "default_generation_settings": {"params": sj.params_json(params), "n_ctx": s.n_ctx_slot},
         "total_slots": len(s.slots),
         "model_alias": st.model_id,
         "model_ftype": ftype_name(s.ctx.model.gguf.metadata),

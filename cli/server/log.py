@@ -2,7 +2,7 @@
 
 llama-server logs each finished request at INFO ("done request: METHOD PATH ADDR STATUS"); this
 line also carries the tokens the engine read and generated (known from the request's Final
-events, which `Reader` in cli/server_stream.py adds to the `current()` record) and the time the
+events, which `Reader` in cli/server/stream.py adds to the `current()` record) and the time the
 request took. Successful requests are quiet unless `-lv 4` (llama.cpp's debug level), and the
 routes clients poll (/health, /models, /props, /metrics) stay quiet as in llama-server (their
 503 while loading or stopping too: saying "not ready" is what they are for). A failed
@@ -27,10 +27,9 @@ from http import HTTPStatus
 from typing import Any
 
 from ubatch.cli.common import err_console
-from ubatch.cli.server import responses as sj
-from ubatch.cli.server.http import error_response
+from ubatch.cli.server.http import error_body, error_event, error_response
+from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.serve.engine_loop import shutdown_error
-from ubatch.engine.serve.task import RequestError
 
 LOG_LEVEL_INFO, LOG_LEVEL_DEBUG = 3, 4  # llama.cpp's common/log.h levels; -lv defaults to INFO
 POLLED_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/props", "/metrics"})
@@ -149,18 +148,18 @@ class AccessLog:
             await self._answer_failure(rec, shutdown_error(), done, receive, send)
         except Exception as e:  # a bug in a route: the client still gets an answer
             rec.fail(f"{type(e).__name__}: {e}")
-            await self._answer_failure(rec, RequestError(rec.error, 500, "server_error"), done, receive, send)
+            await self._answer_failure(rec, EngineError(ErrorKind.INTERNAL, rec.error), done, receive, send)
         finally:
             _current.reset(token)
             self._log(rec)
 
-    async def _answer_failure(self, rec: RequestRecord, err: RequestError, done: bool, receive: Any, send: Any) -> None:
+    async def _answer_failure(self, rec: RequestRecord, err: EngineError, done: bool, receive: Any, send: Any) -> None:
         try:
             if not rec.status:  # nothing sent yet: llama-server's error JSON
-                rec.status = err.code
+                rec.status = error_body(err)[0]
                 await error_response(err)({"type": "http"}, receive, send)
             elif not done:  # a stream: end it with an error event; other bodies just end
-                chunk = sj.sse(sj.error_json(err.code, err.message, err.type)) if rec.sse else b""
+                chunk = error_event(err) if rec.sse else b""
                 await send({"type": "http.response.body", "body": chunk, "more_body": False})
         except Exception:  # the client is gone: nothing left to tell it
             pass

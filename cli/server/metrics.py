@@ -2,7 +2,7 @@
 
 These read the scheduler's live state (slots, counters) rather than one request's events, and
 /metrics is where ubatch adds its batching counters (sequences and rows per decode), so they
-are apart from the completion bodies in cli/server_json.py.
+are apart from the completion bodies in cli/server/responses.py.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ubatch.cli.server.responses import params_json
 from ubatch.engine.serve.scheduler import Scheduler, Slot
 from ubatch.engine.spec.speculative import SpecStats
 from ubatch.engine.units import tokens_per_second
@@ -40,7 +41,7 @@ def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
                 "n_prompt_tokens": len(task.prompt),
                 "n_prompt_tokens_processed": s.n_prompt_done,
                 "n_prompt_tokens_cache": s.n_prompt_cache,
-                "params": p.to_json(),
+                "params": params_json(p),
                 "next_token": [
                     {
                         "has_next_token": s.busy,
@@ -83,9 +84,9 @@ def _num(v: float) -> str:
     return f"{float(v):g}"
 
 
-def metrics_text(sch: Scheduler) -> str:
+def metrics_text(sch: Scheduler, n_deferred: int) -> str:
     """Prometheus text with llama.cpp's `llamacpp:` metrics, then this project's `ubatch:` ones
-    (how many sequences and rows each decode carried)."""
+    (how many sequences and rows each decode carried); `n_deferred`: the tasks not started yet."""
     st = sch.stats
     spec = sch.speculator.stats if sch.speculator is not None else SpecStats()
     counters = [
@@ -104,7 +105,7 @@ def metrics_text(sch: Scheduler) -> str:
         tokens_per_second(st.n_prompt_tokens, st.t_prompt_ms),
         tokens_per_second(st.n_predicted, st.t_predicted_ms),
         sum(s.busy for s in sch.slots),
-        sch.n_deferred,
+        n_deferred,
         st.n_busy_slots_total / max(st.n_decode_total, 1),
     ]
     st.reset_bucket()  # the gauges are averaged over the window between two scrapes

@@ -15,9 +15,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from starlette.types import Message
+
 from ubatch.cli.server.http import error_response
 from ubatch.cli.server.state import ServerOptions
-from ubatch.engine.serve.task import RequestError
+from ubatch.engine.errors import EngineError, ErrorKind
 
 LOCALHOST_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -77,7 +79,7 @@ class Edge:
             await send({"type": "http.response.body", "body": b""})
             return
 
-        async def send_with_headers(message: dict[str, Any]) -> None:
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 known = {k.lower() for k, _ in message.get("headers", [])}
                 add = [(k, v) for k, v in extra if k not in known]
@@ -87,7 +89,7 @@ class Edge:
         if self.prefix:
             path = scope["path"]
             if path != self.prefix and not path.startswith(self.prefix + "/"):
-                await error_response(RequestError("File Not Found", 404, "not_found_error"))(
+                await error_response(EngineError(ErrorKind.NOT_FOUND, "File Not Found"))(
                     scope, receive, send_with_headers
                 )
                 return

@@ -1,19 +1,22 @@
 """llama-server's response JSON for generation: native /completion, OpenAI text and chat
-completions, their stream chunks and errors. Pure functions from the scheduler's events to dicts.
+completions, their stream chunks, a task's settings and timings, and the error body. Pure
+functions from the engine's data and events to dicts; the engine itself writes no JSON.
 
 What a client gets back for its prompt is kept apart from the monitoring views of the server's
-state (/slots, /metrics: cli/server_metrics.py)."""
+state (/slots, /metrics: cli/server/metrics.py)."""
 
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 from typing import Any
 
 from ubatch.engine.generation.generation import TokenProb
 from ubatch.engine.serve.prompt_progress import Progress
-from ubatch.engine.serve.task import Final, Partial
+from ubatch.engine.serve.task import Final, Partial, TaskParams, Timings
+from ubatch.engine.units import tokens_per_second
 
 FLT_LOWEST = -3.4028234663852886e38  # llama.cpp sends this instead of -inf (not valid JSON)
 BUILD_INFO = "ubatch-0.1.0"
@@ -29,6 +32,80 @@ def sse(obj: Any) -> bytes:
 
 def error_json(code: int, message: str, type: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "type": type, **extra}}
+
+
+def params_json(p: TaskParams) -> dict[str, Any]:
+    """A task's settings with llama.cpp's key names: `generation_settings`, /slots' `params`,
+    /props' defaults."""
+    s = p.sampling
+    return {
+        "seed": s.seed,
+        "temperature": s.temp,
+        "dynatemp_range": s.dynatemp_range,
+        "dynatemp_exponent": s.dynatemp_exponent,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "top_n_sigma": s.top_n_sigma,
+        "xtc_probability": s.xtc_probability,
+        "xtc_threshold": s.xtc_threshold,
+        "typical_p": s.typ_p,
+        "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "dry_multiplier": s.dry_multiplier,
+        "dry_base": s.dry_base,
+        "dry_allowed_length": s.dry_allowed_length,
+        "dry_penalty_last_n": s.dry_penalty_last_n,
+        "dry_sequence_breakers": list(s.dry_sequence_breakers),
+        "mirostat": s.mirostat,
+        "mirostat_tau": s.mirostat_tau,
+        "mirostat_eta": s.mirostat_eta,
+        "stop": list(p.stop),
+        "max_tokens": p.n_predict,
+        "n_predict": p.n_predict,
+        "n_keep": p.n_keep,
+        "n_discard": p.n_discard,
+        "ignore_eos": p.ignore_eos,
+        "stream": p.stream,
+        "logit_bias": [
+            {"bias": b if math.isfinite(b) else None, "token": t}  # -inf: JSON null
+            for t, b in p.logit_bias
+        ],
+        "n_probs": p.n_probs,
+        "min_keep": s.min_keep,
+        "grammar": p.grammar.text if p.grammar is not None else "",
+        "cache_prompt": p.cache_prompt,
+        "n_cache_reuse": p.n_cache_reuse,
+        "samplers": list(s.samplers),
+        "timings_per_token": p.timings_per_token,
+        "post_sampling_probs": p.post_sampling_probs,
+    }
+
+
+def timings_json(t: Timings) -> dict[str, float | int]:
+    """llama.cpp's `timings`; the first generated token is excluded from the rate."""
+    pn, pms, gn, gms = t.prompt_n, t.prompt_ms, t.predicted_n - 1, t.predicted_ms
+    out: dict[str, float | int] = {
+        "cache_n": t.cache_n,
+        "prompt_n": pn,
+        "prompt_ms": pms,
+        "prompt_per_token_ms": pms / pn if pn else 0.0,
+        "prompt_per_second": tokens_per_second(pn, pms),
+        "predicted_n": t.predicted_n,
+        "predicted_ms": gms,
+        "predicted_per_token_ms": gms / gn if gn > 0 else 0.0,
+        "predicted_per_second": tokens_per_second(max(gn, 0), gms),
+    }
+    if t.draft_n > 0:  # llama-server adds these only when something was drafted
+        out["draft_n"], out["draft_n_accepted"] = t.draft_n, t.draft_n_accepted
+    return out
+
+
+def progress_json(ev: Progress) -> dict[str, int]:
+    """A prompt_progress event's object (server-task.cpp result_prompt_progress)."""
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": ev.time_ms}
 
 
 def new_id(prefix: str) -> str:
@@ -77,7 +154,7 @@ def native_partial(ev: Partial) -> dict[str, Any]:
         "tokens_evaluated": ev.n_prompt,
     }
     if ev.timings is not None:
-        res["timings"] = ev.timings.to_json()
+        res["timings"] = timings_json(ev.timings)
     if ev.prob is not None:
         res["completion_probabilities"] = probs_json([ev.prob], p.post_sampling_probs)
     return res
@@ -93,7 +170,7 @@ def native_progress(ev: Progress) -> dict[str, Any]:
         "id_slot": ev.id_slot,
         "tokens_predicted": 0,
         "tokens_evaluated": ev.total,
-        "prompt_progress": ev.to_json(),
+        "prompt_progress": progress_json(ev),
     }
 
 
@@ -108,14 +185,14 @@ def native_final(ev: Final, model: str) -> dict[str, Any]:
         "model": model,
         "tokens_predicted": ev.n_decoded,
         "tokens_evaluated": ev.n_prompt,
-        "generation_settings": p.to_json(),
+        "generation_settings": params_json(p),
         "prompt": ev.task.prompt_text,
         "has_new_line": ev.has_new_line,
         "truncated": ev.truncated,
         "stop_type": ev.stop_type,
         "stopping_word": ev.stopping_word,
         "tokens_cached": ev.n_cached,
-        "timings": ev.timings.to_json(),
+        "timings": timings_json(ev.timings),
     }
     if not p.stream and ev.probs:
         res["completion_probabilities"] = probs_json(ev.probs, p.post_sampling_probs)
@@ -167,7 +244,7 @@ def _final_body(obj: str, choices: list[Any], finals: list[Final], cid: str, mod
         "choices": choices,
         **_head(obj, cid, model),
         "usage": _usage(finals),
-        "timings": finals[0].timings.to_json(),
+        "timings": timings_json(finals[0].timings),
     }
     return _verbose(body, finals[0], model)
 
@@ -182,7 +259,7 @@ def _verbose(res: dict[str, Any], ev: Final | Partial, model: str) -> dict[str, 
 def oai_completion_chunk(ev: Partial | Final | Progress, cid: str, model: str) -> list[dict[str, Any]]:
     if isinstance(ev, Progress):
         choice = {"text": "", "index": ev.task.index, "logprobs": None, "finish_reason": None}
-        return [{"choices": [choice], **_head("text_completion", cid, model), "prompt_progress": ev.to_json()}]
+        return [{"choices": [choice], **_head("text_completion", cid, model), "prompt_progress": progress_json(ev)}]
     if isinstance(ev, Partial):
         choice = {"text": ev.text, "index": ev.task.index, "logprobs": _logprobs(ev), "finish_reason": None}
         return [_verbose({"choices": [choice], **_head("text_completion", cid, model)}, ev, model)]
@@ -193,7 +270,7 @@ def oai_completion_chunk(ev: Partial | Final | Progress, cid: str, model: str) -
             ],
             **_head("text_completion", cid, model),
             "usage": _usage([ev]),
-            "timings": ev.timings.to_json(),
+            "timings": timings_json(ev.timings),
         }
     ]
     _verbose(out[0], ev, model)
@@ -229,7 +306,7 @@ def oai_chat_chunks(ev: Partial | Final | Progress, cid: str, model: str) -> lis
     i = ev.task.index
     if isinstance(ev, Progress):
         c = _chat_chunk(i, {"role": "assistant", "content": None}, cid, model)
-        return [{**c, "prompt_progress": ev.to_json()}]
+        return [{**c, "prompt_progress": progress_json(ev)}]
     if isinstance(ev, Partial):
         out = []
         if ev.n_decoded == 1:
@@ -239,7 +316,7 @@ def oai_chat_chunks(ev: Partial | Final | Progress, cid: str, model: str) -> lis
         if out and (lp := _logprobs(ev)) is not None:
             out[-1]["choices"][0]["logprobs"] = lp
         if out and ev.timings is not None:
-            out[-1]["timings"] = ev.timings.to_json()
+            out[-1]["timings"] = timings_json(ev.timings)
         return out
     out = []
     if ev.n_decoded == 0:
@@ -249,6 +326,6 @@ def oai_chat_chunks(ev: Partial | Final | Progress, cid: str, model: str) -> lis
     out.append(_chat_chunk(i, {}, cid, model, finish_reason(ev)))
     if ev.task.params.include_usage:
         out.append({"choices": [], **_head("chat.completion.chunk", cid, model), "usage": _usage([ev])})
-    out[-1]["timings"] = ev.timings.to_json()
+    out[-1]["timings"] = timings_json(ev.timings)
     _verbose(out[0], ev, model)
     return out

@@ -24,8 +24,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ubatch.cli.server.http import api, read_json
-from ubatch.engine.serve.task import RequestError
+from ubatch.cli.server.http import api, bad_request, read_json
+from ubatch.engine.errors import EngineError, ErrorKind
 
 SESSION_TTL_S = 300
 SESSION_MAX_BYTES = 4 * 1024 * 1024
@@ -137,7 +137,7 @@ class StreamSessions:
 def _conv_id(request: Request) -> str:
     cid = request.query_params.get("conv_id", "")
     if not cid:
-        raise RequestError("Missing conversation id in path")
+        raise bad_request("Missing conversation id in path")
     return cid
 
 
@@ -147,16 +147,16 @@ def add_resume_routes(app: FastAPI, streams: StreamSessions) -> None:
     async def replay(request: Request) -> Response:
         s = streams.get(_conv_id(request))
         if s is None:
-            raise RequestError("File Not Found", 404, "not_found_error")  # what llama-server sends
+            raise EngineError(ErrorKind.NOT_FOUND, "File Not Found")  # what llama-server sends
         raw = request.query_params.get("from", "")
         try:
             start = int(raw) if raw else 0
             if start < 0:
                 raise ValueError
         except ValueError:
-            raise RequestError("Invalid 'from' offset") from None
+            raise bad_request("Invalid 'from' offset") from None
         if start < s.dropped:
-            raise RequestError("Stream offset lost, please restart")
+            raise bad_request("Stream offset lost, please restart")
         return StreamingResponse(s.read_from(start), media_type="text/event-stream")
 
     @app.post("/v1/streams/lookup")

@@ -1,9 +1,10 @@
-"""Starting and running `ubatch server` once its flags are checked (cli/server.py).
+"""Starting and running `ubatch server` once its flags are checked (cli/server/command.py).
 
 Startup has an order that llama-server users can see: the socket is bound first, so a busy
 port fails at once, and answers 503 ("Loading model") while a thread loads the model, builds
-the context (-np sequences, -c split across them unless unified) and starts the scheduler;
-then every route serves. SIGTERM / Ctrl+C shut down gracefully within a few seconds whatever
+the context (-np sequences, -c split across them unless unified) and starts the engine (the
+scheduler, the side runners and the engine loop that drives them, assembled here by
+`start_engine`); then every route serves. SIGTERM / Ctrl+C shut down gracefully within a few seconds whatever
 `n_predict` is (see `_quiet_server`): a generating request ends with its text so far and
 `stop_type` "limit" (`finish_reason` "length"), streamed or not; one not yet generating gets
 503; the process exits 0. A second signal exits at once. The startup and per-slot log lines are
@@ -17,26 +18,40 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import FrameType
+
+import uvicorn
 
 from ubatch.cli.common import fail, resolve_model
-from ubatch.cli.server.app import ServerOptions, ServerState, create_app
+from ubatch.cli.present import startup_lines
+from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
 from ubatch.cli.server.bind import bind_all, parse_hosts
 from ubatch.cli.server.log import LOG_LEVEL_INFO, log
+from ubatch.cli.server.responses import timings_json
+from ubatch.cli.spec_flags import SpecFlags
+from ubatch.cli.spec_view import spec_startup_lines, spec_summary_lines
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
+from ubatch.engine.params import ContextParams
+from ubatch.engine.serve.embedding_task import EmbeddingRunner
+from ubatch.engine.serve.engine_loop import EngineLoop
+from ubatch.engine.serve.scheduler import Scheduler
+from ubatch.engine.serve.slot import Slot
+from ubatch.engine.serve.state_task import StateRunner
 
 GRACEFUL_SHUTDOWN_S = 5  # how long a stopping server waits for clients to take their last bytes
 
 
-def _quiet_server(config: Any, on_shutdown: Callable[[], None]) -> Any:
+def _quiet_server(config: uvicorn.Config, on_shutdown: Callable[[], None]) -> uvicorn.Server:
     """uvicorn's Server, stopping as llama-server does. The first SIGTERM / SIGINT stops
     accepting and calls `on_shutdown` (the engine ends every running generation with a final
     event and answers queued requests 503), then uvicorn waits for the responses to go out, at
     most GRACEFUL_SHUTDOWN_S, and the process exits 0; a second signal exits at once (1)."""
-    import uvicorn
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if self.should_exit:
                 log("srv    operator(): received a second signal, terminating immediately")
                 sys.stderr.flush()
@@ -54,30 +69,29 @@ def serve(
     host: str,
     port: int,
     options: ServerOptions,
-    make_scheduler: Callable[[], Any],
+    load: Callable[[], ServerEngine],
     *,
     timeout: int,
     log_disable: bool,
     log_verbosity: int = LOG_LEVEL_INFO,
 ) -> None:
-    """Bind, serve 503 while `make_scheduler` runs in a thread, then serve until stopped; a
-    failed load ends the server with its one-line error."""
-    import uvicorn
-
+    """Bind, serve 503 while `load` runs in a thread, then serve until stopped; a failed load
+    ends the server with its one-line error."""
     hosts = parse_hosts(host)
     socks, addrs = bind_all(hosts, port)
     tcp = [x.getsockname()[1] for x in socks if x.family != socket.AF_UNIX]
     bound_port = tcp[0] if tcp else port
     state = ServerState(options)
     app = create_app(state=state, log_verbosity=None if log_disable else log_verbosity)
-    result: dict[str, Any] = {}
+    engines: list[ServerEngine] = []  # the one engine, once loaded
+    errors: list[str] = []
 
     def on_shutdown() -> None:
-        sch = result.get("scheduler")
-        if sch is not None and not sch.shutting_down:
-            if not log_disable:
-                log("srv    operator(): cleaning up before exit...")
-            sch.shutdown()
+        for eng in engines:
+            if not eng.loop.shutting_down:
+                if not log_disable:
+                    log("srv    operator(): cleaning up before exit...")
+                eng.loop.shutdown()
 
     config = uvicorn.Config(
         app,
@@ -93,14 +107,14 @@ def serve(
         log(f"main: HTTP server is listening, hostname: {host}, port: {bound_port}, http threads: 1")
         log("main: loading model")
 
-    def load() -> None:
+    def load_and_attach() -> None:
         try:
-            sch = make_scheduler()
-            result["scheduler"] = sch
+            eng = load()
+            engines.append(eng)
             try:
-                state.attach(sch)
+                state.attach(eng)
             except Exception:
-                sch.stop()
+                eng.stop()
                 raise
             if not log_disable:
                 assert state.chat is not None
@@ -110,10 +124,10 @@ def serve(
                     log(f"srv  llama_server: listening on {a}")
                 log("srv  update_slots: all slots are idle")
         except Exception as e:  # a bad model or flag: one line, exit 1
-            result["error"] = str(e)
+            errors.append(str(e))
             srv.should_exit = True
 
-    loader = threading.Thread(target=load, name="ubatch-load", daemon=True)
+    loader = threading.Thread(target=load_and_attach, name="ubatch-load", daemon=True)
     loader.start()
     try:
         srv.run(sockets=socks)
@@ -123,86 +137,81 @@ def serve(
         for h in hosts:
             if h.endswith(".sock"):
                 Path(h).unlink(missing_ok=True)
-        sch = result.get("scheduler")
-        if sch is not None:
-            sch.stop()
-    if "error" in result:
-        fail(result["error"].replace("[", r"\["))
+        for eng in engines:
+            eng.stop()
+    if errors:
+        fail(errors[0].replace("[", r"\["))
 
 
-def load_scheduler(
-    model: Path | None,
-    n_parallel: int,
-    ctx_size: int,
-    batch_size: int,
-    ubatch_size: int,
-    kv_unified: bool,
-    ctk: str,
-    ctv: str,
-    swa_full: bool,
-    threads: int,
-    no_warmup: bool,
-    context_shift: bool,
-    cache_reuse: int,
-    sps: float,
-    cont_batching: bool,
-    quiet: bool,
-    backend: str = "auto",
-    embedding: bool = False,
-    pooling: str | None = None,
-    reranking: bool = False,
-    spec: Any = None,
-    device: str = "cpu",
-) -> Any:
-    """The model, its context (one sequence and one output row per slot) and the started
-    scheduler, logging llama-server's startup lines unless quiet. `embedding` (--embedding)
-    reserves hidden-state rows and, as llama-server, every row of a batch as an output, with
-    n_batch cut to n_ubatch; `pooling` is --pooling (None: the model's); `reranking` is
-    --reranking (embedding with rank pooling); `spec` the speculative flags (cli/spec_flags.py),
-    whose drafts each slot verifies, so n_outputs_max grows to n_parallel x (1 + draft)."""
-    from ubatch.engine.context.context import Context
-    from ubatch.engine.model.model import Model
-    from ubatch.engine.params import ContextParams
-    from ubatch.engine.serve.scheduler import Scheduler
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """What the server loads and how its engine runs (cli/server/command.py reads them from the
+    flags): the model, its context, embeddings, speculation and the scheduler's settings."""
 
-    m = Model.load(resolve_model(model), device)
-    embedding, pooling = embedding or reranking, "rank" if reranking else pooling
-    notes = []
-    if embedding and batch_size > (ubatch_size or batch_size):
-        notes.append(f"embeddings enabled with n_batch ({batch_size}) > n_ubatch ({ubatch_size})")
-        notes.append(f"setting n_batch = n_ubatch = {ubatch_size} to avoid assertion failure")
-        batch_size = ubatch_size
+    model: Path | None = None  # -m (None: the bundled default model)
+    n_parallel: int = 1  # -np: slots, one sequence each
+    ctx_size: int = 0  # -c (0: the model's), split across the slots unless kv_unified
+    batch_size: int = 2048
+    ubatch_size: int = 512
+    kv_unified: bool = False
+    ctk: str = "f16"
+    ctv: str = "f16"
+    swa_full: bool = False
+    threads: int = 0
+    backend: str = "auto"
+    device: str = "cpu"
+    warmup: bool = True
+    context_shift: bool = False
+    cache_reuse: int = 0
+    slot_prompt_similarity: float = 0.1
+    cont_batching: bool = True
+    embedding: bool = False  # --embedding: hidden-state rows, every row of a batch an output
+    pooling: str | None = None  # --pooling (None: the model's)
+    reranking: bool = False  # --reranking: embedding with rank pooling
+    spec: SpecFlags | None = None  # the speculative flags (cli/spec_flags.py)
+    quiet: bool = False  # no startup or per-slot log lines
+
+
+def load_engine(o: EngineOptions) -> ServerEngine:
+    """The model, its context (one sequence and one output row per slot) and the started engine,
+    logging llama-server's startup lines unless quiet. With embeddings n_batch is cut to
+    n_ubatch, as llama-server does; each slot verifies the drafts of `o.spec`, so n_outputs_max
+    grows to n_parallel x (1 + draft)."""
+    m = Model.load(resolve_model(o.model), o.device)
+    embedding, pooling = o.embedding or o.reranking, "rank" if o.reranking else o.pooling
+    batch_size, notes = o.batch_size, []
+    if embedding and batch_size > (o.ubatch_size or batch_size):
+        notes.append(f"embeddings enabled with n_batch ({batch_size}) > n_ubatch ({o.ubatch_size})")
+        notes.append(f"setting n_batch = n_ubatch = {o.ubatch_size} to avoid assertion failure")
+        batch_size = o.ubatch_size
     # llama-server: one sequence per slot; one output row per slot and iteration
     params = ContextParams(
-        n_ctx=ctx_size,
+        n_ctx=o.ctx_size,
         n_batch=batch_size,
-        n_ubatch=ubatch_size,
-        n_seq_max=n_parallel,
-        n_threads=threads if threads > 0 else 0,
-        n_outputs_max=batch_size if embedding else min(batch_size, _n_outputs(spec, n_parallel)),
-        type_k=ctk,
-        type_v=ctv,
-        kv_unified=kv_unified,
-        swa_full=swa_full,
-        backend=backend,
+        n_ubatch=o.ubatch_size,
+        n_seq_max=o.n_parallel,
+        n_threads=o.threads if o.threads > 0 else 0,
+        n_outputs_max=batch_size if embedding else min(batch_size, _n_outputs(o.spec, o.n_parallel)),
+        type_k=o.ctk,
+        type_v=o.ctv,
+        kv_unified=o.kv_unified,
+        swa_full=o.swa_full,
+        backend=o.backend,
     )
     ctx = Context(m, params, embeddings=embedding, pooling=pooling)
-    speculator = spec.build(ctx) if spec is not None and not embedding else None
-    if not no_warmup:
+    speculator = o.spec.build(ctx) if o.spec is not None and not embedding else None
+    if o.warmup:
         ctx.warmup()
     sch = Scheduler(
         ctx,
-        n_parallel,
-        context_shift=context_shift,
-        cache_reuse=cache_reuse,
-        slot_prompt_similarity=sps,
-        cont_batching=cont_batching,
+        o.n_parallel,
+        context_shift=o.context_shift,
+        cache_reuse=o.cache_reuse,
+        slot_prompt_similarity=o.slot_prompt_similarity,
+        cont_batching=o.cont_batching,
         speculator=speculator,
     )
-    if not quiet:
-        from ubatch.cli.present import startup_lines
-        from ubatch.cli.spec_view import spec_startup_lines
-
+    if not o.quiet:
         for line in startup_lines(ctx) + spec_startup_lines(speculator, ctx):
             log(line)
         for w in notes:
@@ -215,43 +224,51 @@ def load_scheduler(
                 f"context of the model ({m.hparams.n_ctx_train}) - capping"
             )
         log(
-            f"srv  init: initializing slots, n_slots = {n_parallel}, n_ctx_slot = {sch.n_ctx_slot}, kv_unified = '{str(ctx.cparams.kv_unified).lower()}'"
+            f"srv  init: initializing slots, n_slots = {o.n_parallel}, n_ctx_slot = {sch.n_ctx_slot}, kv_unified = '{str(ctx.cparams.kv_unified).lower()}'"
         )
         sch.listener = _slot_logger(sch)
-    sch.start()
-    return sch
+    return start_engine(sch)
 
 
-def _n_outputs(spec: Any, n_parallel: int) -> int:
+def start_engine(scheduler: Scheduler) -> ServerEngine:
+    """The engine loop around `scheduler` and the side runners (slot files, then embeddings,
+    each on the scheduler's context, slots and stats), started."""
+    ctx, slots, stats = scheduler.ctx, scheduler.slots, scheduler.stats
+    embeddings = EmbeddingRunner(ctx, slots, stats)
+    loop = EngineLoop(scheduler, (StateRunner(ctx, slots, stats), embeddings))
+    loop.start()
+    return ServerEngine(scheduler, loop, embeddings)
+
+
+def _n_outputs(spec: SpecFlags | None, n_parallel: int) -> int:
     """One output row per slot, and with speculation one per drafted token too."""
-    return n_parallel if spec is None else spec.params().n_outputs_max(n_parallel, n_parallel)
+    return n_parallel if spec is None else int(spec.params().n_outputs_max(n_parallel, n_parallel))
 
 
-def _slot_logger(sch: Any) -> Any:
+def _slot_logger(sch: Scheduler) -> Callable[[str, Slot], None]:
     """llama-server's per-slot INFO lines, printed from the engine thread."""
 
-    def on(kind: str, s: Any) -> None:
+    def on(kind: str, s: Slot) -> None:
         if kind == "launch":
             t = s.task
+            assert t is not None
             log(
                 f"slot launch_slot_: id {s.id:2d} | task {t.id} | processing task, n_prompt = {len(t.prompt)}, n_cached = {s.n_prompt_cache}"
             )
             return
-        t, rec = s.last_task, sch.releases[-1]
+        rec = sch.releases[-1]
         if rec.reason in ("cancelled", "error"):
             log(f"slot      release: id {s.id:2d} | task {rec.task} | {rec.reason} at iteration {rec.iteration}")
             return
-        tm = s.timings().to_json()
+        tm = timings_json(s.timings())
         log(
-            f"slot print_timing: id {s.id:2d} | task {t.id} | prompt eval time = {tm['prompt_ms']:10.2f} ms / "
+            f"slot print_timing: id {s.id:2d} | task {rec.task} | prompt eval time = {tm['prompt_ms']:10.2f} ms / "
             f"{tm['prompt_n']:5d} tokens ({tm['prompt_per_token_ms']:8.2f} ms per token, "
             f"{tm['prompt_per_second']:8.2f} tokens per second) | eval time = {tm['predicted_ms']:10.2f} ms / "
             f"{tm['predicted_n']:5d} tokens ({tm['predicted_per_second']:8.2f} tokens per second) | "
             f"stop = {rec.reason}, truncated = {int(s.truncated)}, n_tokens = {len(s.cache)}"
         )
         if s.spec.n_drafts:  # llama-server's acceptance line at the end of a speculative slot
-            from ubatch.cli.spec_view import spec_summary_lines
-
-            log(f"slot print_timing: id {s.id:2d} | task {t.id} | {spec_summary_lines(s.spec)[0]}")
+            log(f"slot print_timing: id {s.id:2d} | task {rec.task} | {spec_summary_lines(s.spec)[0]}")
 
     return on

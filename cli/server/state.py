@@ -1,4 +1,4 @@
-"""What every route of `ubatch server` reads: the command-line options, the scheduler once the
+"""What every route of `ubatch server` reads: the command-line options, the engine once the
 model has loaded, and the prompt handling the completion and tokenizer routes share.
 
 It is its own module so that the route modules can depend on it without depending on the app
@@ -8,16 +8,16 @@ that wires them together.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from ubatch.cli.server.request.oai import chat_messages
+from ubatch.cli.server.http import bad_request
 from ubatch.cli.server.request.params import ServerDefaults
 from ubatch.engine.chat.template import ChatTemplate
-from ubatch.engine.errors import UbatchError
 from ubatch.engine.grammar import Grammar
 from ubatch.engine.sampling.chain import SamplerParams
+from ubatch.engine.serve.embedding_task import EmbeddingRunner
+from ubatch.engine.serve.engine_loop import EngineLoop
 from ubatch.engine.serve.scheduler import Scheduler
-from ubatch.engine.serve.task import IdCounter, RequestError, context_error
+from ubatch.engine.serve.task import IdCounter, context_error
 
 
 @dataclass
@@ -27,7 +27,7 @@ class ServerOptions:
     api_keys: tuple[str, ...] = ()
     metrics: bool = False
     slots: bool = True
-    slot_save_path: str = ""  # --slot-save-path DIR: POST /slots/{id}?action=save|restore (cli/routes_slots.py)
+    slot_save_path: str = ""  # --slot-save-path DIR: POST /slots/{id}?action=save|restore (cli/server/routes/slots.py)
     alias: str | None = None
     chat_template: str | None = None  # --chat-template NAME|FILE|JINJA
     jinja: bool = True
@@ -52,20 +52,43 @@ class ServerOptions:
     special: bool = False  # -sp: special tokens appear in the output text
     n_keep: int = 0  # --keep: the default n_keep of every request
 
+    def model_aliases(self) -> list[str]:
+        """`--alias` names as llama-server keeps them: a set, so sorted and without repeats."""
+        return sorted({*self.aliases, *([self.alias] if self.alias else [])})
+
+    def model_name(self, path: object) -> str:
+        """The model's id in every response: the first alias, else the model path as given."""
+        aliases = self.model_aliases()
+        return aliases[0] if aliases else str(path)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerEngine:
+    """What the server runs its requests on, assembled by cli/server/run.py: the scheduler, the
+    engine loop whose door the routes submit to, and the embedding runner (its rank head)."""
+
+    scheduler: Scheduler
+    loop: EngineLoop
+    embeddings: EmbeddingRunner
+
+    def stop(self) -> None:
+        self.loop.stop()
+
 
 class ServerState:
-    """What the routes read: the options, and the scheduler once the model has loaded."""
+    """What the routes read: the options, and the engine once the model has loaded."""
 
     def __init__(self, options: ServerOptions | None = None) -> None:
         self.options = options or ServerOptions()
-        self.scheduler: Scheduler | None = None  # None while loading: every route answers 503
+        self.engine: ServerEngine | None = None  # None while loading: every route answers 503
         self.defaults = ServerDefaults()
         self.ids = IdCounter()
         self.model_id = self.options.alias or ""
         self.chat: ChatTemplate | None = None
         self.max_token_chars = 1  # the longest token text: no token covers more of a prompt
 
-    def attach(self, scheduler: Scheduler) -> None:
+    def attach(self, engine: ServerEngine) -> None:
+        scheduler = engine.scheduler
         o, m = self.options, scheduler.ctx.model
         self.chat = ChatTemplate.for_model(m, o.chat_template, o.jinja)  # a bad --chat-template fails here
         self.defaults = ServerDefaults(
@@ -81,25 +104,18 @@ class ServerState:
             n_keep=o.n_keep,
             special=o.special,
         )
-        from ubatch.cli.server.info import model_name
-
-        self.model_id = model_name(o, m.path)  # llama-server's: the first alias, else the path
+        self.model_id = o.model_name(m.path)  # llama-server's: the first alias, else the path
         v = scheduler.vocab
         self.max_token_chars = max(1, max((len(v.token_text(i)) for i in range(v.n_tokens)), default=1))
-        self.scheduler = scheduler  # last: this makes the server ready
+        self.engine = engine  # last: this makes the server ready
+
+    def eng(self) -> ServerEngine:
+        """The engine; routes run only once it is attached (the Gate answers 503 before)."""
+        assert self.engine is not None
+        return self.engine
 
     def sch(self) -> Scheduler:
-        """The scheduler; routes run only once it is attached (the Gate answers 503 before)."""
-        assert self.scheduler is not None
-        return self.scheduler
-
-    def render(self, messages: Any) -> str:
-        """Chat messages -> the prompt text, through the model's (or --chat-template's) template."""
-        assert self.chat is not None
-        try:
-            return self.chat.apply(chat_messages(messages))
-        except UbatchError as e:  # a template that rejects these messages: the client's problem
-            raise RequestError(str(e)) from None
+        return self.eng().scheduler
 
     def tokenize_prompt(
         self, parts: list[str | int], add_special: bool = True, parse_special: bool = True, n_ctx: int = 0
@@ -121,5 +137,5 @@ class ServerState:
             else:
                 out.append(p)
         if any(not 0 <= t < vocab.n_tokens for t in out):
-            raise RequestError("Prompt contains invalid tokens")
+            raise bad_request("Prompt contains invalid tokens")
         return out

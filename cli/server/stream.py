@@ -2,25 +2,27 @@
 them onto the event loop (and cancels the request's tasks when the client goes away), and the
 server-sent-events stream of `"stream": true` completions.
 
-Handlers never block the engine: they submit tasks and await the events that the scheduler
-thread hands over with `call_soon_threadsafe`.
+Handlers never block the engine: they submit tasks through the engine loop's door and await
+the events that the engine thread hands over with `call_soon_threadsafe`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.responses import Response
+from starlette.types import Receive
 
 from ubatch.cli.server import responses as sj
+from ubatch.cli.server.http import error_event, error_response
 from ubatch.cli.server.log import current
 from ubatch.cli.server.resume import StreamSession
+from ubatch.engine.serve.engine_loop import EngineLoop
 from ubatch.engine.serve.prompt_progress import Progress
-from ubatch.engine.serve.scheduler import Scheduler
-from ubatch.engine.serve.task import Failed, Final, Partial, Task
+from ubatch.engine.serve.task import Failed, Final, Job, Partial, Sink
 
 
 class Reader:
@@ -30,10 +32,10 @@ class Reader:
 
     GONE = object()
 
-    def __init__(self, scheduler: Scheduler, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    def __init__(self, engine: EngineLoop, receive: Receive) -> None:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.scheduler, self.tasks, self.gone = scheduler, list[Task](), False
+        self.engine, self.tasks, self.gone = engine, list[Job](), False
         self.detached = False  # a resumable stream: generation goes on when the client leaves
         self.client_gone = self.closed = False
         self.record = current()  # this request's access-log line
@@ -43,13 +45,13 @@ class Reader:
         """Make the request findable by its completion id while it runs."""
         _LIVE[cmpl_id] = self
 
-    def sink(self, event: Any) -> None:  # called on the engine thread
+    def sink(self, event: object) -> None:  # called on the engine thread
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
         except RuntimeError:  # the event loop has closed (shutdown)
             pass
 
-    async def _watch(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
         self.client_gone = True
@@ -60,7 +62,7 @@ class Reader:
         if not self.gone:
             self.gone = True
             for t in self.tasks:
-                self.scheduler.cancel(t)
+                self.engine.cancel(t)
             self.queue.put_nowait(Reader.GONE)
 
     def close(self) -> None:
@@ -78,6 +80,32 @@ class Reader:
             elif ev is Reader.GONE:
                 self.record.note = "client disconnected"
         return ev
+
+
+async def results(engine: EngineLoop, receive: Receive, make: Callable[[Sink], list[Job]]) -> list[object] | Response:
+    """Submit the tasks `make` builds around a sink and await one result from each (in the
+    order they come), or the response that ends the request: 499 when the client went away,
+    the first failure's error JSON (the other tasks are cancelled)."""
+    reader = Reader(engine, receive)
+    try:
+        reader.tasks = make(reader.sink)
+        for t in reader.tasks:
+            engine.submit(t)
+        out: list[object] = []
+        while len(out) < len(reader.tasks):
+            ev = await reader.get()
+            if ev is Reader.GONE:
+                return Response(status_code=499)
+            if isinstance(ev, Failed):
+                reader.disconnect()
+                return error_response(ev.error)
+            out.append(ev)
+        return out
+    except BaseException:
+        reader.disconnect()
+        raise
+    finally:
+        reader.close()
 
 
 _LIVE: weakref.WeakValueDictionary[str, Reader] = weakref.WeakValueDictionary()
@@ -145,8 +173,7 @@ async def sse_events(
         if ev is Reader.GONE:
             return
         if isinstance(ev, Failed):
-            e = ev.error
-            yield sj.sse(sj.error_json(e.code, e.message, e.type, **e.extra))
+            yield error_event(ev.error)
             return
         if prefill and isinstance(ev, Partial | Final) and ev.task.index not in started:
             started.add(ev.task.index)

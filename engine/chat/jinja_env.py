@@ -1,13 +1,26 @@
 """The Jinja environment chat templates are rendered in: a sandbox with the filters and globals
 Hugging Face and llama.cpp give templates (`tojson`, `raise_exception`, `strftime_now`), so a
-template from a GGUF file renders here as it does there, and cannot touch anything else."""
+template from a GGUF file renders here as it does there, and cannot touch anything else.
+
+`ChatTemplateError` lives here, with the compiler that raises it first (template.py, which loads
+and renders templates, raises it too). jinja2 is imported on first use, so importing the chat
+package stays cheap for commands that never render a template."""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING
+
+from ubatch.engine.errors import UbatchError
+
+if TYPE_CHECKING:
+    import jinja2
+
+
+class ChatTemplateError(UbatchError):
+    """A template that cannot be loaded or rendered, or messages it cannot take."""
 
 
 def _raise_exception(message: str) -> None:
@@ -17,7 +30,7 @@ def _raise_exception(message: str) -> None:
 
 
 def _tojson(
-    x: Any,
+    x: object,
     ensure_ascii: bool = False,
     indent: int | None = None,
     separators: tuple[str, str] | None = None,
@@ -32,7 +45,7 @@ def _strftime_now(fmt: str) -> str:
 
 
 @lru_cache(maxsize=16)
-def _compile(source: str) -> Any:
+def _compile(source: str) -> jinja2.Template:
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -44,11 +57,9 @@ def _compile(source: str) -> Any:
     return env.from_string(source)
 
 
-def compile_jinja(source: str, what: str = "chat template") -> Any:
+def compile_jinja(source: str, what: str = "chat template") -> jinja2.Template:
     """The compiled template, or ChatTemplateError naming `what` and the line."""
     import jinja2
-
-    from ubatch.engine.chat.template import ChatTemplateError
 
     try:
         return _compile(source)

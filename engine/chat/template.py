@@ -18,11 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ubatch.engine.chat.formats import BUILTIN
-from ubatch.engine.chat.jinja_env import compile_jinja
-from ubatch.engine.errors import UbatchError
+from ubatch.engine.chat.jinja_env import ChatTemplateError, compile_jinja
+
+if TYPE_CHECKING:
+    from ubatch.engine.model.model import Model
+
 
 BUILTIN_TEMPLATES = ("chatml", "gemma", "llama3")
 JINJA = "jinja"  # detect_template's answer for a template only Jinja can render
@@ -35,10 +38,6 @@ _LLAMA_CPP_ONLY = tuple(
     "rwkv-world granite gigachat megrez yandex bailing llama4 smolvlm hunyuan-moe gpt-oss kimi-k2 "
     "seed_oss".split()
 )
-
-
-class ChatTemplateError(UbatchError):
-    """A template that cannot be loaded or rendered, or messages it cannot take."""
 
 
 # -- detection --------------------------------------------------------------------------------
@@ -127,7 +126,7 @@ def load_template(name_or_file: str) -> str:
 # -- rendering --------------------------------------------------------------------------------
 
 
-def _content_text(content: Any, i: int) -> str:
+def _content_text(content: object, i: int) -> str:
     """A message's text: a string, None, or OpenAI-style parts (text parts joined by "\\n",
     as llama.cpp's legacy path does; other parts ignored)."""
     if content is None:
@@ -147,8 +146,17 @@ def _content_text(content: Any, i: int) -> str:
     raise ChatTemplateError(f"message {i}: content must be a string or a list of parts")
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Check the messages and flatten content parts to text: [{"role": str, "content": str}]."""
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A checked message: its role and text, and all its fields (content as that text) for Jinja."""
+
+    role: str
+    content: str
+    fields: dict[str, object]
+
+
+def normalize_messages(messages: Sequence[Mapping[str, object]]) -> list[Message]:
+    """Check the messages (JSON objects with a role) and flatten content parts to text."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise ChatTemplateError("messages must be a list of {role, content} objects")
     out = []
@@ -158,14 +166,13 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         role = m.get("role")
         if not isinstance(role, str) or not role:
             raise ChatTemplateError(f"message {i} has no role")
-        d = dict(m)
-        d["content"] = _content_text(m.get("content"), i)
-        out.append(d)
+        content = _content_text(m.get("content"), i)
+        out.append(Message(role, content, {**m, "content": content}))
     return out
 
 
 def apply_chat_template(
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, object]],
     template: str,
     add_generation_prompt: bool = True,
     bos_token: str = "",
@@ -182,7 +189,7 @@ def apply_chat_template(
     """
     msgs = normalize_messages(messages)
     if template in BUILTIN:
-        return BUILTIN[template](msgs, add_generation_prompt)
+        return BUILTIN[template]([(m.role, m.content) for m in msgs], add_generation_prompt)
     if template in _LLAMA_CPP_ONLY or not ("{{" in template or "{%" in template):
         raise ChatTemplateError(
             f"unknown chat template {template[:40]!r}: use one of {', '.join(BUILTIN_TEMPLATES)} or a Jinja source"
@@ -192,7 +199,10 @@ def apply_chat_template(
     tmpl = compile_jinja(template)
     try:
         text = tmpl.render(
-            messages=msgs, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
+            messages=[m.fields for m in msgs],
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
         )
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"chat template error: {e.message or type(e).__name__}") from None
@@ -225,7 +235,7 @@ class ChatTemplate:
         kind = "Jinja" if self.source is not None else "built-in"
         return f"{self.name} ({kind}; {self.origin})"
 
-    def apply(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply(self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True) -> str:
         return apply_chat_template(
             messages,
             self.source if self.source is not None else self.name,
@@ -239,7 +249,7 @@ class ChatTemplate:
     @classmethod
     def from_metadata(
         cls,
-        metadata: Mapping[str, Any],
+        metadata: Mapping[str, object],
         arch: str,
         bos_token: str = "",
         eos_token: str = "",
@@ -253,35 +263,37 @@ class ChatTemplate:
         use_jinja=False (llama.cpp's --no-jinja) renders the detected built-in format instead
         of the Jinja source, and fails for a template of another family.
         """
-        toks = dict(bos_token=bos_token, eos_token=eos_token, add_bos=add_bos, add_eos=add_eos)
+        toks = (bos_token, eos_token, add_bos, add_eos)
         if override is not None:
             src = load_template(override)
             if src in BUILTIN_TEMPLATES:
-                return cls(src, None, "--chat-template", **toks)
+                return cls(src, None, "--chat-template", *toks)
             name = detect_template(src, arch)
             origin = f"--chat-template {Path(override).name}" if Path(override).exists() else "--chat-template"
             return cls._jinja_or_builtin(name, src, origin, use_jinja, toks)
-        src = metadata.get("tokenizer.chat_template")
-        if isinstance(src, str) and src.strip():
-            name = detect_template(src, arch)
-            return cls._jinja_or_builtin(name, src, "GGUF tokenizer.chat_template", use_jinja, toks)
+        stored = metadata.get("tokenizer.chat_template")
+        if isinstance(stored, str) and stored.strip():
+            name = detect_template(stored, arch)
+            return cls._jinja_or_builtin(name, stored, "GGUF tokenizer.chat_template", use_jinja, toks)
         name = detect_template(None, arch)
         why = "gemma architecture" if name == "gemma" else "llama.cpp's fallback"
-        return cls(name, None, f"no template in the GGUF, {why}", **toks)
+        return cls(name, None, f"no template in the GGUF, {why}", *toks)
 
     @classmethod
-    def _jinja_or_builtin(cls, name: str, src: str, origin: str, use_jinja: bool, toks: dict[str, Any]) -> ChatTemplate:
+    def _jinja_or_builtin(
+        cls, name: str, src: str, origin: str, use_jinja: bool, toks: tuple[str, str, bool, bool]
+    ) -> ChatTemplate:
         if use_jinja:
             compile_jinja(src, origin)
-            return cls(name, src, origin, **toks)
+            return cls(name, src, origin, *toks)
         if name == JINJA:
             raise ChatTemplateError(
                 f"the chat template ({origin}) is not one of the built-in formats {', '.join(BUILTIN_TEMPLATES)}; drop --no-jinja"
             )
-        return cls(name, None, f"detected from the {origin}", **toks)
+        return cls(name, None, f"detected from the {origin}", *toks)
 
     @classmethod
-    def for_model(cls, model: Any, override: str | None = None, use_jinja: bool = True) -> ChatTemplate:
+    def for_model(cls, model: Model, override: str | None = None, use_jinja: bool = True) -> ChatTemplate:
         v = model.vocab
         return cls.from_metadata(
             model.gguf.metadata,

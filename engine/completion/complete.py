@@ -6,7 +6,6 @@ ones llama-completion prints (prompt eval vs eval, sampling time).
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from dataclasses import dataclass, field
 from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context
 from ubatch.engine.errors import ContextError
-from ubatch.engine.generation.generation import Generation, GenerationParams, Step, shift_sequence
+from ubatch.engine.generation.generation import Generation, GenerationParams, Step
 from ubatch.engine.kv.memory import DecodeError
 from ubatch.engine.sampling.chain import Sampler
 from ubatch.engine.spec.speculative import Draft, SpecStats, Speculator, n_draft_max
@@ -54,48 +53,16 @@ def check_prompt_fits(ctx: Context, n_prompt: int) -> None:
         raise ContextError("the prompt is empty (0 tokens); give a prompt or enable BOS")
 
 
-def prefill(
-    ctx: Context,
-    tokens: list[int],
-    pos0: int = 0,
-    seq_id: int = 0,
-    all_logits: bool = False,
-    progress: Callable[[int, int], None] | None = None,
-) -> None:
-    """Decode tokens in chunks of n_batch (each chunk is split into ubatches by the context).
-
-    With `progress`, it is called as progress(ubatches_done, ubatches_total) after each
-    ubatch; the chunks are then n_ubatch tokens long. One sequence's batch is split into
-    consecutive n_ubatch-token ubatches anyway, so the forward passes are the same ones.
-    """
-    step = ctx.cparams.n_batch
-    if progress is not None:
-        step = min(step, ctx.cparams.n_ubatch)
-        total, done = -(-len(tokens) // ctx.cparams.n_ubatch), 0
-    for i in range(0, len(tokens), step):
-        chunk = tokens[i : i + step]
-        b = Batch.from_tokens(chunk, pos0 + i, seq_id, all_logits)
-        ctx.decode(b)
-        if progress is not None:
-            done += len(ctx.records)
-            progress(done, total)
-
-
-def context_shift(ctx: Context, n_past: int, n_keep: int, seq_id: int = 0) -> int:
-    """llama-completion's context shift on sequence seq_id; returns the new n_past."""
-    return n_past - shift_sequence(ctx.memory, seq_id, n_past, n_keep)
-
-
 def decode_step(
     ctx: Context, gen: Generation, seq_id: int, spec: Speculator | None, stats: CompletionStats
 ) -> list[Step]:
     """Decode the sampled token (and a draft, if one is proposed); the target's next tokens.
     The one generation step every caller of a single sequence shares (completions, chat turns,
-    the `Llama` API); the server's slots do the same per slot in engine/slot_spec.py."""
+    the `Llama` API); the server's slots do the same per slot in engine/serve/slot_spec.py."""
     cache, p = gen.cache, gen.params
     te = time.perf_counter()  # eval time: drafting and the decode (sampling is counted apart)
     n = n_draft_max(gen.n_ctx, len(cache), p.n_predict, gen.n_decoded, spec.n_max) if spec else 0
-    draft = spec.draft(seq_id, cache, gen.sampled, n) if n > 0 else Draft([])  # type: ignore[union-attr]
+    draft = spec.draft(seq_id, cache, gen.sampled, n) if spec is not None and n > 0 else Draft([])
     b = Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g")
     for i, t in enumerate(draft.tokens):
         b.add(t, len(cache) + 1 + i, seq_id, True, "d")
@@ -111,12 +78,12 @@ def decode_step(
     stats.t_eval_ms += (t_end - te) * 1e3
     gen.decoded()
     n_before = len(cache)
-    if not draft.tokens:
+    if spec is None or not draft.tokens:
         steps = [gen.sample(ctx.logits[-1])]
     else:
         v = verify(gen, ctx.logits, draft, ctx.memory, seq_id)
         ms = (t_end - td) * 1e3  # the verification's decode alone
-        spec.stats.add(v.n_drafted, v.n_accepted, len(ctx.records), ms)  # type: ignore[union-attr]
+        spec.stats.add(v.n_drafted, v.n_accepted, len(ctx.records), ms)
         stats.spec.add(v.n_drafted, v.n_accepted, len(ctx.records), ms)
         steps = v.steps
     stats.n_eval += 1 + len(cache) - n_before
@@ -127,48 +94,42 @@ def decode_step(
 def complete(
     ctx: Context,
     prompt: list[int],
-    n_predict: int,
     sampler: Sampler,
+    params: GenerationParams | None = None,
     stats: CompletionStats | None = None,
-    ignore_eos: bool = False,
-    n_past: int = 0,
-    ctx_shift: bool = False,
-    n_keep: int = 0,
+    *,
+    cache: list[int] | None = None,
     seq_id: int = 0,
     progress: Callable[[int, int], None] | None = None,
-    cache: list[int] | None = None,
-    extra: GenerationParams | None = None,
     speculator: Speculator | None = None,
 ) -> Iterator[TokenEvent]:
-    """Generate up to n_predict tokens (-1 = until end of generation or a full context).
+    """Generate what `params` asks (n_predict -1: until end of generation or a full context).
 
-    `prompt` is decoded after the n_past tokens sequence seq_id already holds (a chat turn
-    prefills only itself). When the context fills: with ctx_shift, the first n_keep tokens stay
-    and half of the rest is discarded; without it generation stops (stop_reason "context").
-    `stats.n_past` is the sequence length afterwards; `cache`, when given, holds the n_past
-    cached tokens and is kept equal to what the sequence's cells hold. `extra` carries the rest of
-    a request's generation settings (stop strings, logit biases, a grammar); its n_predict and
-    shift settings are replaced by the arguments. With a `speculator`, each step decodes the
-    sampled token and a draft in one batch and keeps what the target agrees with
-    (engine/spec_verify.py); the tokens are the same as without it.
+    `cache` holds the tokens sequence seq_id already has in its cells (a chat turn prefills only
+    itself); `prompt` is decoded after them, and the list is kept equal to what the cells hold.
+    When the context fills: with params.ctx_shift, the first n_keep tokens stay and half of the
+    rest is discarded; without it generation stops (stop_reason "context"). `stats.n_past` is
+    the sequence length afterwards; `progress` sees the prefill's ubatches (`Context.prefill`).
+    With a `speculator`, each step decodes the sampled token and a draft in one batch and keeps
+    what the target agrees with (engine/spec/verify.py); the tokens are the same as without it.
     """
     stats = stats if stats is not None else CompletionStats()
+    params = params if params is not None else GenerationParams()
+    cache = cache if cache is not None else []
+    n_past = len(cache)
     check_prompt_fits(ctx, n_past + len(prompt))
-    if ctx_shift and not ctx.memory.can_shift:
+    if params.ctx_shift and not ctx.memory.can_shift:
         raise ContextError(
             "context shift needs every KV cache to hold the whole context; with a sliding-window model add --swa-full"
         )
-    cache = cache if cache is not None else [0] * n_past  # without the caller's tokens only its length matters
-    params = copy.copy(extra) if extra is not None else GenerationParams()
-    params.n_predict, params.ignore_eos, params.ctx_shift, params.n_keep = n_predict, ignore_eos, ctx_shift, n_keep
     gen = Generation(ctx.model.vocab, sampler, params, ctx.cparams.n_ctx_seq, cache)
     t0 = time.perf_counter()
-    prefill(ctx, prompt, n_past, seq_id, progress=progress)
+    ctx.prefill(prompt, n_past, seq_id, progress=progress)
     cache.extend(prompt)
     stats.n_prompt, stats.t_prompt_ms = len(prompt), (time.perf_counter() - t0) * 1e3
     stats.n_past = len(cache)
     gen.accept_prompt(prompt)
-    if n_predict == 0:  # llama-completion -n 0: evaluate the prompt, generate nothing
+    if params.n_predict == 0:  # llama-completion -n 0: evaluate the prompt, generate nothing
         stats.stop_reason = "length"
         return
     pending = [gen.sample(ctx.logits[-1])]

@@ -17,40 +17,90 @@ cache does not hold yet are decoded:
 * A sliding-window cache may have lost the cells a shortened prefix needs: all is prefilled again.
 
 A conversation that no longer fits is refused (ContextFullError), or with ctx_shift loses its
-oldest exchanges (and shifts within an answer where every cache is full-size).
+oldest exchanges (and shifts within an answer where every cache is full-size). A turn's data
+live here too: what it brings into the cache (`TurnInput`) and what it measured (`TurnStats`,
+shown by /stats and --verbose).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from ubatch.engine.batch import common_prefix
 from ubatch.engine.chat.template import ChatTemplate
 from ubatch.engine.completion.complete import CompletionStats, complete
-from ubatch.engine.completion.turn import ChatInputError, ContextFullError, TurnInput, TurnStats
 from ubatch.engine.context.context import Context
+from ubatch.engine.errors import UbatchError
+from ubatch.engine.generation.generation import GenerationParams
 from ubatch.engine.sampling.chain import Sampler
+from ubatch.engine.spec.speculative import Speculator
+from ubatch.engine.units import DecodeRates
 
 # stands in for the last answer while rendering; no template changes it (no spaces to trim)
 SENTINEL = "\u2063ubatch\u2063answer\u2063"
 
+Message = dict[str, str]  # {"role": ..., "content": ...}
+
+
+class ChatInputError(UbatchError):
+    """A message the conversation refuses (empty, too long); the conversation goes on."""
+
+
+class ContextFullError(ChatInputError):
+    """The conversation no longer fits the context and no context-shift policy is enabled."""
+
+
+@dataclass(slots=True)
+class TurnStats(DecodeRates):
+    """One turn, as /stats and --verbose show it."""
+
+    turn: int = 0
+    n_turn: int = 0  # tokens the new turn added to the conversation (incl. an undecoded answer token)
+    n_prompt: int = 0  # tokens evaluated (prefilled) this turn
+    n_reused: int = 0  # conversation tokens found in the KV cache
+    n_gen: int = 0  # answer tokens (the end-of-generation token not counted)
+    n_eval: int = 0  # single-token decodes
+    t_prompt_ms: float = 0.0
+    t_eval_ms: float = 0.0
+    stop_reason: str = ""  # "eog", "length", "context", "interrupted"
+    n_past: int = 0  # tokens in the cache afterwards
+    n_shifts: int = 0
+    n_dropped: int = 0  # messages dropped to make room
+    reprocess: str = ""  # why the conversation was tokenized whole ("" = the turn's delta only)
+    prompt_text: str = ""  # the whole conversation, formatted
+    turn_text: str = ""  # the formatted text this turn appended (whole prompt when reprocessed)
+    answer: str = ""
+
+
+@dataclass(slots=True)
+class TurnInput:
+    """The tokens a turn must bring into the cache, and why they were chosen."""
+
+    messages: list[Message]  # the conversation with the new user message
+    text: str  # messages formatted, with the generation prompt
+    target: list[int]  # the tokens the cache must hold before sampling
+    n_turn: int
+    turn_text: str
+    reprocess: str = ""
+    n_dropped: int = 0
+
 
 @dataclass
 class ChatSession:
+    """`params` holds every answer's settings as the user gave them: n_predict, --ignore-eos,
+    reverse prompts (-r), logit biases (-l), a grammar; ctx_shift drops the oldest exchanges
+    when the conversation is full (and shifts within an answer where every cache can); n_keep
+    is --keep, the tokens after BOS such a shift keeps (-1: the first prompt), resolved per turn."""
+
     ctx: Context
     template: ChatTemplate
     sampler: Sampler
+    params: GenerationParams = field(default_factory=GenerationParams)
     system: str | None = None
-    n_predict: int = -1
-    ignore_eos: bool = False
-    ctx_shift: bool = False  # drop the oldest exchanges (and shift within an answer) when full
-    keep: int = 0  # tokens kept by a shift within an answer (plus BOS); -1: the first prompt
-    extra: Any = None  # GenerationParams: reverse prompts (-r), logit biases (-l), a grammar
-    speculator: Any = None  # engine/speculative.py Speculator: drafts verified with each step
+    speculator: Speculator | None = None  # drafts verified with each step
     seq_id: int = 0
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # what the KV cache holds, position i = tokens[i]
     turns: int = 0
     last: TurnStats | None = None
@@ -59,12 +109,13 @@ class ChatSession:
     def __post_init__(self) -> None:
         self.vocab = self.ctx.model.vocab
         mem = self.ctx.memory
-        self.shift_in_answer = self.ctx_shift and mem.can_shift  # K-shift: every cache holds all
+        self.shift_in_answer = self.params.ctx_shift and mem.can_shift  # K-shift: every cache holds all
         self.n_swa = self.ctx.model.hparams.n_swa if mem.is_iswa else 0
         self._stream: list[int] | None = None  # conversation tokens: cache + pending; None: re-render
         self._pending = 0  # sampled answer tokens at the end of _stream that are not decoded
         self._prev_text: str | None = None  # the formatted prompt of the last turn
-        self._n_keep_first, self._dirty, self._undo = 0, False, None  # _undo: state before /regen
+        self._n_keep_first, self._dirty = 0, False
+        self._undo: tuple[list[Message], list[int] | None, int, str | None] | None = None  # before /regen
         self.clear()
 
     @property
@@ -133,9 +184,9 @@ class ChatSession:
             turn = self._make_room(user, turn)
         return turn
 
-    def _make_room(self, user: dict[str, Any], turn: TurnInput) -> TurnInput:
+    def _make_room(self, user: Message, turn: TurnInput) -> TurnInput:
         n_ctx = self.n_ctx
-        if not self.ctx_shift:
+        if not self.params.ctx_shift:
             raise ContextFullError(
                 f"the conversation would take {len(turn.target)} tokens but the context holds {n_ctx}: "
                 "/clear to start over, or restart with a larger -c or with --context-shift"
@@ -188,10 +239,10 @@ class ChatSession:
         kept = self._truncate(n_common)
         if kept < n_common:
             turn.reprocess = "the sliding-window cache no longer holds the tokens the prefix needs"
-        if self.keep < 0:
+        if self.params.n_keep < 0:
             n_keep = len(turn.target) if self.turns == 0 else self._n_keep_first
         else:
-            n_keep = self.keep + int(self.vocab.add_bos)
+            n_keep = self.params.n_keep + int(self.vocab.add_bos)
         n_keep = min(n_keep, self.n_ctx - 4)
         if self.turns == 0:
             self._n_keep_first = n_keep
@@ -212,20 +263,16 @@ class ChatSession:
         completed = False
         self._dirty = True
         try:
+            params = replace(self.params, ctx_shift=self.shift_in_answer, n_keep=n_keep)
             for ev in complete(
                 self.ctx,
                 turn.target[kept:],
-                self.n_predict,
                 self.sampler,
+                params,
                 st,
-                ignore_eos=self.ignore_eos,
-                n_past=kept,
-                ctx_shift=self.shift_in_answer,
-                n_keep=n_keep,
+                cache=cache,
                 seq_id=self.seq_id,
                 progress=progress,
-                cache=cache,
-                extra=self.extra,
                 speculator=self.speculator,
             ):
                 if ev.token >= 0 and not self.vocab.is_eog(ev.token):

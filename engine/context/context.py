@@ -20,11 +20,11 @@ from ubatch.engine.batch import Batch, UBatch
 from ubatch.engine.context.reserve import Reservation, check_fits, plan_sizes, reserve
 from ubatch.engine.context.step_inputs import StepInputs
 from ubatch.engine.errors import ContextError, allocate
-from ubatch.engine.generation.embedding import model_causal, resolve_pooling
-from ubatch.engine.graph.cuda_graphs import run_step, runner
+from ubatch.engine.graph.cuda_graphs import run_step
 from ubatch.engine.graph.forward import GraphShape, build_forward
 from ubatch.engine.graph.graph import Graph, bind_output, input_views
 from ubatch.engine.kv.memory import DecodeError, KVMemory
+from ubatch.engine.model.hparams import POOLING_TYPES
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams, derive
 from ubatch.kernels import backends
@@ -86,9 +86,11 @@ class Context:
         params.embeddings); `pooling`: none|mean|cls|last|rank, None = the model's own type."""
         self.model = model
         self.params = params or ContextParams()
-        if not model_causal(model):  # llama.cpp takes the attention type from the model
+        if not model.hparams.causal_attn:  # llama.cpp takes the attention type from the model
             self.params = replace(self.params, causal_attn=False)
-        self.pooling = resolve_pooling(model, pooling)
+        self.pooling = pooling or model.hparams.pooling_type
+        if self.pooling not in POOLING_TYPES:
+            raise ContextError(f"unknown pooling type {pooling!r}; use one of {', '.join(POOLING_TYPES)}")
         self.cparams = derive(self.params, model.hparams)
         torch.set_num_threads(self.cparams.n_threads)
         self.ops = ops or make_backend(self.params.backend, self.cparams.n_threads)
@@ -116,7 +118,7 @@ class Context:
         # as llama.cpp's output_reserve does; a decode's logits are valid until the next decode
         self._outputs = self._output_buffer(self.cparams.n_seq_max)
         # llama_set_embeddings: while on, every row is an output and a decode fills `embd` with
-        # final-norm hidden states instead of `logits` (engine/embedding.py pools them)
+        # final-norm hidden states instead of `logits` (engine/generation/embedding.py pools them)
         self.embeddings = False
         self._embd_out = self._output_buffer(self.cparams.n_seq_max if embeddings else 0, model.hparams.n_embd)
         self.embd = self._embd_out[:0]
@@ -206,7 +208,7 @@ class Context:
         return g
 
     def reserve(self) -> Reservation:
-        """The worst-case graphs of this context's shapes (engine/reserve.py)."""
+        """The worst-case graphs of this context's shapes (engine/context/reserve.py)."""
         return reserve(self.model, self.memory, self.cparams, self.ops)
 
     def decode(self, batch: Batch) -> None:
@@ -258,7 +260,7 @@ class Context:
             n_out = len(out_rows)
             dest = output[row : row + n_out]
             # without CUDA graphs the last node writes the output rows itself: no copy after
-            direct = n_out > 0 and runner(self.ops) is None and bind_output(graph, self.ops, self.workspace, dest)
+            direct = n_out > 0 and self.ops.graph_runner is None and bind_output(graph, self.ops, self.workspace, dest)
             with torch.inference_mode():
                 self.step_inputs.fill(self.memory, ub, slots, shape, *input_views(graph, self.ops, self.workspace))
                 logits = run_step(graph, self.ops, self.workspace, {})  # CUDA graphs if the backend asks
@@ -296,3 +298,28 @@ class Context:
             self.perf.n_eval += 1
         else:
             self.perf.n_p_eval += batch.n_tokens
+
+    def prefill(
+        self,
+        tokens: list[int],
+        pos0: int = 0,
+        seq_id: int = 0,
+        all_logits: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """Decode tokens of one sequence from position pos0, in chunks of n_batch (each split
+        into ubatches by `decode`); each chunk's last token is an output (every token with `all_logits`).
+
+        With `progress`, it is called as progress(ubatches_done, ubatches_total) after each
+        ubatch; the chunks are then n_ubatch tokens long. One sequence's batch is split into
+        consecutive n_ubatch-token ubatches anyway, so the forward passes are the same ones.
+        """
+        step = self.cparams.n_batch
+        if progress is not None:
+            step = min(step, self.cparams.n_ubatch)
+            total, done = -(-len(tokens) // self.cparams.n_ubatch), 0
+        for i in range(0, len(tokens), step):
+            self.decode(Batch.from_tokens(tokens[i : i + step], pos0 + i, seq_id, all_logits))
+            if progress is not None:
+                done += len(self.records)
+                progress(done, total)

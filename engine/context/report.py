@@ -3,19 +3,17 @@ renders the one plan as llama.cpp's startup lines, Rich tables and JSON, so ever
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
 
-from ubatch.engine.context.context import Context
+from ubatch.engine.context.context import Context, make_backend
+from ubatch.engine.context.reserve import Reservation, plan_sizes
+from ubatch.engine.errors import ContextError
 from ubatch.engine.kv.cache import KVCacheInfo
+from ubatch.engine.model.model import Model
+from ubatch.engine.params import ContextParams, CParams, derive
 from ubatch.engine.units import mib
+from ubatch.kernels.ops import Ops
 from ubatch.kernels.quant.dequant import type_name
-
-if TYPE_CHECKING:  # at run time fit() imports what it needs, late (no import cycle)
-    from ubatch.engine.context.reserve import Reservation
-    from ubatch.engine.model.model import Model
-    from ubatch.engine.params import ContextParams, CParams
-    from ubatch.kernels.ops import Ops
 
 
 @dataclass(slots=True)
@@ -78,11 +76,7 @@ def memory_plan(ctx: Context) -> MemoryPlan:
 
 def plan_for(model: Model, params: ContextParams) -> MemoryPlan:
     """The memory plan of a configuration without allocating it: the same numbers a Context of
-    these parameters reports (tests/test_memory_plan.py), from shapes alone (engine/reserve.py)."""
-    from ubatch.engine.context.context import make_backend
-    from ubatch.engine.context.reserve import plan_sizes
-    from ubatch.engine.params import derive
-
+    these parameters reports (tests/test_memory_plan.py), from shapes alone (engine/context/reserve.py)."""
     cp = derive(params, model.hparams)
     ops = make_backend(params.backend, cp.n_threads)
     ops.prepare_weights(model.matrices())
@@ -130,11 +124,6 @@ def fit(model: Model, params: ContextParams, budget: int) -> tuple[ContextParams
     -ub is part of the fit: a smaller ubatch shrinks the compute buffer, which can buy context;
     among equal contexts the larger -ub wins. -np is lowered only when nothing fits otherwise.
     """
-    from dataclasses import replace
-
-    from ubatch.engine.errors import ContextError
-    from ubatch.engine.params import derive
-
     n_ctx_train = model.hparams.n_ctx_train
     best: tuple[int, int, ContextParams, MemoryPlan] | None = None
     smallest: MemoryPlan | None = None

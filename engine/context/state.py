@@ -11,16 +11,12 @@ re-evaluates the last token for its logits, as a prompt-cache hit does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
+from ubatch.engine.context.context import Context
 from ubatch.engine.context.state_file import SeqState, StateError, fingerprint
 from ubatch.engine.kv.cache import KVCache
-
-if TYPE_CHECKING:
-    from ubatch.engine.context.context import Context
 
 
 def _header(ctx: Context) -> dict[str, str]:

@@ -3,7 +3,7 @@
 The tensors are the cells of one sequence (per KV cache: positions, pending shifts, then the K
 and V rows of every layer in the cache type) plus its token ids; the header names the model
 (`fingerprint`), the cache types and sizes and the format version. Reading checks that the file
-is a whole, well-formed state; whether it fits a given context is `engine/state.py`'s job.
+is a whole, well-formed state; whether it fits a given context is `engine/context/state.py`'s job.
 """
 
 from __future__ import annotations
@@ -12,15 +12,12 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ubatch.engine.errors import ContextError
-
-if TYPE_CHECKING:
-    from ubatch.engine.model.model import Model
+from ubatch.engine.model.model import Model
 
 FORMAT = "ubatch-seq-state"
 VERSION = 1
@@ -48,18 +45,15 @@ def fingerprint(model: Model) -> str:
     length and ends), the tensor table, and the first bytes of every tensor (so a fine-tune with
     the same shapes differs)."""
     h = hashlib.sha256()
-    g = getattr(model, "gguf", None)
-    meta: dict[str, Any] = dict(getattr(g, "metadata", {}) or {})
-    for k in sorted(meta):
-        v = meta[k]
-        if isinstance(v, (list, tuple)) and len(v) > 16:
-            v = (len(v), list(v[:8]), list(v[-8:]))
-        h.update(f"{k}={v!r}\n".encode())
-    for name, t in sorted((getattr(g, "tensors", {}) or {}).items()):
+    g = model.gguf
+    for k in sorted(g.metadata):
+        v = g.metadata[k]
+        shown = (len(v), list(v[:8]), list(v[-8:])) if isinstance(v, (list, tuple)) and len(v) > 16 else v
+        h.update(f"{k}={shown!r}\n".encode())
+    for name, t in sorted(g.tensors.items()):
         h.update(f"{name}:{t.ggml_type}:{tuple(t.shape)}\n".encode())
-        data = getattr(t, "data", None)
-        if isinstance(data, np.ndarray):
-            h.update(data.reshape(-1)[:64].tobytes())
+        if isinstance(t.data, np.ndarray):
+            h.update(t.data.reshape(-1)[:64].tobytes())
     h.update(repr(model.hparams).encode())
     return h.hexdigest()[:32]
 

@@ -37,10 +37,11 @@ class StepInputs:
         hi = int(pos.max()) if pos.size else 0
         if pos.size and int(pos.min()) < 0:  # no table for negative positions
             return self._backend_rows(key, torch.from_numpy(pos))
-        cos, sin = self._tables.get(key, (None, None))
-        if cos is None or cos.shape[0] <= hi:
+        table = self._tables.get(key)
+        if table is None or table[0].shape[0] <= hi:
             size = max(ROPE_ROWS_MIN, 1 << hi.bit_length())
-            cos, sin = self._tables[key] = self._backend_rows(key, torch.arange(size))
+            table = self._tables[key] = self._backend_rows(key, torch.arange(size))
+        cos, sin = table
         return cos[pos], sin[pos]
 
     def _backend_rows(self, key: tuple[float, float], pos: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +61,7 @@ class StepInputs:
         """Write every input of the ubatch's graph: into `host` (numpy views of `views`) when
         given, else into `views` by one copy each."""
 
-        def put(name: str, value: np.ndarray) -> None:
+        def put(name: str, value: np.ndarray | np.generic) -> None:  # numpy types a reduction as either
             if host is not None:
                 np.copyto(host[name], value.reshape(host[name].shape))
             else:

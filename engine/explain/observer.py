@@ -4,7 +4,7 @@ context reports them through `Context.observers` (no second code path decides an
 A `Recorder` is one observer. For each ubatch it keeps the rows (sequence ids, positions, kind:
 prompt, generated or drafted), the graph shape's n_kv per cache with the cells in use behind it,
 whether the graph shape was reused, and for one small ubatch the mask as reasons
-(engine/explain_mask.py), taken while the cells are exactly those the mask was built from.
+(engine/explain/mask.py), taken while the cells are exactly those the mask was built from.
 """
 
 from __future__ import annotations

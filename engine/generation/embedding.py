@@ -3,55 +3,26 @@
 llama.cpp pools inside its graph; here the graph of an embedding decode ends at the final norm
 (`GraphShape.embd`, every row an output: llama.cpp's `t_embd`) and the few vectors per sequence
 that pooling, the rank head and normalisation make are computed from those rows on the host.
-This module holds what the model says about embeddings (`{arch}.pooling_type`,
-`{arch}.attention.causal`, the `cls` / `cls.output` tensors), the pooling and normalisation
+This module holds the rank head (the `cls` / `cls.output` tensors), the pooling and normalisation
 rules, which prompts a context can embed, and `embed_sequences`, the decode every caller (the
-server's engine thread, `Llama.embed`) runs.
+server's engine thread, `Llama.embed`) runs. The model's pooling type and whether it attends
+causally are hyperparameters (engine/model/hparams.py); the context resolves them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ubatch.engine.batch import Batch
-from ubatch.engine.errors import ContextError, ModelLoadError
-from ubatch.engine.gguf.metadata import check_int, meta_bool
+from ubatch.engine.context.context import Context
+from ubatch.engine.errors import ModelLoadError
+from ubatch.engine.model.model import Model
 from ubatch.kernels.quant.dequant import UnsupportedTypeError, check_supported
 from ubatch.kernels.quant.weight import QWeight
-
-if TYPE_CHECKING:
-    from ubatch.engine.context.context import Context
-    from ubatch.engine.model.model import Model
-
-POOLING_TYPES = ("none", "mean", "cls", "last", "rank")  # llama_pooling_type 0..4, as GGUF stores it
-
-
-def model_pooling(model: Model) -> str:
-    """The model's pooling type (`{arch}.pooling_type`); llama.cpp's default is none."""
-    key = f"{model.hparams.arch}.pooling_type"
-    v = model.gguf.metadata.get(key)
-    if v is None:
-        return "none"
-    return POOLING_TYPES[check_int(str(model.path), key, v, 0, len(POOLING_TYPES) - 1)]
-
-
-def model_causal(model: Model) -> bool:
-    """Whether the model attends causally (`{arch}.attention.causal`, true when absent)."""
-    return meta_bool(model.gguf.metadata, f"{model.hparams.arch}.attention.causal", str(model.path), True)
-
-
-def resolve_pooling(model: Model, pooling: str | None) -> str:
-    """--pooling, or the model's own type when it is not given."""
-    if pooling is None or pooling == "":
-        return model_pooling(model)
-    if pooling not in POOLING_TYPES:
-        raise ContextError(f"unknown pooling type {pooling!r}; use one of {', '.join(POOLING_TYPES)}")
-    return pooling
 
 
 @dataclass(frozen=True, slots=True)

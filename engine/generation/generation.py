@@ -146,7 +146,7 @@ class Generation:
 
     def sample(self, logits: torch.Tensor, choose: Callable[[torch.Tensor], int] | None = None) -> Step:
         """Sample the next token from `logits` and apply llama-server's process_token rules.
-        `choose` replaces the sampler's draw (speculative rejection sampling, engine/spec_verify.py);
+        `choose` replaces the sampler's draw (speculative rejection sampling, engine/spec/verify.py);
         it sees the logits after the biases."""
         t0 = time.perf_counter()
         p = self.params

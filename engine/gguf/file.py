@@ -14,13 +14,13 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ubatch.engine.errors import ModelLoadError
-from ubatch.engine.gguf.metadata import bad_value, is_int
+from ubatch.engine.gguf.metadata import Metadata, MetaScalar, MetaValue, bad_value, is_int
 from ubatch.engine.gguf.string_array import StringArray
 
 GGUF_MAGIC = b"GGUF"
@@ -63,7 +63,7 @@ class TensorInfo:
     name: str
     ggml_type: int
     shape: tuple[int, ...]
-    data: np.ndarray  # zero-copy uint8 view of the tensor's bytes
+    data: npt.NDArray[np.uint8]  # zero-copy view of the tensor's bytes
     n_bytes: int
 
     @property
@@ -80,7 +80,7 @@ class GGUFFile:
 
     path: Path
     version: int
-    metadata: dict[str, Any]
+    metadata: Metadata
     tensors: dict[str, TensorInfo]
     data_offset: int
 
@@ -91,12 +91,16 @@ class _Cursor:
     def __init__(self, buf: memoryview) -> None:
         self.buf, self.pos = buf, 0
 
-    def take(self, fmt: str, size: int) -> Any:
+    def scalar(self, fmt: str, size: int) -> bool | int | float:
         if self.pos + size > len(self.buf):
             raise EOFError
-        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        v: bool | int | float = struct.unpack_from(fmt, self.buf, self.pos)[0]
         self.pos += size
         return v
+
+    def take(self, fmt: str, size: int) -> int:
+        """An integer field (`fmt` an integer format)."""
+        return int(self.scalar(fmt, size))
 
     def string(self) -> str:
         n = self.take("<Q", 8)
@@ -106,9 +110,9 @@ class _Cursor:
         self.pos += n
         return s
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int) -> MetaValue:
         if vtype in _SCALARS:
-            return self.take(*_SCALARS[vtype])
+            return self.scalar(*_SCALARS[vtype])
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
@@ -116,19 +120,22 @@ class _Cursor:
             if count * (8 if etype == _STRING else 1) > len(self.buf) - self.pos:
                 raise EOFError  # bounded by the bytes left before anything is read or built
             if etype == _STRING and count > LARGE_ARRAY:  # a vocabulary: one blob, no str per token
-                arr, self.pos = StringArray.parse(self.buf, self.pos, count)
-                return arr
+                texts, self.pos = StringArray.parse(self.buf, self.pos, count)
+                return texts
             if etype == _STRING:
                 return [self.string() for _ in range(count)]
             if etype in _NP_SCALARS:
                 size = _SCALARS[etype][1] * count
                 if self.pos + size > len(self.buf):
                     raise EOFError
-                arr = np.frombuffer(self.buf, dtype=_NP_SCALARS[etype], count=count, offset=self.pos)
+                arr: npt.NDArray[np.generic] = np.frombuffer(
+                    self.buf, dtype=_NP_SCALARS[etype], count=count, offset=self.pos
+                )
                 self.pos += size
                 if count > LARGE_ARRAY and etype != 7:  # vocab-sized: a compact copy, no Python objects
                     return arr.copy()
-                return arr.astype(bool).tolist() if etype == 7 else arr.tolist()
+                items: list[MetaScalar] = (arr.astype(bool) if etype == 7 else arr).tolist()
+                return items
             raise ValueError(f"unsupported array element type {etype}")
         raise ValueError(f"unknown value type {vtype}")
 
@@ -160,7 +167,7 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     with p.open("rb") as f:  # copy-on-write: torch views need writable arrays
         mmo = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     mm = np.frombuffer(mmo, np.uint8)
-    cur = _Cursor(memoryview(mm))
+    cur = _Cursor(mm.data)
     cur.pos = 4
     try:
         version = cur.take("<I", 4)
@@ -174,7 +181,7 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
             raise ModelLoadError(
                 f"{p}: truncated or corrupt GGUF header ({n_tensors:,} tensors and {n_kv:,} keys cannot fit in {size:,} bytes); re-download the file"
             )
-        metadata: dict[str, Any] = {}
+        metadata: Metadata = {}
         for _ in range(n_kv):
             key = cur.string()
             if key in metadata:

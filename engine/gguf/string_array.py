@@ -25,7 +25,7 @@ class StringArray:
         self.blob = blob
         wide = len(offsets) and int(offsets[-1]) >= 1 << 31
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64 if wide else np.int32)
-        self.off = memoryview(self.offsets).cast("B").cast("q" if wide else "i")  # fast reads as Python ints
+        self.off = self.offsets.data.cast("B").cast("q" if wide else "i")  # fast reads as Python ints
 
     @classmethod
     def from_strings(cls, items: Iterable[str]) -> StringArray:
@@ -72,7 +72,9 @@ class StringArray:
             self.blob.decode("utf-8")
         except UnicodeDecodeError:
             return False
-        first = np.frombuffer(self.blob, np.uint8)[self.offsets[:-1][lens > 0]] if len(self.blob) else np.zeros(0)
+        first = (
+            np.frombuffer(self.blob, np.uint8)[self.offsets[:-1][lens > 0]] if len(self.blob) else np.zeros(0, np.uint8)
+        )
         return not bool(np.any((first & 0xC0) == 0x80))
 
     def __len__(self) -> int:

@@ -39,7 +39,7 @@ def compile_grammar(text: str, tokenize: Callable[[str], list[int]] | None = Non
     return Grammar(text, Matcher(parse_gbnf(text, tokenize)))
 
 
-# Any JSON object: what the json_object response format allows when no schema is given.
+# A JSON object of any shape: what the json_object response format allows when no schema is given.
 JSON_GBNF = r"""
 root    ::= object
 value   ::= object | array | string | number | ("true" | "false" | "null") ws

@@ -12,6 +12,8 @@ from ubatch.engine.errors import UbatchError
 
 # element types, in llama.cpp's order (llama_gretype)
 END, ALT, RULE_REF, CHAR, CHAR_NOT, CHAR_RNG_UPPER, CHAR_ALT, CHAR_ANY, TOKEN, TOKEN_NOT = range(10)
+SEQ_END = (END, ALT)  # what closes a sequence: the rule's end or the next alternative
+TOKEN_REFS = (TOKEN, TOKEN_NOT)  # `<token>` and `!<token>`: match one token by id
 
 Rule = list[tuple[int, int]]
 

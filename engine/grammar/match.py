@@ -22,10 +22,10 @@ from ubatch.engine.grammar.elements import (
     CHAR_ANY,
     CHAR_NOT,
     CHAR_RNG_UPPER,
-    END,
     RULE_REF,
-    TOKEN,
+    SEQ_END,
     TOKEN_NOT,
+    TOKEN_REFS,
     ParsedGrammar,
 )
 from ubatch.engine.grammar.recursion import check_left_recursion
@@ -72,7 +72,7 @@ class Matcher:
         self.start = self.intern(frozenset(first))
 
     def end_of_seq(self, pos: int) -> bool:
-        return self.elems[pos][0] in (END, ALT)
+        return self.elems[pos][0] in SEQ_END
 
     def alternatives(self, rule_id: int) -> list[int]:
         """The first position of each alternative of a rule."""
@@ -158,7 +158,7 @@ class Matcher:
                 accepting = True
                 continue
             kind, value = self.elems[stack[-1]]
-            if kind in (TOKEN, TOKEN_NOT):
+            if kind in TOKEN_REFS:
                 token_tops.append((kind == TOKEN_NOT, value))
                 continue
             positive, ranges, after = self.char_class(stack[-1])
@@ -198,9 +198,9 @@ class Matcher:
         """The state after a token reference consumes `token` (DEAD if none matches)."""
         out: set[Stack] = set()
         for stack in self.states[sid]:
-            if stack and self.elems[stack[-1]][0] in (TOKEN, TOKEN_NOT):
+            if stack and self.elems[stack[-1]][0] in TOKEN_REFS:
                 kind, value = self.elems[stack[-1]]
-                if (value == token) == (kind == TOKEN):
+                if (value == token) != (kind == TOKEN_NOT):
                     rest = stack[:-1] + ((stack[-1] + 1,) if not self.end_of_seq(stack[-1] + 1) else ())
                     out |= self.advance(rest)
         return self.intern(frozenset(out))
@@ -212,7 +212,7 @@ class Matcher:
 
     def char_only(self, sid: int) -> int:
         """The stacks whose top is a character class (those a token's text can advance)."""
-        keep = (s for s in self.states[sid] if s and self.elems[s[-1]][0] not in (TOKEN, TOKEN_NOT))
+        keep = (s for s in self.states[sid] if s and self.elems[s[-1]][0] not in TOKEN_REFS)
         return self.intern(frozenset(keep))
 
     def union(self, a: int, b: int) -> int:

@@ -3,7 +3,7 @@ consuming text would make the matcher's stacks grow without end. Checked once at
 
 from __future__ import annotations
 
-from ubatch.engine.grammar.elements import ALT, END, RULE_REF, GrammarError, ParsedGrammar
+from ubatch.engine.grammar.elements import RULE_REF, SEQ_END, GrammarError, ParsedGrammar
 
 
 def check_left_recursion(g: ParsedGrammar) -> None:
@@ -17,7 +17,7 @@ def check_left_recursion(g: ParsedGrammar) -> None:
     def enter(r: int) -> None:
         active[r], at_start = True, True
         for kind, _ in g.rules[r]:
-            if kind in (END, ALT):
+            if kind in SEQ_END:
                 if at_start:
                     nullable[r] = True  # an empty alternative (as llama.cpp, not via references)
                     return
@@ -45,7 +45,7 @@ def check_left_recursion(g: ParsedGrammar) -> None:
                         break
                     leftmost = nullable[value]
                 else:
-                    leftmost = kind in (END, ALT)
+                    leftmost = kind in SEQ_END
                 i += 1
             if not descended:
                 active[r], visited[r] = False, True

@@ -33,22 +33,22 @@ def window(sp: SamplerParams) -> int | None:
     monotonic; top-k bounds everything after it; with temp <= 0, stages that keep the best
     token leave the argmax to decide. Anything else (dynamic temperature, typical, XTC,
     top-n-sigma, min-p or top-p before any top-k, mirostat, no temperature) reads them all."""
-    if getattr(sp, "mirostat", 0):
+    if sp.mirostat:
         return None
-    dynatemp = getattr(sp, "dynatemp_range", 0.0) > 0
+    dynatemp = sp.dynatemp_range > 0
     greedy = sp.temp <= 0 and not dynatemp
     off = {
-        "top_n_sigma": getattr(sp, "top_n_sigma", -1.0) <= 0,
-        "typ_p": getattr(sp, "typ_p", 1.0) >= 1.0,
+        "top_n_sigma": sp.top_n_sigma <= 0,
+        "typ_p": sp.typ_p >= 1.0,
         "top_p": sp.top_p >= 1.0,
         "min_p": sp.min_p <= 0,
-        "xtc": getattr(sp, "xtc_probability", 0.0) <= 0,
+        "xtc": sp.xtc_probability <= 0,
         "top_k": sp.top_k <= 0,
         "penalties": sp.repeat_penalty == 1.0 and sp.frequency_penalty == 0 and sp.presence_penalty == 0,
-        "dry": getattr(sp, "dry_multiplier", 0.0) == 0,
+        "dry": sp.dry_multiplier == 0,
     }
     k_seen, filtered = None, False
-    for name in getattr(sp, "samplers", ("penalties", "top_k", "top_p", "min_p", "temperature")):
+    for name in sp.samplers:
         if off.get(name, False):
             continue
         if name in ("penalties", "dry"):
@@ -74,7 +74,7 @@ def window(sp: SamplerParams) -> int | None:
 def penalized(sp: SamplerParams) -> bool:
     """Can the chain move some logits (repetition penalties, DRY)? Only seen tokens' move."""
     off = sp.repeat_penalty == 1.0 and sp.frequency_penalty == 0 and sp.presence_penalty == 0
-    return not off or getattr(sp, "dry_multiplier", 0.0) != 0
+    return not off or sp.dry_multiplier != 0
 
 
 class GrammarSampler:
@@ -123,10 +123,10 @@ class GrammarSampler:
                 sid = m.union(m.walk(m.char_only(base), dec[0]), m.after_token(base, tok))
             else:
                 sid = m.walk(base, dec[0])
-        if sid == DEAD:
+        if sid == DEAD or dec is None:
             piece = self.table.pieces[tok].decode("utf-8", "replace")
             raise GrammarError(f"the grammar has no state left after token {tok} ({piece!r})")
-        self.sid, self.partial = sid, (dec[1], dec[2])  # type: ignore[index]
+        self.sid, self.partial = sid, (dec[1], dec[2])
 
     def choose(self, x: torch.Tensor, tok: int, sampler: Sampler) -> int:
         """The chain picked `tok` from `x`; keep it if allowed, else sample among allowed tokens."""

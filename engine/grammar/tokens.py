@@ -129,7 +129,14 @@ def _build(vocab: Vocab) -> TokenTable:
     return table
 
 
-_NODE, _LEAF, _KIDS, _RANGE = range(4)
+_NODE, _LEAF, _KIDS, _RANGE = range(4)  # what a heap entry stands for
+# What the search keeps: a trie node (depth, lo, hi, matcher state), whose tokens [lo, hi) share
+# their first `depth` code points; a node's live children, best first (starts, ends, states, best
+# logits, the node's depth); a range in logit order for a negated token reference (lo, ranked
+# positions from lo, the token it skips).
+TrieNode = tuple[int, int, int, int]
+Kids = tuple[list[int], list[int], list[int], list[float], int]
+Ranked = tuple[int, np.ndarray, int]
 
 
 def top_allowed(
@@ -138,74 +145,85 @@ def top_allowed(
     """The k tokens of highest logit that the grammar allows from state `sid` (with no partial
     character pending), best first; fewer if fewer are allowed. `xs` is the logits in sorted
     order (x[table.ids]), `x` by token id; tokens in `skip` and those at -inf are left out."""
-    heap: list[tuple] = []
+    # heap entries: (-best logit below, push order, kind, a, b); `a` is a leaf's token id or the
+    # index of a node, child list or ranked range in its list; `b` the child or rank to take next
+    heap: list[tuple[float, int, int, int, int]] = []
     order = itertools.count()
+    nodes: list[TrieNode] = []
+    kids: list[Kids] = []
+    ranges: list[Ranked] = []
     out: list[int] = []
     got: set[int] = set()  # a token can be reached twice (by its text and by a token reference)
+
+    def push(best: float, kind: int, a: int, b: int = 0) -> None:
+        heapq.heappush(heap, (-best, next(order), kind, a, b))
 
     def leaf(tok: int) -> None:
         v = float(x[tok])
         if v > NEG_INF and tok not in skip:
-            heapq.heappush(heap, (-v, next(order), _LEAF, tok))
+            push(v, _LEAF, tok)
+
+    def node(best: float, n: TrieNode) -> None:
+        push(best, _NODE, len(nodes))
+        nodes.append(n)
+
+    def expand(n: TrieNode) -> None:
+        depth, lo, hi, state = n
+        info = m.info(state)
+        i = lo
+        while i < hi and table.lens[i] == depth:  # tokens that end here: check their partial tail
+            value, n_remain = table.partial[i]
+            if n_remain == 0 or m.partial_ok(state, value, n_remain):
+                leaf(int(table.ids[i]))
+            i += 1
+        for negated, tok in info.token_tops:  # llama.cpp: a token reference matches by id
+            if not negated:
+                p = table.pos_of.get(tok, -1)
+                if i <= p < hi:
+                    leaf(tok)
+            elif i < hi:
+                ranked = np.argsort(-xs[i:hi], kind="stable")
+                push(float(xs[i + ranked[0]]), _RANGE, len(ranges))
+                ranges.append((i, ranked, tok))
+        starts, chars = table.kids(depth, lo, hi)
+        if not len(starts):
+            return
+        nexts = info.nexts_np[np.searchsorted(info.bounds_np, chars, side="right") - 1]
+        maxes = np.maximum.reduceat(xs[lo:hi], starts - lo)
+        ends = np.append(starts[1:], hi)
+        keep = (nexts != DEAD) & (maxes > NEG_INF)
+        if not keep.any():
+            return
+        rank = np.argsort(-maxes[keep], kind="stable")
+        sel = (starts[keep][rank], ends[keep][rank], nexts[keep][rank], maxes[keep][rank])
+        starts_l, ends_l, nexts_l, maxes_l = (a.tolist() for a in sel)
+        push(maxes_l[0], _KIDS, len(kids))
+        kids.append((starts_l, ends_l, nexts_l, maxes_l, depth))
 
     if m.info(sid).accepting:
         for tok in table.eog:
             leaf(tok)
     if len(xs):
-        heapq.heappush(heap, (-float(xs.max()), next(order), _NODE, (0, 0, len(xs), sid)))
+        node(float(xs.max()), (0, 0, len(xs), sid))
     while heap and len(out) < k:
-        neg, _, kind, item = heapq.heappop(heap)
+        neg, _, kind, a, b = heapq.heappop(heap)
         if neg == -NEG_INF:
             break
         if kind == _LEAF:
-            if item not in got:
-                got.add(item)
-                out.append(item)
+            if a not in got:
+                got.add(a)
+                out.append(a)
         elif kind == _NODE:
-            _expand(table, m, item, xs, heap, order, leaf)
+            expand(nodes[a])
         elif kind == _KIDS:
-            starts, ends, nexts, maxes, depth, j = item
-            heapq.heappush(heap, (-maxes[j], next(order), _NODE, (depth + 1, starts[j], ends[j], nexts[j])))
-            if j + 1 < len(starts):
-                heapq.heappush(heap, (-maxes[j + 1], next(order), _KIDS, (*item[:5], j + 1)))
+            starts, ends, nexts, maxes, depth = kids[a]
+            node(maxes[b], (depth + 1, starts[b], ends[b], nexts[b]))
+            if b + 1 < len(starts):
+                push(maxes[b + 1], _KIDS, a, b + 1)
         else:  # every token of a range, in logit order (a negated token reference)
-            lo, ranked, j, negated = item
-            if (tok := int(table.ids[lo + ranked[j]])) != negated:
+            lo, ranked, negated = ranges[a]
+            if (tok := int(table.ids[lo + ranked[b]])) != negated:
                 leaf(tok)
-            if j + 1 < len(ranked):
-                heapq.heappush(
-                    heap, (-float(xs[lo + ranked[j + 1]]), next(order), _RANGE, (lo, ranked, j + 1, negated))
-                )
+            if b + 1 < len(ranked):
+                push(float(xs[lo + ranked[b + 1]]), _RANGE, a, b + 1)
     return out
-
-
-def _expand(table: TokenTable, m: Matcher, node: tuple, xs: np.ndarray, heap: list, order, leaf) -> None:  # type: ignore[no-untyped-def]
-    depth, lo, hi, sid = node
-    info = m.info(sid)
-    i = lo
-    while i < hi and table.lens[i] == depth:  # tokens that end here: check their partial tail
-        value, n_remain = table.partial[i]
-        if n_remain == 0 or m.partial_ok(sid, value, n_remain):
-            leaf(int(table.ids[i]))
-        i += 1
-    for negated, tok in info.token_tops:  # llama.cpp: a token reference matches by id
-        if not negated:
-            p = table.pos_of.get(tok, -1)
-            if i <= p < hi:
-                leaf(tok)
-        elif i < hi:
-            ranked = np.argsort(-xs[i:hi], kind="stable")
-            heapq.heappush(heap, (-float(xs[i + ranked[0]]), next(order), _RANGE, (i, ranked, 0, tok)))
-    starts, chars = table.kids(depth, lo, hi)
-    if not len(starts):
-        return
-    nexts = info.nexts_np[np.searchsorted(info.bounds_np, chars, side="right") - 1]
-    maxes = np.maximum.reduceat(xs[lo:hi], starts - lo)
-    ends = np.append(starts[1:], hi)
-    keep = (nexts != DEAD) & (maxes > NEG_INF)
-    if not keep.any():
-        return
-    rank = np.argsort(-maxes[keep], kind="stable")
-    sel = (starts[keep][rank], ends[keep][rank], nexts[keep][rank], maxes[keep][rank])
-    starts_l, ends_l, nexts_l, maxes_l = (a.tolist() for a in sel)
-    heapq.heappush(heap, (-maxes_l[0], next(order), _KIDS, (starts_l, ends_l, nexts_l, maxes_l, depth, 0)))

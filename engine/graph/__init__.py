@@ -1,1 +1,2 @@
-"""The forward pass as a graph: recorded once per ubatch shape, laid out in one workspace, run (or replayed as a CUDA graph)."""
+"""The forward pass as a graph: recorded once per ubatch shape, laid out in one workspace, bound
+once to the backend's calls, run (or replayed by the backend's graph runner)."""

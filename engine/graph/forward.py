@@ -1,7 +1,7 @@
 """The forward pass of llama and gemma3 over one ubatch shape, written once as a graph.
 
 `build_forward` records the pass with a GraphBuilder (nothing is computed); the context plans
-it into its workspace and runs it with the inputs engine/step_inputs.py writes. Every row is
+it into its workspace and runs it with the inputs engine/context/step_inputs.py writes. Every row is
 independent except inside attention, which reads other tokens only through the KV cache and
 the mask. Names follow llama.cpp's graph (`attn_norm-0`, `Qcur-0`, `ffn_out-17`, ...).
 """
@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from ubatch.engine.graph.builder import GraphBuilder
-from ubatch.engine.graph.graph import Graph
+from ubatch.engine.graph.graph import Graph, Sym
 from ubatch.engine.kv.memory import KVMemory
 from ubatch.engine.model.model import Model
-from ubatch.kernels.ops import KV_CHUNK, Ops
+from ubatch.kernels.ops import KV_CHUNK, AttentionArgs, MaskCells, Ops
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +46,17 @@ NO_CAUSAL = np.iinfo(np.int32).max  # a query's causal limit where attention is 
 def mask_in_kernel(ops: Ops, mem: KVMemory) -> bool:
     """Whether attention computes the mask from the cells (the backend can, and every cell's
     sequence set fits in SEQ_BITS bits): then no [n_tokens, n_kv] mask exists in memory."""
-    return bool(getattr(ops, "mask_in_kernel", False)) and all(c.n_seq_max <= SEQ_BITS for c in mem.caches)
+    return ops.mask_in_kernel and all(c.n_seq_max <= SEQ_BITS for c in mem.caches)
 
 
-def _mask_inputs(b: GraphBuilder, mem: KVMemory, shape: GraphShape, cells: bool) -> list:
+def _required(w: torch.Tensor | None) -> torch.Tensor:
+    """A norm weight the hparams say every layer has (the loader required it)."""
+    if w is None:
+        raise ValueError("a layer lacks a norm weight its architecture requires")
+    return w
+
+
+def _mask_inputs(b: GraphBuilder, mem: KVMemory, shape: GraphShape, cells: bool) -> list[Sym | MaskCells[Sym]]:
     """Per cache: the kq_mask tensor input, or the cell and query inputs the kernel masks from
     (cell positions and sequence bits per group; the queries' positions, causal limits and
     sequence bits, shared by the caches)."""
@@ -59,7 +66,7 @@ def _mask_inputs(b: GraphBuilder, mem: KVMemory, shape: GraphShape, cells: bool)
     qpos, qlim = b.input("inp_q_pos", (n,), torch.int32), b.input("inp_q_lim", (n,), torch.int32)
     qseq = b.input("inp_q_seq", (n,), torch.int64)
     return [
-        (
+        MaskCells(
             b.input(f"kv_pos_{c}", (g, n_kv), torch.int32),
             b.input(f"kv_seq_{c}", (g, n_kv), torch.int64),
             qpos,
@@ -75,7 +82,7 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     hp, b = model.hparams, GraphBuilder(ops)
     n, n_out = shape.n_tokens, shape.n_outputs
     tokens = b.input("inp_tokens", (n,), torch.int64)
-    ropes = {}
+    ropes: dict[tuple[float, float], tuple[Sym, Sym]] = {}
     for i, key in enumerate(rope_keys(model)):
         ropes[key] = (b.input(f"inp_cos_{i}", (n, hp.n_rot // 2)), b.input(f"inp_sin_{i}", (n, hp.n_rot // 2)))
     masks = _mask_inputs(b, mem, shape, mask_in_kernel(ops, mem))
@@ -96,20 +103,21 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
         k = b.view(b.linear(h, L.wk, f"Kcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_k))
         v = b.view(b.linear(h, L.wv, f"Vcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_v))
         if hp.qk_norm:
-            q = b.rms_norm(q, L.q_norm, hp.rms_eps, f"Qcur_normed-{il}")
-            k = b.rms_norm(k, L.k_norm, hp.rms_eps, f"Kcur_normed-{il}")
+            q = b.rms_norm(q, _required(L.q_norm), hp.rms_eps, f"Qcur_normed-{il}")
+            k = b.rms_norm(k, _required(L.k_norm), hp.rms_eps, f"Kcur_normed-{il}")
         cos, sin = ropes[hp.rope_params(il)]
         q = b.scale(b.rope(q, cos, sin, hp.rope_neox, f"Qcur_rope-{il}"), hp.attn_scale, f"Qcur_scaled-{il}")
         k = b.rope(k, cos, sin, hp.rope_neox, f"Kcur_rope-{il}")
         ks = b.kv_store(cache.k[il], slots[ci], k, f"k_store-{il}")
         vs = b.kv_store(cache.v[il], slots[ci], v, f"v_store-{il}")
         qg = b.view(q, (g, n // g, hp.n_head, hp.n_embd_head_k))
-        a = b.attention(
-            qg, cache.k[il], cache.v[il], starts[ci], n_kv, masks[ci], visible[ci], 1.0, (ks, vs), f"kqv_out-{il}"
-        )
+        m = masks[ci]
+        cells, mask = (m, None) if isinstance(m, MaskCells) else (None, m)
+        att = AttentionArgs(qg, cache.k[il], cache.v[il], starts[ci], n_kv, mask, 1.0, visible[ci], cells)
+        a = b.attention(att, (ks, vs), f"kqv_out-{il}")
         a = b.linear(a, L.wo, f"attn_out-{il}")
         if hp.sandwich_norm:
-            a = b.rms_norm(a, L.post_attn_norm, hp.rms_eps, f"attn_post_norm-{il}")
+            a = b.rms_norm(a, _required(L.post_attn_norm), hp.rms_eps, f"attn_post_norm-{il}")
         if il == hp.n_layer - 1 and out_ids is not None:  # only output rows pay for the rest
             x = b.rows(x, out_ids, f"inpSA_out-{il}")
             a = b.rows(a, out_ids, f"attn_out_rows-{il}")
@@ -123,12 +131,12 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
         )
         f = b.linear(f, L.ffn_down, f"ffn_out-{il}")
         if hp.sandwich_norm:
-            f = b.rms_norm(f, L.post_ffn_norm, hp.rms_eps, f"ffn_post_norm-{il}")
+            f = b.rms_norm(f, _required(L.post_ffn_norm), hp.rms_eps, f"ffn_post_norm-{il}")
         x = b.add(x, f, f"l_out-{il}")
     if hp.n_layer == 0 and out_ids is not None:
         x = b.rows(x, out_ids, "inp_out_rows")
     x = b.rms_norm(x, model.output_norm, hp.rms_eps, "result_norm")
-    if shape.embd:  # embeddings (llama.cpp's t_embd): pooling reads these rows (engine/embedding.py)
+    if shape.embd:  # embeddings (llama.cpp's t_embd): pooling reads these rows (engine/generation/embedding.py)
         return b.finish(x)
     logits = b.linear(x, model.output, "result_output")
     if hp.final_logit_softcap:

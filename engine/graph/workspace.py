@@ -83,7 +83,8 @@ def lay_out(requests: list[Request]) -> Layout:
     for r in requests:
         dying.setdefault(r.last, []).append(r.key)
     live: set[int] = set()
-    peak, peak_step, live_at_peak = 0, 0, []
+    peak, peak_step = 0, 0
+    live_at_peak: list[int] = []
     steps = sorted({r.first for r in requests} | set(dying))
     by_first: dict[int, list[Request]] = {}
     for r in requests:

@@ -36,23 +36,16 @@ class KVMemory:
     def build(cls, hp: HParams, cp: CParams, device: torch.device | str = "cpu", sizes_only: bool = False) -> KVMemory:
         """Sizes as llama.cpp: n_ctx_seq cells per stream; the SWA cache holds the window for each
         sequence plus one ubatch (or everything with --swa-full). `sizes_only`: shapes without
-        storage or cells, for planning (engine/reserve.py)."""
+        storage or cells, for planning (engine/context/reserve.py)."""
         n_stream = 1 if cp.kv_unified else cp.n_seq_max
-        if sizes_only:
-            device = "meta"
-        args = dict(
-            cells=not sizes_only,
-            n_stream=n_stream,
-            n_seq_max=cp.n_seq_max,
-            n_head_kv=hp.n_head_kv,
-            head_k=hp.n_embd_head_k,
-            head_v=hp.n_embd_head_v,
-            type_k=cp.type_k,
-            type_v=cp.type_v,
-            device=device,
-        )
+        dev = "meta" if sizes_only else device
+
+        def cache(layers: list[int], size: int, n_swa: int = 0, name: str = "") -> KVCache:
+            kv = (hp.n_head_kv, hp.n_embd_head_k, hp.n_embd_head_v, cp.type_k, cp.type_v)
+            return KVCache(layers, size, n_stream, cp.n_seq_max, *kv, n_swa, dev, name, cells=not sizes_only)
+
         if hp.n_swa <= 0:
-            return cls([KVCache(list(range(hp.n_layer)), cp.n_ctx_seq, **args)], [0] * hp.n_layer)
+            return cls([cache(list(range(hp.n_layer)), cp.n_ctx_seq)], [0] * hp.n_layer)
         base = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
         swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
         size_swa = (
@@ -60,10 +53,7 @@ class KVMemory:
             if cp.swa_full
             else round_up(min(cp.n_ctx_seq, hp.n_swa * (cp.n_seq_max if cp.kv_unified else 1) + cp.n_ubatch), 256)
         )
-        caches = [
-            KVCache(base, cp.n_ctx_seq, name="non-SWA", **args),
-            KVCache(swa, size_swa, n_swa=hp.n_swa, name="SWA", **args),
-        ]
+        caches = [cache(base, cp.n_ctx_seq, name="non-SWA"), cache(swa, size_swa, hp.n_swa, "SWA")]
         return cls(caches, [1 if hp.is_swa(il) else 0 for il in range(hp.n_layer)])
 
     @property
@@ -122,8 +112,9 @@ class KVMemory:
         search changes no cell. Several: each is placed in turn so the next is searched for in
         the cells it leaves, then the cells are restored exactly as they were."""
         if len(ubs) == 1:
-            slots = [c.find_slot(ubs[0]) for c in self.caches]
-            if any(sl is None for sl in slots):
+            found = [c.find_slot(ubs[0]) for c in self.caches]
+            slots = [sl for sl in found if sl is not None]
+            if len(slots) < len(found):
                 return False
             self._planned = [(ubs[0], slots)]
             return True
@@ -133,11 +124,11 @@ class KVMemory:
             for ub in ubs:
                 per_cache = []
                 for c in self.caches:
-                    slots = c.find_slot(ub)
-                    if slots is None:
+                    sl = c.find_slot(ub)
+                    if sl is None:
                         return False
-                    c.apply_ubatch(ub, slots)
-                    per_cache.append(slots)
+                    c.apply_ubatch(ub, sl)
+                    per_cache.append(sl)
                 planned.append(per_cache)
             self._planned = list(zip(ubs, planned))
             return True
@@ -154,11 +145,11 @@ class KVMemory:
             return slots
         out = []
         for c in self.caches:
-            sl = c.find_slot(ub)
-            if sl is None:  # prepare() said it fits; this would be a bug
+            found = c.find_slot(ub)
+            if found is None:  # prepare() said it fits; this would be a bug
                 raise DecodeError(-2, "KV slot vanished between prepare and apply")
-            c.apply_ubatch(ub, sl)
-            out.append(sl)
+            c.apply_ubatch(ub, found)
+            out.append(found)
         return out
 
     # -- pending work ----------------------------------------------------------------------------

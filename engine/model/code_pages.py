@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 _MADV_DONTNEED = 4
@@ -24,7 +25,7 @@ _HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(.*)$")
 
 
 @functools.lru_cache(maxsize=1)
-def _madvise() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _madvise() -> Callable[[int, int, int], int] | None:
     name = ctypes.util.find_library("c")
     try:
         f = ctypes.CDLL(name, use_errno=True).madvise if name else None
@@ -40,7 +41,7 @@ def code_mappings(smaps: str, lib_dir: str) -> list[tuple[int, int, int]]:
     """(start, end, resident bytes) of the executable file mappings under `lib_dir` that hold no
     private page, from the text of /proc/self/smaps."""
     out: list[tuple[int, int, int]] = []
-    cur: list | None = None  # [start, end, eligible, resident bytes]
+    cur: list[int] | None = None  # [start, end, eligible (a bool), resident bytes]
     for line in [*smaps.splitlines(), "0-0 ---p 0 0:0 0"]:  # a sentinel header closes the last one
         m = _HEADER.match(line)
         if m:

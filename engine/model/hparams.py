@@ -7,8 +7,8 @@ its separate RoPE base for local layers (reference/gguf-models.md §1.2, §3).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from ubatch.engine.gguf.metadata import (
     MISSING,
     bad_value,
     check_int,
+    meta_bool,
     meta_float,
     meta_int,
     meta_per_layer,
@@ -29,6 +30,7 @@ SUPPORTED_ARCHS = ("llama", "gemma3")
 LLAMA_MAX_LAYERS = 512  # llama.cpp's bound on block_count
 MAX_DIM = 1 << 20  # widths, heads and lengths past this are a corrupt file, not a model
 MAX_VOCAB = 1 << 24
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")  # llama_pooling_type 0..4, as GGUF stores it
 
 
 @dataclass(slots=True, frozen=True)
@@ -58,6 +60,8 @@ class HParams:
     sandwich_norm: bool  # gemma: post-attention / post-ffn norms before the residual add
     qk_norm: bool
     ffn_act: str  # "silu" (llama) or "gelu_tanh" (gemma)
+    causal_attn: bool  # `{arch}.attention.causal` (true when absent): false lets a query see later tokens
+    pooling_type: str  # `{arch}.pooling_type` as a POOLING_TYPES name; llama.cpp's default is none
 
     def is_swa(self, il: int) -> bool:
         return self.swa_layers[il]
@@ -69,7 +73,7 @@ class HParams:
         return self.rope_freq_base, self.rope_freq_scale
 
 
-def _swa_pattern(meta: dict[str, Any], arch: str, n_layer: int, n_swa: int, source: str) -> tuple[bool, ...]:
+def _swa_pattern(meta: Mapping[str, object], arch: str, n_layer: int, n_swa: int, source: str) -> tuple[bool, ...]:
     if n_swa <= 0:
         return (False,) * n_layer
     key = f"{arch}.attention.sliding_window_pattern"
@@ -84,7 +88,7 @@ def _swa_pattern(meta: dict[str, Any], arch: str, n_layer: int, n_swa: int, sour
     return tuple((il % period) < period - 1 for il in range(n_layer))
 
 
-def hparams_from_metadata(meta: dict[str, Any], source: str = "model") -> HParams:
+def hparams_from_metadata(meta: Mapping[str, object], source: str = "model") -> HParams:
     """Every value checked for type and range before anything is sized from it."""
     arch = meta.get("general.architecture", "")
     if arch not in SUPPORTED_ARCHS:
@@ -149,4 +153,6 @@ def hparams_from_metadata(meta: dict[str, Any], source: str = "model") -> HParam
         sandwich_norm=arch == "gemma3",
         qk_norm=arch == "gemma3",
         ffn_act="gelu_tanh" if arch == "gemma3" else "silu",
+        causal_attn=meta_bool(meta, a + "attention.causal", source, True),
+        pooling_type=POOLING_TYPES[meta_int(meta, a + "pooling_type", source, 0, lo=0, hi=len(POOLING_TYPES) - 1)],
     )

@@ -11,14 +11,18 @@ import numpy as np
 import torch
 
 from ubatch.engine.errors import ModelLoadError
-from ubatch.engine.gguf.file import GGUFFile, TensorInfo
+from ubatch.engine.gguf.file import GGUFFile
 from ubatch.engine.gguf.string_array import StringArray
+from ubatch.engine.model.arch import TensorSpec, expected_tensors, layer_tensors, model_tensors
 from ubatch.engine.model.code_pages import release_startup_code
 from ubatch.engine.model.hf.checkpoint import open_model_file
 from ubatch.engine.model.hparams import HParams, hparams_from_metadata
 from ubatch.engine.vocab.vocab import Vocab
 from ubatch.kernels.quant.dequant import UnsupportedTypeError, check_supported
 from ubatch.kernels.quant.weight import QWeight
+
+_MATRICES = ("wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down")  # LayerWeights' matrix fields
+_OPTIONAL_NORMS = ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # present per architecture
 
 
 @dataclass(slots=True)
@@ -38,35 +42,6 @@ class LayerWeights:
     post_ffn_norm: torch.Tensor | None = None
 
 
-def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
-    """Every tensor the forward pass reads: name -> (shape the hparams imply, required)."""
-    d, dk, dv, v = hp.n_embd, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_vocab
-    out = {
-        "token_embd.weight": ((v, d), True),
-        "output.weight": ((v, d), False),
-        "output_norm.weight": ((d,), True),
-        "rope_freqs.weight": ((hp.n_rot // 2,), False),
-    }
-    for il in range(hp.n_layer):
-        p = f"blk.{il}."
-        out |= {
-            p + "attn_norm.weight": ((d,), True),
-            p + "attn_q.weight": ((hp.n_head * dk, d), True),
-            p + "attn_k.weight": ((hp.n_head_kv * dk, d), True),
-            p + "attn_v.weight": ((hp.n_head_kv * dv, d), True),
-            p + "attn_output.weight": ((d, hp.n_head * dv), True),
-            p + "ffn_norm.weight": ((d,), True),
-            p + "ffn_gate.weight": ((hp.n_ff, d), True),
-            p + "ffn_up.weight": ((hp.n_ff, d), True),
-            p + "ffn_down.weight": ((d, hp.n_ff), True),
-            p + "attn_q_norm.weight": ((dk,), hp.qk_norm),
-            p + "attn_k_norm.weight": ((dk,), hp.qk_norm),
-            p + "post_attention_norm.weight": ((d,), hp.sandwich_norm),
-            p + "post_ffw_norm.weight": ((d,), hp.sandwich_norm),
-        }
-    return out
-
-
 def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
     """The tensor table against the hparams, before any tensor is made: counts, names, shapes, types."""
     a = hp.arch
@@ -81,7 +56,7 @@ def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
     tokens = g.metadata.get("tokenizer.ggml.tokens")
     if isinstance(tokens, (list, StringArray)) and len(tokens) != hp.n_vocab:
         raise ModelLoadError(f"{src}: metadata {a}.vocab_size = {hp.n_vocab} differs from {len(tokens)} tokens")
-    for name, (shape, required) in expected_tensors(hp).items():
+    for name, (_, shape, required) in expected_tensors(hp).items():
         t = g.tensors.get(name)
         if t is None:
             if required:
@@ -131,54 +106,33 @@ class Model:
         check_tensors(g, hp, src)
         dev = torch.device(device)
 
-        def info(name: str) -> TensorInfo | None:
-            return g.tensors.get(name)
-
-        def qweight(name: str, shape: tuple[int, ...] | None = None) -> QWeight:
-            t = info(name)
-            if t is None:
-                raise ModelLoadError(f"{src}: tensor {name!r} is missing; the file is incomplete or not {hp.arch}")
-            if shape is not None and t.shape != shape:
-                raise ModelLoadError(f"{src}: tensor {name!r} has shape {t.shape}, expected {shape}")
-            try:
-                check_supported(t.ggml_type, f"{src}: tensor {name!r}")
-            except UnsupportedTypeError as e:
-                raise ModelLoadError(str(e)) from None
-            raw = torch.from_numpy(t.data)
-            return QWeight(name, raw.to(dev) if dev.type != "cpu" else raw, t.ggml_type, t.shape)
-
-        def vec(name: str, n: int, required: bool = True) -> torch.Tensor | None:
-            if info(name) is None and not required:
-                return None
-            return qweight(name, (n,)).dense(torch.float32).to(dev)
-
         if hp.n_vocab != vocab.n_tokens:
-            hp_vocab = hp.n_vocab
-            raise ModelLoadError(f"{src}: vocab_size {hp_vocab} differs from {vocab.n_tokens} tokens")
-        d, dk, dv = hp.n_embd, hp.n_embd_head_k, hp.n_embd_head_v
+            raise ModelLoadError(f"{src}: vocab_size {hp.n_vocab} differs from {vocab.n_tokens} tokens")
+
+        # check_tensors has checked every name, shape and type the specs below can ask for
+        def qweight(spec: TensorSpec) -> QWeight:
+            t = g.tensors[spec.name]
+            raw = torch.from_numpy(t.data)
+            return QWeight(spec.name, raw.to(dev) if dev.type != "cpu" else raw, t.ggml_type, t.shape)
+
+        def vec(spec: TensorSpec) -> torch.Tensor:
+            return qweight(spec).dense(torch.float32).to(dev)
+
+        def opt_vec(spec: TensorSpec) -> torch.Tensor | None:
+            return vec(spec) if spec.name in g.tensors else None
+
         layers = []
         for il in range(hp.n_layer):
-            p = f"blk.{il}."
-            layers.append(
-                LayerWeights(
-                    attn_norm=vec(p + "attn_norm.weight", d),
-                    wq=qweight(p + "attn_q.weight", (hp.n_head * dk, d)),
-                    wk=qweight(p + "attn_k.weight", (hp.n_head_kv * dk, d)),
-                    wv=qweight(p + "attn_v.weight", (hp.n_head_kv * dv, d)),
-                    wo=qweight(p + "attn_output.weight", (d, hp.n_head * dv)),
-                    ffn_norm=vec(p + "ffn_norm.weight", d),
-                    ffn_gate=qweight(p + "ffn_gate.weight", (hp.n_ff, d)),
-                    ffn_up=qweight(p + "ffn_up.weight", (hp.n_ff, d)),
-                    ffn_down=qweight(p + "ffn_down.weight", (d, hp.n_ff)),
-                    q_norm=vec(p + "attn_q_norm.weight", dk, required=hp.qk_norm),
-                    k_norm=vec(p + "attn_k_norm.weight", dk, required=hp.qk_norm),
-                    post_attn_norm=vec(p + "post_attention_norm.weight", d, required=hp.sandwich_norm),
-                    post_ffn_norm=vec(p + "post_ffw_norm.weight", d, required=hp.sandwich_norm),
-                )
-            )
-        release_startup_code()  # torch's import-time code pages (engine/code_pages.py)
-        tok_embd = qweight("token_embd.weight", (hp.n_vocab, d))
-        output = qweight("output.weight", (hp.n_vocab, d)) if "output.weight" in g.tensors else tok_embd
+            t = layer_tensors(hp, il)  # by LayerWeights field
+            attn_norm, ffn_norm = vec(t["attn_norm"]), vec(t["ffn_norm"])
+            wq, wk, wv, wo, gate, up, down = (qweight(t[f]) for f in _MATRICES)
+            q_norm, k_norm, post_attn, post_ffn = (opt_vec(t[f]) for f in _OPTIONAL_NORMS)
+            w = (attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down, q_norm, k_norm, post_attn, post_ffn)
+            layers.append(LayerWeights(*w))  # the fields' order
+        release_startup_code()  # torch's import-time code pages (engine/model/code_pages.py)
+        top = model_tensors(hp)
+        tok_embd = qweight(top["tok_embd"])
+        output = qweight(top["output"]) if top["output"].name in g.tensors else tok_embd
         return cls(
             path=g.path,
             gguf=g,
@@ -186,9 +140,9 @@ class Model:
             vocab=vocab,
             tok_embd=tok_embd,
             output=output,
-            output_norm=vec("output_norm.weight", d),
+            output_norm=vec(top["output_norm"]),
             layers=layers,
-            rope_freqs=vec("rope_freqs.weight", hp.n_rot // 2, required=False),
+            rope_freqs=opt_vec(top["rope_freqs"]),
             device=dev,
             load_ms=(time.perf_counter() - t0) * 1e3,
         )

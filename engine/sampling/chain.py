@@ -8,7 +8,7 @@ stages then). temp <= 0 is not a separate greedy mode: the temperature stage kee
 best token, so a stage before it can still matter (XTC, typical); when none can, the result
 is the argmax after the logit penalties, taken without sorting anything.
 
-Every random draw reproduces llama.cpp's (engine/sampler_rng.py): dist, mirostat and XTC each
+Every random draw reproduces llama.cpp's (engine/sampling/rng.py): dist, mirostat and XTC each
 own a std::mt19937 seeded with the seed, as each llama.cpp sampler seeds its own.
 """
 

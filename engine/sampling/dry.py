@@ -28,27 +28,29 @@ MAX_SEQ_LEN = 20  # tail tokens kept
 FLOAT_MAX_LOG = np.float32(88.7228391)
 
 Breakers = dict[int, list[tuple[int, ...]]]  # head token -> the token tails that complete it
-_cache: weakref.WeakKeyDictionary[Vocab, dict[object, object]] = weakref.WeakKeyDictionary()
+# per vocabulary, kept while it lives: every token's piece, and the table of each breaker list
+_pieces_cache: weakref.WeakKeyDictionary[Vocab, list[bytes]] = weakref.WeakKeyDictionary()
+_tables: weakref.WeakKeyDictionary[Vocab, dict[tuple[str, ...], Breakers]] = weakref.WeakKeyDictionary()
 
 
 def _pieces(vocab: Vocab) -> list[bytes]:
     """Each token's text as llama_detokenize gives it for that token alone (specials shown)."""
-    per = _cache.setdefault(vocab, {})
-    if "pieces" not in per:
+    out = _pieces_cache.get(vocab)
+    if out is None:
         out = [vocab.token_to_piece(t, special=True) for t in range(vocab.n_tokens)]
         if vocab.add_space_prefix:
             out = [p[1:] if p.startswith(b" ") else p for p in out]
-        per["pieces"] = out
-    return per["pieces"]  # type: ignore[return-value]
+        _pieces_cache[vocab] = out
+    return out
 
 
 def breaker_table(vocab: Vocab | None, breakers: tuple[str, ...]) -> Breakers:
     """get_overlapping_token_sequences for every breaker, cached per vocabulary."""
     if vocab is None or not breakers:
         return {}
-    per = _cache.setdefault(vocab, {})
+    per = _tables.setdefault(vocab, {})
     if breakers in per:
-        return per[breakers]  # type: ignore[return-value]
+        return per[breakers]
     pieces = _pieces(vocab)
     table: Breakers = {}
 

@@ -25,17 +25,8 @@ SAMPLER_CHARS: dict[str, str] = {
     "penalties": "e",
     "adaptive_p": "a",
 }
-DEFAULT_SAMPLERS: tuple[str, ...] = (
-    "penalties",
-    "dry",
-    "top_n_sigma",
-    "top_k",
-    "typ_p",
-    "top_p",
-    "min_p",
-    "xtc",
-    "temperature",
-)
+# common_params_sampling's default chain, in order
+DEFAULT_SAMPLERS: tuple[str, ...] = tuple("penalties dry top_n_sigma top_k typ_p top_p min_p xtc temperature".split())
 # llama.cpp knows these; ubatch's chain does not implement them (yet)
 UNSUPPORTED_SAMPLERS = frozenset({"infill", "adaptive_p"})
 

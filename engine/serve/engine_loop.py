@@ -1,64 +1,67 @@
-"""The thread the engine runs on, and the thread-safe door into it.
+"""The engine thread, the thread-safe door into it, and shutdown.
 
 HTTP handlers submit and cancel tasks from the event loop's thread while one engine thread owns
-the context: every decode, every KV-cache change and every slot happen there, so the engine
-needs no locks of its own. This base class is that door (`submit`, `cancel`, `start`,
-`shutdown`, `stop`); the scheduler supplies `step`, one iteration of work, and `_drain`, what
-shutting down does to the work in progress.
+the context: every decode, every KV-cache change and every slot change happens there, so the
+engine needs no locks of its own. `EngineLoop` is that thread and its door: `submit` and
+`cancel` are safe from any thread. Each iteration hands the tasks that came in to their worker
+(the scheduler takes completions, a side runner embeddings or slot files), then steps the side
+runners and the scheduler, in that order, through the small `Worker` interface; it knows
+nothing of slots or batches. The server's run code assembles it (cli/server/run.py).
 
 Shutdown (llama-server's terminate on SIGTERM / SIGINT) is one more event through the same
-door: from then on `submit` answers 503 at once, and the engine thread, between two iterations,
-ends every running task and fails every queued one, then exits. So a server stops within one
-iteration whatever `n_predict` is, and every client gets an answer.
+door: from then on `submit` answers "unavailable" at once, and the engine thread, between two
+iterations, drains every worker (a generating task ends with its text so far, the others fail),
+then exits. So a server stops within one iteration whatever `n_predict` is, and every client
+gets an answer.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Protocol
 
-from ubatch.engine.serve.embedding_task import EmbeddingRunner
-from ubatch.engine.serve.state_task import StateRunner
-from ubatch.engine.serve.stats import SchedulerStats
-from ubatch.engine.serve.task import Failed, RequestError, Task
-
-if TYPE_CHECKING:
-    from ubatch.engine.context.context import Context
+from ubatch.engine.errors import EngineError, ErrorKind
+from ubatch.engine.serve.scheduler import Scheduler
+from ubatch.engine.serve.task import Job
 
 
-def shutdown_error() -> RequestError:
-    """What a task that cannot run any more is told: llama-server's 503 unavailable_error."""
-    return RequestError("Server is shutting down", 503, "unavailable_error")
+class Worker(Protocol):
+    """What the engine loop drives: the scheduler and each side runner."""
+
+    def accept(self, task: Job) -> bool: ...  # keep the task if it is this worker's kind
+
+    @property
+    def busy(self) -> bool: ...  # work that needs further iterations
+
+    @property
+    def n_waiting(self) -> int: ...  # tasks not started yet (/metrics' requests_deferred)
+
+    def step(self) -> object: ...  # one iteration's work
+
+    def fail(self, err: EngineError) -> None: ...  # its step raised: fail the work in progress
+
+    def drain(self, err: EngineError) -> None: ...  # shutdown: end or fail every task it holds
 
 
-class EngineThread:
-    stats: SchedulerStats
+def shutdown_error() -> EngineError:
+    """What a task that cannot run any more is told (llama-server's 503 unavailable_error)."""
+    return EngineError(ErrorKind.UNAVAILABLE, "Server is shutting down")
 
-    def __init__(self, ctx: Context) -> None:
-        # tasks that run beside continuous batching, each iteration before it: slot save/restore
-        # (engine/state_task.py), then embedding and rerank tasks (engine/embedding_task.py)
-        self.slot_actions = StateRunner()
-        self.embeddings = EmbeddingRunner(ctx)
-        self.side_runners: tuple[StateRunner | EmbeddingRunner, ...] = (self.slot_actions, self.embeddings)
-        self.iteration = 0
-        self.queue: deque[Task] = deque()  # accepted, waiting for a slot (only the engine thread touches it)
-        self._incoming: deque[Task] = deque()
+
+def _internal(e: Exception) -> EngineError:
+    return EngineError(ErrorKind.INTERNAL, f"internal error: {e}")
+
+
+class EngineLoop:
+    def __init__(self, scheduler: Scheduler, runners: Sequence[Worker] = ()) -> None:
+        self.scheduler = scheduler  # its stats count the requests; its iteration dates a cancel
+        self.workers: tuple[Worker, ...] = (*runners, scheduler)  # stepped in this order
+        self._incoming: deque[Job] = deque()
         self._cv = threading.Condition()
         self._shutdown = False
         self._thread: threading.Thread | None = None
-
-    def step(self) -> Any:  # one iteration, on the engine thread
-        raise NotImplementedError
-
-    def _busy(self) -> bool:  # work in progress that needs further iterations
-        raise NotImplementedError
-
-    def _fail_all(self, e: Exception) -> None:  # an iteration raised: fail what was running
-        raise NotImplementedError
-
-    def _drain(self) -> None:  # shutdown: end running tasks, fail queued ones (engine thread)
-        raise NotImplementedError
 
     @property
     def shutting_down(self) -> bool:
@@ -80,50 +83,56 @@ class EngineThread:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def submit(self, task: Task) -> None:
+    def submit(self, task: Job) -> None:
         with self._cv:
-            self.stats.n_requests += 1
+            self.scheduler.stats.n_requests += 1
             if self._shutdown:  # the engine thread may be gone: answer here
-                task.emit(Failed(task, shutdown_error()))
+                task.fail(shutdown_error())
                 return
             self._incoming.append(task)
             self._cv.notify()
 
-    def cancel(self, task: Task) -> None:
+    def cancel(self, task: Job) -> None:
         """The client went away: its slot and cells are freed at the start of the next iteration."""
         if task.cancelled:
             return
         with self._cv:
-            task.cancel_iteration = self.iteration
+            task.cancel_iteration = self.scheduler.iteration
             task.cancelled = True
             self._cv.notify()
 
     @property
     def n_deferred(self) -> int:
-        return len(self.queue) + len(self._incoming) + sum(len(r.pending) for r in self.side_runners)
+        return len(self._incoming) + sum(w.n_waiting for w in self.workers)
+
+    def iterate(self) -> None:
+        """One iteration on the calling thread: hand out what came in, step every worker. A
+        worker whose step raises fails its own tasks; the others and the server go on."""
+        self._hand_out()
+        for w in self.workers:
+            try:
+                w.step()
+            except Exception as e:
+                w.fail(_internal(e))
+
+    def _hand_out(self) -> None:
+        with self._cv:
+            tasks, self._incoming = self._incoming, deque()
+        for t in tasks:
+            if not any(w.accept(t) for w in self.workers):
+                t.fail(EngineError(ErrorKind.INTERNAL, f"internal error: no worker runs {type(t).__name__}"))
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                while (
-                    not self._shutdown
-                    and not self._incoming
-                    and not self.queue
-                    and not self._busy()
-                    and not any(r.busy for r in self.side_runners)
-                ):
+                while not self._shutdown and not self._incoming and not any(w.busy for w in self.workers):
                     self._cv.wait()
-                if self._shutdown:  # nothing can be submitted after this: take what came in
-                    self.queue.extend(self._incoming)
-                    self._incoming.clear()
+                if self._shutdown:
                     break
+            self.iterate()
+        self._hand_out()  # nothing is submitted after shutdown: what came in is drained too
+        for w in self.workers:
             try:
-                self.step()
-            except Exception as e:  # a bug in an iteration fails its requests, not the server
-                self._fail_all(e)
-        try:
-            for r in self.side_runners:
-                r.fail_pending(shutdown_error())
-            self._drain()
-        except Exception as e:
-            self._fail_all(e)
+                w.drain(shutdown_error())
+            except Exception as e:
+                w.fail(_internal(e))

@@ -33,6 +33,16 @@ def pick_slot(slots: Sequence[Slot], prompt: list[int], id_slot: int, similarity
     return min(idle, key=lambda s: s.t_last_used)
 
 
+def purge_idle(slots: Sequence[Slot], memory: KVMemory, unified: bool) -> bool:
+    """No room left in a unified KV cache: drop the largest idle slot's cached prompt, as
+    llama-server does; False when there is none (or every slot has a stream of its own)."""
+    idle = [s for s in slots if not s.busy and s.cache] if unified else []
+    if not idle:
+        return False
+    max(idle, key=lambda s: len(s.cache)).forget(memory)
+    return True
+
+
 def reuse_cache(mem: KVMemory, s: Slot, prompt: list[int], cache_prompt: bool, cache_reuse: int, n_swa: int) -> int:
     """Keep what the slot's cells can give the new prompt; returns n_past, the tokens kept.
     The cells after them are removed and `s.cache` is cut to match."""

@@ -28,9 +28,6 @@ class Progress:
     processed: int  # tokens in the slot's cells so far (cached + evaluated)
     time_ms: int  # since the task started on its slot
 
-    def to_json(self) -> dict[str, int]:
-        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
-
 
 def report(s: Slot) -> None:
     """Emit the slot's progress event when its task asked for them."""

@@ -1,15 +1,18 @@
 """The server's scheduler: -np slots, continuous batching, one `Context.decode` per iteration.
 
-Slot i owns sequence id i. Each iteration (llama-server's update_slots):
-  1. free the slots whose client went away, start queued tasks on idle slots (reusing the
-     longest common prefix of the slot's cached tokens), shift full contexts if allowed;
-  2. assemble ONE batch: a row from every generating slot (its last sampled token), then
-     prompt chunks of prefilling slots in slot order until n_batch rows;
-  3. decode it; on "no KV slot" purge idle caches or postpone prompt rows and retry;
-  4. let each slot's Generation (engine/generation.py) sample from its output row; emit events.
-The loop runs in its own thread; `submit` and `cancel` are safe to call from any thread.
-Nothing here prints: callers read events, `records` (per iteration) and `stats`.
-On shutdown (`EngineThread.shutdown`) `_drain` ends every running slot and fails queued tasks.
+The scheduler decides; it owns no thread. Slot i owns sequence id i. Each iteration, `step`
+(llama-server's update_slots):
+  1. frees the slots whose client went away, starts queued tasks on idle slots (reusing the
+     longest common prefix of the slot's cached tokens), shifts full contexts if allowed;
+  2. assembles ONE batch: a row from every generating slot (its last sampled token and its
+     draft), then prompt chunks of prefilling slots in slot order until n_batch rows;
+  3. decodes it; on "no KV slot" drops drafts, purges idle caches or postpones prompt rows
+     and retries;
+  4. lets each slot's Generation (engine/generation/generation.py) sample from its output row,
+     emits the events and ends the tasks that are done (finished, failed or cancelled).
+The server's engine loop (engine/serve/engine_loop.py) calls `step` on its thread, with the
+tasks that came in through its door (`accept`); `ubatch explain` calls it directly. Nothing here
+prints: callers read events, `records` (per iteration), `releases` (per ended task) and `stats`.
 """
 
 from __future__ import annotations
@@ -20,24 +23,23 @@ from collections.abc import Callable
 
 from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context
+from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.generation.generation import Generation, GenerationParams, Step
 from ubatch.engine.kv.memory import DecodeError
 from ubatch.engine.sampling.chain import Sampler
-from ubatch.engine.serve.engine_loop import EngineThread, shutdown_error
-from ubatch.engine.serve.prompt_cache import pick_slot, reuse_cache
+from ubatch.engine.serve.prompt_cache import pick_slot, purge_idle, reuse_cache
 from ubatch.engine.serve.prompt_progress import prompt_chunk_done, prompt_started
 from ubatch.engine.serve.slot import Slot, SlotState
 from ubatch.engine.serve.slot_batch import SlotRows, assemble, record_of
-from ubatch.engine.serve.slot_ends import SlotEnds
 from ubatch.engine.serve.slot_spec import drop_drafts, plan_drafts, verify_slot
 from ubatch.engine.serve.stats import IterationRecord, ReleaseRecord, SchedulerStats
-from ubatch.engine.serve.task import Failed, Partial, RequestError, Task, context_error
+from ubatch.engine.serve.task import Final, Job, Partial, Task, context_error, decode_failure
 from ubatch.engine.spec.speculative import Speculator
 
 __all__ = ["IterationRecord", "ReleaseRecord", "Scheduler", "SchedulerStats", "Slot", "SlotState"]
 
 
-class Scheduler(SlotEnds, EngineThread):
+class Scheduler:
     def __init__(
         self,
         ctx: Context,
@@ -69,23 +71,54 @@ class Scheduler(SlotEnds, EngineThread):
         self.speculator = speculator  # drafts verified with each generating slot's row
         for s in self.slots:
             s.speculative = speculator is not None
+        self.iteration = 0
+        self.queue: deque[Task] = deque()  # accepted, waiting for a slot
         self.stats = SchedulerStats()
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.releases: deque[ReleaseRecord] = deque(maxlen=history)
-        EngineThread.__init__(self, ctx)
         # called on the engine thread as listener("launch" | "release", slot): for logging only
         self.listener: Callable[[str, Slot], None] | None = None
+
+    # -- what the engine loop drives ----------------------------------------------------------------
+    def accept(self, task: Job) -> bool:
+        """Queue a completion task for a slot (other kinds are a side runner's)."""
+        if not isinstance(task, Task):
+            return False
+        self.queue.append(task)
+        return True
+
+    @property
+    def busy(self) -> bool:
+        """Work that needs further iterations: a queued task or a busy slot."""
+        return bool(self.queue) or any(s.busy for s in self.slots)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.queue)
+
+    def fail(self, err: EngineError) -> None:
+        """An iteration raised: fail the tasks on the slots (queued ones wait for the next)."""
+        for s in self.slots:
+            self._fail(s, err)
+
+    def drain(self, err: EngineError) -> None:
+        """Shutdown: a generating slot ends as if it reached n_predict (stop_type "limit", so
+        finish_reason "length", with the text so far); a task still reading its prompt or
+        waiting for a slot has nothing to return and gets `err`."""
+        self._reap_cancelled()
+        while self.queue:
+            self.queue.popleft().fail(err)
+        for s in self.slots:
+            if s.state is SlotState.GENERATING:
+                self._finish(s, "limit", "shutdown")
+            else:
+                self._fail(s, err)
 
     # -- one iteration ---------------------------------------------------------------------------
     def step(self) -> IterationRecord | None:
         """Run one iteration; returns its record, or None when there was nothing to decode."""
-        with self._cv:
-            self.iteration += 1
-            self.queue.extend(self._incoming)
-            self._incoming.clear()
+        self.iteration += 1
         self._reap_cancelled()
-        for r in self.side_runners:  # slot actions, embedding / rerank tasks: outside the batch
-            r.step(self)
         self._launch_queued()
         for s in self.slots:
             if s.state is SlotState.GENERATING and s.gen is not None:
@@ -103,7 +136,7 @@ class Scheduler(SlotEnds, EngineThread):
             except DecodeError as e:
                 retries += 1
                 if e.code == 1:  # no room in the KV cache
-                    if drop_drafts(self.slots) or self._purge_idle():
+                    if drop_drafts(self.slots) or purge_idle(self.slots, self.ctx.memory, self.ctx.cparams.kv_unified):
                         continue
                     n_gen = sum(1 for s, n, _ in parts if s.state is SlotState.GENERATING)
                     n_prompt = batch.n_tokens - n_gen
@@ -112,14 +145,14 @@ class Scheduler(SlotEnds, EngineThread):
                         continue
                     # nothing left to postpone: the slot holding the most cells gives way
                     victim = max((s for s, _, _ in parts), key=lambda s: len(s.cache))
-                    self._fail(victim, RequestError("Context size has been exceeded.", 500, "server_error"))
+                    self._fail(victim, decode_failure(e))
                     continue
                 for s, _, _ in parts:
-                    self._fail(s, RequestError(f"Invalid input batch. ({e})", 500, "server_error"))
+                    self._fail(s, decode_failure(e))
                 return None
             except Exception as e:
                 for s, _, _ in parts:
-                    self._fail(s, RequestError(f"Compute error. ({e})", 500, "server_error"))
+                    self._fail(s, decode_failure(e))
                 return None
         rec = self._record(batch, parts, (time.perf_counter() - t0) * 1e3, retries)
         self._after_decode(parts)
@@ -135,10 +168,12 @@ class Scheduler(SlotEnds, EngineThread):
         out_row = {b: i for i, b in enumerate(self.ctx.output_ids)}
         now = time.perf_counter()
         for s, n, out in parts:
+            gen = s.gen
+            assert gen is not None  # set when the task took the slot
             if s.state is SlotState.GENERATING:
-                s.gen.decoded()  # type: ignore[union-attr]
+                gen.decoded()
             else:
-                prompt_chunk_done(s, n)  # and its prompt_progress event (engine/prompt_progress.py)
+                prompt_chunk_done(s, n)  # and its prompt_progress event (engine/serve/prompt_progress.py)
             self.stats.n_tokens_max = max(self.stats.n_tokens_max, len(s.cache))
             if out < 0:
                 continue
@@ -146,17 +181,16 @@ class Scheduler(SlotEnds, EngineThread):
                 s.state, s.t_prompt_done = SlotState.GENERATING, now
                 self.stats.prompt_done(s.n_prompt_done, (now - s.t_start) * 1e3)
             try:
-                if s.draft.tokens:
+                if s.draft.tokens and self.speculator is not None:
                     r = out_row[out]
                     rows = self.ctx.logits[r : r + 1 + len(s.draft.tokens)]
-                    for step in verify_slot(s, rows, self.ctx.memory, self.speculator, len(self.ctx.records)):  # type: ignore[arg-type]
+                    for step in verify_slot(s, rows, self.ctx.memory, self.speculator, len(self.ctx.records)):
                         self._emit(s, step)
                 else:
-                    self._emit(s, s.gen.sample(self.ctx.logits[out_row[out]]))  # type: ignore[union-attr]
+                    self._emit(s, gen.sample(self.ctx.logits[out_row[out]]))
             except Exception as e:
-                self._fail(s, RequestError(f"sampling failed: {e}", 500, "server_error"))
+                self._fail(s, EngineError(ErrorKind.INTERNAL, f"sampling failed: {e}"))
 
-    # -- per slot ---------------------------------------------------------------------------------
     def _emit(self, s: Slot, step: Step) -> None:
         """One sampled token of the slot: stream it, finish on a stop rule."""
         task, gen = s.task, s.gen
@@ -171,27 +205,6 @@ class Scheduler(SlotEnds, EngineThread):
             self._finish(s)
 
     # -- starting a task ----------------------------------------------------------------------------
-    def _busy(self) -> bool:
-        return any(s.busy for s in self.slots)
-
-    def _fail_all(self, e: Exception) -> None:
-        for s in self.slots:
-            self._fail(s, RequestError(f"internal error: {e}", 500, "server_error"))
-
-    def _drain(self) -> None:
-        """Shutdown: a generating slot ends as if it reached n_predict (stop_type "limit", so
-        finish_reason "length", with the text so far); a task still reading its prompt or
-        waiting for a slot has nothing to return and gets 503."""
-        self._reap_cancelled()
-        while self.queue:
-            t = self.queue.popleft()
-            t.emit(Failed(t, shutdown_error()))
-        for s in self.slots:
-            if s.state is SlotState.GENERATING:
-                self._finish(s, "limit", "shutdown")
-            else:
-                self._fail(s, shutdown_error())
-
     def _launch_queued(self) -> None:
         waiting: deque[Task] = deque()
         while self.queue:
@@ -206,7 +219,7 @@ class Scheduler(SlotEnds, EngineThread):
     def _launch(self, s: Slot, task: Task) -> None:
         prompt, p = task.prompt, task.params
         if (err := context_error(len(prompt), s.n_ctx)) is not None:
-            task.emit(Failed(task, err))
+            task.fail(err)
             return
         s.start(task)
         n_keep = (len(prompt) if p.n_keep < 0 else p.n_keep) + int(self.vocab.add_bos)
@@ -233,3 +246,65 @@ class Scheduler(SlotEnds, EngineThread):
         s.gen.accept_prompt(prompt)
         prompt_started(s, self.stats)
         self._notify("launch", s)
+
+    # -- how a task ends: finished, failed, cancelled -------------------------------------------------
+    def _finish(self, s: Slot, stop_type: str = "", reason: str = "") -> None:
+        """The task's Final event; `stop_type` / `reason` override the generation's own (shutdown)."""
+        task, gen = s.task, s.gen
+        assert task is not None and gen is not None
+        tail = gen.finish()
+        content = tail if task.params.stream else gen.text
+        task.emit(
+            Final(
+                task,
+                s.id,
+                content,
+                list(gen.tokens),
+                gen.n_decoded,
+                len(task.prompt),
+                len(s.cache),
+                stop_type or s.stop_type,
+                gen.stopping_word,
+                gen.truncated,
+                gen.has_new_line,
+                s.timings(),
+                gen.probs,
+            )
+        )
+        self.stats.generation_done(gen.n_decoded, (s.t_last - s.t_prompt_done) * 1e3)
+        self._release(s, reason or s.stop_type)
+
+    def _fail(self, s: Slot, err: EngineError) -> None:
+        """Error the slot's task, free its cells (llama-server clears a failed slot's KV)."""
+        if s.task is None or not s.busy:
+            return
+        s.task.fail(err)
+        s.forget(self.ctx.memory)
+        self._release(s, "error")
+
+    def _reap_cancelled(self) -> None:
+        for s in self.slots:
+            if s.busy and s.task is not None and s.task.cancelled:
+                self.stats.n_cancelled += 1
+                s.forget(self.ctx.memory)
+                self._release(s, "cancelled")
+        if any(t.cancelled for t in self.queue):
+            self.stats.n_cancelled += sum(t.cancelled for t in self.queue)
+            self.queue = deque(t for t in self.queue if not t.cancelled)
+
+    def _release(self, s: Slot, reason: str) -> None:
+        task = s.task
+        self.releases.append(
+            ReleaseRecord(s.id, task.id if task else -1, reason, self.iteration, task.cancel_iteration if task else -1)
+        )
+        s.last_task, s.task = task, None
+        s.state = SlotState.IDLE
+        s.t_last_used = time.perf_counter()
+        self._notify("release", s)
+
+    def _notify(self, kind: str, s: Slot) -> None:
+        if self.listener is not None:
+            try:
+                self.listener(kind, s)
+            except Exception:  # a logging hook must not break the engine
+                pass

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ubatch.engine.generation.generation import Generation
+from ubatch.engine.kv.memory import KVMemory
 from ubatch.engine.serve.task import Task, Timings
 from ubatch.engine.spec.speculative import Draft, SpecStats
 
@@ -80,6 +81,11 @@ class Slot:
             self.spec.n_drafted,
             self.spec.n_accepted,
         )
+
+    def forget(self, memory: KVMemory) -> None:
+        """Free the slot's cells and forget the tokens they held (its cached prompt)."""
+        memory.seq_rm(self.id)
+        self.cache.clear()
 
     def start(self, task: Task) -> None:
         """Take `task`: the prompt is to be processed; counters of the last task are reset."""

@@ -23,20 +23,20 @@ class SlotRows(NamedTuple):
 
 def assemble(slots: Sequence[Slot], budget: int, cont_batching: bool = True) -> tuple[Batch, list[SlotRows]]:
     """The batch for this iteration and each slot's share; `budget` caps the prompt rows.
-    A generating slot contributes its sampled token and then its draft (engine/slot_spec.py)."""
+    A generating slot contributes its sampled token and then its draft (engine/serve/slot_spec.py)."""
     b, parts = Batch(), []
     for s in slots:
-        if s.state is SlotState.GENERATING:
+        if s.state is SlotState.GENERATING and s.gen is not None:
             parts.append(SlotRows(s, 1 + len(s.draft.tokens), b.n_tokens))
-            b.add(s.gen.sampled, len(s.cache), s.id, True, "g")  # type: ignore[union-attr]
+            b.add(s.gen.sampled, len(s.cache), s.id, True, "g")
             for i, t in enumerate(s.draft.tokens):  # speculative: each drafted token, an output each
                 b.add(t, len(s.cache) + 1 + i, s.id, True, "d")
     if not cont_batching and b.n_tokens:
         return b, parts
     for s in slots:
-        if s.state is not SlotState.PROCESSING_PROMPT or b.n_tokens >= budget:
+        if s.state is not SlotState.PROCESSING_PROMPT or s.task is None or b.n_tokens >= budget:
             continue
-        prompt = s.task.prompt  # type: ignore[union-attr]
+        prompt = s.task.prompt
         n = min(len(prompt) - s.i_prompt, budget - b.n_tokens)
         last = s.i_prompt + n == len(prompt)
         pos0 = len(s.cache)

@@ -1,7 +1,7 @@
 """Speculative decoding in the server's iterations: a draft per generating slot before the batch is
 assembled, and its verification after the decode.
 
-Every generating slot drafts (engine/speculative.py) within what its context and n_predict allow,
+Every generating slot drafts (engine/spec/speculative.py) within what its context and n_predict allow,
 and the drafts of all slots together stay within n_batch rows next to the slots' own rows, so the
 verification of every slot rides in the same decode call as everything else of that iteration.
 """

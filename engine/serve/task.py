@@ -1,34 +1,47 @@
-"""What a server request becomes inside the engine: its task parameters, the events a running
-task emits, and the errors it can end with.
+"""What a server request becomes inside the engine: the tasks the engine loop takes, a
+completion's parameters, and the events a running task emits.
 
-The scheduler and the HTTP layer share these types, so they live in the engine; reading HTTP
-bodies into them is the HTTP layer's job (cli/server_params.py). Nothing here knows about HTTP:
-a `RequestError` carries the status code and llama.cpp's error type, and the HTTP layer turns
-it into `{"error": {"code", "message", "type"}}`.
+The scheduler and the HTTP layer share these types, so they live in the engine; reading request
+bodies into them and writing them as llama-server's JSON is the HTTP layer's (cli/server/). A
+task that fails gets a `Failed` event carrying an `EngineError`, whose kind the HTTP layer turns
+into a status code; nothing here knows about HTTP.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
+from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.generation.generation import TokenProb
 from ubatch.engine.grammar import Grammar
+from ubatch.engine.kv.memory import DecodeError
 from ubatch.engine.sampling.chain import SamplerParams
-from ubatch.engine.units import tokens_per_second
 
 INT32_MAX = 2**31 - 1
 
+Sink = Callable[[object], None]  # where a task's events go; called on the engine thread
 
-class RequestError(Exception):
-    """A request llama-server would answer with an error JSON (4xx unless said otherwise)."""
 
-    def __init__(self, message: str, code: int = 400, type: str = "invalid_request_error", **extra: Any) -> None:
-        super().__init__(message)
-        self.message, self.code, self.type, self.extra = message, code, type, extra
+class Job(Protocol):
+    """What the engine loop's door takes: a task with an id, the sink of its events, and the
+    flag the HTTP side sets when the client went away (events then go nowhere). The task types
+    (completions here, embeddings and slot files beside their runners) are dataclasses that
+    declare these fields and inherit `emit` and `fail`."""
+
+    id: int
+    sink: Sink
+    cancelled: bool
+    cancel_iteration: int  # the scheduler's iteration when it was cancelled (-1: it was not)
+
+    def emit(self, event: object) -> None:
+        if not self.cancelled:
+            self.sink(event)
+
+    def fail(self, error: EngineError) -> None:
+        self.emit(Failed(self, error))
 
 
 @dataclass(slots=True)
@@ -57,71 +70,19 @@ class TaskParams:
     verbose: bool = False  # __verbose (the native body) in OpenAI responses
     grammar: Grammar | None = None  # compiled by the HTTP layer (grammar, json_schema, response_format)
 
-    def to_json(self) -> dict[str, Any]:
-        """`generation_settings` / `/slots` params with llama.cpp's key names."""
-        s = self.sampling
-        return {
-            "seed": s.seed,
-            "temperature": s.temp,
-            "dynatemp_range": s.dynatemp_range,
-            "dynatemp_exponent": s.dynatemp_exponent,
-            "top_k": s.top_k,
-            "top_p": s.top_p,
-            "min_p": s.min_p,
-            "top_n_sigma": s.top_n_sigma,
-            "xtc_probability": s.xtc_probability,
-            "xtc_threshold": s.xtc_threshold,
-            "typical_p": s.typ_p,
-            "repeat_last_n": s.repeat_last_n,
-            "repeat_penalty": s.repeat_penalty,
-            "presence_penalty": s.presence_penalty,
-            "frequency_penalty": s.frequency_penalty,
-            "dry_multiplier": s.dry_multiplier,
-            "dry_base": s.dry_base,
-            "dry_allowed_length": s.dry_allowed_length,
-            "dry_penalty_last_n": s.dry_penalty_last_n,
-            "dry_sequence_breakers": list(s.dry_sequence_breakers),
-            "mirostat": s.mirostat,
-            "mirostat_tau": s.mirostat_tau,
-            "mirostat_eta": s.mirostat_eta,
-            "stop": list(self.stop),
-            "max_tokens": self.n_predict,
-            "n_predict": self.n_predict,
-            "n_keep": self.n_keep,
-            "n_discard": self.n_discard,
-            "ignore_eos": self.ignore_eos,
-            "stream": self.stream,
-            "logit_bias": [
-                {"bias": b if math.isfinite(b) else None, "token": t}  # -inf: JSON null
-                for t, b in self.logit_bias
-            ],
-            "n_probs": self.n_probs,
-            "min_keep": s.min_keep,
-            "grammar": self.grammar.text if self.grammar is not None else "",
-            "cache_prompt": self.cache_prompt,
-            "n_cache_reuse": self.n_cache_reuse,
-            "samplers": list(s.samplers),
-            "timings_per_token": self.timings_per_token,
-            "post_sampling_probs": self.post_sampling_probs,
-        }
 
-
-@dataclass(slots=True)
-class Task:
-    """A queued or running completion. `sink` receives its events from the engine thread."""
+@dataclass(slots=True, eq=False)
+class Task(Job):
+    """A queued or running completion."""
 
     id: int
     prompt: list[int]
     params: TaskParams
-    sink: Callable[[Any], None]
+    sink: Sink
     index: int = 0  # choice index when one request fans out into several tasks
     prompt_text: str = ""
     cancelled: bool = False
-    cancel_iteration: int = -1  # scheduler iteration at which cancel() was called
-
-    def emit(self, event: Any) -> None:
-        if not self.cancelled:
-            self.sink(event)
+    cancel_iteration: int = -1
 
 
 @dataclass(slots=True)
@@ -133,24 +94,6 @@ class Timings:
     predicted_ms: float = 0.0
     draft_n: int = 0  # speculative decoding: tokens drafted, and accepted by the target
     draft_n_accepted: int = 0
-
-    def to_json(self) -> dict[str, float | int]:
-        """llama.cpp's `timings`; the first generated token is excluded from the rate."""
-        pn, pms, gn, gms = self.prompt_n, self.prompt_ms, self.predicted_n - 1, self.predicted_ms
-        out: dict[str, float | int] = {
-            "cache_n": self.cache_n,
-            "prompt_n": pn,
-            "prompt_ms": pms,
-            "prompt_per_token_ms": pms / pn if pn else 0.0,
-            "prompt_per_second": tokens_per_second(pn, pms),
-            "predicted_n": self.predicted_n,
-            "predicted_ms": gms,
-            "predicted_per_token_ms": gms / gn if gn > 0 else 0.0,
-            "predicted_per_second": tokens_per_second(max(gn, 0), gms),
-        }
-        if self.draft_n > 0:  # llama-server adds these only when something was drafted
-            out["draft_n"], out["draft_n_accepted"] = self.draft_n, self.draft_n_accepted
-        return out
 
 
 @dataclass(slots=True)
@@ -186,8 +129,8 @@ class Final:
 
 @dataclass(slots=True)
 class Failed:
-    task: Task
-    error: RequestError
+    task: Job
+    error: EngineError
 
 
 class IdCounter:
@@ -202,16 +145,25 @@ class IdCounter:
             return self._n - 1
 
 
-def context_error(n_prompt: int, n_ctx: int, at_least: bool = False) -> RequestError | None:
+def context_error(n_prompt: int, n_ctx: int, at_least: bool = False) -> EngineError | None:
     """llama-server's exceed_context_size_error when a prompt leaves no room to generate;
     `at_least`: n_prompt is a lower bound (the prompt was refused before it was tokenized)."""
     if n_prompt < n_ctx:
         return None
-    return RequestError(
+    return EngineError(
+        ErrorKind.EXCEEDS_CONTEXT,
         f"request ({'at least ' if at_least else ''}{n_prompt} tokens) exceeds the available context size"
         f" ({n_ctx} tokens), try increasing it",
-        400,
-        "exceed_context_size_error",
         n_prompt_tokens=n_prompt,
         n_ctx=n_ctx,
     )
+
+
+def decode_failure(e: Exception) -> EngineError:
+    """What the tasks of a decode call that raised are told (llama-server's messages): no room
+    left in the KV cache, a batch the context refused, or a failure while computing."""
+    if isinstance(e, DecodeError):
+        return EngineError(
+            ErrorKind.INTERNAL, "Context size has been exceeded." if e.code == 1 else f"Invalid input batch. ({e})"
+        )
+    return EngineError(ErrorKind.INTERNAL, f"Compute error. ({e})")

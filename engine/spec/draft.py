@@ -1,4 +1,5 @@
-"""The drafters: prompt lookup over the sequence's own tokens, and a small draft model.
+"""The drafters: prompt lookup over the sequence's own tokens, and a small draft model; and
+`create_speculator`, which builds a context's `Speculator` from them.
 
 `NgramSimple` needs no second model: the last `size_n` tokens (the sampled one included) are
 looked up earlier in the sequence, and what followed them there is the draft. `DraftModel`
@@ -10,17 +11,14 @@ rejected draft or a context shift costs only the cells that differ.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ubatch.engine.batch import Batch, common_prefix
-from ubatch.engine.spec.speculative import Draft, SpecError, SpecParams
-
-if TYPE_CHECKING:
-    from ubatch.engine.context.context import Context
-    from ubatch.engine.model.model import Model
+from ubatch.engine.context.context import Context
+from ubatch.engine.model.model import Model
+from ubatch.engine.spec.speculative import Draft, Drafter, SpecError, SpecParams, Speculator
 
 DRAFT_TOP_K = 10  # llama.cpp's draft sampler keeps the 10 best candidates
 
@@ -92,8 +90,6 @@ class DraftModel:
     def _sync(self, seq_id: int, want: list[int]) -> None:
         """Make the draft's cells of seq_id hold `want`, decoding only what differs; the last
         token is always decoded so its logits are there to draft from."""
-        from ubatch.engine.completion.complete import prefill
-
         have = self.cached.get(seq_id, [])
         n = min(common_prefix(have, want), len(want) - 1)
         mem = self.ctx.memory
@@ -101,7 +97,7 @@ class DraftModel:
             n = 0  # a sliding-window cache cannot step back further than a draft: start over
         mem.seq_rm(seq_id, n if n > 0 else -1, -1)
         self.cached[seq_id] = want[:n]
-        prefill(self.ctx, want[n:], n, seq_id)
+        self.ctx.prefill(want[n:], n, seq_id)
         self.n_decode += -(-(len(want) - n) // self.ctx.cparams.n_batch)
         self.cached[seq_id] = list(want)
 
@@ -132,3 +128,19 @@ class DraftModel:
     def forget(self, seq_id: int) -> None:
         self.ctx.memory.seq_rm(seq_id)
         self.cached.pop(seq_id, None)
+
+
+def create_speculator(params: SpecParams, target: Context, draft_ctx: Context | None = None) -> Speculator:
+    """The drafters `params` asks for, in llama.cpp's order; `draft_ctx` (the draft model's own
+    context) is needed by draft-simple and must share the target's vocabulary (`check_vocab`)."""
+    params.check()
+    drafters: list[Drafter] = []
+    for t in params.ordered():
+        if t == "ngram-simple":
+            drafters.append(NgramSimple(params.ngram_size_n, params.ngram_size_m))
+        elif t == "draft-simple":
+            if draft_ctx is None:
+                raise SpecError("--spec-type draft-simple needs a draft model: give it with -md FILE")
+            check_vocab(target.model, draft_ctx.model)
+            drafters.append(DraftModel(draft_ctx, params))
+    return Speculator(params, drafters)

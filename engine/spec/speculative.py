@@ -2,22 +2,20 @@
 
 A drafter guesses the next few tokens cheaply: `ngram-simple` looks the last tokens up in the
 sequence's own history (prompt lookup, no second model); `draft-simple` runs a small draft model
-with its own context and KV cache. The generation path (engine/generate.py for one sequence,
-engine/scheduler.py for the server's slots) adds the sampled token and the drafted ones to the
-same batch, one row each with an output, and engine/spec_verify.py accepts the longest prefix the
-target agrees with. Drafters are tried in llama.cpp's order, n-gram ones before the draft model;
-the first that proposes something wins.
+with its own context and KV cache (both in engine/spec/draft.py, which builds a `Speculator`).
+The generation step (engine/completion/complete.py for one sequence, engine/serve/slot_spec.py
+for the server's slots) adds the sampled token and the drafted ones to the same batch, one row
+each with an output, and engine/spec/verify.py accepts the longest prefix the target agrees
+with. Drafters are tried in llama.cpp's order, n-gram ones before the draft model; the first
+that proposes something wins.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ubatch.engine.errors import UbatchError
-
-if TYPE_CHECKING:
-    from ubatch.engine.context.context import Context
 
 # llama.cpp's --spec-type names (common_speculative_all_types_str), and those ubatch builds
 SPEC_TYPES_LLAMA = (
@@ -128,9 +126,12 @@ class SpecStats:
         self.n_verify_ubatches += other.n_verify_ubatches
         self.t_verify_ms += other.t_verify_ms
         n = max(len(self.drafted_per_pos), len(other.drafted_per_pos))
-        for name in ("drafted_per_pos", "accepted_per_pos"):
-            a, b = getattr(self, name), getattr(other, name)
-            setattr(self, name, [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)])
+
+        def add(a: list[int], b: list[int]) -> list[int]:
+            return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+        self.drafted_per_pos = add(self.drafted_per_pos, other.drafted_per_pos)
+        self.accepted_per_pos = add(self.accepted_per_pos, other.accepted_per_pos)
 
     @property
     def acceptance(self) -> float:
@@ -179,24 +180,6 @@ class Speculator:
     def __init__(self, params: SpecParams, drafters: list[Drafter]) -> None:
         self.params, self.drafters = params, drafters
         self.stats = SpecStats()
-
-    @classmethod
-    def create(cls, params: SpecParams, target: Context, draft_ctx: Context | None = None) -> Speculator:
-        """Drafters for `params`; `draft_ctx` (the draft model's own context) is needed by
-        draft-simple and must share the target's vocabulary (engine/spec_draft.py checks it)."""
-        from ubatch.engine.spec.draft import DraftModel, NgramSimple, check_vocab
-
-        params.check()
-        drafters: list[Drafter] = []
-        for t in params.ordered():
-            if t == "ngram-simple":
-                drafters.append(NgramSimple(params.ngram_size_n, params.ngram_size_m))
-            elif t == "draft-simple":
-                if draft_ctx is None:
-                    raise SpecError("--spec-type draft-simple needs a draft model: give it with -md FILE")
-                check_vocab(target.model, draft_ctx.model)
-                drafters.append(DraftModel(draft_ctx, params))
-        return cls(params, drafters)
 
     @property
     def n_max(self) -> int:

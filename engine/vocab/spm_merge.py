@@ -16,15 +16,18 @@ import numpy as np
 from ubatch.engine.vocab.tables import SPM_SPACE
 
 
-def spm_merge(text: str, ids: dict[str, int], scores: np.ndarray, byte_token: Callable[[int], int]) -> list[int]:
-    """The token ids of one raw fragment (no special tokens in it)."""
+def spm_merge(
+    text: str, token_id: Callable[[str], int | None], scores: np.ndarray, byte_token: Callable[[int], int]
+) -> list[int]:
+    """The token ids of one raw fragment (no special tokens in it); `token_id` is the vocabulary's
+    text -> id lookup (None: not a token)."""
     sym = list(text.replace(" ", SPM_SPACE))  # symbols start as single characters
     end = len(sym)
     nxt, prv = list(range(1, end + 1)), list(range(-1, end - 1))
     heap: list[tuple[float, int, int, int]] = []
 
     def push(left: int, right: int) -> None:
-        if left >= 0 and right < end and (tok := ids.get(sym[left] + sym[right])) is not None:
+        if left >= 0 and right < end and (tok := token_id(sym[left] + sym[right])) is not None:
             size = len(sym[left]) + len(sym[right])
             heapq.heappush(heap, (-float(scores[tok]), left, right, size))  # best score, leftmost
 
@@ -42,7 +45,7 @@ def spm_merge(text: str, ids: dict[str, int], scores: np.ndarray, byte_token: Ca
         push(left, nxt[left])
     out, i = [], 0
     while i < end:
-        tok = ids.get(sym[i])
+        tok = token_id(sym[i])
         out.extend([tok] if tok is not None else [byte_token(b) for b in sym[i].encode()])
         i = nxt[i]
     return out

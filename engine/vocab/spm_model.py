@@ -7,7 +7,7 @@ directly: building them as message objects costs ~30 MB of heap that is never gi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from ubatch.engine.gguf.string_array import StringArray
 from ubatch.engine.vocab.tables import BYTE as _BYTE
 from ubatch.engine.vocab.tables import NORMAL as _NORMAL
 from ubatch.engine.vocab.tables import UNKNOWN as _UNKNOWN
+
+if TYPE_CHECKING:
+    from sentencepiece import SentencePieceProcessor
 
 _SMALL = [bytes((i,)) for i in range(0x80)]
 
@@ -38,21 +41,24 @@ def _pieces(texts: StringArray, scores: np.ndarray, kinds: np.ndarray) -> bytes:
     lens = texts.lengths()
     score_bytes = np.asarray(scores, "<f4").view(np.uint8).reshape(-1, 4)
     if len(lens) and (lens.max() > 116 or kinds.max() > 0x7F):
-        out = bytearray()
+        entries = bytearray()
         for i, (a, b) in enumerate(texts.spans()):
             t = texts.blob[a:b]
             body = b"\x0a" + _varint(len(t)) + t + b"\x15" + score_bytes[i].tobytes() + b"\x18" + _varint(int(kinds[i]))
-            out += b"\x0a" + _varint(len(body)) + body
-        return bytes(out)
+            entries += b"\x0a" + _varint(len(body)) + body
+        return bytes(entries)
     start = np.zeros(len(lens) + 1, np.int64)
     np.cumsum(lens + 11, out=start[1:])
     out = np.empty(int(start[-1]), np.uint8)
     head, tail = start[:-1], start[:-1] + 4 + lens
     text_at = np.ones(len(out), bool)
-    for k, v in enumerate((0x0A, lens + 9, 0x0A, lens)):
+    # the bytes around each text: entry tag and length, text tag and length; score, kind
+    before: tuple[int | np.ndarray, ...] = (0x0A, lens + 9, 0x0A, lens)
+    after: tuple[int | np.ndarray, ...] = (0x15, *score_bytes.T, 0x18, kinds)
+    for k, v in enumerate(before):
         out[head + k] = v
         text_at[head + k] = False
-    for k, v in enumerate((0x15, *score_bytes.T, 0x18, kinds)):
+    for k, v in enumerate(after):
         out[tail + k] = v
         text_at[tail + k] = False
     out[text_at] = np.frombuffer(texts.blob, np.uint8)
@@ -64,8 +70,8 @@ def bpe_model_proto(texts: StringArray, scores: np.ndarray, kinds: np.ndarray, u
     specs (BPE, byte fallback, identity normalization, no dummy prefix)."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
-    m = pb.ModelProto()
-    m.trainer_spec.model_type = pb.TrainerSpec.BPE
+    m = pb.ModelProto()  # type: ignore[attr-defined]  # protobuf makes its message classes at import time
+    m.trainer_spec.model_type = m.trainer_spec.BPE  # TrainerSpec.ModelType.BPE
     m.trainer_spec.byte_fallback = True
     m.trainer_spec.vocab_size = len(texts)
     m.trainer_spec.unk_id = unk
@@ -76,7 +82,9 @@ def bpe_model_proto(texts: StringArray, scores: np.ndarray, kinds: np.ndarray, u
     return _pieces(texts, scores, kinds) + m.SerializeToString()
 
 
-def sentencepiece_for(texts: StringArray, scores: np.ndarray, unk: int, byte_ids: list[int]) -> Any | None:
+def sentencepiece_for(
+    texts: StringArray, scores: np.ndarray, unk: int, byte_ids: list[int]
+) -> SentencePieceProcessor | None:
     """A processor whose merge loop is llama.cpp's: every piece NORMAL but the unknown and byte
     pieces; None if sentencepiece refuses the vocabulary."""
     import sentencepiece as spm

@@ -35,7 +35,7 @@ class TokenIndex:
         slots[at] = order
         self.duplicate = _first_duplicate(texts, hashes)
         self._texts, self._mask, self.slots = texts, size - 1, slots
-        self._slot = memoryview(slots).cast("B").cast("i")
+        self._slot = slots.data.cast("B").cast("i")
 
     def get(self, text: str, default: int | None = None) -> int | None:
         b = text.encode("utf-8", "surrogatepass")

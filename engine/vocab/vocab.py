@@ -3,7 +3,7 @@
 tokenize = special-token partitioning ("global longest first", done here) + llama.cpp's
 score-driven merge loop on each raw fragment. Texts of SP_MIN_CHARS or more run the loop in
 `sentencepiece`, from a BPE ModelProto built out of the GGUF vocabulary the first time one comes
-(reference/gguf-models.md §4.6): it is ~10x faster than the pure-Python loop (engine/spm_merge.py),
+(reference/gguf-models.md §4.6): it is ~10x faster than the pure-Python loop (engine/vocab/spm_merge.py),
 but its 262,144 pieces cost ~40 MiB that a short prompt does not need. Shorter texts, and
 vocabularies sentencepiece cannot express (no byte tokens, no unknown token), take the Python loop.
 The texts live in one StringArray with a TokenIndex over it: no Python object per token.
@@ -12,10 +12,12 @@ Detokenisation follows §4.4.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import enum
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.gguf.metadata import bad_value, is_int, meta_bool
@@ -40,12 +42,21 @@ from ubatch.engine.vocab.tables import (
 )
 from ubatch.engine.vocab.token_index import TokenIndex
 
+if TYPE_CHECKING:
+    from sentencepiece import SentencePieceProcessor
+
 SP_MIN_CHARS = 256  # a call whose raw fragments hold this many characters takes sentencepiece
-_UNBUILT: Any = object()
 _SPACE_BYTES = SPM_SPACE.encode()
 
 
-def _numbers(metadata: dict[str, Any], key: str, n: int, dtype: type, source: str) -> np.ndarray | None:
+class _Unbuilt(enum.Enum):
+    UNBUILT = "unbuilt"
+
+
+_UNBUILT = _Unbuilt.UNBUILT  # the sentencepiece processor before its first use
+
+
+def _numbers(metadata: Mapping[str, object], key: str, n: int, dtype: type, source: str) -> np.ndarray | None:
     """A per-token numeric array (scores, types): absent or empty is None, else exactly n numbers."""
     v = metadata.get(key)
     if v is None or (isinstance(v, (list, np.ndarray)) and len(v) == 0):
@@ -74,7 +85,7 @@ class Vocab:
     @classmethod
     def from_metadata(
         cls,
-        metadata: dict[str, Any],
+        metadata: Mapping[str, object],
         source: str = "",
         *,
         use_sentencepiece: bool = True,
@@ -107,9 +118,9 @@ class Vocab:
     def __init__(
         self,
         tokens: StringArray,
-        scores: np.ndarray,
-        types: np.ndarray,
-        metadata: dict[str, Any],
+        scores: npt.NDArray[np.float32],
+        types: npt.NDArray[np.int64],
+        metadata: Mapping[str, object],
         source: str,
         sp_min_chars: int | None,
     ) -> None:
@@ -125,7 +136,7 @@ class Vocab:
         lut[list(TYPE_ATTR)] = list(TYPE_ATTR.values())
         known = (types >= 0) & (types < len(lut))
         attr = self._attr = np.where(known, lut[np.where(known, types, 0)], 0).astype(np.uint8)
-        self._attr_of = memoryview(attr)  # fast scalar reads (detokenisation)
+        self._attr_of = attr.data  # fast scalar reads (detokenisation)
 
         def key(name: str, default: int | None) -> int | None:
             v = metadata.get(f"tokenizer.ggml.{name}")  # out-of-range ids ignored, as llama.cpp
@@ -156,48 +167,49 @@ class Vocab:
         for i in np.flatnonzero(attr & A_CONTROL).tolist():  # control tokens named "unused" are also UNUSED
             if "unused" in tokens[i]:
                 attr[i] |= A_UNUSED
-        eog = {found[k] for k in ("fim_pad", "fim_rep", "fim_sep")} - {None}
+        eog = {t for k in ("fim_pad", "fim_rep", "fim_sep") if (t := found[k]) is not None}
         eog |= {force_control(self._id[t]) for t in EOG_TEXTS if t in self._id}
         eog |= {t for t in (eos, self.eot, found["eom"]) if t is not None}
-        texts = {tokens[i] for i in eog}  # (llama.cpp's BPE-only <|end|> rule is left out)
-        if "<|tool_response>" in texts and "</s>" in texts:  # gemma4/paddleocr: </s> is no EOG
+        eog_texts = {tokens[i] for i in eog}  # (llama.cpp's BPE-only <|end|> rule is left out)
+        if "<|tool_response>" in eog_texts and "</s>" in eog_texts:  # gemma4/paddleocr: </s> is no EOG
             eog.discard(self._id["</s>"])
             attr[self._id["</s>"]] = A_NORMAL
-        self.eog = frozenset(eog)  # type: ignore[arg-type]
+        self.eog = frozenset(eog)
         self.nl = self._id.get("<0x0A>", self._id.get("\n", self.pad))
 
         # Special-token list: longest (in bytes) first; ties by id (llama.cpp leaves them open).
         special = np.flatnonzero(attr & (HIDDEN_ATTRS | A_USER_DEFINED))
         special = special[np.argsort(-tokens.lengths()[special], kind="stable")].tolist()
-        texts = {i: tokens[i] for i in special}  # one str per special, shared by both groupings
+        special_texts = {i: tokens[i] for i in special}  # one str per special, shared by both groupings
         self._specials = {
-            True: group_specials(special, texts),
-            False: group_specials([i for i in special if not attr[i] & HIDDEN_ATTRS], texts),
+            True: group_specials(special, special_texts),
+            False: group_specials([i for i in special if not attr[i] & HIDDEN_ATTRS], special_texts),
         }
         self._suspects: list[str] = []
         self.sp_min_chars = sp_min_chars  # None: never sentencepiece
-        self._processor: Any = _UNBUILT
+        self._processor: SentencePieceProcessor | None | _Unbuilt = _UNBUILT
 
     # ---- tokenisation ------------------------------------------------------------------------
 
     @property
-    def _sp(self) -> Any | None:
+    def _sp(self) -> SentencePieceProcessor | None:
         """The sentencepiece processor, built on first use (~40 MiB for 262,144 pieces)."""
-        if self._processor is _UNBUILT:
-            self._processor = None if self.sp_min_chars is None else self._build_sentencepiece()
-        return self._processor
+        sp = self._processor
+        if isinstance(sp, _Unbuilt):
+            sp = self._processor = None if self.sp_min_chars is None else self._build_sentencepiece()
+        return sp
 
-    def _build_sentencepiece(self) -> Any | None:
+    def _build_sentencepiece(self) -> SentencePieceProcessor | None:
         """A BPE ModelProto whose merge loop is llama.cpp's; None if the vocab cannot be one."""
-        byte_ids = [self._id.get(t) for t in BYTE_TEXTS]
-        if None in byte_ids or self._text[self.unk] in BYTE_TEXTS:
+        byte_ids = [i for t in BYTE_TEXTS if (i := self._id.get(t)) is not None]
+        if len(byte_ids) < len(BYTE_TEXTS) or self._text[self.unk] in BYTE_TEXTS:
             return None
         # All other pieces are NORMAL so merges reach control/user-defined tokens as in llama.cpp
         # (we split special texts out ourselves). SentencePiece never merges into byte/unknown
         # pieces, llama.cpp could: fragments holding such a buildable text take the Python loop.
         reserved = {self.unk, *byte_ids}
         self._suspects = [self._text[i] for i in reserved if self._buildable(self._text[i])]
-        return sentencepiece_for(self._text, self._scores, self.unk, byte_ids)  # type: ignore[arg-type]
+        return sentencepiece_for(self._text, self._scores, self.unk, byte_ids)
 
     def _buildable(self, text: str) -> bool:
         """Could the merge loop build `text`? Its last merge joins two tokens or single chars."""
@@ -230,7 +242,7 @@ class Vocab:
 
     def _merge(self, text: str) -> list[int]:
         """llama.cpp's SPM merge loop on one raw fragment, in pure Python (the fallback)."""
-        return spm_merge(text, self._id, self._scores, self._byte)
+        return spm_merge(text, self._id.get, self._scores, self._byte)
 
     def _byte(self, b: int) -> int:
         tok = self._id.get(BYTE_TEXTS[b], self._id.get(chr(b)) if b < 0x80 else None)

@@ -1,22 +1,24 @@
-"""Binding graph nodes to C calls once: a decode step then costs one ctypes call per node.
+"""The loaded C kernels and the binding of graph nodes to them: a decode step then costs one
+ctypes call per node, or per run of nodes once fused.
 
 A graph's tensors are views of a workspace at fixed offsets, so every pointer, shape and stride
-an op needs is known when the graph is bound; `bind_node` turns a node into
-a `CCall(op, lib.ub_..., <pointers and sizes>)` (kernels/cpu_program.py, which also fuses runs of
+an op needs is known when the graph is bound; `CpuKernels.bind` turns a node into a
+`CCall(op, lib.ub_..., <pointers and sizes>)` (kernels/cpu/program.py, which also fuses runs of
 them into one call). A node the C kernels do not cover (or whose tensors are not laid out as they
-expect) stays a call of the backend's Python method.
+expect) gets None and stays a call of the backend's Python method.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 from gguf import GGMLQuantizationType as T
+from torch import Tensor
 
+from ubatch.kernels import ops
+from ubatch.kernels.cpu.build import CpuLibrary
 from ubatch.kernels.cpu.program import CCall
-from ubatch.kernels.ops import KVTensor
+from ubatch.kernels.quant.repack import Repacks
+from ubatch.kernels.quant.weight import QWeight
 
 GEMV_MAX_ROWS = 16  # measured: the fused kernel beats dequantise + GEMM up to here
 ATTN_MAX_ROWS = 4  # query rows per group read straight from the cache; more: the chunked GEMMs
@@ -36,178 +38,163 @@ def tile_rows(m: int, n: int) -> int:
     return min(n, max(TILE_MIN_ROWS, m))
 
 
-def _f32(*ts: torch.Tensor) -> bool:
+def _f32(*ts: Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.is_contiguous() for t in ts)
 
 
-def bind_node(
-    ops: Any, op: str, a: list, out: torch.Tensor | None, scratch: list[torch.Tensor]
-) -> Callable[[], Any] | None:
-    """A zero-argument C call computing the node, or None to keep the Python method."""
-    lib, nth = ops._lib, ops.n_threads
-    if op == "linear":
-        x, w = a[0], ops.repacks.layout(a[1])
+class CpuKernels:
+    """The C library of this CPU with what the kernels need to know besides pointers: threads,
+    the weights' repacked layouts, the scratch each product asks for (the plan and the binding
+    both ask here)."""
+
+    def __init__(self, library: CpuLibrary, n_threads: int, no_amx: bool = False) -> None:
+        self.library = library
+        self.lib = library.lib
+        self.n_threads = max(1, n_threads)
+        # the register-blocked GEMM (csrc/gemm.c; 512-bit where the CPU has AVX-512F): measured
+        # above MKL's f32 GEMM on Zen 3 (107-125 against 78-121 GFLOP/s) and on Zen 5 (383-413
+        # against 176-185); the portable build has none
+        self.has_gemm = library.simd != "portable"
+        self.gemm_scratch = int(self.lib.ub_gemm_scratch(self.n_threads))  # floats, per call
+        # AMX tiles for prefill's GEMM where the library has them (build.py); `cpu-noamx` keeps the
+        # f32 FMA kernel for comparison
+        self.amx = library.amx and not no_amx
+        self.repacks = Repacks(library.simd == "avx2")  # Q5_0 as Q8_0 for the AVX2 GEMV
+
+    def amx_scratch(self, m: int) -> int:
+        """Floats of scratch the AMX GEMM needs for m rows (0: an m-row product skips the tiles):
+        x split into tiles, per-thread panels."""
+        return int(self.lib.ub_gemm_amx_scratch(m, self.n_threads)) if self.amx and m >= AMX_MIN_ROWS else 0
+
+    def gemv_scratch(self, m: int, w: QWeight) -> int:
+        """Floats of scratch the fused GEMV needs for m rows (x reordered for the AVX2 decoders)."""
+        return int(self.lib.ub_gemv_scratch(self.repacks.kernel_type(w), m, w.shape[1]))
+
+    def dequant_rows(self, w: QWeight, r0: int, n: int, tile: Tensor) -> None:
+        """Rows [r0, r0 + n) of w dequantised into tile (the portable GEMM's BLAS tiles)."""
+        self.lib.ub_dequant_rows(
+            w.ggml_type, w.raw.data_ptr(), w.row_bytes, r0, n, w.shape[1], tile.data_ptr(), self.n_threads
+        )
+
+    def bind(self, a: ops.NodeArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> ops.Step | None:
+        """A zero-argument C call computing the node, or None to keep the Python method."""
+        lib, nth, o = self.lib, self.n_threads, out.data_ptr()
+        match a:
+            case ops.LinearArgs():
+                return self.linear(a.x, a.w, out, scratch)
+            case ops.GetRowsArgs():
+                return self.get_rows(a.w, a.ids, out)
+            case ops.RmsNormArgs():
+                return self.rms_norm(a.x, a.w, a.eps, out)
+            case ops.RopeArgs():
+                return self.rope(a.x, a.cos, a.sin, a.neox, out)
+            case ops.GluArgs():
+                return self.glu(a.gate, a.up, a.act, out)
+            case ops.AddArgs():
+                if not _f32(a.a, a.b, out) or a.a.shape != a.b.shape:
+                    return None
+                return CCall("add", lib.ub_add, (a.a.data_ptr(), a.b.data_ptr(), a.a.numel(), o, nth))
+            case ops.ScaleArgs():
+                if not _f32(a.x, out):
+                    return None
+                return CCall("scale", lib.ub_scale, (a.x.data_ptr(), a.s, a.x.numel(), o, nth))
+            case ops.RowsArgs():
+                x, idx = a.x, a.idx
+                if not _f32(x, out) or idx.dtype != torch.int64 or not idx.is_contiguous():
+                    return None
+                return CCall("rows", lib.ub_rows, (x.data_ptr(), idx.data_ptr(), idx.numel(), x[0].numel(), o))
+            case ops.KVStoreArgs():
+                return self.kv_store(a.kv, a.cells, a.x)
+            case ops.AttentionArgs():
+                return self.attention(a, out)
+        return None  # softcap: the Python method
+
+    # -- one op each: the C call, or None where the kernels do not cover the types or layout -----
+    def linear(self, x: Tensor, w: QWeight, out: Tensor, scratch: list[Tensor]) -> ops.Step | None:
+        """Decode's fused GEMV (scratch planned, or the call's own), prefill's GEMM."""
+        w = self.repacks.layout(w)
         m, (n, k) = x.shape[0], w.shape
         if m == 0:
             return lambda: None
         if w.ggml_type not in KERNEL_TYPES or x.stride(1) != 1 or x.stride(0) < k or out.stride(1) != 1:
             return None
         if m > GEMV_MAX_ROWS:
-            return _bind_gemm(ops, x, w, out, scratch)
+            return self._gemm(x, w, out, scratch)
         if not out.is_contiguous():
             return None
-        need = ops.gemv_scratch(m, w)
-        buf = scratch[0] if scratch and scratch[0].numel() >= need else torch.empty(need)  # planned, or the call's own
-        call = CCall(
-            "gemv",
-            lib.ub_gemv,
-            (
-                w.ggml_type,
-                w.raw.data_ptr(),
-                w.row_bytes,
-                n,
-                k,
-                x.data_ptr(),
-                m,
-                x.stride(0),
-                out.data_ptr(),
-                out.stride(0),
-                buf.data_ptr() if need else 0,
-                nth,
-            ),
-        )
+        need = self.gemv_scratch(m, w)
+        buf = scratch[0] if scratch and scratch[0].numel() >= need else torch.empty(need)
+        args = (w.ggml_type, w.raw.data_ptr(), w.row_bytes, n, k, x.data_ptr(), m, x.stride(0))
+        tail = (out.data_ptr(), out.stride(0), buf.data_ptr() if need else 0, self.n_threads)
+        call = CCall("gemv", self.lib.ub_gemv, (*args, *tail))
         call.keep = buf
         return call
-    if op == "get_rows":
-        w, ids = ops.repacks.layout(a[0]), a[1]
+
+    def _gemm(self, x: Tensor, w: QWeight, out: Tensor, scratch: list[Tensor]) -> CCall | None:
+        """Prefill's product where this build has it and the scratch is planned: on AMX tiles
+        (csrc/amx.c) from AMX_MIN_ROWS rows where the backend uses them, else the f32 FMA
+        kernel (csrc/gemm.c)."""
+        (n, k), m = w.shape, x.shape[0]
+        if not self.has_gemm or w.ggml_type == T.F32 or not scratch:
+            return None
+        op, fn, need = "gemm", self.lib.ub_gemm, self.gemm_scratch
+        if self.amx_scratch(m):
+            op, fn, need = "gemm_amx", self.lib.ub_gemm_amx, self.amx_scratch(m)
+        if scratch[0].numel() < need:
+            return None
+        args = (w.ggml_type, w.raw.data_ptr(), w.row_bytes, n, k, x.data_ptr(), m, x.stride(0))
+        return CCall(op, fn, (*args, out.data_ptr(), out.stride(0), scratch[0].data_ptr(), self.n_threads))
+
+    def get_rows(self, w: QWeight, ids: Tensor, out: Tensor) -> CCall | None:
+        w = self.repacks.layout(w)
         if w.ggml_type not in KERNEL_TYPES or ids.dtype != torch.int64 or not ids.is_contiguous():
             return None
-        return CCall(
-            "get_rows",
-            lib.ub_get_rows,
-            (w.ggml_type, w.raw.data_ptr(), w.row_bytes, ids.data_ptr(), ids.numel(), w.shape[1], out.data_ptr(), nth),
-        )
-    if op == "rms_norm":
-        x, w, eps = a
+        wa = (w.ggml_type, w.raw.data_ptr(), w.row_bytes)
+        tail = (ids.data_ptr(), ids.numel(), w.shape[1], out.data_ptr(), self.n_threads)
+        return CCall("get_rows", self.lib.ub_get_rows, (*wa, *tail))
+
+    def rms_norm(self, x: Tensor, w: Tensor, eps: float, out: Tensor) -> CCall | None:
         if not _f32(x, w, out):
             return None
         n = x.shape[-1]
-        return CCall(
-            "rms_norm", lib.ub_rms_norm, (x.data_ptr(), n, w.data_ptr(), x.numel() // n, n, eps, out.data_ptr(), n, nth)
-        )
-    if op == "rope":
-        x, cos, sin, neox = a
+        args = (x.data_ptr(), n, w.data_ptr(), x.numel() // n, n, eps, out.data_ptr(), n, self.n_threads)
+        return CCall("rms_norm", self.lib.ub_rms_norm, args)
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor, neox: bool, out: Tensor) -> CCall | None:
         if not _f32(x, cos, sin, out):
             return None
         n, h, d = x.shape
-        return CCall(
-            "rope",
-            lib.ub_rope,
-            (x.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, h, d, cos.shape[1], int(neox), out.data_ptr(), nth),
-        )
-    if op == "glu":
-        gate, up, act = a
+        args = (x.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, h, d, cos.shape[1], int(neox))
+        return CCall("rope", self.lib.ub_rope, (*args, out.data_ptr(), self.n_threads))
+
+    def glu(self, gate: Tensor, up: Tensor, act: str, out: Tensor) -> CCall | None:
         if act not in ("gelu_tanh", "silu") or not _f32(gate, up, out):
             return None
-        return CCall(
-            "glu",
-            lib.ub_glu,
-            (gate.data_ptr(), up.data_ptr(), gate.numel(), int(act == "gelu_tanh"), out.data_ptr(), nth),
-        )
-    if op == "add":
-        x, y = a
-        if not _f32(x, y, out) or x.shape != y.shape:
+        args = (gate.data_ptr(), up.data_ptr(), gate.numel(), int(act == "gelu_tanh"), out.data_ptr())
+        return CCall("glu", self.lib.ub_glu, (*args, self.n_threads))
+
+    def kv_store(self, kv: ops.KVTensor, cells: Tensor, x: Tensor) -> CCall | None:
+        if kv.ggml_type not in (T.F32, T.F16) or not _f32(x) or not kv.data.is_contiguous():
             return None
-        return CCall("add", lib.ub_add, (x.data_ptr(), y.data_ptr(), x.numel(), out.data_ptr(), nth))
-    if op == "scale":
-        x, s = a
-        if not _f32(x, out):
+        n = x.shape[0]
+        args = (x.data_ptr(), n, x.numel() // max(n, 1), cells.data_ptr(), int(kv.ggml_type == T.F16))
+        return CCall("kv_store", self.lib.ub_kv_store, (*args, kv.data.data_ptr()))
+
+    def attention(self, a: ops.AttentionArgs[Tensor], out: Tensor) -> CCall | None:
+        """Decode-shaped attention (few rows per group) over f16/f32 cells and the mask tensor."""
+        q, k, v, mask = a.q, a.k, a.v, a.mask
+        g, t, h, d = q.shape
+        if (
+            t > ATTN_MAX_ROWS
+            or k.ggml_type not in (T.F32, T.F16)
+            or v.ggml_type not in (T.F32, T.F16)
+            or not _f32(q, out)
+            or mask is None
+            or mask.dtype != torch.float16
+            or not mask.is_contiguous()
+        ):
             return None
-        return CCall("scale", lib.ub_scale, (x.data_ptr(), s, x.numel(), out.data_ptr(), nth))
-    if op == "rows":
-        x, idx = a
-        if not _f32(x, out) or idx.dtype != torch.int64 or not idx.is_contiguous():
-            return None
-        return CCall("rows", lib.ub_rows, (x.data_ptr(), idx.data_ptr(), idx.numel(), x[0].numel(), out.data_ptr()))
-    if op == "kv_store":
-        kv, cells, x = a
-        return _bind_kv_store(lib, kv, cells, x)
-    if op == "attention":
-        q, k, v, starts, n_kv, mask, scale, visible = a[:8]
-        return _bind_attention(lib, nth, q, k, v, starts, n_kv, mask, scale, out)
-    return None
-
-
-def _bind_gemm(ops: Any, x: torch.Tensor, w: Any, out: torch.Tensor, scratch: list[torch.Tensor]) -> CCall | None:
-    """Prefill's product where this build has it and the scratch is planned: on AMX tiles
-    (kernels/csrc/amx.c) from AMX_MIN_ROWS rows where the backend uses them, else the f32 FMA
-    kernel (kernels/csrc/gemm.c)."""
-    lib, nth = ops._lib, ops.n_threads
-    (n, k), m = w.shape, x.shape[0]
-    if not ops.has_gemm or w.ggml_type == T.F32 or not scratch:
-        return None
-    op, fn, need = "gemm", lib.ub_gemm, ops.gemm_scratch
-    if ops.amx_scratch(m):
-        op, fn, need = "gemm_amx", lib.ub_gemm_amx, ops.amx_scratch(m)
-    if scratch[0].numel() < need:
-        return None
-    args = (w.ggml_type, w.raw.data_ptr(), w.row_bytes, n, k, x.data_ptr(), m, x.stride(0))
-    return CCall(op, fn, (*args, out.data_ptr(), out.stride(0), scratch[0].data_ptr(), nth))
-
-
-def _bind_kv_store(lib: Any, kv: KVTensor, cells: torch.Tensor, x: torch.Tensor) -> Callable | None:
-    if kv.ggml_type not in (T.F32, T.F16) or not _f32(x) or not kv.data.is_contiguous():
-        return None
-    n = x.shape[0]
-    return CCall(
-        "kv_store",
-        lib.ub_kv_store,
-        (x.data_ptr(), n, x.numel() // max(n, 1), cells.data_ptr(), int(kv.ggml_type == T.F16), kv.data.data_ptr()),
-    )
-
-
-def _bind_attention(
-    lib: Any,
-    nth: int,
-    q: torch.Tensor,
-    k: KVTensor,
-    v: KVTensor,
-    starts: torch.Tensor,
-    n_kv: int,
-    mask: torch.Tensor,
-    scale: float,
-    out: torch.Tensor,
-) -> Callable | None:
-    g, t, h, d = q.shape
-    if (
-        t > ATTN_MAX_ROWS
-        or k.ggml_type not in (T.F32, T.F16)
-        or v.ggml_type not in (T.F32, T.F16)
-        or not _f32(q, out)
-        or mask.dtype != torch.float16
-        or not mask.is_contiguous()
-    ):
-        return None
-    return CCall(
-        "attention",
-        lib.ub_attn,
-        (
-            q.data_ptr(),
-            g,
-            t,
-            h,
-            d,
-            k.data.data_ptr(),
-            int(k.ggml_type == T.F16),
-            v.data.data_ptr(),
-            int(v.ggml_type == T.F16),
-            k.n_head,
-            v.head_dim,
-            starts.data_ptr(),
-            n_kv,
-            mask.data_ptr(),
-            scale,
-            out.data_ptr(),
-            nth,
-        ),
-    )
+        qa = (q.data_ptr(), g, t, h, d)
+        kva = (k.data.data_ptr(), int(k.ggml_type == T.F16), v.data.data_ptr(), int(v.ggml_type == T.F16))
+        rest = (k.n_head, v.head_dim, a.starts.data_ptr(), a.n_kv, mask.data_ptr(), a.scale, out.data_ptr())
+        return CCall("attention", self.lib.ub_attn, (*qa, *kva, *rest, self.n_threads))

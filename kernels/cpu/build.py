@@ -1,4 +1,4 @@
-"""Build and load the CPU kernels (`kernels/csrc/`) for the CPU they run on.
+"""Build and load the CPU kernels (`kernels/cpu/csrc/`) for the CPU they run on.
 
 The C files are compiled once per (source, compiler, CPU features) into the user cache directory
 and loaded with ctypes; later starts only load the cached library. The build targets the

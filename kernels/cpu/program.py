@@ -1,4 +1,4 @@
-"""Runs of bound C calls fused into one call of `ub_run` (kernels/csrc/program.c).
+"""Runs of bound C calls fused into one call of `ub_run` (kernels/cpu/csrc/program.c).
 
 A decode step of the default model is about 400 small kernels; through ctypes each costs a
 microsecond or more of argument conversion before any work starts. `bind_node` returns each call
@@ -12,7 +12,10 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from torch import Tensor
+
+from ubatch.kernels.ops import Step
 
 # op -> (code, arity, positions of float arguments); the codes and arities are program.c's
 PROGRAM_OPS: dict[str, tuple[int, int, tuple[int, ...]]] = {
@@ -36,11 +39,11 @@ class CCall:
 
     __slots__ = ("op", "fn", "args", "keep")
 
-    def __init__(self, op: str, fn: Callable[..., Any], args: tuple) -> None:
+    def __init__(self, op: str, fn: Callable[..., object], args: tuple[int | float, ...]) -> None:
         self.op, self.fn, self.args = op, fn, args
-        self.keep: Any = None  # what a pointer among the arguments points into, if the call owns it
+        self.keep: Tensor | None = None  # what a pointer among the arguments points into, if the call owns it
 
-    def __call__(self) -> Any:
+    def __call__(self) -> object:
         return self.fn(*self.args)
 
     def words(self) -> list[int]:
@@ -57,7 +60,7 @@ class Program:
 
     __slots__ = ("calls", "_buf", "_run", "_n")
 
-    def __init__(self, lib: Any, calls: Sequence[CCall]) -> None:
+    def __init__(self, lib: ctypes.CDLL, calls: Sequence[CCall]) -> None:
         self.calls = list(calls)
         words = [w for c in self.calls for w in c.words()]
         self._buf = (ctypes.c_int64 * len(words))(*words)
@@ -69,9 +72,9 @@ class Program:
             raise RuntimeError(f"ub_run stopped at node {done} ({self.calls[done].op})")
 
 
-def fuse(lib: Any, steps: Sequence[Callable[[], Any]]) -> list[Callable[[], Any]]:
+def fuse(lib: ctypes.CDLL, steps: Sequence[Step]) -> list[Step]:
     """The steps with every run of two or more CCalls replaced by one Program."""
-    out: list[Callable[[], Any]] = []
+    out: list[Step] = []
     run: list[CCall] = []
 
     def flush() -> None:
@@ -88,7 +91,7 @@ def fuse(lib: Any, steps: Sequence[Callable[[], Any]]) -> list[Callable[[], Any]
     return out
 
 
-def check_arities(lib: Any) -> None:
+def check_arities(lib: ctypes.CDLL) -> None:
     """The table above against the library's (a stale library or table fails loudly, once)."""
     for op, (code, arity, _) in PROGRAM_OPS.items():
         if lib.ub_program_arity(code) != arity:

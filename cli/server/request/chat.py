@@ -14,11 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ubatch.cli.server.http import bad_request
 from ubatch.cli.server.request.oai import chat_messages
 from ubatch.cli.server.request.params import get_bool
 from ubatch.cli.server.state import ServerState
-from ubatch.engine.errors import UbatchError
-from ubatch.engine.serve.task import RequestError
 
 
 @dataclass(slots=True)
@@ -40,14 +39,12 @@ def chat_prompt(st: ServerState, body: dict[str, Any]) -> ChatPrompt:
     cont = _continuation(body.get("continue_final_message"))
     if not cont and st.options.prefill_assistant and msgs and msgs[-1]["role"] == "assistant":
         if len(msgs) >= 2 and msgs[-2]["role"] == "assistant":
-            raise RequestError("Cannot have 2 or more assistant messages at the end of the list.")
+            raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
         cont, add_gen = True, False
     if cont and add_gen:
-        raise RequestError("Cannot set both add_generation_prompt and continue_final_message to true.")
-    try:
-        if not cont:
-            return ChatPrompt(st.chat.apply(msgs, add_gen))
-        last = msgs[-1]["content"] if msgs else ""
-        return ChatPrompt(st.chat.apply(msgs[:-1], True) + last, last)
-    except UbatchError as e:  # a template that rejects these messages: the client's problem
-        raise RequestError(str(e)) from None
+        raise bad_request("Cannot set both add_generation_prompt and continue_final_message to true.")
+    # a template that rejects these messages raises a ChatTemplateError: the client's 400
+    if not cont:
+        return ChatPrompt(st.chat.apply(msgs, add_gen))
+    last = msgs[-1]["content"] if msgs else ""
+    return ChatPrompt(st.chat.apply(msgs[:-1], True) + last, last)

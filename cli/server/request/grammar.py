@@ -12,10 +12,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from ubatch.cli.server.http import bad_request, type_name
 from ubatch.engine.errors import UbatchError
 from ubatch.engine.grammar import Grammar, GrammarError, compile_grammar
 from ubatch.engine.grammar.json_schema.convert import schema_to_gbnf
-from ubatch.engine.serve.task import RequestError
 
 
 @lru_cache(maxsize=32)
@@ -28,7 +28,7 @@ def compile_request_grammar(text: str) -> Grammar:
     try:
         return _compiled(text)
     except GrammarError as e:
-        raise RequestError(f"Failed to initialize samplers: {e}") from None
+        raise bad_request(f"Failed to initialize samplers: {e}") from None
 
 
 def schema_grammar(schema: Any) -> str:
@@ -38,7 +38,7 @@ def schema_grammar(schema: Any) -> str:
     try:
         return schema_to_gbnf(schema)
     except UbatchError as e:
-        raise RequestError(f'"json_schema": {e}') from None
+        raise bad_request(f'"json_schema": {e}') from None
 
 
 def request_grammar(body: dict[str, Any], default: Grammar | None = None) -> Grammar | None:
@@ -46,9 +46,7 @@ def request_grammar(body: dict[str, Any], default: Grammar | None = None) -> Gra
     grammar keeps the server's default (--grammar, --json-schema). JSON null is absent."""
     text, schema = body.get("grammar"), body.get("json_schema")
     if text is not None and not isinstance(text, str):
-        from ubatch.cli.server.request.params import type_name
-
-        raise RequestError(f"Field 'grammar': expected a string, got {type_name(text)}")
+        raise bad_request(f"Field 'grammar': expected a string, got {type_name(text)}")
     if schema is not None and text is None:
         text = schema_grammar(schema)
     return compile_request_grammar(text) if text else default
@@ -58,14 +56,15 @@ def response_format_schema(body: dict[str, Any]) -> Any:
     """OpenAI chat's response_format as the json_schema it stands for (None: no constraint).
     json_object: its `schema`, or any object; json_schema: json_schema.schema."""
     rf = body.get("response_format")
-    kind = rf.get("type") if isinstance(rf, dict) else None
+    rf = rf if isinstance(rf, dict) else {}
+    kind = rf.get("type")
     kind = kind if isinstance(kind, str) else None  # llama.cpp reads a non-string type as ""
     if kind == "json_object":
-        return rf.get("schema") if rf.get("schema") is not None else body.get("json_schema") or {}  # type: ignore[union-attr]
+        return rf.get("schema") if rf.get("schema") is not None else body.get("json_schema") or {}
     if kind == "json_schema":
-        wrapper = rf.get("json_schema")  # type: ignore[union-attr]
+        wrapper = rf.get("json_schema")
         schema = wrapper.get("schema") if isinstance(wrapper, dict) else None
         return {} if schema is None else schema
     if kind not in (None, "", "text"):
-        raise RequestError(f'response_format type must be one of "text" or "json_object", but got: {kind}')
+        raise bad_request(f'response_format type must be one of "text" or "json_object", but got: {kind}')
     return body.get("json_schema")

@@ -2,59 +2,59 @@
 native schema (server-common.cpp's oaicompat_*_params_parse).
 
 The OpenAI routes reject what llama-server rejects and rename what it renames, then share the
-native path (cli/server_params.py) for everything else.
+native path (cli/server/request/params.py) for everything else.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ubatch.cli.server.http import bad_request, type_name
 from ubatch.cli.server.request.grammar import response_format_schema
-from ubatch.cli.server.request.params import get_int, type_name
-from ubatch.engine.serve.task import RequestError
+from ubatch.cli.server.request.params import get_int
 
 
 def oai_completion_body(body: Any) -> dict[str, Any]:
     """/v1/completions: llama-server rejects echo, best_of and suffix; max_tokens is n_predict."""
     if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
+        raise bad_request("the request body must be a JSON object")
     if "prompt" not in body:
-        raise RequestError('"prompt" is required')
+        raise bad_request('"prompt" is required')
     if body.get("echo"):
-        raise RequestError("Only no echo is supported")
+        raise bad_request("Only no echo is supported")
     for k in ("best_of", "suffix"):
         if k in body:
-            raise RequestError(f"Unsupported param: {k}")
+            raise bad_request(f"Unsupported param: {k}")
     return dict(body)
 
 
 def oai_chat_body(body: Any) -> dict[str, Any]:
     """/v1/chat/completions: logprobs -> n_probs = top_logprobs (default 20)."""
     if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
+        raise bad_request("the request body must be a JSON object")
     msgs = body.get("messages")
     if msgs is None:
-        raise RequestError("'messages' is required")
+        raise bad_request("'messages' is required")
     if not isinstance(msgs, list) or not msgs:
-        raise RequestError("'messages' must be a non-empty array")
+        raise bad_request("'messages' must be a non-empty array")
     out = dict(body)
     lp = body.get("logprobs")
     if lp is not None and not isinstance(lp, bool):
-        raise RequestError(f"Field 'logprobs': expected a boolean, got {type_name(lp)}")
+        raise bad_request(f"Field 'logprobs': expected a boolean, got {type_name(lp)}")
     if lp:
         out["n_probs"] = get_int(body, "top_logprobs", 20, 0, 20)
     elif body.get("top_logprobs") is not None:
-        raise RequestError("top_logprobs requires logprobs to be set to true")
+        raise bad_request("top_logprobs requires logprobs to be set to true")
     out.pop("logprobs", None)
     tools = body.get("tools")
     if isinstance(tools, list) and tools:
-        raise RequestError("tools param requires --jinja flag")
+        raise bad_request("tools param requires --jinja flag")
     if body.get("json_schema") is not None and body.get("grammar"):
-        raise RequestError("Cannot use both json_schema and grammar")
+        raise bad_request("Cannot use both json_schema and grammar")
     schema = response_format_schema(body)
     if schema is not None:
         if body.get("grammar"):
-            raise RequestError("Cannot use both response_format and grammar")
+            raise bad_request("Cannot use both response_format and grammar")
         out["json_schema"] = schema
     out.pop("response_format", None)
     return out
@@ -65,7 +65,7 @@ def chat_messages(msgs: list[Any]) -> list[dict[str, str]]:
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RequestError(f"messages[{i}]: expected an object with a string 'role'")
+            raise bad_request(f"messages[{i}]: expected an object with a string 'role'")
         c = m.get("content")
         if c is None:
             c = ""
@@ -74,12 +74,12 @@ def chat_messages(msgs: list[Any]) -> list[dict[str, str]]:
             for p in c:
                 if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
                     kind = p.get("type") if isinstance(p, dict) else type_name(p)
-                    raise RequestError(
+                    raise bad_request(
                         f"messages[{i}]: content part of type {kind!r} is not supported (text only; this server has no multimodal projector)"
                     )
                 parts.append(p["text"])
             c = "\n".join(parts)
         elif not isinstance(c, str):
-            raise RequestError(f"messages[{i}].content: expected a string or an array of parts")
+            raise bad_request(f"messages[{i}].content: expected a string or an array of parts")
         out.append({"role": m["role"], "content": c})
     return out

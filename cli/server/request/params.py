@@ -12,18 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ubatch.cli.server.http import bad_request, type_name
 from ubatch.cli.server.request.grammar import request_grammar
+from ubatch.cli.server.request.sampling import get_breakers, get_samplers
 from ubatch.engine.generation.generation import N_PROBS_MAX
 from ubatch.engine.grammar import Grammar
 from ubatch.engine.sampling.chain import LLAMA_DEFAULT_SEED, SamplerParams
-from ubatch.engine.serve.task import INT32_MAX, RequestError, TaskParams
-
-
-def type_name(v: Any) -> str:
-    """JSON's name for a value's type, as llama-server's error messages spell it."""
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
-        type(v), "null" if v is None else type(v).__name__
-    )
+from ubatch.engine.serve.task import INT32_MAX, TaskParams
 
 
 def _present(body: dict[str, Any], *keys: str) -> tuple[str, Any] | None:
@@ -43,13 +38,13 @@ def get_int(
         return default
     k, v = hit
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise RequestError(f"Field '{k}': expected an integer, got {type_name(v)}")
+        raise bad_request(f"Field '{k}': expected an integer, got {type_name(v)}")
     if isinstance(v, float):
         if not math.isfinite(v) or v != int(v):
-            raise RequestError(f"Field '{k}': expected an integer, got {v}")
+            raise bad_request(f"Field '{k}': expected an integer, got {v}")
         v = int(v)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise RequestError(f"Field '{k}': Value must be between {lo} <= value <= {hi}, but got {v}")
+        raise bad_request(f"Field '{k}': Value must be between {lo} <= value <= {hi}, but got {v}")
     return v
 
 
@@ -61,7 +56,7 @@ def get_float(
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise RequestError(f"Field '{key}': expected a number, got {type_name(v) if not isinstance(v, float) else v}")
+        raise bad_request(f"Field '{key}': expected a number, got {type_name(v) if not isinstance(v, float) else v}")
     v = float(v)
     if lo is not None:
         v = max(lo, v)
@@ -75,7 +70,7 @@ def get_bool(body: dict[str, Any], key: str, default: bool) -> bool:
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise RequestError(f"Field '{key}': expected a boolean, got {type_name(v)}")
+        raise bad_request(f"Field '{key}': expected a boolean, got {type_name(v)}")
     return v
 
 
@@ -86,7 +81,7 @@ def get_stop(body: dict[str, Any], default: list[str]) -> list[str]:
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise RequestError("Field 'stop': expected a string or an array of strings")
+        raise bad_request("Field 'stop': expected a string or an array of strings")
     return [s for s in v if s] or list(default)
 
 
@@ -113,11 +108,9 @@ def parse_params(
     tokenize: Callable[[str], list[int]] | None = None,
     eog: frozenset[int] = frozenset(),
 ) -> TaskParams:
-    """params_from_json_cmpl: a native request body -> TaskParams (RequestError on bad input)."""
+    """params_from_json_cmpl: a native request body -> TaskParams (a 400 on bad input)."""
     if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    from ubatch.cli.server.request.sampling import get_breakers, get_samplers
-
+        raise bad_request("the request body must be a JSON object")
     ds = d.sampling
     seed = get_int(body, "seed", -1 if ds.seed == LLAMA_DEFAULT_SEED else ds.seed, -1, 0xFFFFFFFF)
     # a request may not send -1 (llama-server's hard limits); a server default of -1 is the slot
@@ -157,7 +150,7 @@ def parse_params(
     n_probs = min(n_probs, N_PROBS_MAX, d.n_vocab or N_PROBS_MAX)  # silently, as llama.cpp clamps to the vocab
     stream_opts = body.get("stream_options")
     if stream_opts is not None and not isinstance(stream_opts, dict):
-        raise RequestError("Field 'stream_options': expected an object")
+        raise bad_request("Field 'stream_options': expected an object")
     p = TaskParams(
         n_predict=get_int(body, ("n_predict", "max_completion_tokens", "max_tokens"), d.n_predict, -1, INT32_MAX),
         sampling=sp,
@@ -193,7 +186,7 @@ def _logit_bias(v: Any, n_vocab: int, tokenize: Callable[[str], list[int]] | Non
     elif isinstance(v, list):
         items = [tuple(e) for e in v if isinstance(e, list) and len(e) == 2]
     else:
-        raise RequestError("Field 'logit_bias': expected an object or an array of [token, bias] pairs")
+        raise bad_request("Field 'logit_bias': expected an object or an array of [token, bias] pairs")
     out: list[tuple[int, float]] = []
     for key, bias in items:
         if bias is False:
@@ -227,7 +220,7 @@ def split_prompts(prompt: Any, name: str = "prompt") -> list[list[str | int]]:
     array mixing strings and token ids, or {"prompt_string": one of those}."""
     if isinstance(prompt, list) and not any(_is_int(x) for x in prompt):
         if not prompt:
-            raise RequestError(f'"{name}" must not be empty')
+            raise bad_request(f'"{name}" must not be empty')
         return [_subprompt(p, name) for p in prompt]
     return [_subprompt(prompt, name)]
 
@@ -242,7 +235,7 @@ def _subprompt(p: Any, name: str) -> list[str | int]:
     if isinstance(p, list) and all(isinstance(x, str) or _is_int(x) for x in p):
         if any(_is_int(x) for x in p) or not p:  # token ids, or strings mixed with token ids
             return list(p)
-    raise RequestError(f'"{name}" {PROMPT_ELEMENTS}')
+    raise bad_request(f'"{name}" {PROMPT_ELEMENTS}')
 
 
 def mixed_parts(content: Any, name: str) -> list[str | int]:
@@ -252,7 +245,7 @@ def mixed_parts(content: Any, name: str) -> list[str | int]:
         return [content]
     if isinstance(content, list) and all(isinstance(x, str) or _is_int(x) for x in content):
         return list(content)
-    raise RequestError(f"Field '{name}': expected a string or an array of strings and token ids")
+    raise bad_request(f"Field '{name}': expected a string or an array of strings and token ids")
 
 
 def _is_int(x: Any) -> bool:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ubatch.cli.server.http import bad_request
 from ubatch.engine.sampling.names import UNSUPPORTED_SAMPLERS, sampler_types_from_chars, sampler_types_from_names
-from ubatch.engine.serve.task import RequestError
 
 _JSON_TYPE = {bool: "boolean", int: "number", float: "number", dict: "object", list: "array", type(None): "null"}
 
@@ -20,7 +20,7 @@ def get_breakers(body: dict[str, Any], default: tuple[str, ...]) -> tuple[str, .
     if v is None:
         return default
     if not isinstance(v, list) or not v or not all(isinstance(s, str) for s in v):
-        raise RequestError(
+        raise bad_request(
             "Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a non-empty array of strings"
         )
     return tuple(v)
@@ -32,7 +32,7 @@ def get_samplers(body: dict[str, Any], default: tuple[str, ...]) -> tuple[str, .
         for name in v:
             if not isinstance(name, str):
                 kind = _JSON_TYPE.get(type(name), "object")
-                raise RequestError(
+                raise bad_request(
                     f"Field 'samplers': [json.exception.type_error.302] type must be string, but is {kind}"
                 )
         out = sampler_types_from_names(v, strict=False)
@@ -42,5 +42,5 @@ def get_samplers(body: dict[str, Any], default: tuple[str, ...]) -> tuple[str, .
         return default
     for name in out:
         if name in UNSUPPORTED_SAMPLERS:
-            raise RequestError(f"Field 'samplers': the '{name}' sampler is not supported by this server")
+            raise bad_request(f"Field 'samplers': the '{name}' sampler is not supported by this server")
     return out

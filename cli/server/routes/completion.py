@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
-from ubatch.cli.server.http import api, error_response, internal_error, read_json
+from ubatch.cli.server.http import api, bad_request, error_event, error_response, read_json
 from ubatch.cli.server.request.chat import chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body, oai_completion_body
 from ubatch.cli.server.request.params import parse_params, split_prompts
@@ -23,7 +23,7 @@ from ubatch.cli.server.resume import StreamSessions
 from ubatch.cli.server.state import ServerState
 from ubatch.cli.server.stream import EventStream, Reader, sse_events
 from ubatch.engine.grammar.tokens import token_table
-from ubatch.engine.serve.task import Failed, Final, RequestError, Task, context_error
+from ubatch.engine.serve.task import Failed, Final, Task, context_error
 
 
 def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any], list[list[str | int]], str]:
@@ -35,13 +35,14 @@ def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any],
     if kind == "oai":
         body = oai_completion_body(body)
     elif not isinstance(body, dict) or "prompt" not in body:
-        raise RequestError('"prompt" is required')
+        raise bad_request('"prompt" is required')
     return body, split_prompts(body["prompt"]), ""
 
 
 async def complete(st: ServerState, request: Request, kind: str, body: Any = None) -> Response:
     """One completion request; `body` when the caller read (and rewrote) it (/infill)."""
-    s = st.sch()
+    eng = st.eng()
+    s = eng.scheduler
     body = await read_json(request) if body is None else body
     vocab = s.vocab
     body, prompts, prefill = read_prompts(st, body, kind)
@@ -53,14 +54,14 @@ async def complete(st: ServerState, request: Request, kind: str, body: Any = Non
         if (err := context_error(len(toks), s.n_ctx_slot)) is not None:
             raise err
     model = body["model"] if isinstance(body.get("model"), str) else st.model_id
-    reader = Reader(s, request.receive)
+    reader = Reader(eng.loop, request.receive)
     try:
         n = params.n_cmpl
         for i, (p, toks) in enumerate(zip(prompts, token_lists)):
             text = p[0] if len(p) == 1 and isinstance(p[0], str) else vocab.detokenize(toks)
             reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text) for j in range(n)]
         for t in reader.tasks:
-            s.submit(t)
+            eng.loop.submit(t)
         conv_id = request.headers.get("x-conversation-id", "") if params.stream else ""
         return await _respond(reader, params.stream, kind, model, prefill, request.app.state.streams, conv_id)
     except BaseException:  # a bug (or a cancelled handler): free the slots, then the 500 of `api`
@@ -123,8 +124,7 @@ async def guarded(chunks: AsyncIterator[bytes], reader: Reader) -> AsyncIterator
             yield chunk
     except Exception as e:
         reader.disconnect()
-        err = internal_error(e)
-        yield sj.sse(sj.error_json(err.code, err.message, err.type))
+        yield error_event(e)
 
 
 def add_completion_routes(app: FastAPI, st: ServerState) -> None:

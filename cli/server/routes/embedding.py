@@ -1,7 +1,7 @@
 """The embedding and rerank routes of `ubatch server`: llama-server's native /embedding(s), OpenAI's
 /v1/embeddings and the Jina / TEI style /rerank (also /reranking, /v1/rerank, /v1/reranking).
 
-Each input becomes one engine task (engine/embedding_task.py) that the engine thread evaluates
+Each input becomes one engine task (engine/serve/embedding_task.py) that the engine thread evaluates
 with embeddings on; the answers are written in llama-server's shapes (server-common.cpp's
 format_embeddings_response_oaicompat and format_response_rerank).
 """
@@ -15,16 +15,12 @@ import numpy as np
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from ubatch.cli.server.http import api, error_response, read_json
+from ubatch.cli.server.http import api, bad_request, not_started_with, read_json
+from ubatch.cli.server.log import current
 from ubatch.cli.server.request.params import get_bool, get_int, split_prompts
 from ubatch.cli.server.state import ServerState
-from ubatch.cli.server.stream import Reader
+from ubatch.cli.server.stream import results
 from ubatch.engine.serve.embedding_task import EmbdResult, EmbdTask, input_error
-from ubatch.engine.serve.task import Failed, RequestError
-
-
-def _not_supported(what: str, flag: str) -> RequestError:
-    return RequestError(f"This server does not support {what}. Start it with `{flag}`", 501, "not_supported_error")
 
 
 def _model(body: dict[str, Any], st: ServerState) -> str:
@@ -39,59 +35,47 @@ def _checked(st: ServerState, tokens: list[int]) -> list[int]:
 
 
 async def _run(st: ServerState, request: Request, prompts: list[list[int]], **kw: Any) -> list[EmbdResult] | Response:
-    """Submit one task per prompt and await them all: the results in input order, or the
-    error response of the first failure (the other tasks are cancelled)."""
-    s = st.sch()
-    reader = Reader(s, request.receive)
-    try:
-        reader.tasks = [EmbdTask(st.ids.next(), p, reader.sink, i, **kw) for i, p in enumerate(prompts)]
-        for t in reader.tasks:
-            s.submit(t)  # type: ignore[arg-type]
-        results: list[EmbdResult] = []
-        while len(results) < len(reader.tasks):
-            ev = await reader.get()
-            if ev is Reader.GONE:
-                return Response(status_code=499)
-            if isinstance(ev, Failed):
-                reader.disconnect()
-                return error_response(ev.error)
-            results.append(ev)
-            if reader.record is not None:
-                reader.record.add_final(ev.n_tokens, 0)
-        return sorted(results, key=lambda r: r.task.index)
-    except BaseException:
-        reader.disconnect()
-        raise
-    finally:
-        reader.close()
+    """One task per prompt, awaited: the results in input order, or the response that ends
+    the request (cli/server/stream.py `results`)."""
+    ids = [st.ids.next() for _ in prompts]
+    res = await results(
+        st.eng().loop, request.receive, lambda sink: [EmbdTask(ids[i], p, sink, i, **kw) for i, p in enumerate(prompts)]
+    )
+    if isinstance(res, Response):
+        return res
+    out = sorted((r for r in res if isinstance(r, EmbdResult)), key=lambda r: r.task.index)
+    if (record := current()) is not None:
+        for r in out:
+            record.add_final(r.n_tokens, 0)
+    return out
 
 
 async def embeddings(st: ServerState, request: Request, oai: bool) -> Response:
     """llama-server's handle_embeddings_impl: the checks in its order, then one task per input."""
     o, s = st.options, st.sch()
     if not (o.embedding or o.reranking):
-        raise _not_supported("embeddings", "--embeddings")
+        raise not_started_with("embeddings", "--embeddings")
     pooling = s.ctx.pooling
     if oai and pooling == "none":
-        raise RequestError("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
+        raise bad_request("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
     if pooling == "rank":
-        raise RequestError(
+        raise bad_request(
             "Pooling type 'rank' scores query/document pairs: use /rerank, or start with another --pooling"
         )
     body = await read_json(request)
     if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
+        raise bad_request("the request body must be a JSON object")
     if "input" in body:
         prompt = body["input"]
     elif "content" in body:
         oai, prompt = False, body["content"]  # "content" is the native field: native answer
     else:
-        raise RequestError('"input" or "content" must be provided')
+        raise bad_request('"input" or "content" must be provided')
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
-        raise RequestError("The format to return the embeddings in. Can be either float or base64")
+        raise bad_request("The format to return the embeddings in. Can be either float or base64")
     if isinstance(prompt, list) and not prompt:
-        raise RequestError('"input" must not be empty')
+        raise bad_request('"input" must not be empty')
     norm = get_int(body, "embd_normalize", o.embd_normalize, lo=-1, hi=1 << 20)  # --embd-normalize
     prompts = [_checked(st, st.tokenize_prompt(p, True, True, s.n_ctx_slot)) for p in split_prompts(prompt, "input")]
     res = await _run(st, request, prompts, embd_normalize=norm)
@@ -129,23 +113,23 @@ def rerank_prompt(st: ServerState, query: str, doc: str) -> list[int]:
 async def rerank(st: ServerState, request: Request) -> Response:
     o, s = st.options, st.sch()
     if not ((o.embedding or o.reranking) and s.ctx.pooling == "rank"):
-        raise _not_supported("reranking", "--reranking")
-    if s.embeddings.head is None:
-        raise RequestError(
+        raise not_started_with("reranking", "--reranking")
+    if st.eng().embeddings.head is None:
+        raise bad_request(
             "This model has no rank head (no cls / cls.output tensors), so it cannot score documents; use a reranker model"
         )
     body = await read_json(request)
     if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
+        raise bad_request("the request body must be a JSON object")
     if "query" not in body:
-        raise RequestError('"query" must be provided')
+        raise bad_request('"query" must be provided')
     query = body["query"]
     if not isinstance(query, str):
-        raise RequestError('"query" must be a string')
+        raise bad_request('"query" must be a string')
     tei = "texts" in body
     docs = body.get("documents", body.get("texts"))
     if not isinstance(docs, list) or not docs or not all(isinstance(d, str) for d in docs):
-        raise RequestError('"documents" must be a non-empty string array')
+        raise bad_request('"documents" must be a non-empty string array')
     top_n = get_int(body, "top_n", len(docs), lo=0)
     return_text = tei and get_bool(body, "return_text", False)
     prompts = [_checked(st, rerank_prompt(st, query, d)) for d in docs]

@@ -13,13 +13,13 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from ubatch.cli.server.http import api, read_json
+from ubatch.cli.server.http import api, bad_request, read_json
 from ubatch.cli.server.stream import live_completion
-from ubatch.engine.serve.task import RequestError
+from ubatch.engine.errors import EngineError, ErrorKind
 
 
-def _not_supported(message: str) -> RequestError:
-    return RequestError(message, 501, "not_supported_error")
+def _not_supported(message: str) -> EngineError:
+    return EngineError(ErrorKind.NOT_SUPPORTED, message)
 
 
 def add_extra_routes(app: FastAPI) -> None:
@@ -32,7 +32,7 @@ def add_extra_routes(app: FastAPI) -> None:
     @api
     async def set_lora(request: Request) -> Response:
         if not isinstance(await read_json(request), list):
-            raise RequestError("Request body must be an array")
+            raise bad_request("Request body must be an array")
         return JSONResponse({"success": True})
 
     @app.get("/tools")
@@ -60,9 +60,9 @@ def add_extra_routes(app: FastAPI) -> None:
         body = body if isinstance(body, dict) else {}
         cmpl_id, action = body.get("id"), body.get("action")
         if not isinstance(cmpl_id, str) or not cmpl_id:
-            raise RequestError("missing completion id")
+            raise bad_request("missing completion id")
         if action != "reasoning_end":
-            raise RequestError("unknown control action")
+            raise bad_request("unknown control action")
         if not live_completion(cmpl_id):
             return JSONResponse({"success": False, "message": "no active completion for this id"})
         return JSONResponse({"success": False, "message": "reasoning control not enabled for this completion"})

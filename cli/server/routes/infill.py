@@ -15,11 +15,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from ubatch.cli.server.http import api, read_json
+from ubatch.cli.server.http import api, bad_request, read_json
 from ubatch.cli.server.request.params import mixed_parts, split_prompts
 from ubatch.cli.server.routes.completion import complete
 from ubatch.cli.server.state import ServerState
-from ubatch.engine.serve.task import RequestError
+from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.vocab.tables import AUTO_SPECIAL_TEXTS
 
 _SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's chunk separator without FIM_SEP
@@ -30,7 +30,8 @@ def fim_tokens(st: ServerState) -> dict[str, int | None]:
     s = st.sch()
     md, vocab = s.ctx.model.gguf.metadata, s.vocab
     names = ("fim_pre", "fim_suf", "fim_mid", "fim_rep", "fim_sep")
-    out: dict[str, int | None] = {n: md.get(f"tokenizer.ggml.{n}_token_id") for n in names}
+    keys = {n: md.get(f"tokenizer.ggml.{n}_token_id") for n in names}
+    out: dict[str, int | None] = {n: v if isinstance(v, int) else None for n, v in keys.items()}
     want = {t: n for n in names if out[n] is None for t in AUTO_SPECIAL_TEXTS.get(n, ())}
     if want:
         for i in range(vocab.n_tokens):
@@ -42,20 +43,20 @@ def fim_tokens(st: ServerState) -> dict[str, int | None]:
 
 def _check(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
+        raise bad_request("the request body must be a JSON object")
     if "prompt" in body and not isinstance(body["prompt"], str):
-        raise RequestError('"prompt" must be a string')
+        raise bad_request('"prompt" must be a string')
     for k in ("input_prefix", "input_suffix"):
         if k not in body:
-            raise RequestError(f'"{k}" is required')
+            raise bad_request(f'"{k}" is required')
     extra = body.get("input_extra", [])
     if not isinstance(extra, list):
-        raise RequestError('"input_extra" must be an array of {"filename": string, "text": string}')
+        raise bad_request('"input_extra" must be an array of {"filename": string, "text": string}')
     for chunk in extra:
         if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
-            raise RequestError('extra_context chunk must contain a "text" field with a string value')
+            raise bad_request('extra_context chunk must contain a "text" field with a string value')
         if "filename" in chunk and not isinstance(chunk["filename"], str):
-            raise RequestError('extra_context chunk\'s "filename" field must be a string')
+            raise bad_request('extra_context chunk\'s "filename" field must be a string')
     return body
 
 
@@ -84,10 +85,12 @@ def infill_prompt(st: ServerState, body: dict[str, Any], fim: dict[str, int | No
     n_prefix = min(len(prefix), 3 * (n_batch // 4))
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
     n_extra = min(max(0, d.n_ctx_slot - n_batch - 2 * d.n_predict), len(extra))
-    head = [fim["fim_pre"], *prefix[len(prefix) - n_prefix :], *prompt]
-    tail = [fim["fim_suf"], *suffix[:n_suffix]]
+    pre, suf, mid = fim["fim_pre"], fim["fim_suf"], fim["fim_mid"]
+    assert pre is not None and suf is not None and mid is not None  # else the route answered 501
+    head = [pre, *prefix[len(prefix) - n_prefix :], *prompt]
+    tail = [suf, *suffix[:n_suffix]]
     inp = [*([vocab.bos] if vocab.add_bos else []), *head]
-    return [*extra[len(extra) - n_extra :], *inp, *tail, fim["fim_mid"]]  # type: ignore[list-item]
+    return [*extra[len(extra) - n_extra :], *inp, *tail, mid]
 
 
 def add_infill_routes(app: FastAPI, st: ServerState) -> None:
@@ -102,6 +105,6 @@ def add_infill_routes(app: FastAPI, st: ServerState) -> None:
         ]
         if missing:
             why = "".join(f"{w} token is missing. " for w in missing)
-            raise RequestError(f"Infill is not supported by this model: {why}", 501, "not_supported_error")
+            raise EngineError(ErrorKind.NOT_SUPPORTED, f"Infill is not supported by this model: {why}")
         body = _check(await read_json(request))
         return await complete(st, request, "native", {**body, "prompt": infill_prompt(st, body, fim)})

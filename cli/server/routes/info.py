@@ -11,17 +11,15 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import metrics as server_metrics
-from ubatch.cli.server.http import api
+from ubatch.cli.server.http import api, not_started_with
 from ubatch.cli.server.info import models_json, props_json
 from ubatch.cli.server.state import ServerState
-from ubatch.engine.serve.task import RequestError
+from ubatch.engine.errors import EngineError, ErrorKind
 
 
 def _require_slots_endpoint(st: ServerState) -> None:
     if not st.options.slots:
-        raise RequestError(
-            "This server does not support slots endpoint. Start it with `--slots`", 501, "not_supported_error"
-        )
+        raise not_started_with("slots endpoint", "--slots")
 
 
 def add_info_routes(app: FastAPI, st: ServerState) -> None:
@@ -46,11 +44,7 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
     async def set_props(request: Request) -> Response:
         """llama-server changes no property here either; it answers only when --props allows it."""
         if not st.options.props:
-            raise RequestError(
-                "This server does not support changing global properties. Start it with `--props`",
-                501,
-                "not_supported_error",
-            )
+            raise not_started_with("changing global properties", "--props")
         return JSONResponse({"success": True})
 
     @app.get("/slots")
@@ -59,7 +53,7 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
         _require_slots_endpoint(st)
         s = st.sch()
         if request.query_params.get("fail_on_no_slot") and all(x.busy for x in s.slots):  # any value
-            raise RequestError("no slot available", 503, "unavailable_error")
+            raise EngineError(ErrorKind.UNAVAILABLE, "no slot available")
         return JSONResponse([server_metrics.slot_json(x, s.vocab.detokenize) for x in s.slots])
 
     @app.get("/iterations")
@@ -103,11 +97,9 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
     @api
     async def metrics(request: Request) -> Response:
         if not st.options.metrics:
-            raise RequestError(
-                "This server does not support metrics endpoint. Start it with `--metrics`", 501, "not_supported_error"
-            )
+            raise not_started_with("metrics endpoint", "--metrics")
         s = st.sch()
         return Response(  # exactly llama-server's content type (Starlette would add a charset)
-            server_metrics.metrics_text(s).encode(),
+            server_metrics.metrics_text(s, st.eng().loop.n_deferred).encode(),
             headers={"Content-Type": "text/plain; version=0.0.4", "Process-Start-Time-Unix": str(int(s.stats.t_start))},
         )

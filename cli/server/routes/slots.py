@@ -1,7 +1,7 @@
 """POST /slots/{id_slot}?action=save|restore|erase: llama-server's slot state files.
 
 With `--slot-save-path DIR` a slot's cells and tokens are written to (or read from) DIR/filename
-by the engine thread between two iterations (engine/state_task.py); the answers, and the errors
+by the engine thread between two iterations (engine/serve/state_task.py); the answers, and the errors
 in their order (no --slot-save-path, a slot id that is not a number, a bad filename, an unknown
 action), are llama-server's. A filename is checked as llama-server's fs_validate_filename does,
 so no request can name a file outside DIR.
@@ -14,11 +14,10 @@ import os
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from ubatch.cli.server.http import api, error_response, read_json
+from ubatch.cli.server.http import api, bad_request, not_started_with, read_json
 from ubatch.cli.server.state import ServerState
-from ubatch.cli.server.stream import Reader
-from ubatch.engine.serve.state_task import SlotTask
-from ubatch.engine.serve.task import Failed, RequestError
+from ubatch.cli.server.stream import results
+from ubatch.engine.serve.state_task import SlotResult, SlotTask
 
 _FORBIDDEN = set(':*?"<>|/\\') | {"\uff0e", "\u2215", "\u2216", "\ufffd", "\ufeff"}
 
@@ -46,38 +45,29 @@ def add_slot_routes(app: FastAPI, st: ServerState) -> None:
     async def slot_action(request: Request) -> Response:
         o = st.options
         if not o.slot_save_path:
-            raise RequestError(
-                "This server does not support slots action. Start it with `--slot-save-path`",
-                501,
-                "not_supported_error",
-            )
+            raise not_started_with("slots action", "--slot-save-path")
         try:
             slot = int(request.path_params["id_slot"])
         except ValueError:
-            raise RequestError("Invalid slot ID") from None
+            raise bad_request("Invalid slot ID") from None
         action = request.query_params.get("action", "")
         if action not in ("save", "restore", "erase"):
-            raise RequestError("Invalid action")
+            raise bad_request("Invalid action")
         filename, path = "", ""
         if action != "erase":
             body = await read_json(request)
             name = body.get("filename") if isinstance(body, dict) else None
             if not isinstance(name, str):
-                raise RequestError('"filename" must be a string: the state file\'s name under --slot-save-path')
+                raise bad_request('"filename" must be a string: the state file\'s name under --slot-save-path')
             if not valid_filename(name):
-                raise RequestError("Invalid filename")
+                raise bad_request("Invalid filename")
             filename, path = name, os.path.join(o.slot_save_path, name)
-        s = st.sch()
-        reader = Reader(s, request.receive)
-        try:
-            task = SlotTask(st.ids.next(), action, slot, filename, path, reader.sink)
-            reader.tasks = [task]  # type: ignore[list-item]
-            s.submit(task)  # type: ignore[arg-type]
-            ev = await reader.get()
-            if ev is Reader.GONE:
-                return Response(status_code=499)
-            if isinstance(ev, Failed):
-                return error_response(ev.error)
-            return JSONResponse(ev.body)
-        finally:
-            reader.close()
+        task_id = st.ids.next()
+        res = await results(
+            st.eng().loop, request.receive, lambda sink: [SlotTask(task_id, action, slot, filename, path, sink)]
+        )
+        if isinstance(res, Response):
+            return res
+        (ev,) = res
+        assert isinstance(ev, SlotResult)
+        return JSONResponse(ev.body)

@@ -12,12 +12,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from ubatch.cli.server.http import api, read_json
+from ubatch.cli.server.http import api, bad_request, read_json
 from ubatch.cli.server.request.chat import chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body
 from ubatch.cli.server.request.params import get_bool, mixed_parts
 from ubatch.cli.server.state import ServerState
-from ubatch.engine.serve.task import RequestError
 
 
 def add_token_routes(app: FastAPI, st: ServerState) -> None:
@@ -42,7 +41,7 @@ def add_token_routes(app: FastAPI, st: ServerState) -> None:
     async def tokenize(request: Request) -> Response:
         body, vocab = await read_json(request), st.sch().vocab
         if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
+            raise bad_request("the request body must be a JSON object")
         content = body.get("content")
         if content is None:
             return JSONResponse({"tokens": []})
@@ -68,8 +67,8 @@ def add_token_routes(app: FastAPI, st: ServerState) -> None:
         body, vocab = await read_json(request), st.sch().vocab
         toks = body.get("tokens", []) if isinstance(body, dict) else None
         if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
-            raise RequestError("Field 'tokens': expected an array of token ids")
+            raise bad_request("Field 'tokens': expected an array of token ids")
         if any(not 0 <= t < vocab.n_tokens for t in toks):
-            raise RequestError("Field 'tokens': token id out of range")
+            raise bad_request("Field 'tokens': token id out of range")
         text = b"".join(vocab.token_to_piece(t, True) for t in toks).decode("utf-8", errors="replace")
         return JSONResponse({"content": text})

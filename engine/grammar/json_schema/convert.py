@@ -4,32 +4,16 @@ Used for `--json-schema`, a request's `json_schema` and OpenAI `response_format`
 text matches llama.cpp's rule for rule (names, order, spacing): rules are named after the
 schema path that made them, shared builtins (`string`, `number`, ...) are added once, and the
 grammar lists them sorted by name. The schema is first read into nodes
-(`engine/json_schema_read.py`), which is where malformed schemas are refused.
+(read.py), which is where malformed schemas are refused.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ubatch.engine.grammar.json_schema import nodes
 from ubatch.engine.grammar.json_schema.ints import int_range_rule
-from ubatch.engine.grammar.json_schema.nodes import (
-    AllOfNode,
-    AnyNode,
-    AnyOfNode,
-    ArrayNode,
-    BooleanNode,
-    ConstNode,
-    EnumNode,
-    IntegerNode,
-    Node,
-    NullNode,
-    NumberNode,
-    ObjectNode,
-    RefNode,
-    SchemaError,
-    StringNode,
-    TupleNode,
-)
+from ubatch.engine.grammar.json_schema.nodes import Node, SchemaError
 from ubatch.engine.grammar.json_schema.objects import build_object_rule
 from ubatch.engine.grammar.json_schema.pattern import InvalidPattern, UnsupportedPattern, pattern_to_rule
 from ubatch.engine.grammar.json_schema.read import read_schema
@@ -47,7 +31,7 @@ from ubatch.engine.grammar.json_schema.rules import (
 
 __all__ = ["SchemaError", "SchemaGrammar", "convert_schema", "schema_to_gbnf"]
 
-_SIMPLE_TYPES = {NumberNode: "number", BooleanNode: "boolean", NullNode: "null"}
+_SIMPLE_NAMES = {cls: name for name, cls in nodes.SIMPLE_TYPES.items()}
 
 
 @dataclass
@@ -112,7 +96,7 @@ class Converter:
             self.errors.append(f"Invalid pattern {pattern}: {e}")
             return ""
 
-    def resolve_ref(self, node: RefNode) -> str:
+    def resolve_ref(self, node: nodes.RefNode) -> str:
         fragment = node.ref[node.ref.find("#") + 1 :]
         name = "ref" + rule_name(fragment)
         if name not in self.rules and node.ref not in self.refs_being_resolved:
@@ -124,28 +108,28 @@ class Converter:
             self.refs_being_resolved.discard(node.ref)
         return name
 
-    def all_of(self, node: AllOfNode, name: str, rule: str) -> str:
+    def all_of(self, node: nodes.AllOfNode, name: str, rule: str) -> str:
         """Merge the parts: object properties (required unless under anyOf) and enum values."""
         required: set[str] = set()
         properties: list[tuple[str, Node]] = []
         enum_counts: dict[str, int] = {}
 
         def add(comp: Node, is_required: bool) -> None:
-            if isinstance(comp, RefNode):
+            if isinstance(comp, nodes.RefNode):
                 if comp.target is not None:
                     add(comp.target, is_required)
-            elif isinstance(comp, ObjectNode):
+            elif isinstance(comp, nodes.ObjectNode):
                 for prop in comp.properties:
                     properties.append((prop.name, prop.schema))
                     if is_required:
                         required.add(prop.name)
-            elif isinstance(comp, EnumNode):
+            elif isinstance(comp, nodes.EnumNode):
                 for value in comp.values:
                     lit = _constant(value)
                     enum_counts[lit] = enum_counts.get(lit, 0) + 1
 
         for child in node.children:
-            if isinstance(child, AnyOfNode):
+            if isinstance(child, nodes.AnyOfNode):
                 for alt in child.children:
                     add(alt, False)
             else:
@@ -159,44 +143,44 @@ class Converter:
         """Add the rules for `node`; returns the rule name that matches it."""
         rule = name + "-" if name in RESERVED_NAMES else name or "root"
         sub_name = name + "-" if name else ""
-        if isinstance(node, RefNode):
+        if isinstance(node, nodes.RefNode):
             return self.add_rule(rule, self.resolve_ref(node))
-        if isinstance(node, AnyOfNode):
+        if isinstance(node, nodes.AnyOfNode):
             prefix = name + "-" if name else "alternative-"
             alts = [self.visit(alt, f"{prefix}{i}") for i, alt in enumerate(node.children)]
             return self.add_rule(rule, " | ".join(alts))
-        if isinstance(node, AllOfNode):
+        if isinstance(node, nodes.AllOfNode):
             return self.all_of(node, name, rule)
-        if isinstance(node, ConstNode):
+        if isinstance(node, nodes.ConstNode):
             return self.add_rule(rule, _constant(node.value))
-        if isinstance(node, EnumNode):
+        if isinstance(node, nodes.EnumNode):
             return self.add_rule(rule, "(" + " | ".join(_constant(v) for v in node.values) + ")")
-        if isinstance(node, ObjectNode):
-            if not node.properties and isinstance(node.additional, AnyNode):
+        if isinstance(node, nodes.ObjectNode):
+            if not node.properties and isinstance(node.additional, nodes.AnyNode):
                 return self.add_rule(rule, self.builtin("object"))
             props = [(p.name, p.schema) for p in node.properties]
             required = {p.name for p in node.properties if p.required}
             return self.add_rule(rule, build_object_rule(self, props, required, name, node.additional))
-        if isinstance(node, TupleNode):
+        if isinstance(node, nodes.TupleNode):
             items = [self.visit(item, f"{sub_name}tuple-{i}") for i, item in enumerate(node.items)]
             return self.add_rule(rule, '"[" space ' + ' "," space '.join(items) + ' space "]"')
-        if isinstance(node, ArrayNode):
-            if isinstance(node.items, AnyNode) and node.min_items == 0 and node.max_items is None:
+        if isinstance(node, nodes.ArrayNode):
+            if isinstance(node.items, nodes.AnyNode) and node.min_items == 0 and node.max_items is None:
                 return self.primitive(rule, "array")
             item = self.visit(node.items, f"{sub_name}item")
             body = build_repetition(item, node.min_items, node.max_items, '"," space')
             return self.add_rule(rule, f'"[" space {body} space "]"')
-        if isinstance(node, StringNode):
+        if isinstance(node, nodes.StringNode):
             return self.string(node, rule)
-        if isinstance(node, IntegerNode):
+        if isinstance(node, nodes.IntegerNode):
             if node.minimum is None and node.maximum is None:
                 return self.primitive(rule, "integer")
             return self.add_rule(rule, int_range_rule(node.minimum, node.maximum))
-        if isinstance(node, AnyNode):
+        if isinstance(node, nodes.AnyNode):
             return self.add_rule(rule, self.builtin("value"))
-        return self.primitive(rule, _SIMPLE_TYPES[type(node)])
+        return self.primitive(rule, _SIMPLE_NAMES[type(node)])
 
-    def string(self, node: StringNode, rule: str) -> str:
+    def string(self, node: nodes.StringNode, rule: str) -> str:
         if node.pattern:
             return self.pattern(node.pattern, rule)
         if node.format == "uuid":

@@ -1,7 +1,7 @@
 """The typed nodes a JSON schema is read into before any grammar is built.
 
 llama.cpp first turns the schema JSON into a small document model, one node kind per thing the
-converter can express (`engine/json_schema_read.py` builds it), and only then emits rules, so
+converter can express (read.py builds it), and only then emits rules, so
 the converter never type-checks raw JSON values.
 """
 
@@ -127,3 +127,5 @@ Node = (
     | TupleNode
     | ObjectNode
 )
+SimpleNode = NullNode | BooleanNode | NumberNode  # a type keyword with nothing more to check
+SIMPLE_TYPES: dict[str, type[SimpleNode]] = {"number": NumberNode, "boolean": BooleanNode, "null": NullNode}

@@ -2,23 +2,37 @@
 
 Optional properties keep their order too: each one may be followed only by those after it
 (the `-rest` rules), and extra keys (`additionalProperties`) come last, spelled so they cannot
-repeat a declared name (`not_strings`). Kept apart from the converter so each file has one job.
+repeat a declared name (`not_strings`). The builder sees the converter only through `Rules`, the
+three calls it makes, so this file needs nothing of convert.py.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ubatch.engine.grammar.json_schema.nodes import AnyNode, Node
 from ubatch.engine.grammar.json_schema.rules import dump_json, format_literal
 
-if TYPE_CHECKING:
-    from ubatch.engine.grammar.json_schema.convert import Converter
-
 _ADDITIONAL = "*"  # the key standing for additionalProperties among the optional ones
 
 
-def not_strings(conv: Converter, strings: list[str]) -> str:
+class Rules(Protocol):
+    """What the object builder asks of the converter (convert.Converter)."""
+
+    def add_rule(self, name: str, rule: str) -> str:
+        """Add a named rule; returns the name it got."""
+        ...
+
+    def builtin(self, name: str) -> str:
+        """Add a shared builtin rule (`char`, `string`, `value`, ...); returns its name."""
+        ...
+
+    def visit(self, node: Node, name: str) -> str:
+        """Add the rules for a schema node; returns the rule that matches it."""
+        ...
+
+
+def not_strings(conv: Rules, strings: list[str]) -> str:
     """A rule body matching any JSON string except the given ones (a trie over their characters)."""
     trie: list[tuple[dict[str, int], list[bool]]] = [({}, [False])]
     for word in strings:
@@ -58,7 +72,7 @@ def not_strings(conv: Converter, strings: list[str]) -> str:
 
 
 def build_object_rule(
-    conv: Converter, properties: list[tuple[str, Node]], required: set[str], name: str, additional: Node | None
+    conv: Rules, properties: list[tuple[str, Node]], required: set[str], name: str, additional: Node | None
 ) -> str:
     """The rule body for an object with these properties (and extra keys when `additional`)."""
     prefix = name + "-" if name else ""

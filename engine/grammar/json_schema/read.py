@@ -14,17 +14,15 @@ from ubatch.engine.grammar.json_schema.nodes import (
     INT64_MAX,
     INT64_MIN,
     INT_MAX,
+    SIMPLE_TYPES,
     AllOfNode,
     AnyNode,
     AnyOfNode,
     ArrayNode,
-    BooleanNode,
     ConstNode,
     EnumNode,
     IntegerNode,
     Node,
-    NullNode,
-    NumberNode,
     ObjectNode,
     Property,
     RefNode,
@@ -33,7 +31,6 @@ from ubatch.engine.grammar.json_schema.nodes import (
     TupleNode,
 )
 
-_SIMPLE = {"number": NumberNode, "boolean": BooleanNode, "null": NullNode}
 _UUID_FORMATS = {"uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}
 _ARRAY_INDEX = re.compile(r"[ \t\n\v\f\r]*([+-]?)([0-9]+)", re.ASCII)
 
@@ -139,7 +136,7 @@ class _Reader:
             raise _fail(path, "must not be empty")
         return [self.node(alt, f"{path}/{i}") for i, alt in enumerate(alts)]
 
-    def object(self, schema: dict, path: str) -> Node:
+    def object_node(self, schema: dict, path: str) -> Node:
         required: set[str] = set()
         if isinstance(schema.get("required"), list):
             required = {name for name in schema["required"] if isinstance(name, str)}
@@ -224,7 +221,7 @@ class _Reader:
         has_properties = "properties" in schema or extra is not True
         if not kind:  # without a type the structural keywords decide, in this order
             if has_properties:
-                return self.object(schema, path)
+                return self.object_node(schema, path)
             if "allOf" in schema:
                 return AllOfNode(self.alternatives(schema["allOf"], f"{path}/allOf"))
             if "items" in schema or "prefixItems" in schema:
@@ -235,15 +232,15 @@ class _Reader:
         if kind in ("object", "string") and "allOf" in schema and not (kind == "object" and has_properties):
             return AllOfNode(self.alternatives(schema["allOf"], f"{path}/allOf"))
         if kind == "object":
-            return self.object(schema, path)
+            return self.object_node(schema, path)
         if kind == "string":
             return self.string(schema, path)
         if kind == "array":
             return self.array(schema, path)
         if kind == "integer":
             return self.integer(schema, path)
-        if kind in _SIMPLE:
-            return _SIMPLE[kind]()
+        if kind in SIMPLE_TYPES:
+            return SIMPLE_TYPES[kind]()
         raise _fail(path, f"unrecognized type {kind}")
 
 

@@ -3,7 +3,7 @@
 The rule bodies are llama.cpp's, character for character: a grammar is compared as text (the
 tests, a user's saved grammar, llama-server's `/props`), so the same schema must give the same
 rules. Constants are JSON text as nlohmann::json writes it, hence `dump_json`
-(`engine/json_float.py` for its doubles).
+(`json_float.py` for its doubles).
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import gguf
 
@@ -17,9 +16,10 @@ from ubatch.engine.errors import ModelLoadError
 
 # HF model_type -> GGUF architecture
 MODEL_TYPES = {"llama": "llama", "gemma3_text": "gemma3"}
+Config = dict[str, object]  # config.json's object: every value is checked where it is read
 
 
-def read_config(d: Path) -> tuple[str, dict[str, Any]]:
+def read_config(d: Path) -> tuple[str, Config]:
     """(GGUF arch, the text model's config) of checkpoint directory d, or one line saying why not."""
     f = d / "config.json"
     if not f.is_file():
@@ -45,23 +45,25 @@ def read_config(d: Path) -> tuple[str, dict[str, Any]]:
     return MODEL_TYPES[mt], cfg
 
 
-def _int(cfg: dict[str, Any], key: str, src: str, default: Any = None) -> int:
+def _int(cfg: Config, key: str, src: str, default: object = None) -> int:
     v = cfg.get(key, default)
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         raise ModelLoadError(f"{src}: {key} = {v!r}: expected a positive integer")
     return v
 
 
-def _num(cfg: dict[str, Any], key: str, src: str, default: Any = None) -> float:
+def _num(cfg: Config, key: str, src: str, default: object = None) -> float:
     v = cfg.get(key, default)
     if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
         raise ModelLoadError(f"{src}: {key} = {v!r}: expected a positive number")
     return float(v)
 
 
-def _rope_scaling(w: gguf.GGUFWriter, cfg: dict[str, Any], src: str) -> None:
-    rs = cfg.get("rope_scaling") or {}
-    kind = rs.get("rope_type", rs.get("type")) if isinstance(rs, dict) else None
+def _rope_scaling(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
+    rs = cfg.get("rope_scaling")
+    if not isinstance(rs, dict):  # absent, null or not an object: no scaling
+        return
+    kind = rs.get("rope_type", rs.get("type"))
     if kind is None or kind == "default":
         return
     if kind != "linear" or not isinstance(rs.get("factor"), (int, float)):
@@ -70,7 +72,7 @@ def _rope_scaling(w: gguf.GGUFWriter, cfg: dict[str, Any], src: str) -> None:
     w.add_rope_scaling_factor(float(rs["factor"]))
 
 
-def write_hparams(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], src: str) -> None:
+def write_hparams(w: gguf.GGUFWriter, arch: str, cfg: Config, src: str) -> None:
     """The architecture keys, as the converter's LlamaModel / Gemma3Model set them."""
     n_layer = _int(cfg, "num_hidden_layers", src)
     n_embd = _int(cfg, "hidden_size", src)
@@ -88,8 +90,8 @@ def write_hparams(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], src: str) 
             w.add_rope_freq_base(_num(cfg, "rope_theta", src))
         w.add_layer_norm_rms_eps(_num(cfg, "rms_norm_eps", src))
         w.add_vocab_size(_int(cfg, "vocab_size", src))
-        head_dim = cfg.get("head_dim") or n_embd // n_head
-        w.add_rope_dimension_count(_int({"head_dim": head_dim}, "head_dim", src))
+        head_dim = _int({"head_dim": cfg.get("head_dim") or n_embd // n_head}, "head_dim", src)
+        w.add_rope_dimension_count(head_dim)
         if head_dim != n_embd // n_head:
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)

@@ -1,6 +1,6 @@
 """Write a Hugging Face checkpoint as a GGUF file: `ubatch convert DIR -o FILE.gguf`.
 
-The checkpoint is opened exactly as `-m DIR` opens it (engine/hf_checkpoint.py), so the file
+The checkpoint is opened exactly as `-m DIR` opens it (engine/model/hf/checkpoint.py), so the file
 holds the keys and tensors the engine runs from the directory: the converter's metadata, Q/K
 already permuted, norms as f32. Matrices are written in the chosen type (llama.cpp's
 `--outtype`); one already in that type is copied byte for byte.
@@ -67,7 +67,7 @@ def convert(
     o = Path(out)
     if o.is_dir():
         raise ModelLoadError(f"{o}: is a directory; -o takes the path of the GGUF file to write")
-    w = gguf.GGUFWriter(str(o), g.metadata["general.architecture"])
+    w = gguf.GGUFWriter(str(o), keys.arch)
     for k, v in keys.kv_data[0].items():
         if k not in ("general.architecture", "general.file_type"):
             w.add_key_value(k, v.value, v.type, v.sub_type)

@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as T
 
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.gguf.file import TensorInfo
+from ubatch.engine.model.arch import TensorSpec
 from ubatch.engine.model.hparams import HParams
 
 DTYPES = {"F32": (T.F32, np.float32), "F16": (T.F16, np.float16), "BF16": (T.BF16, np.uint16)}
@@ -117,7 +118,7 @@ def _permute(a: np.ndarray, n_head: int) -> np.ndarray:
     return a.reshape(n_head, 2, rows // n_head // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
 
 
-def load_tensors(d: Path, hp: HParams, expected: dict[str, tuple[tuple[int, ...], bool]]) -> dict[str, TensorInfo]:
+def load_tensors(d: Path, hp: HParams, expected: dict[str, TensorSpec]) -> dict[str, TensorInfo]:
     """The GGUF-named tensors of checkpoint d, every one checked before any is mapped."""
     where = shard_files(d)
     heads = {f: _header(f) for f in sorted(set(where.values()))}
@@ -131,8 +132,8 @@ def load_tensors(d: Path, hp: HParams, expected: dict[str, tuple[tuple[int, ...]
         if hf not in heads[f][0]:
             raise ModelLoadError(f"{f.name}: tensor {hf!r}, named by the index, is not in the file; re-download it")
         plan[name] = (hf, f)
-    for name, (_shape, required) in expected.items():
-        if required and name not in plan:
+    for name, spec in expected.items():
+        if spec.required and name not in plan:
             raise ModelLoadError(
                 f"{d}: tensor {name!r} is missing from the safetensors files; the checkpoint is incomplete"
             )
@@ -141,7 +142,7 @@ def load_tensors(d: Path, hp: HParams, expected: dict[str, tuple[tuple[int, ...]
         head, base = heads[f]
         e = head[hf]
         shape = tuple(int(x) for x in e.get("shape", ()))
-        want = expected.get(name, (None,))[0]
+        want = expected[name].shape if name in expected else None
         if name == "token_embd.weight" and hp.arch == "gemma3" and len(shape) == 2 and shape[0] > hp.n_vocab:
             shape = (hp.n_vocab, shape[1])  # rows past the vocabulary (padding) are dropped
         if want is None:

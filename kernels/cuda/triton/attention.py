@@ -17,7 +17,7 @@ import triton.language as tl
 from gguf import GGMLQuantizationType as T
 
 from ubatch.kernels.cuda.triton import mode
-from ubatch.kernels.ops import KV_CHUNK, MASKED, KVTensor
+from ubatch.kernels.ops import KV_CHUNK, MASKED, AttentionArgs, KVTensor
 
 FLOAT_KV = frozenset({int(T.F32), int(T.F16), int(T.BF16)})
 KV_TYPES = FLOAT_KV | {int(T.Q8_0)}
@@ -41,29 +41,43 @@ def _load_kv(P, P8, P16, cell, cm, hk, stride_cell, row_bytes, D: tl.constexpr, 
 
 
 @triton.jit
+def _query_rows(T, R, n_head_kv, BM: tl.constexpr):
+    """The program's KV stream g and KV head hk (axis 0: g·Hkv + hk) and its block of BM query
+    rows (axis 1): row i is token t = i // R, query head h = hk·R + i % R; rm masks rows past T·R."""
+    pid = tl.program_id(0)
+    g, hk = (pid // n_head_kv).to(tl.int64), pid % n_head_kv
+    rows = tl.program_id(1) * BM + tl.arange(0, BM)
+    return g, hk, rows < T * R, rows // R, hk * R + rows % R
+
+
+@triton.jit
+def _store_rows(O, acc, l_i, g, t, h, rm, T, so, DV: tl.constexpr, BDV: tl.constexpr):  # noqa: E741
+    """The output rows, normalised by their sums (a row that saw no cell: 0, not 0/0)."""
+    dv = tl.arange(0, BDV)
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(O + (g * T + t[:, None]) * so + h[:, None] * DV + dv[None, :], out, mask=rm[:, None] & (dv[None, :] < DV))
+
+
+@triton.jit
 def attention_kernel(
     Q, K, K8, K16, V, V8, V16, STARTS, MASK, VIS, CPOS, CSEQ, QPOS, QLIM, QSEQ, O, PART,  # noqa: E741
     T, R, n_head_kv, n_kv, sq_g, sq_t, sq_h, sk, k_rb, sv, v_rb, sm_g, sm_t, so, n_swa, scale,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    KQ8: tl.constexpr, VQ8: tl.constexpr, MASK_CELLS: tl.constexpr, CAUSAL: tl.constexpr,
+    KQ8: tl.constexpr, VQ8: tl.constexpr, MASK_CELLS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """Program (g·Hkv + hk, block of BM query rows, split s); row i is token i // R, head
     hk·R + i % R. SPLIT > 1 (decode over many cells): split s reads 1/SPLIT of the cells and
     leaves its running max, sum and unnormalised output in PART for attention_combine_kernel."""
-    pid = tl.program_id(0)
-    g, hk = (pid // n_head_kv).to(tl.int64), pid % n_head_kv
-    rows = tl.program_id(1) * BM + tl.arange(0, BM)
-    rm = rows < T * R
-    t, h = rows // R, hk * R + rows % R
+    g, hk, rm, t, h = _query_rows(T, R, n_head_kv, BM)
     d, dv = tl.arange(0, BD), tl.arange(0, BDV)
     q = tl.load(Q + g * sq_g + t[:, None] * sq_t + h[:, None] * sq_h + d[None, :], mask=rm[:, None] & (d[None, :] < D))
     start = tl.load(STARTS + g)
     if MASK_CELLS:
         qpos = tl.load(QPOS + g * T + t, mask=rm, other=0)
         qseq = tl.load(QSEQ + g * T + t, mask=rm, other=0)
-        if CAUSAL:  # the last position a query may see: its own, or past every cell (no causality)
-            qlim = tl.load(QLIM + g * T + t, mask=rm, other=0)
+        # the last position a query may see: its own, or past every cell (no causality)
+        qlim = tl.load(QLIM + g * T + t, mask=rm, other=0)
     m_i = tl.full([BM], _FLOOR, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
@@ -83,9 +97,7 @@ def attention_kernel(
             if MASK_CELLS:
                 cpos = tl.load(CPOS + g * n_kv + cols, mask=cm, other=-1)
                 cseq = tl.load(CSEQ + g * n_kv + cols, mask=cm, other=0)
-                vis = (cpos[None, :] >= 0) & ((cseq[None, :] & qseq[:, None]) != 0)
-                if CAUSAL:
-                    vis = vis & (cpos[None, :] <= qlim[:, None])
+                vis = (cpos[None, :] >= 0) & ((cseq[None, :] & qseq[:, None]) != 0) & (cpos[None, :] <= qlim[:, None])
                 if n_swa > 0:
                     vis = vis & (qpos[:, None] - cpos[None, :] < n_swa)
                 s = tl.where(vis, s, float("-inf"))
@@ -104,12 +116,12 @@ def attention_kernel(
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
             m_i = m_new
     if SPLIT == 1:
-        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a row that saw no cell: 0, not 0/0
-        o = O + (g * T + t[:, None]) * so + h[:, None] * DV + dv[None, :]
-        tl.store(o, out, mask=rm[:, None] & (dv[None, :] < DV))
+        _store_rows(O, acc, l_i, g, t, h, rm, T, so, DV, BDV)
     else:
         rec = BM * (BDV + 2)
-        base = ((pid.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * SPLIT + tl.program_id(2)) * rec
+        base = (
+            (tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * SPLIT + tl.program_id(2)
+        ) * rec
         r = tl.arange(0, BM)
         tl.store(PART + base + r, m_i)
         tl.store(PART + base + BM + r, l_i)
@@ -131,14 +143,10 @@ def attention_combine_kernel(
 ):
     """The SPLIT partial results of one program of attention_kernel, rescaled to their common
     running max and summed: the same softmax as one pass over all the cells."""
-    pid = tl.program_id(0)
-    g, hk = (pid // n_head_kv).to(tl.int64), pid % n_head_kv
-    rows = tl.program_id(1) * BM + tl.arange(0, BM)
-    rm = rows < T * R
-    t, h = rows // R, hk * R + rows % R
+    g, _, rm, t, h = _query_rows(T, R, n_head_kv, BM)
     r, dv = tl.arange(0, BM), tl.arange(0, BDV)
     rec = BM * (BDV + 2)
-    base = (pid.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * SPLIT * rec
+    base = (tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * SPLIT * rec
     m = tl.max(tl.load(PART + base + tl.arange(0, SPLIT)[:, None] * rec + r[None, :]), axis=0)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
@@ -146,8 +154,7 @@ def attention_combine_kernel(
         w = tl.exp(tl.load(PART + base + s * rec + r) - m)
         l_i += tl.load(PART + base + s * rec + BM + r) * w
         acc += tl.load(PART + base + s * rec + 2 * BM + r[:, None] * BDV + dv[None, :]) * w[:, None]
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(O + (g * T + t[:, None]) * so + h[:, None] * DV + dv[None, :], out, mask=rm[:, None] & (dv[None, :] < DV))
+    _store_rows(O, acc, l_i, g, t, h, rm, T, so, DV, BDV)
 
 
 def blocks(rows: int, d: int, interpreted: bool = False) -> tuple[int, int, int]:
@@ -195,41 +202,39 @@ def _views(kv: KVTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int,
 
 
 def attention(
-    q: torch.Tensor,
-    k: KVTensor,
-    v: KVTensor,
-    starts: torch.Tensor,
-    n_kv: int,
-    mask: torch.Tensor | None,
-    scale: float,
+    a: AttentionArgs[torch.Tensor],
     out: torch.Tensor,
-    visible: torch.Tensor,
-    cells: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool | torch.Tensor] | None = None,
+    part: torch.Tensor | None = None,
     tiles: tuple[int, int, int] | None = None,
     split: int | None = None,
-    part: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q (G, T, H, D) with unit stride in D; out (G·T, H·Dv) contiguous; starts (G,) int64 on
-    q's device; visible (n_kv / 256,) bool. `cells` = (cell pos (G, n_kv) int32, cell sequence
-    bits (G, n_kv) int64, query pos (G·T,) int32, query sequence bit (G·T,) int64, n_swa, causal)
-    computes the mask in the kernel instead of reading `mask` (G, T, n_kv); causal is a bool or
-    each query's causal limit (G·T,) int32 (its position, or INT32_MAX where attention is not
-    causal), so a graph planned before it knows the attention type serves both. `tiles` =
-    (BM, BN, warps) overrides `blocks` and `split` overrides `splits` (tests run the GPU's
-    choices in the interpreter). `part`: f32 scratch of at least `partials` elements for a
-    split decode (the graph plans it in the workspace), else allocated here."""
+    """q (G, T, H, D) with unit stride in D; out (G·T, H·Dv) contiguous. With `a.cells` the
+    kernel computes the mask from them instead of reading `a.mask` (G, T, n_kv); a query's
+    causal limit is its position, or INT32_MAX where attention is not causal, so a graph planned
+    before it knows the attention type serves both. `part`: f32 scratch of at least `partials`
+    elements for a split decode (the graph plans it in the workspace), else allocated here.
+    `tiles` = (BM, BN, warps) overrides `blocks` and `split` overrides `splits` (tests run the
+    GPU's choices in the interpreter)."""
+    q, k, v, n_kv, cells = a.q, a.k, a.v, a.n_kv, a.cells
     g, t, h, d = q.shape
     r = h // k.n_head
+    starts = a.starts.to(q.device)
+    visible = (
+        a.visible if a.visible is not None else torch.ones(-(-n_kv // KV_CHUNK), dtype=torch.bool, device=q.device)
+    )
     bm, bn, nw = tiles or blocks(t * r, d, mode.interpreted())
     kf, k8, k16, sk, k_rb = _views(k)
     vf, v8, v16, sv, v_rb = _views(v)
-    if cells is None:
-        cpos = cseq = qpos = qlim = qseq = starts
-        n_swa, causal, mk, sm = 0, True, mask, (mask.stride(0), mask.stride(1))
-    else:
-        cpos, cseq, qpos, qseq, n_swa, causal = cells
-        qlim, causal = (causal, True) if isinstance(causal, torch.Tensor) else (qpos, causal)
+    if cells is not None:
+        cpos, cseq, qpos, qseq, qlim, n_swa = (
+            cells.cell_pos, cells.cell_seq, cells.query_pos, cells.query_seq, cells.query_lim, cells.n_swa
+        )  # fmt: skip
         mk, sm = starts, (0, 0)
+    elif a.mask is not None:
+        cpos = cseq = qpos = qlim = qseq = starts  # not read
+        n_swa, mk, sm = 0, a.mask, (a.mask.stride(0), a.mask.stride(1))
+    else:
+        raise ValueError("attention needs a mask tensor or the cells to compute it from")
     grid = (g * k.n_head, triton.cdiv(t * r, bm))
     sp = split or _split(t * r, d, n_kv, grid[0] * grid[1], k.ggml_type == T.Q8_0)
     bdv = triton.next_power_of_2(v.head_dim)
@@ -241,9 +246,9 @@ def attention(
     attention_kernel[(*grid, sp)](
         q, kf, k8, k16, vf, v8, v16, starts, mk, visible, cpos, cseq, qpos, qlim, qseq, out, part,
         t, r, k.n_head, n_kv, q.stride(0), q.stride(1), q.stride(2), sk, k_rb, sv, v_rb, sm[0], sm[1],
-        out.stride(0), n_swa, scale,
+        out.stride(0), n_swa, a.scale,
         D=d, DV=v.head_dim, BD=triton.next_power_of_2(d), BDV=bdv,
-        KQ8=k.ggml_type == T.Q8_0, VQ8=v.ggml_type == T.Q8_0, MASK_CELLS=cells is not None, CAUSAL=causal,
+        KQ8=k.ggml_type == T.Q8_0, VQ8=v.ggml_type == T.Q8_0, MASK_CELLS=cells is not None,
         BM=bm, BN=bn, CHUNK=KV_CHUNK, SPLIT=sp, num_warps=nw,
     )  # fmt: skip
     if sp > 1:
@@ -262,7 +267,7 @@ def _spec(d: int, kv: str, q8: bool, mask_cells: bool, rows: int, split: int = 1
     sig |= {a: "i32" for a in ("T", "R", "n_head_kv", "n_kv", "sq_g", "sq_t", "sq_h", "sk", "k_rb", "sv", "v_rb",
                                "sm_g", "sm_t", "so", "n_swa")}  # fmt: skip
     sig["scale"] = "fp32"
-    const = {"D": d, "DV": d, "BD": d, "BDV": d, "KQ8": q8, "VQ8": q8, "MASK_CELLS": mask_cells, "CAUSAL": True,
+    const = {"D": d, "DV": d, "BD": d, "BDV": d, "KQ8": q8, "VQ8": q8, "MASK_CELLS": mask_cells,
              "BM": bm, "BN": bn, "CHUNK": KV_CHUNK, "SPLIT": split}  # fmt: skip
     sig |= {c: "constexpr" for c in const}
     name = f"attention_d{d}_{'q8_0' if q8 else kv}_{'cells' if mask_cells else 'mask'}_bm{bm}_split{split}"

@@ -1,9 +1,9 @@
 """Triton kernels for the row-wise and element-wise ops of a layer: RMSNorm (optionally fused
 with the residual add that follows gemma's post-norms), RoPE (NEOX and normal pairs), the gated
-activation, scale / add / softcap and the row gather of the output rows.
+activation and scale / add / softcap (the row gather of the output rows is gather.py's).
 
 Each kernel is one launch over contiguous f32 rows; the wrappers check nothing the backend has
-not already checked (kernels/cuda_ops.py falls back to torch for odd layouts). `COMPILE_SPECS`
+not already checked (kernels/cuda/ops.py falls back to torch for odd layouts). `COMPILE_SPECS`
 lists every specialisation the backend launches, for scripts/triton_compile_check.py.
 """
 
@@ -93,16 +93,6 @@ def unary_binary_kernel(A, B, Y, n, s, OP: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(Y + i, y, mask=m)
 
 
-@triton.jit
-def rows_kernel(X, IDX, Y, width, BLOCK: tl.constexpr):
-    """out[r] = x[idx[r]] for f32 rows of `width` values."""
-    r = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = c < width
-    src = tl.load(IDX + r)
-    tl.store(Y + r * width + c, tl.load(X + src * width + c, mask=m), mask=m)
-
-
 def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(1, n))
 
@@ -155,14 +145,6 @@ def elementwise(op: int, a: torch.Tensor, b: torch.Tensor | None, s: float, out:
     return out
 
 
-def rows(x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    width = x[0].numel() if x.shape[0] else 0
-    if idx.numel() and width:
-        block = min(_pow2(width), ELEM_BLOCK)
-        rows_kernel[(idx.numel(), triton.cdiv(width, block))](x, idx, out, width, BLOCK=block)
-    return out
-
-
 _F = "*fp32"
 COMPILE_SPECS = [
     *[
@@ -190,5 +172,4 @@ COMPILE_SPECS = [
          {"OP": op, "BLOCK": ELEM_BLOCK})
         for op in (OP_ADD, OP_SCALE, OP_SOFTCAP)
     ],
-    ("rows", rows_kernel, {"X": _F, "IDX": "*i64", "Y": _F, "width": "i32", "BLOCK": "constexpr"}, {"BLOCK": ELEM_BLOCK}),
 ]  # fmt: skip

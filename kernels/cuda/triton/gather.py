@@ -1,6 +1,7 @@
 """Triton kernels that read or write rows in a ggml storage type: the embedding gather from a
-weight's GGUF blocks (f32 / f16 / bf16 / Q8_0 / Q4_0) and the K/V write into cache cells
-(f32 / f16 / bf16 caches, and Q8_0 quantised as ggml's reference quantiser does).
+weight's GGUF blocks (f32 / f16 / bf16 / Q8_0 / Q4_0), the gather of f32 activation rows (the
+last layer's output rows) and the K/V write into cache cells (f32 / f16 / bf16 caches, and Q8_0
+quantised as ggml's reference quantiser does).
 
 Block scales are read and written as 16-bit words of the byte rows (every row of these types
 is an even number of bytes, and each block's scale starts at an even offset), so one uint8
@@ -17,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 from ubatch.kernels.quant.weight import QWeight
 
 GATHER_BLOCK = 256  # columns per program (a multiple of every block size: 32)
+ROWS_BLOCK = 1024  # columns per program of the activation rows' gather
 FLOAT_TYPES = {int(T.F32): torch.float32, int(T.F16): torch.float16, int(T.BF16): torch.bfloat16}
 GET_ROWS_TYPES = frozenset({*FLOAT_TYPES, int(T.Q8_0), int(T.Q4_0)})
 KV_STORE_TYPES = frozenset({*FLOAT_TYPES, int(T.Q8_0)})
@@ -31,7 +33,7 @@ def _f16_at(W16, byte_off):
 
 @triton.jit
 def get_rows_float_kernel(W, IDX, Y, k, BLOCK: tl.constexpr):
-    """out[r] = w[idx[r]] for a float weight (any float dtype), as f32."""
+    """out[r] = w[idx[r]] for rows of k floats (any float dtype), as f32."""
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = c < k
@@ -116,6 +118,15 @@ def get_rows(w: QWeight, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def rows(x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Rows `idx` (int64) of contiguous f32 rows x into out."""
+    width = x[0].numel() if x.shape[0] else 0
+    if idx.numel() and width:
+        block = min(triton.next_power_of_2(width), ROWS_BLOCK)
+        get_rows_float_kernel[_grid(idx.numel(), width, block)](x, idx, out, width, BLOCK=block)
+    return out
+
+
 def kv_store(data: torch.Tensor, ggml_type: int, cells: torch.Tensor, x: torch.Tensor) -> None:
     """Rows x (n, ...) f32 contiguous written at `cells` (int64) of a cache in KV_STORE_TYPES."""
     n = x.shape[0]
@@ -141,6 +152,8 @@ COMPILE_SPECS = [
          "BLOCK": "constexpr"}, {"BLOCK": GATHER_BLOCK})
         for t in ("fp32", "fp16", "bf16")
     ],
+    ("rows", get_rows_float_kernel, {"W": "*fp32", "IDX": "*i64", "Y": "*fp32", "k": "i32", "BLOCK": "constexpr"},
+     {"BLOCK": ROWS_BLOCK}),
     *[
         (f"get_rows_{'q4_0' if q4 else 'q8_0'}", get_rows_quant_kernel,
          {"W8": "*i8", "W16": "*i16", "IDX": "*i64", "Y": "*fp32", "k": "i32", "row_bytes": "i32",

@@ -1,15 +1,17 @@
 """Quantised matmul with fused dequantisation: out[m, n] = x[m, :] @ dense(w)[n, :] on the GPU.
 
 The weights stay the GGUF bytes (`QWeight.raw`, rows of blocks along ne0); each kernel
-dequantises the blocks it reads in registers (kernels/triton/quant_tiles.py) and accumulates in
+dequantises the blocks it reads in registers (kernels/cuda/triton/quant_tiles.py) and accumulates in
 f32. Two shapes:
 
-- `gemv_kernel` (decode, m <= 16 rows of x): one program owns BLOCK_N weight rows and streams
+- GEMV (decode, m <= 16 rows of x): one program owns BLOCK_N weight rows and streams
   their blocks once for all m rows (x is tiny and stays in cache). One row: element-wise partial
   sums over a software-pipelined K loop, reduced once at the end; 2..16 rows: the rows padded
   to 16 and tl.dot (tensor-core work is free while the weights' bytes bound the time).
-- `tiled_kernel` (prefill, m > 16): a [BLOCK_M, BLOCK_N] output tile per program; each K step
+- tiled (prefill, m > 16): a [BLOCK_M, BLOCK_N] output tile per program; each K step
   dequantises a [BLOCK_K, BLOCK_N] weight tile and feeds tl.dot.
+
+Both are `matmul_kernel`, told apart by the constexpr GEMV (one kernel, one signature).
 
 Every tl.dot uses input_precision "tf32x3" (three tf32 MMAs: f32-level error on tensor cores;
 plain tf32 would lose ~3 digits, and Gemma's activations reach 1e5).
@@ -100,7 +102,7 @@ def _dot_rows(
 
 
 @triton.jit
-def gemv_kernel(
+def matmul_kernel(
     x,
     wq,
     wh,
@@ -115,12 +117,18 @@ def gemv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GEMV: tl.constexpr,
 ):
-    """Rows [pid * BLOCK_N, +BLOCK_N) of out for all M (<= BLOCK_M) rows of x: each weight block
-    is read once. One row: element-wise partial sums reduced after the loop; up to 16: tl.dot
-    with the rows padded to 16 (tensor-core work is free while the weights' bytes bound the time)."""
+    """GEMV (grid: weight row blocks): rows [pid * BLOCK_N, +BLOCK_N) of out for all M (<=
+    BLOCK_M) rows of x, so each weight block is read once. One row: element-wise partial sums
+    reduced after the loop; up to 16: tl.dot with the rows padded to 16 (tensor-core work is free
+    while the weights' bytes bound the time). Tiled (grid: (weight row blocks, x row blocks)):
+    the [BLOCK_M, BLOCK_N] tile of out at (pid 1, pid 0), weight tiles dequantised for tl.dot."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = tl.arange(0, BLOCK_M)
+    if GEMV:
+        m = tl.arange(0, BLOCK_M)
+    else:
+        m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = n < N
     m_ok = m < M
     rb = n.to(tl.int64)[:, None, None] * row_bytes
@@ -132,34 +140,10 @@ def gemv_kernel(
         acc = tl.sum(tl.sum(part, axis=2), axis=1)[None, :]
     else:
         acc = _dot_rows(x, wq, wh, rb, n_ok[:, None, None], m, m_ok, K, stride_xm, TYPE, BLOCK_N, BLOCK_K)
-    tl.store(out + m[:, None] * stride_om + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def tiled_kernel(
-    x,
-    wq,
-    wh,
-    out,
-    M,
-    N,
-    K,
-    row_bytes,
-    stride_xm,
-    stride_om,
-    TYPE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """The [BLOCK_M, BLOCK_N] tile of out at (pid 1, pid 0): weight tiles dequantised, tl.dot."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    n_ok = n < N
-    m_ok = m < M
-    rb = n.to(tl.int64)[:, None, None] * row_bytes
-    acc = _dot_rows(x, wq, wh, rb, n_ok[:, None, None], m, m_ok, K, stride_xm, TYPE, BLOCK_N, BLOCK_K)
-    o = out + m.to(tl.int64)[:, None] * stride_om + n[None, :]
+    if GEMV:  # at most 16 rows: 32-bit offsets
+        o = out + m[:, None] * stride_om + n[None, :]
+    else:
+        o = out + m.to(tl.int64)[:, None] * stride_om + n[None, :]
     tl.store(o, acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -186,12 +170,11 @@ def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor) -> torch.Tensor:
     if m <= GEMV_MAX_ROWS:
         bm = gemv_rows(m)
         bn, bk, nw = GEMV_CONFIGS[bm]
-        grid = (triton.cdiv(n, bn),)
-        gemv_kernel[grid](*args, TYPE=t, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw)
+        matmul_kernel[(triton.cdiv(n, bn),)](*args, TYPE=t, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GEMV=True, num_warps=nw)
     else:
         bm, bn, bk, nw = TILED_CONFIG
         grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
-        tiled_kernel[grid](*args, TYPE=t, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw)
+        matmul_kernel[grid](*args, TYPE=t, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GEMV=False, num_warps=nw)
     return out
 
 
@@ -201,17 +184,17 @@ _SIGNATURE = {
     "wh": "*i16",
     "out": "*fp32",
     **dict.fromkeys(("M", "N", "K", "row_bytes", "stride_xm", "stride_om"), "i32"),
-    **dict.fromkeys(("TYPE", "BLOCK_M", "BLOCK_N", "BLOCK_K"), "constexpr"),
+    **dict.fromkeys(("TYPE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GEMV"), "constexpr"),
 }
 
 
-def _spec(kind: str, fn: object, t: int, bm: int, bn: int, bk: int, nw: int) -> tuple:
-    consts = {"TYPE": t, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
+def _spec(kind: str, t: int, bm: int, bn: int, bk: int, nw: int) -> tuple:
+    consts = {"TYPE": t, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GEMV": kind == "gemv"}
     name = f"matmul.{kind}[{type_name(t)},m{bm},n{bn},k{bk}]"
-    return (name, fn, dict(_SIGNATURE), consts, {"num_warps": nw})
+    return (name, matmul_kernel, dict(_SIGNATURE), consts, {"num_warps": nw})
 
 
 COMPILE_SPECS: list[tuple] = [
-    *(_spec("gemv", gemv_kernel, t, bm, *cfg) for t in sorted(SUPPORTED) for bm, cfg in GEMV_CONFIGS.items()),
-    *(_spec("tiled", tiled_kernel, t, *TILED_CONFIG) for t in sorted(SUPPORTED)),
+    *(_spec("gemv", t, bm, *cfg) for t in sorted(SUPPORTED) for bm, cfg in GEMV_CONFIGS.items()),
+    *(_spec("tiled", t, *TILED_CONFIG) for t in sorted(SUPPORTED)),
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Protocol
 
 import torch
 
@@ -40,6 +41,12 @@ def use_interpreter_without_gpu() -> bool:
     return True
 
 
+class _Scope(Protocol):
+    """What the interpreter's patching scope offers (triton.runtime.interpreter)."""
+
+    def set_attr(self, obj: object, name: str, value: object) -> None: ...
+
+
 def _shim_numpy_scalars() -> None:
     """triton 3.6's interpreter hands a runtime loop bound (`range(0, n, BLOCK)`) to int() as a
     1-element array, which numpy >= 2.4 refuses; read the one element instead."""
@@ -49,7 +56,7 @@ def _shim_numpy_scalars() -> None:
         return
     original = interp._patch_lang_tensor
 
-    def patch(tensor, scope) -> None:  # type: ignore[no-untyped-def]
+    def patch(tensor: object, scope: _Scope) -> None:
         original(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 

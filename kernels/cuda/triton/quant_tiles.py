@@ -13,7 +13,7 @@ of 16 bytes).
 Two views of the same bytes come in: `wq` (uint8) and `wh` (int16). Every block size and every
 f16 field offset is even, so an f16 field is one aligned 16-bit load (`wh[off // 2]`), where a
 32-bit view would be misaligned (a Q4_0 block is 18 bytes). Layouts and the order of the float
-operations follow kernels/dequant.py, the reference these tiles are tested against.
+operations follow kernels/quant/dequant.py, the reference these tiles are tested against.
 """
 
 from __future__ import annotations
