@@ -25,6 +25,7 @@ from types import FrameType
 import uvicorn
 
 from ubatch.cli.common import fail, resolve_model
+from ubatch.cli.context_flags import context_params
 from ubatch.cli.present import startup_lines
 from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
 from ubatch.cli.server.bind import bind_all, parse_hosts
@@ -34,7 +35,6 @@ from ubatch.cli.spec_flags import SpecFlags
 from ubatch.cli.spec_view import spec_startup_lines, spec_summary_lines
 from ubatch.engine.context.context import Context
 from ubatch.engine.model.model import Model
-from ubatch.engine.params import ContextParams
 from ubatch.engine.serve.embedding_task import EmbeddingRunner
 from ubatch.engine.serve.engine_loop import EngineLoop
 from ubatch.engine.serve.scheduler import Scheduler
@@ -179,24 +179,24 @@ def load_engine(o: EngineOptions) -> ServerEngine:
     grows to n_parallel x (1 + draft)."""
     m = Model.load(resolve_model(o.model), o.device)
     embedding, pooling = o.embedding or o.reranking, "rank" if o.reranking else o.pooling
-    batch_size, notes = o.batch_size, []
-    if embedding and batch_size > (o.ubatch_size or batch_size):
-        notes.append(f"embeddings enabled with n_batch ({batch_size}) > n_ubatch ({o.ubatch_size})")
+    notes = []
+    if embedding and o.batch_size > (o.ubatch_size or o.batch_size):
+        notes.append(f"embeddings enabled with n_batch ({o.batch_size}) > n_ubatch ({o.ubatch_size})")
         notes.append(f"setting n_batch = n_ubatch = {o.ubatch_size} to avoid assertion failure")
-        batch_size = o.ubatch_size
-    # llama-server: one sequence per slot; one output row per slot and iteration
-    params = ContextParams(
-        n_ctx=o.ctx_size,
-        n_batch=batch_size,
-        n_ubatch=o.ubatch_size,
-        n_seq_max=o.n_parallel,
-        n_threads=o.threads if o.threads > 0 else 0,
-        n_outputs_max=batch_size if embedding else min(batch_size, _n_outputs(o.spec, o.n_parallel)),
-        type_k=o.ctk,
-        type_v=o.ctv,
+    # llama-server: one sequence per slot; one output row per slot (and drafted token) and iteration
+    params = context_params(
+        ctx_size=o.ctx_size,
+        batch_size=o.batch_size,
+        ubatch_size=o.ubatch_size,
+        parallel=o.n_parallel,
         kv_unified=o.kv_unified,
         swa_full=o.swa_full,
+        ctk=o.ctk,
+        ctv=o.ctv,
+        threads=o.threads,
         backend=o.backend,
+        spec=o.spec.params() if o.spec is not None else None,
+        embedding=embedding,
     )
     ctx = Context(m, params, embeddings=embedding, pooling=pooling)
     speculator = o.spec.build(ctx) if o.spec is not None and not embedding else None
@@ -238,11 +238,6 @@ def start_engine(scheduler: Scheduler) -> ServerEngine:
     loop = EngineLoop(scheduler, (StateRunner(ctx, slots, stats), embeddings))
     loop.start()
     return ServerEngine(scheduler, loop, embeddings)
-
-
-def _n_outputs(spec: SpecFlags | None, n_parallel: int) -> int:
-    """One output row per slot, and with speculation one per drafted token too."""
-    return n_parallel if spec is None else int(spec.params().n_outputs_max(n_parallel, n_parallel))
 
 
 def _slot_logger(sch: Scheduler) -> Callable[[str, Slot], None]:
