@@ -114,7 +114,7 @@ def test_the_cycle_finder_finds_a_lazy_cycle() -> None:
 def test_layers_hold() -> None:
     """pyproject.toml's import-linter contracts: cli > API > engine > kernels, and the order of the
     packages inside engine/ and kernels/."""
-    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
     assert exe, "import-linter is a test dependency (pip install -e '.[test]')"
     out = subprocess.run([exe, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
