@@ -8,13 +8,13 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from collections.abc import Callable
-from dataclasses import field, fields
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import typer
 
-from ubatch.cli.options import Spec
+from ubatch.cli.options import OPTIONS, Spec
 
 
 def flag(default: Any, *names: str, help: str, panel: str) -> Any:
@@ -22,11 +22,52 @@ def flag(default: Any, *names: str, help: str, panel: str) -> Any:
     return field(default=default, metadata={"flag": Spec(names, help, panel)})
 
 
-def flag_group(cls: type, param: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def shared_flag(name: str, default: Any) -> Any:
+    """A field for a flag of cli/options.py's `OPTIONS` (one a command may also take alone)."""
+    return field(default=default, metadata={"flag": OPTIONS[name]})
+
+
+@dataclass(frozen=True, slots=True)
+class Refine:
+    """A command's own take on a shared flag: its default, help, spellings or panel (llama-server's
+    -np defaults to -1 and says "slots"; llama-cli's to 1). None keeps the group's."""
+
+    default: Any = None
+    help: str | None = None
+    names: tuple[str, ...] | None = None
+    panel: str | None = None
+    keep_default: bool = True  # False: `default` replaces the group's, even when it is None
+
+
+def refine(
+    default: Any = None, *, help: str | None = None, names: tuple[str, ...] | None = None, panel: str | None = None
+) -> Refine:
+    """`Refine` with a new default; `Refine(help=...)` alone keeps the group's default."""
+    return Refine(default, help, names, panel, keep_default=False)
+
+
+def flag_group(
+    cls: type,
+    param: str,
+    refined: Mapping[str, Refine] | None = None,
+    omit: Collection[str] = (),
+    panel: str | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A decorator adding a typer.Option per field of `cls` (declared with `flag`) to a command's
-    signature; the command receives them as one `cls` instance in its parameter `param`."""
+    signature; the command receives them as one `cls` instance in its parameter `param`.
+
+    `refined` changes a flag for this command, `omit` leaves one out (its field keeps the group's
+    default) and `panel` moves all of them under one --help heading."""
     types = typing.get_type_hints(cls)
-    specs = [(f.name, f.default, f.metadata["flag"]) for f in fields(cls)]
+    specs = []
+    for f in fields(cls):
+        if f.name in omit:
+            continue
+        s, default, r = f.metadata["flag"], f.default, (refined or {}).get(f.name)
+        if r is not None:
+            default = default if r.keep_default else r.default
+            s = Spec(r.names or s.names, r.help or s.help, r.panel or s.panel)
+        specs.append((f.name, default, Spec(s.names, s.help, panel or s.panel)))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         added = [

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from ubatch.cli import validate
 from ubatch.cli.common import resolve_model, user_errors
-from ubatch.cli.context_flags import context_params
+from ubatch.cli.context_flags import ContextFlags, context_options
 from ubatch.cli.options import opt
 from ubatch.engine.errors import UbatchError
 
@@ -30,17 +30,9 @@ def parse_bytes(text: str) -> int:
 
 
 @user_errors
+@context_options(omit=("threads",), panel="Options")  # sizes only: no thread runs
 def info(
     model: Optional[Path] = opt("model", None, panel="Options"),
-    ctx_size: int = opt("ctx_size", 0, panel="Options"),
-    batch_size: int = opt("batch_size", 2048, panel="Options"),
-    ubatch_size: int = opt("ubatch_size", 512, panel="Options"),
-    parallel: int = opt("parallel", 1, panel="Options"),
-    kv_unified: bool = opt("kv_unified", False, panel="Options"),
-    swa_full: bool = opt("swa_full", False, panel="Options"),
-    ctk: str = opt("ctk", "f16", panel="Options"),
-    ctv: str = opt("ctv", "f16", panel="Options"),
-    backend: str = opt("backend", "auto", panel="Options"),
     device: str = opt("device", "auto", panel="Options"),
     n_outputs_max: Optional[int] = typer.Option(
         None,
@@ -52,35 +44,22 @@ def info(
     ),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     verbose: bool = opt("verbose", False, help="also print llama.cpp-format startup lines", panel="Options"),
+    context: ContextFlags = ContextFlags(),
 ) -> None:
-    validate.context_flags(ctx_size, batch_size, ubatch_size)
     if n_outputs_max is not None:
         validate.at_least("--n-outputs-max", n_outputs_max, "n_outputs_max", 0)
     budget = parse_bytes(fit_budget) if fit_budget is not None else None
-    validate.n_parallel(parallel)  # these three import the engine's tables: last
-    validate.kv_types(ctk, ctv)
-    validate.backend(backend)
+    context.check()  # last: it imports the engine's tables
     from ubatch.cli.device import resolve_device
 
-    dev, backend = resolve_device(device, backend)  # the plan of that device's buffers
+    dev, context.backend = resolve_device(device, context.backend)  # the plan of that device's buffers
     from ubatch.cli.memory_view import breakdown_table, plan_json, plan_table
     from ubatch.cli.present import startup_lines
     from ubatch.engine.context.report import fit, plan_for
     from ubatch.engine.model.model import Model
 
     m = Model.load(resolve_model(model), dev)
-    params = context_params(
-        ctx_size=ctx_size,
-        batch_size=batch_size,
-        ubatch_size=ubatch_size,
-        parallel=parallel,
-        kv_unified=kv_unified,
-        swa_full=swa_full,
-        ctk=ctk,
-        ctv=ctv,
-        backend=backend,
-        n_outputs_max=n_outputs_max,
-    )
+    params = context.params(n_outputs_max=n_outputs_max)
     # sized from shapes: info allocates none of the buffers it reports
     params, plan = fit(m, params, budget) if budget is not None else (params, plan_for(m, params))
     if as_json:

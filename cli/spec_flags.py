@@ -6,11 +6,10 @@ checks them before anything loads, loads the draft model and builds the engine's
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ubatch.cli.context_flags import context_params
 from ubatch.cli.flag_group import flag, flag_group
 from ubatch.engine.errors import UbatchError
 
@@ -118,22 +117,16 @@ class SpecFlags:
         draft_ctx = None
         if self.uses_draft_model:
             assert self.model_draft is not None  # check() refused draft-simple without -md
-            cp = ctx.cparams
             dm = Model.load(self.model_draft, ctx.model.device)
-            draft_ctx = Context(
-                dm,
-                context_params(
-                    ctx_size=cp.n_ctx,
-                    batch_size=cp.n_batch,
-                    ubatch_size=cp.n_ubatch,
-                    parallel=cp.n_seq_max,
-                    kv_unified=cp.kv_unified,
-                    ctk=self.spec_draft_type_k,
-                    ctv=self.spec_draft_type_v,
-                    threads=cp.n_threads,
-                    backend=ctx.params.backend,
-                ),
+            draft = replace(
+                ctx.params,
+                n_ctx=ctx.cparams.n_ctx,  # the target's, resolved: not the draft model's own
+                n_outputs_max=min(ctx.params.n_batch, ctx.params.n_seq_max),
+                type_k=self.spec_draft_type_k,
+                type_v=self.spec_draft_type_v,
+                swa_full=False,
             )
+            draft_ctx = Context(dm, draft)
         return create_speculator(self.params(), ctx, draft_ctx)
 
 

@@ -20,6 +20,7 @@ from embd_reference import reference_hidden, reference_score, write_llama
 from test_server import Live, post
 
 from ubatch import Llama
+from ubatch.cli.context_flags import ContextFlags
 from ubatch.cli.server.app import ServerOptions, create_app
 from ubatch.cli.server.run import EngineOptions, load_engine
 from ubatch.engine.context.context import Context
@@ -120,7 +121,9 @@ def test_several_prompts_in_one_decode_equal_one_at_a_time(ranker: Path, bidir: 
 def served(path: Path, **kw: object) -> Iterator[str]:
     """`ubatch server` with these flags, in-process on a free loopback port: -np 2 -c 512 -ub 64."""
     flags = {k: kw.pop(k) for k in ("embedding", "pooling", "reranking") if k in kw}
-    eng = load_engine(EngineOptions(model=path, n_parallel=2, ctx_size=512, ubatch_size=64, quiet=True, **flags))  # type: ignore[arg-type]
+    eng = load_engine(
+        EngineOptions(model=path, context=ContextFlags(parallel=2, ctx_size=512, ubatch_size=64), quiet=True, **flags)
+    )  # type: ignore[arg-type]
     live = Live(create_app(eng, ServerOptions(alias="tiny", **flags)))  # type: ignore[arg-type]
     try:
         yield live.url

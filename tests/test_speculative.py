@@ -17,6 +17,7 @@ from cli_inproc import run_cli
 from test_server import Live, metric, post
 from tiny_models import TinySpec, write_tiny_model
 
+from ubatch.cli.context_flags import ContextFlags
 from ubatch.cli.server.app import ServerOptions, create_app
 from ubatch.cli.server.run import EngineOptions, load_engine
 from ubatch.cli.spec_flags import SpecFlags
@@ -201,7 +202,9 @@ def test_server_slots_verify_drafts_under_concurrency(default_model_path: Path, 
             ]
         )
     spec = SpecFlags(spec_type=["ngram-simple"], spec_ngram_simple_size_n=3, spec_ngram_simple_size_m=5)
-    eng = load_engine(EngineOptions(default_model_path, 2, 2048, warmup=False, spec=spec, quiet=True))
+    eng = load_engine(
+        EngineOptions(default_model_path, ContextFlags(ctx_size=2048, parallel=2), warmup=False, spec=spec, quiet=True)
+    )
     sch = eng.scheduler
     assert sch.ctx.cparams.n_outputs_max == 2 * (1 + 5)
     live = Live(create_app(eng, ServerOptions(metrics=True, alias="gemma")))

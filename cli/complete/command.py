@@ -13,6 +13,7 @@ import typer
 
 from ubatch.cli import validate
 from ubatch.cli.common import check_text, err_console, process_escapes, read_text_file, user_errors
+from ubatch.cli.context_flags import ContextFlags, context_options
 from ubatch.cli.options import CHAT, OUTPUT, in_panel, opt
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
 from ubatch.cli.spec_flags import SpecFlags, spec_options
@@ -21,6 +22,7 @@ _chat, _output = in_panel(CHAT), in_panel(OUTPUT)
 
 
 @user_errors
+@context_options()
 @sampling_options
 @spec_options
 def cli(
@@ -28,12 +30,6 @@ def cli(
     prompt: Optional[str] = opt("prompt", None),
     file: Optional[Path] = opt("file", None),
     n_predict: int = opt("n_predict", -1),
-    ctx_size: int = opt("ctx_size", 0),
-    ctk: str = opt("ctk", "f16"),
-    ctv: str = opt("ctv", "f16"),
-    swa_full: bool = opt("swa_full", False),
-    parallel: int = opt("parallel", 1),
-    kv_unified: bool = opt("kv_unified", False),
     context_shift: bool = opt(
         "context_shift", False, help="when the context is full, drop half of it and go on (chat: oldest messages)"
     ),
@@ -41,10 +37,6 @@ def cli(
     n_outputs_max: int = opt(
         "n_outputs_max", 1, help="output rows the compute buffer is reserved for (0 = n_batch, llama-completion's)"
     ),
-    batch_size: int = opt("batch_size", 2048),
-    ubatch_size: int = opt("ubatch_size", 512),
-    threads: int = opt("threads", -1),
-    backend: str = opt("backend", "auto"),
     device: str = opt("device", "auto"),
     warmup: bool = opt("warmup", True),
     escape: bool = _output(True, "--escape/--no-escape", "-e", help="process \\n, \\t, \\xHH escapes in prompts"),
@@ -95,22 +87,20 @@ def cli(
     prompt_cache_ro: bool = typer.Option(
         False, "--prompt-cache-ro", help="--prompt-cache: use the file, never update it"
     ),
+    context: ContextFlags = ContextFlags(),
     sampling: SamplingFlags = SamplingFlags(),
     spec: SpecFlags = SpecFlags(),
 ) -> None:
-    validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
     validate.generation_flags(n_predict, keep)
     validate.at_least("--n-outputs-max", n_outputs_max, "n_outputs_max", 0)
     validate.choice("-co", color, "color", ("on", "off", "auto"))
     sampling.check()
     for note in spec.check():
         err_console.print(note, markup=False, soft_wrap=True)
-    validate.n_parallel(parallel)  # these three import the engine's tables: last
-    validate.kv_types(ctk, ctv)
-    validate.backend(backend)
+    context.check()  # last: it imports the engine's tables
     from ubatch.cli.device import resolve_device
 
-    dev, backend = resolve_device(device, backend)  # --device cuda without a GPU: one line, exit 1
+    dev, context.backend = resolve_device(device, context.backend)  # --device cuda without a GPU: one line, exit 1
     from ubatch.cli.complete.run import Run, run
 
     if interactive_first:
@@ -157,19 +147,10 @@ def cli(
             prompt=prompt,
             mode="chat" if chat else "interactive" if interactive else "once",
             n_predict=n_predict,
-            ctx_size=ctx_size,
-            ctk=ctk,
-            ctv=ctv,
-            swa_full=swa_full,
-            parallel=parallel,
-            kv_unified=kv_unified,
+            context=context,
             context_shift=context_shift,
             keep=keep,
             n_outputs_max=n_outputs_max,
-            batch_size=batch_size,
-            ubatch_size=ubatch_size,
-            threads=threads,
-            backend=backend,
             device=str(dev),
             warmup=warmup,
             display_prompt=display_prompt,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ubatch.cli.common import err_console, resolve_model
-from ubatch.cli.context_flags import context_params
+from ubatch.cli.context_flags import ContextFlags
 from ubatch.cli.sampling_flags import SamplingFlags
 from ubatch.cli.spec_flags import SpecFlags
 
@@ -31,19 +31,10 @@ class Run:
     prompt: str | None
     mode: str  # "chat" | "once" | "interactive"
     n_predict: int
-    ctx_size: int
-    ctk: str
-    ctv: str
-    swa_full: bool
-    parallel: int
-    kv_unified: bool
+    context: ContextFlags  # -c -b -ub -np -kvu --swa-full -ctk -ctv -t --backend
     context_shift: bool
     keep: int
     n_outputs_max: int
-    batch_size: int
-    ubatch_size: int
-    threads: int
-    backend: str
     warmup: bool
     display_prompt: bool
     special: bool
@@ -81,21 +72,7 @@ def run(r: Run) -> None:
     spinner = chat and not (r.log_disable or r.simple_io) and err_console.is_terminal
     with err_console.status("loading the model", spinner="dots") if spinner else contextlib.nullcontext():
         m = Model.load(path, r.device)
-        params = context_params(
-            ctx_size=r.ctx_size,
-            batch_size=r.batch_size,
-            ubatch_size=r.ubatch_size,
-            parallel=r.parallel,
-            kv_unified=r.kv_unified,
-            swa_full=r.swa_full,
-            ctk=r.ctk,
-            ctv=r.ctv,
-            threads=r.threads,
-            backend=r.backend,
-            n_outputs_max=r.n_outputs_max,
-            spec=r.spec.params(),
-        )
-        ctx = Context(m, params)
+        ctx = Context(m, r.context.params(n_outputs_max=r.n_outputs_max, spec=r.spec.params()))
         speculator = r.spec.build(ctx)  # the draft model, if any, loads here too
         if chat and r.warmup:
             ctx.warmup()

@@ -12,7 +12,8 @@ import typer
 
 from ubatch.cli import validate
 from ubatch.cli.common import check_text, err_console, process_escapes, resolve_model, user_errors
-from ubatch.cli.context_flags import context_params
+from ubatch.cli.context_flags import ContextFlags, context_options
+from ubatch.cli.flag_group import refine
 from ubatch.cli.options import opt
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
 from ubatch.cli.spec_flags import SpecFlags, spec_options
@@ -21,42 +22,32 @@ WHAT_IF_UBATCHES = (512, 256, 128, 64)
 
 
 @user_errors
+@context_options({"parallel": refine(-1, help="slots, as llama-server's -np (-1 = one per -p)")})
 @sampling_options
 @spec_options
 def explain(
     model: Optional[Path] = opt("model", None),
     prompt: Optional[list[str]] = opt("prompt", None, help="a prompt; repeat -p for sequences decoded together"),
     n_predict: int = opt("n_predict", 4, help="tokens to generate per prompt (-1 = until end of generation)"),
-    ctx_size: int = opt("ctx_size", 0),
-    batch_size: int = opt("batch_size", 2048),
-    ubatch_size: int = opt("ubatch_size", 512),
-    parallel: Optional[int] = opt("parallel", None, help="slots, as llama-server's -np (default: one per -p)"),
-    kv_unified: bool = opt("kv_unified", False),
-    swa_full: bool = opt("swa_full", False),
-    ctk: str = opt("ctk", "f16"),
-    ctv: str = opt("ctv", "f16"),
-    threads: int = opt("threads", -1),
-    backend: str = opt("backend", "auto"),
     device: str = opt("device", "auto"),
     escape: bool = typer.Option(True, "--escape/--no-escape", "-e", help="process \\n, \\t, \\xHH escapes in prompts"),
     as_json: bool = typer.Option(False, "--json", help="print the explanation as JSON"),
+    context: ContextFlags = ContextFlags(),
     sampling: SamplingFlags = SamplingFlags(),
     spec: SpecFlags = SpecFlags(),
 ) -> None:
     if not prompt:
         raise typer.BadParameter("give at least one prompt to explain", param_hint="-p")
-    validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
     validate.generation_flags(n_predict)
     sampling.check()
     for note in spec.check():
         err_console.print(note, markup=False, soft_wrap=True)
-    n_slots = validate.n_parallel(parallel) if parallel is not None else len(prompt)
     validate.n_parallel(len(prompt), flag="-p (one sequence each)")
-    validate.kv_types(ctk, ctv)
-    validate.backend(backend)
+    context.check(parallel_auto=True)  # last: it imports the engine's tables
+    n_slots = context.parallel if context.parallel > 0 else len(prompt)
     from ubatch.cli.device import resolve_device
 
-    dev, backend = resolve_device(device, backend)
+    dev, context.backend = resolve_device(device, context.backend)
     sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
     texts = [check_text(process_escapes(p) if escape else p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
     from ubatch.cli.explain.run import Request, explain_request
@@ -65,19 +56,7 @@ def explain(
     m = Model.load(resolve_model(model), dev)
     ids = [m.vocab.tokenize(t, add_special=True, parse_special=True) for t in texts]
     # as llama-server: one output row per slot, and with speculation one per drafted token
-    params = context_params(
-        ctx_size=ctx_size,
-        batch_size=batch_size,
-        ubatch_size=ubatch_size,
-        parallel=n_slots,
-        kv_unified=kv_unified,
-        swa_full=swa_full,
-        ctk=ctk,
-        ctv=ctv,
-        threads=threads,
-        backend=backend,
-        spec=spec.params(),
-    )
+    params = context.params(parallel=n_slots, spec=spec.params())
     req = Request(
         ids,
         n_predict,

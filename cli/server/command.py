@@ -15,6 +15,8 @@ import typer
 
 from ubatch.cli import validate
 from ubatch.cli.common import err_console, process_escapes, read_text_file, user_errors
+from ubatch.cli.context_flags import ContextFlags, context_options
+from ubatch.cli.flag_group import Refine, refine
 from ubatch.cli.options import BATCH, CTX, MODEL, SERVER, opt
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
 from ubatch.cli.spec_flags import SpecFlags, spec_options
@@ -32,6 +34,18 @@ def _csv(v: str | None) -> tuple[str, ...]:
 
 
 @user_errors
+@context_options(
+    {
+        "parallel": refine(-1, help="number of slots (-1 = auto: 4 slots with a unified KV cache)"),
+        "ctx_size": Refine(help="context size, split across the slots unless -kvu (0 = from the model)"),
+        "kv_unified": Refine(
+            names=("-kvu/-no-kvu", "--kv-unified/--no-kv-unified"),
+            help="one KV cache shared by all slots (default with -np -1)",
+        ),
+        "batch_size": Refine(help="logical batch size: rows per decode call"),
+        "ubatch_size": Refine(help="physical batch size: rows per forward pass"),
+    }
+)
 @sampling_options
 @spec_options
 def server(
@@ -93,18 +107,6 @@ def server(
     embd_normalize: int = _flag(
         2, "--embd-normalize", help="embedding normalisation: -1 none, 0 max-abs, 2 Euclidean, p>2 p-norm", panel=EMBD
     ),
-    n_parallel: int = opt("parallel", -1, help="number of slots (-1 = auto: 4 slots with a unified KV cache)"),
-    ctx_size: int = opt("ctx_size", 0, help="context size, split across the slots unless -kvu (0 = from the model)"),
-    kv_unified: bool = _flag(
-        False,
-        "-kvu/-no-kvu",
-        "--kv-unified/--no-kv-unified",
-        help="one KV cache shared by all slots (default with -np -1)",
-        panel=CTX,
-    ),
-    ctk: str = opt("ctk", "f16"),
-    ctv: str = opt("ctv", "f16"),
-    swa_full: bool = opt("swa_full", False),
     context_shift: bool = opt("context_shift", False, help="when a slot's context fills, drop half of it and continue"),
     keep: int = opt("keep", 0, help="tokens a context shift keeps (-1 = all)"),
     cache_reuse: int = _flag(
@@ -123,8 +125,6 @@ def server(
         help="pick the idle slot whose cache matches this much of the prompt",
         panel=CTX,
     ),
-    batch_size: int = opt("batch_size", 2048, help="logical batch size: rows per decode call"),
-    ubatch_size: int = opt("ubatch_size", 512, help="physical batch size: rows per forward pass"),
     cont_batching: bool = _flag(
         True,
         "-cb/-nocb",
@@ -132,8 +132,6 @@ def server(
         help="mix prompt chunks into generation batches",
         panel=BATCH,
     ),
-    threads: int = opt("threads", -1),
-    backend: str = opt("backend", "auto"),
     device: str = opt("device", "auto"),
     warmup: bool = opt("warmup", True),
     n_predict: int = opt("n_predict", -1, help="default tokens to generate per request (-1 = unlimited)"),
@@ -141,12 +139,12 @@ def server(
         None, "-r", "--reverse-prompt", help="default stop string of every request (repeatable)", panel=MODEL
     ),
     special: bool = opt("special", False),
+    context: ContextFlags = ContextFlags(),
     sampling: SamplingFlags = SamplingFlags(),
     spec: SpecFlags = SpecFlags(),
 ) -> None:
     validate.in_range("--port", port, "port", 0, 65535)
     validate.positive("-to", timeout, "timeout")
-    validate.context_flags(ctx_size, batch_size, ubatch_size, threads)
     validate.at_least("--cache-reuse", cache_reuse, "n_cache_reuse", 1, sentinel=(0, "off"))
     validate.fraction("-sps", slot_prompt_similarity, "slot_prompt_similarity")
     validate.generation_flags(n_predict, keep)
@@ -157,14 +155,13 @@ def server(
     sampling.check()
     for note in spec.check():
         err_console.print(note, markup=False, soft_wrap=True)
-    validate.n_parallel(n_parallel, auto=True)  # these three import the engine's tables: last
-    validate.kv_types(ctk, ctv)
-    validate.backend(backend)
+    context.check(parallel_auto=True)  # last: it imports the engine's tables
     from ubatch.cli.device import resolve_device
 
-    dev, backend = resolve_device(device, backend)  # --device cuda without a GPU: one line, exit 1
-    if n_parallel < 0:  # llama-server's auto: 4 slots and a unified KV cache, whatever -no-kvu says
-        n_parallel, kv_unified = 4, True
+    # --device cuda without a GPU: one line, exit 1
+    dev, context.backend = resolve_device(device, context.backend)
+    if context.parallel < 0:  # llama-server's auto: 4 slots and a unified KV cache, whatever -no-kvu says
+        context.parallel, context.kv_unified = 4, True
     if chat_template is None and chat_template_file is not None:
         chat_template = str(chat_template_file)
     if chat_template is not None:  # fail before loading anything
@@ -210,16 +207,7 @@ def server(
     )
     engine = EngineOptions(
         model=model,
-        n_parallel=n_parallel,
-        ctx_size=ctx_size,
-        batch_size=batch_size,
-        ubatch_size=ubatch_size,
-        kv_unified=kv_unified,
-        ctk=ctk,
-        ctv=ctv,
-        swa_full=swa_full,
-        threads=threads,
-        backend=backend,
+        context=context,
         device=str(dev),
         warmup=warmup,
         context_shift=context_shift,

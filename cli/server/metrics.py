@@ -90,11 +90,11 @@ def metrics_text(sch: Scheduler, n_deferred: int) -> str:
     st = sch.stats
     spec = sch.speculator.stats if sch.speculator is not None else SpecStats()
     counters = [
-        st.n_prompt_tokens_total,
+        st.total.n_prompt_tokens,
         st.n_prompt_cached_total,
-        st.t_prompt_ms_total / 1e3,
-        st.n_predicted_total,
-        st.t_predicted_ms_total / 1e3,
+        st.total.t_prompt_ms / 1e3,
+        st.total.n_predicted,
+        st.total.t_predicted_ms / 1e3,
         st.n_decode_total,
         st.n_tokens_max,
         spec.n_drafted,
@@ -102,8 +102,8 @@ def metrics_text(sch: Scheduler, n_deferred: int) -> str:
         spec.n_drafts,
     ]
     gauges = [
-        tokens_per_second(st.n_prompt_tokens, st.t_prompt_ms),
-        tokens_per_second(st.n_predicted, st.t_predicted_ms),
+        tokens_per_second(st.bucket.n_prompt_tokens, st.bucket.t_prompt_ms),
+        tokens_per_second(st.bucket.n_predicted, st.bucket.t_predicted_ms),
         sum(s.busy for s in sch.slots),
         n_deferred,
         st.n_busy_slots_total / max(st.n_decode_total, 1),

@@ -18,14 +18,14 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
 from ubatch.cli.common import fail, resolve_model
-from ubatch.cli.context_flags import context_params
+from ubatch.cli.context_flags import ContextFlags
 from ubatch.cli.present import startup_lines
 from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
 from ubatch.cli.server.bind import bind_all, parse_hosts
@@ -149,16 +149,9 @@ class EngineOptions:
     flags): the model, its context, embeddings, speculation and the scheduler's settings."""
 
     model: Path | None = None  # -m (None: the bundled default model)
-    n_parallel: int = 1  # -np: slots, one sequence each
-    ctx_size: int = 0  # -c (0: the model's), split across the slots unless kv_unified
-    batch_size: int = 2048
-    ubatch_size: int = 512
-    kv_unified: bool = False
-    ctk: str = "f16"
-    ctv: str = "f16"
-    swa_full: bool = False
-    threads: int = 0
-    backend: str = "auto"
+    # -c -b -ub -kvu -ctk -ctv -t --backend; -np: slots, one sequence each (resolved: never -1);
+    # -c is split across the slots unless -kvu
+    context: ContextFlags = field(default_factory=ContextFlags)
     device: str = "cpu"
     warmup: bool = True
     context_shift: bool = False
@@ -180,31 +173,19 @@ def load_engine(o: EngineOptions) -> ServerEngine:
     m = Model.load(resolve_model(o.model), o.device)
     embedding, pooling = o.embedding or o.reranking, "rank" if o.reranking else o.pooling
     notes = []
-    if embedding and o.batch_size > (o.ubatch_size or o.batch_size):
-        notes.append(f"embeddings enabled with n_batch ({o.batch_size}) > n_ubatch ({o.ubatch_size})")
-        notes.append(f"setting n_batch = n_ubatch = {o.ubatch_size} to avoid assertion failure")
+    c = o.context
+    if embedding and c.batch_size > (c.ubatch_size or c.batch_size):
+        notes.append(f"embeddings enabled with n_batch ({c.batch_size}) > n_ubatch ({c.ubatch_size})")
+        notes.append(f"setting n_batch = n_ubatch = {c.ubatch_size} to avoid assertion failure")
     # llama-server: one sequence per slot; one output row per slot (and drafted token) and iteration
-    params = context_params(
-        ctx_size=o.ctx_size,
-        batch_size=o.batch_size,
-        ubatch_size=o.ubatch_size,
-        parallel=o.n_parallel,
-        kv_unified=o.kv_unified,
-        swa_full=o.swa_full,
-        ctk=o.ctk,
-        ctv=o.ctv,
-        threads=o.threads,
-        backend=o.backend,
-        spec=o.spec.params() if o.spec is not None else None,
-        embedding=embedding,
-    )
+    params = c.params(spec=o.spec.params() if o.spec is not None else None, embedding=embedding)
     ctx = Context(m, params, embeddings=embedding, pooling=pooling)
     speculator = o.spec.build(ctx) if o.spec is not None and not embedding else None
     if o.warmup:
         ctx.warmup()
     sch = Scheduler(
         ctx,
-        o.n_parallel,
+        c.parallel,
         context_shift=o.context_shift,
         cache_reuse=o.cache_reuse,
         slot_prompt_similarity=o.slot_prompt_similarity,
@@ -224,7 +205,7 @@ def load_engine(o: EngineOptions) -> ServerEngine:
                 f"context of the model ({m.hparams.n_ctx_train}) - capping"
             )
         log(
-            f"srv  init: initializing slots, n_slots = {o.n_parallel}, n_ctx_slot = {sch.n_ctx_slot}, kv_unified = '{str(ctx.cparams.kv_unified).lower()}'"
+            f"srv  init: initializing slots, n_slots = {c.parallel}, n_ctx_slot = {sch.n_ctx_slot}, kv_unified = '{str(ctx.cparams.kv_unified).lower()}'"
         )
         sch.listener = _slot_logger(sch)
     return start_engine(sch)

@@ -35,19 +35,32 @@ class ReleaseRecord:
 
 
 @dataclass(slots=True)
+class TokenTotals:
+    """Prompt and generated tokens and the milliseconds they took: llama-server's metrics keep
+    these over the server's life and again since the last /metrics read."""
+
+    n_prompt_tokens: int = 0
+    t_prompt_ms: float = 0.0
+    n_predicted: int = 0
+    t_predicted_ms: float = 0.0
+
+    def add_prompt(self, n_tokens: int, ms: float) -> None:
+        self.n_prompt_tokens += n_tokens
+        self.t_prompt_ms += ms
+
+    def add_generation(self, n_tokens: int, ms: float) -> None:
+        self.n_predicted += n_tokens
+        self.t_predicted_ms += ms
+
+
+@dataclass(slots=True)
 class SchedulerStats:
     """llama-server's server_metrics plus the batching counters this project is about."""
 
     t_start: float = field(default_factory=time.time)
-    n_prompt_tokens_total: int = 0
+    total: TokenTotals = field(default_factory=TokenTotals)
+    bucket: TokenTotals = field(default_factory=TokenTotals)  # since the last /metrics read
     n_prompt_cached_total: int = 0  # prompt tokens found in a slot's cache
-    t_prompt_ms_total: float = 0.0
-    n_predicted_total: int = 0
-    t_predicted_ms_total: float = 0.0
-    n_prompt_tokens: int = 0  # bucket since the last /metrics read
-    t_prompt_ms: float = 0.0
-    n_predicted: int = 0
-    t_predicted_ms: float = 0.0
     n_tokens_max: int = 0
     n_decode_total: int = 0
     n_busy_slots_total: int = 0
@@ -58,20 +71,15 @@ class SchedulerStats:
     n_cancelled: int = 0
 
     def reset_bucket(self) -> None:
-        self.n_prompt_tokens = self.n_predicted = 0
-        self.t_prompt_ms = self.t_predicted_ms = 0.0
+        self.bucket = TokenTotals()
 
     def prompt_done(self, n_tokens: int, ms: float) -> None:
-        self.n_prompt_tokens_total += n_tokens
-        self.n_prompt_tokens += n_tokens
-        self.t_prompt_ms_total += ms
-        self.t_prompt_ms += ms
+        self.total.add_prompt(n_tokens, ms)
+        self.bucket.add_prompt(n_tokens, ms)
 
     def generation_done(self, n_tokens: int, ms: float) -> None:
-        self.n_predicted_total += n_tokens
-        self.n_predicted += n_tokens
-        self.t_predicted_ms_total += ms
-        self.t_predicted_ms += ms
+        self.total.add_generation(n_tokens, ms)
+        self.bucket.add_generation(n_tokens, ms)
 
     def count_decode(self, rec: IterationRecord, n_busy: int) -> None:
         """One decode call: the batching counters behind /metrics' rows-per-decode figures."""
