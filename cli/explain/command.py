@@ -52,21 +52,16 @@ def explain(
     texts = [check_text(process_escapes(p) if escape else p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
     from ubatch.cli.explain.run import Request, explain_request
     from ubatch.engine.model.model import Model
+    from ubatch.engine.serve.task import TaskParams
 
     m = Model.load(resolve_model(model), dev)
     ids = [m.vocab.tokenize(t, add_special=True, parse_special=True) for t in texts]
     # as llama-server: one output row per slot, and with speculation one per drafted token
     params = context.params(parallel=n_slots, spec=spec.params())
-    req = Request(
-        ids,
-        n_predict,
-        sampling.sampler_params(),
-        sampling.ignore_eos,
-        n_slots,
-        sampling.logit_biases(m.hparams.n_vocab),
-        sampling.compiled_grammar(),
-        spec.build,  # the Speculator for the target context (None: speculation off)
-    )
+    task = TaskParams(n_predict, sampling.sampler_params(), ignore_eos=sampling.ignore_eos)
+    task.logit_bias, task.grammar = sampling.logit_biases(m.hparams.n_vocab), sampling.compiled_grammar()
+    # the Speculator for the target context (None: speculation off)
+    req = Request(ids, task, n_slots, spec.build)
     e = explain_request(m, params, req, WHAT_IF_UBATCHES)
     if as_json:
         from ubatch.cli.explain.json_view import explanation_json

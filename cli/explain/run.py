@@ -10,7 +10,7 @@ cli/explain/, above the engine whose records it reads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ubatch.cli.explain.whatif import WhatIf, what_if
 from ubatch.engine.context.context import Context
@@ -18,10 +18,8 @@ from ubatch.engine.context.report import MemoryPlan, memory_plan
 from ubatch.engine.errors import UbatchError
 from ubatch.engine.explain.mask import MaskGrid
 from ubatch.engine.explain.observer import CallView, Recorder
-from ubatch.engine.grammar import Grammar
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams, CParams
-from ubatch.engine.sampling.chain import SamplerParams
 from ubatch.engine.serve.scheduler import Scheduler
 from ubatch.engine.serve.task import Failed, Final, Task, TaskParams
 from ubatch.engine.spec.speculative import SpecStats, Speculator
@@ -34,12 +32,9 @@ class ExplainError(UbatchError):
 @dataclass(slots=True)
 class Request:
     prompts: list[list[int]]  # token ids, one list per sequence
-    n_predict: int = 4
-    sampling: SamplerParams = field(default_factory=SamplerParams)
-    ignore_eos: bool = False
+    # what each sequence asks, as a server request's (-n, sampling, --ignore-eos, -l, the grammar)
+    task: TaskParams = field(default_factory=lambda: TaskParams(n_predict=4))
     n_slots: int = 0  # 0: one slot per prompt
-    logit_bias: list[tuple[int, float]] = field(default_factory=list)
-    grammar: Grammar | None = None  # a compiled grammar (engine/grammar)
     # the Speculator for the target context (engine/spec/speculative.py), or None: speculation off
     speculator: Callable[[Context], Speculator | None] | None = None
 
@@ -105,16 +100,9 @@ def explain_request(model: Model, params: ContextParams, req: Request, sub_ubatc
     events: list[object] = []
     tasks = []
     for i, p in enumerate(req.prompts):
-        tp = TaskParams(
-            n_predict=req.n_predict,
-            sampling=req.sampling,
-            ignore_eos=req.ignore_eos,
-            logit_bias=req.logit_bias,
-            grammar=req.grammar,
-        )
-        tasks.append(Task(i, list(p), tp, events.append, index=i))
+        tasks.append(Task(i, list(p), replace(req.task), events.append, index=i))
         sched.accept(tasks[-1])
-    limit = 4 * (sum(map(len, req.prompts)) + len(req.prompts) * max(req.n_predict, sched.n_ctx_slot)) + 16
+    limit = 4 * (sum(map(len, req.prompts)) + len(req.prompts) * max(req.task.n_predict, sched.n_ctx_slot)) + 16
     for _ in range(limit):
         sched.step()
         if not sched.queue and not any(s.busy for s in sched.slots):
