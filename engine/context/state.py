@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ubatch.engine.context.context import Context
-from ubatch.engine.context.state_file import SeqState, StateError, fingerprint
+from ubatch.engine.context.state_file import ModelId, SeqState, StateError, differences, model_id
 from ubatch.engine.kv.cache import KVCache
 
 
@@ -23,8 +23,7 @@ def _header(ctx: Context) -> dict[str, str]:
     cp, hp = ctx.cparams, ctx.model.hparams
     c0 = ctx.memory.caches[0]
     return {
-        "model": fingerprint(ctx.model),
-        "model_name": ctx.model.name,
+        **model_id(ctx.model).to_header(),
         "type_k": c0.type_k,
         "type_v": c0.type_v,
         "n_ctx": str(cp.n_ctx_seq),
@@ -64,10 +63,15 @@ def _check(ctx: Context, state: SeqState, seq_id: int) -> list[tuple[np.ndarray,
     h, mine = state.header, _header(ctx)
     if not 0 <= seq_id < ctx.cparams.n_seq_max:
         raise StateError(f"sequence id {seq_id} is out of range: this context has {ctx.cparams.n_seq_max} sequences")
-    if h.get("model") != mine["model"]:
-        raise StateError(
-            f"the state was saved with another model ({h.get('model_name', '?')}); this one is {mine['model_name']}"
-        )
+    saved_id, my_id = ModelId.from_header(h), ModelId.from_header(mine)
+    if saved_id != my_id:
+        diffs = differences(saved_id, my_id)
+        diffs += [
+            f"KV cache type {key[-1].upper()} differs ({h.get(key)} vs {mine[key]})"
+            for key in ("type_k", "type_v")
+            if h.get(key) != mine[key]
+        ]
+        raise StateError(f"the state was saved with another model (saved vs this one): {', '.join(diffs)}")
     for key, what in (("type_k", "-ctk"), ("type_v", "-ctv")):
         if h.get(key) != mine[key]:
             raise StateError(

@@ -9,14 +9,13 @@ defers an action on a slot that is processing). The state itself is engine/conte
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from dataclasses import dataclass
 
 from ubatch.engine.context import state
 from ubatch.engine.context.context import Context
-from ubatch.engine.context.state_file import StateError, from_bytes, write_file
+from ubatch.engine.context.state_file import StateError, read_file, write_file
 from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.serve.side_runner import SideRunner
 from ubatch.engine.serve.slot import Slot
@@ -87,14 +86,9 @@ class StateRunner(SideRunner[SlotTask]):
                 "n_written": n_bytes,
                 "timings": {"save_ms": ms},
             }
-        try:
-            with open(t.path, "rb") as f:
-                data = f.read()
-            st = from_bytes(data, t.filename)
+        try:  # the file's kind and size are checked before its body is read (state_file.read_file)
+            st, n_read = read_file(t.path, t.filename)
             n = state.restore(self.ctx, st, slot.id)
-        except OSError as e:
-            why = f"cannot read {t.filename} ({os.strerror(e.errno or 0)})"
-            raise EngineError(ErrorKind.INVALID_REQUEST, f"Unable to restore slot: {why}") from None
         except StateError as e:
             raise EngineError(ErrorKind.INVALID_REQUEST, f"Unable to restore slot: {e}") from None
         slot.cache[:] = st.tokens
@@ -103,6 +97,6 @@ class StateRunner(SideRunner[SlotTask]):
             "id_slot": slot.id,
             "filename": t.filename,
             "n_restored": n,
-            "n_read": len(data),
+            "n_read": n_read,
             "timings": {"restore_ms": ms},
         }
