@@ -6,9 +6,12 @@ a compute buffer is worded, rounded and summed the same way wherever it is shown
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import asdict
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from ubatch.cli.device import device_name
@@ -61,6 +64,19 @@ def llama_lines(p: MemoryPlan) -> list[str]:
 
 
 # -- Rich tables ----------------------------------------------------------------------------------
+
+PIPED_WIDTH = 1000  # columns of a table console whose stdout is a file or a pipe: in effect no limit
+
+
+def table_console() -> Console:
+    """The console that prints tables on stdout (explain, info). On a terminal Rich fits them to
+    the window. A file or a pipe has no window: Rich would fall back to 80 columns (or to the
+    width of the terminal that stderr is still on), wrap every row and cut headers to `sequ…`,
+    so there a table keeps its natural width and a paragraph its one line. COLUMNS, when set,
+    wins either way; --json remains the format for programs."""
+    if os.environ.get("COLUMNS", "").strip().isdigit() or sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, width=PIPED_WIDTH)
 
 
 def breakdown_table(p: MemoryPlan) -> Table:

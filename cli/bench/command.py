@@ -141,7 +141,7 @@ def bench(
         delay=validate.finite("--delay", delay, "delay", 0.0),
         backend=backend,
     )
-    from ubatch.cli.bench.format import FORMATS, format_results
+    from ubatch.cli.bench.format import FORMATS, busy_line, format_results
     from ubatch.cli.bench.plot import write_plot
     from ubatch.cli.bench.run import run_bench
     from ubatch.cli.bench.target import check_plot_path, output_target, write_file
@@ -194,6 +194,11 @@ def bench(
         sys.stdout.flush()
     if output_err is not None:
         sys.stderr.write(format_results(output_err, p, results, extras=profile))
+    labels = [_test_label(t) for t in tests] if len(tests) == len(results) else None
+    if (busy := busy_line(results, labels)) is not None:
+        from rich.markup import escape
+
+        err_console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
     if p.backend == "cuda":  # captures and replays per test, beside llama-bench's own columns
         sys.stderr.write("".join(f"{line}\n" for line in tally.lines()))
     if plot is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -216,6 +217,40 @@ def format_jsonl(results: Sequence[BenchResult]) -> str:
     return "".join(json.dumps(_json_obj(r)) + "\n" for r in results)
 
 
+# -- how much the repetitions agree --------------------------------------------------------------
+
+BUSY_SPREAD = 0.10  # repetitions of one test further apart than this: something else ran too
+
+
+def spread(r: BenchResult) -> float:
+    """How far a test's repetitions disagree: (max - min) / median of their t/s. The range, not
+    the stddev, because it reads as the caution says ("varied by N%") for any -r, and 2 reps
+    (a quick check) give a range as readily as 5; the median keeps one slow outlier from
+    shrinking its own share. 0 with fewer than two repetitions."""
+    ts = r.samples_ts
+    mid = statistics.median(ts) if len(ts) > 1 else 0.0
+    return (max(ts) - min(ts)) / mid if mid > 0 else 0.0
+
+
+def busy_line(results: Sequence[BenchResult], labels: Sequence[str] | None = None) -> str | None:
+    """The caution printed after the results when some test's repetitions disagree by more than
+    BUSY_SPREAD (None when all agree). On a quiet machine repetitions agree within a few per
+    cent; 10% and more means other work shared the cores, so a sweep can look non-monotonic
+    and only ratios taken within one run (one load of the machine) mean something. `labels`
+    name the tests (default: the test name), the worst one is named."""
+    if not results:
+        return None
+    i = max(range(len(results)), key=lambda k: spread(results[k]))
+    worst = spread(results[i])
+    if worst <= BUSY_SPREAD:
+        return None
+    name = labels[i] if labels is not None else results[i].test
+    return (
+        f"the machine is busy: t/s varied by {100 * worst:.0f}% across repetitions (most in {name}); "
+        "compare ratios from one run"
+    )
+
+
 def format_results(fmt: str, p: BenchParams, results: Sequence[BenchResult], extras: bool = False) -> str:
     if fmt == "md":
         text = format_md(p, results)
@@ -233,4 +268,7 @@ __all__ = [
     "format_json",
     "format_jsonl",
     "format_results",
+    "BUSY_SPREAD",
+    "spread",
+    "busy_line",
 ]

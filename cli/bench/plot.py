@@ -9,6 +9,7 @@ three significant digits (0.30 t/s is not "0"), and the axes leave room for ever
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +161,29 @@ def _lines(sw: Sweep, ax_mem: Axes, ax_ts: Axes) -> None:
     legend_outside(ax_ts)
 
 
+CAPTION_CHARS = 120  # a caption line at 8 pt across the 10-inch figure
+
+
+def buffer_caption(results: Sequence[BenchResult]) -> str:
+    """Why this buffer dwarfs a chat's at the same -ub: the logits rows it is planned for.
+    llama-bench plans one output row per batch row (n_outputs_max = n_batch); a chat plans one
+    per sequence, and with a 262k vocabulary 512 rows of logits alone are 512 MiB."""
+    if all(r.n_outputs_max == r.n_batch_eff for r in results):
+        text = (
+            "Larger than a chat's compute buffer at the same -ub: bench reserves logits for every batch row, as "
+            "llama-bench (-nom 0: n_outputs_max = n_batch), so the buffer holds min(-ub, n_batch) rows of n_vocab "
+            "logits; a chat reserves one row per sequence. -nom N changes bench's."
+        )
+    else:
+        nom = "/".join(map(str, sorted({r.n_outputs_max for r in results})))
+        text = (
+            f"bench reserved logits for n_outputs_max = {nom} rows (-nom), so its compute buffer holds "
+            f"min(-ub, {nom}) rows of n_vocab logits; a chat reserves one row per sequence "
+            "(-nom 0: one per batch row, as llama-bench)."
+        )
+    return textwrap.fill(text, CAPTION_CHARS)
+
+
 def _memory_axes(sw: Sweep, ax: Axes) -> None:
     rs = sw.results
     kv = {r.kv_mib for r in rs}
@@ -224,6 +248,7 @@ def build_figure(results: Sequence[BenchResult], tests: Sequence[Any] | None = N
         ax.grid(alpha=0.3)
     if profiled:
         _profile(sw, axes[2], profiled)
+    fig.supxlabel(buffer_caption(rs), fontsize=8, x=0.01, ha="left", linespacing=1.4)
     return fig
 
 
@@ -243,6 +268,7 @@ __all__ = [
     "sweep_of",
     "sig_label",
     "legend_outside",
+    "buffer_caption",
     "build_figure",
     "write_plot",
 ]

@@ -68,8 +68,7 @@ def explain(
 
         print(json.dumps(explanation_json(e), indent=1))
         return
-    from rich.console import Console
-
     from ubatch.cli.explain.view import render
+    from ubatch.cli.memory_view import table_console
 
-    render(e, Console(highlight=False))
+    render(e, table_console())
