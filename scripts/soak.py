@@ -17,10 +17,16 @@ Each round every client runs a seeded mix of greedy requests (streaming and not,
 first run alone; each concurrent result must equal it. A request that gets neither a response
 nor an error (a cut stream, no answer within the safety timeout) is lost.
 
+With `--hostile`, a hostile client runs beside the rounds the whole time (issue 32): oversized
+bodies, JSON nested 100,000 deep, nested-repetition grammars, a multi-megabyte /tokenize and
+connections that never finish their headers. Each must be refused or answered (a hostile request
+without an answer is lost too); the report gives the normal requests' latency to compare with a
+run without `--hostile`.
+
 Exit status 1 if a request was lost, a greedy result differed from its solo run, a request got
 an answer it should not (a 5xx that was not injected, a bad request accepted) or the slots were
 not clean afterwards. Bounded: `--time-limit` stops starting requests, each request has a
-timeout. Usage: python scripts/soak.py [-m MODEL|tiny] [--clients 8] [--rounds 3] [-np 2] [-n 24]
+timeout. Usage: python scripts/soak.py [-m MODEL|tiny] [--clients 8] [--rounds 3] [-np 2] [-n 24] [--hostile]
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ MARK = "soak: injected decode failure"
 SAFETY_TIMEOUT = httpx.Timeout(120.0, connect=10.0)  # no answer by then: the request is lost
 CLIENT_TIMEOUT = httpx.Timeout(10.0, read=0.3)  # the impatient client of the "timeout" kind
 HANGUP_AFTER = 3  # data events a "disconnect" client reads before it hangs up
+HOSTILE_TIMEOUT_S = 5  # the soak server's -to: a header-less connection is closed after this
+N_SLOW_HEADERS = 20  # connections per slow-header attack
 
 
 # -- the requests ---------------------------------------------------------------------------------
@@ -239,6 +247,103 @@ def _stream(http: httpx.Client, kind: Kind, body: dict[str, Any], out: Outcome) 
     out.detail = f"stream ended after {n_events} events without a final event or an error"
 
 
+# -- the hostile client (--hostile) -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attack:
+    """One hostile request and the statuses a correct server answers it with."""
+
+    name: str
+    route: str
+    body: bytes
+    expect: frozenset[int]
+
+
+def attacks() -> list[Attack]:
+    def js(x: Any) -> bytes:
+        return json.dumps(x).encode()
+
+    refused = frozenset({400})
+    return [
+        Attack("deep JSON", NATIVE, b"[" * 100_000, refused),
+        Attack(
+            "nested grammar", NATIVE, js({"prompt": "hi", "grammar": 'root ::= r{0,2000}\nr ::= "a"{0,2000}'}), refused
+        ),
+        Attack(
+            "nested schema",
+            NATIVE,
+            js({"prompt": "hi", "json_schema": {"type": "string", "pattern": "^(a{0,2000}){0,2000}$"}}),
+            refused,
+        ),
+        Attack("heavy tokenize", "/tokenize", js({"content": "hello world, " * 200_000}), frozenset({200})),
+        Attack(
+            "many logit_bias keys",
+            NATIVE,
+            js({"prompt": "hi", "n_predict": 2, "logit_bias": {f"w{i}": -1 for i in range(20_000)}}),
+            frozenset({200}),
+        ),
+        Attack("oversized body", NATIVE, b"", frozenset({413})),  # a Content-Length of 100 GB
+        Attack("slow headers", "", b"", frozenset({0})),  # connections that never finish their headers
+    ]
+
+
+@dataclass
+class HostileReport:
+    sent: int = 0
+    answered: Counter[str] = field(default_factory=Counter)
+    lost: list[str] = field(default_factory=list)
+
+
+def _oversized(url: str) -> int:
+    """A POST declaring a 100 GB body and sending none of it: the status line's code."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=SAFETY_TIMEOUT.read) as s:
+        s.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\n")
+        return int(s.recv(64).split(b" ")[1])
+
+
+def _slow_headers(url: str) -> int:
+    """N_SLOW_HEADERS connections with an unfinished request head: 0 when the server closed
+    every one within twice its timeout, else -1."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    socks = [socket.create_connection((host, int(port)), timeout=2 * HOSTILE_TIMEOUT_S) for _ in range(N_SLOW_HEADERS)]
+    try:
+        for s in socks:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        return 0 if all(s.recv(64) == b"" for s in socks) else -1
+    except OSError:
+        return -1
+    finally:
+        for s in socks:
+            s.close()
+
+
+def run_hostile(url: str, stop: threading.Event, rep: HostileReport) -> None:
+    """Send the attacks in turn until `stop`; an attack without the expected answer is lost."""
+    mix = attacks()
+    with httpx.Client(base_url=url) as http:
+        i = 0
+        while not stop.is_set():
+            a = mix[i % len(mix)]
+            i += 1
+            rep.sent += 1
+            try:
+                if a.name == "oversized body":
+                    code = _oversized(url)
+                elif a.name == "slow headers":
+                    code = _slow_headers(url)
+                else:
+                    code = http.post(a.route, content=a.body, timeout=SAFETY_TIMEOUT).status_code
+            except (httpx.HTTPError, OSError, ValueError, IndexError) as e:
+                rep.lost.append(f"{a.name}: {type(e).__name__}: {e}")
+                continue
+            if code in a.expect:
+                rep.answered[a.name] += 1
+            else:
+                rep.lost.append(f"{a.name}: answered {code}, expected {sorted(a.expect)}")
+
+
 # -- the server ---------------------------------------------------------------------------------
 
 
@@ -283,8 +388,10 @@ class InProcessServer:
         sock.bind(("127.0.0.1", 0))
         sock.listen(256)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        app = create_app(self.engine, ServerOptions(metrics=True))
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        from ubatch.cli.server.run import uvicorn_config
+
+        app = create_app(self.engine, ServerOptions(metrics=True, timeout=HOSTILE_TIMEOUT_S))
+        self.server = uvicorn.Server(uvicorn_config(app, HOSTILE_TIMEOUT_S))  # as `ubatch server -to 5` runs it
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + 30
@@ -378,10 +485,11 @@ class Report:
     seconds: float = 0.0
     setup: str = ""
     machine: str = ""  # CPU model, cores and load average: latency depends on what else runs
+    hostile: HostileReport | None = None  # --hostile: what the hostile client sent
 
     @property
     def lost(self) -> int:
-        return self.outcomes["lost"]
+        return self.outcomes["lost"] + (len(self.hostile.lost) if self.hostile else 0)
 
     @property
     def ok(self) -> bool:
@@ -441,6 +549,14 @@ def run(args: argparse.Namespace, log: Any = print) -> Report:
         log(
             f"soak: {rep.n_solo} solo greedy runs, RSS {rep.rss_mb[-1]:.1f} MB, at {time.perf_counter() - t_start:.0f} s"
         )
+        stop_hostile = threading.Event()
+        hostile_thread = None
+        if args.hostile:
+            rep.hostile = HostileReport()
+            hostile_thread = threading.Thread(
+                target=run_hostile, args=(srv.url, stop_hostile, rep.hostile), daemon=True
+            )
+            hostile_thread.start()
         for r, plan in enumerate(plans):
             if time.perf_counter() > deadline:
                 rep.stopped_early = True
@@ -460,6 +576,11 @@ def run(args: argparse.Namespace, log: Any = print) -> Report:
             log(
                 f"soak: round {r + 1}: {n} requests, RSS {rep.rss_mb[-1]:.1f} MB, slots {ok}, at {time.perf_counter() - t_start:.0f} s"
             )
+        stop_hostile.set()
+        if hostile_thread is not None:
+            hostile_thread.join(2 * (SAFETY_TIMEOUT.read or 120.0))
+            if hostile_thread.is_alive() and rep.hostile is not None:
+                rep.hostile.lost.append("the hostile client never finished")
         rep.n_injected, rep.n_cancelled = srv.inject.n_raised, srv.sch.stats.n_cancelled
         after = run_action(http, Kind("after", NATIVE).solo(), prompts[0], args.n_predict, bad, 0)
         if after.status != "served" or after.content != solo.get((NATIVE, 0), after.content):
@@ -540,7 +661,7 @@ def format_report(rep: Report) -> list[str]:
         f"  failed by inj. {o['injected']} ({rep.n_injected} decodes raised)",
         f"  hung up        {o['abandoned']} (client disconnects and timeouts; server cancelled {rep.n_cancelled} tasks)",
         f"  unexpected     {len(rep.unexpected)}",
-        f"  lost           {rep.lost}",
+        f"  lost           {rep.outcomes['lost']}",
         "by kind          " + ", ".join(f"{k} {v}" for k, v in sorted(rep.by_kind.items())),
         f"greedy           {rep.n_solo} solo references, {len(rep.mismatches)} mismatches",
         f"latency (served) p50 {percentile(rep.latencies_ms, 50):.0f} ms, p99 {percentile(rep.latencies_ms, 99):.0f} ms",
@@ -548,7 +669,18 @@ def format_report(rep: Report) -> list[str]:
         "slots after      "
         + ("all idle, KV cells accounted for" if not rep.slot_problems else "; ".join(rep.slot_problems)),
     ]
-    for title, items in (("LOST", rep.lost_detail), ("MISMATCH", rep.mismatches), ("UNEXPECTED", rep.unexpected)):
+    if rep.hostile is not None:
+        h = rep.hostile
+        lines.insert(
+            -2,
+            f"hostile          {h.sent} sent, {sum(h.answered.values())} refused or bounded as expected, "
+            f"{len(h.lost)} lost (" + ", ".join(f"{k} {v}" for k, v in sorted(h.answered.items())) + ")",
+        )
+    for title, items in (
+        ("LOST", rep.lost_detail + (rep.hostile.lost if rep.hostile else [])),
+        ("MISMATCH", rep.mismatches),
+        ("UNEXPECTED", rep.unexpected),
+    ):
         lines += [f"{title}: {x}" for x in items[:20]]
     lines.append("result           " + ("PASS" if rep.ok else "FAIL"))
     return lines
@@ -581,6 +713,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=4, help=f"distinct greedy prompts (1..{len(PROMPTS)})")
     p.add_argument("--fail-every", type=int, default=100, help="every Nth decode raises once (0: never)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hostile", action="store_true", help="a hostile client beside the rounds (issue 32)")
     p.add_argument("--time-limit", type=float, default=170.0, help="no new request after this many seconds")
     a = p.parse_args(argv)
     for name in ("clients", "rounds", "per_client", "parallel", "ctx_size", "n_predict", "prompts"):

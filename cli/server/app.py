@@ -1,7 +1,8 @@
 """The HTTP layer of `ubatch server`: llama-server's routes on FastAPI over the server's engine.
 
 This module wires the app together: the Gate (503 while loading, then the API key), the
-pre-routing edge (cli/server/middleware.py: CORS, the OPTIONS preflight, --api-prefix),
+pre-routing edge (cli/server/middleware.py: CORS, the OPTIONS preflight, --api-prefix), the body
+guard (cli/server/limits.py: --max-body-size, the body's read timeout),
 llama-server's 404 body, the access log (cli/server/log.py) and the route families from
 cli/server/routes/ and cli/server/resume.py. A client that disconnects (stream or not) cancels its
 tasks at once, unless its stream is resumable (X-Conversation-Id); the scheduler frees the slot
@@ -18,6 +19,7 @@ from starlette.responses import JSONResponse
 
 from ubatch.cli.server import responses as sj
 from ubatch.cli.server.http import error_response
+from ubatch.cli.server.limits import BodyGuard
 from ubatch.cli.server.log import LOG_LEVEL_INFO, AccessLog
 from ubatch.cli.server.middleware import Edge
 from ubatch.cli.server.resume import StreamSessions, add_resume_routes
@@ -75,8 +77,13 @@ def create_app(
     st = state or ServerState(options)
     if engine is not None:
         st.attach(engine)
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    # no redirect from /health/ to /health: llama-server answers a trailing slash 404
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     app.state.server = st
+    o = st.options
+    app.add_middleware(
+        BodyGuard, max_body=o.max_body_size, timeout_s=o.timeout
+    )  # after the Gate: no body read for a 401
     app.add_middleware(Gate, state=st)
     app.add_middleware(Edge, options=st.options)  # CORS, preflight, --api-prefix: before the Gate
     app.add_middleware(AccessLog, verbosity=log_verbosity)  # outermost: sees every answer, even the Gate's

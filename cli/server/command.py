@@ -19,6 +19,12 @@ from ubatch.cli.context_flags import ContextFlags, context_options
 from ubatch.cli.flag_group import Refine, refine
 from ubatch.cli.options import BATCH, CTX, MODEL, SERVER, opt
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
+from ubatch.cli.server.limits import (
+    DEFAULT_MAX_BODY_SIZE,
+    DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_TIMEOUT_S,
+    HEADER_TIMEOUT_CAP_S,
+)
 from ubatch.cli.spec_flags import SpecFlags, spec_options
 
 EMBD = "Embeddings"
@@ -80,7 +86,23 @@ def server(
     cors_credentials: bool = _flag(
         False, "--cors-credentials/--no-cors-credentials", help="allow credentials for CORS"
     ),
-    timeout: int = _flag(600, "-to", "--timeout", help="idle keep-alive timeout in seconds"),
+    timeout: int = _flag(
+        DEFAULT_TIMEOUT_S,
+        "-to",
+        "--timeout",
+        help=f"read/write timeout in seconds: idle keep-alive, a request body's next chunk (408), "
+        f"request headers (at most {HEADER_TIMEOUT_CAP_S} s, then the connection is closed)",
+    ),
+    max_body_size: int = _flag(
+        DEFAULT_MAX_BODY_SIZE,
+        "--max-body-size",
+        help="largest request body in bytes; a larger one is refused with 413 before it is read",
+    ),
+    max_json_depth: int = _flag(
+        DEFAULT_MAX_JSON_DEPTH,
+        "--max-json-depth",
+        help="deepest nesting of arrays and objects in a request body; deeper is a 400",
+    ),
     metrics: bool = _flag(False, "--metrics", help="enable the Prometheus /metrics endpoint"),
     props: bool = _flag(False, "--props", help="let POST /props change server settings"),
     slots: bool = _flag(True, "--slots/--no-slots", help="expose the /slots endpoint"),
@@ -145,6 +167,8 @@ def server(
 ) -> None:
     validate.in_range("--port", port, "port", 0, 65535)
     validate.positive("-to", timeout, "timeout")
+    validate.positive("--max-body-size", max_body_size, "max_body_size")
+    validate.positive("--max-json-depth", max_json_depth, "max_json_depth")
     validate.at_least("--cache-reuse", cache_reuse, "n_cache_reuse", 1, sentinel=(0, "off"))
     validate.fraction("-sps", slot_prompt_similarity, "slot_prompt_similarity")
     validate.generation_flags(n_predict, keep)
@@ -204,6 +228,9 @@ def server(
         stop=tuple(process_escapes(r) for r in reverse_prompt or []),
         special=special,
         n_keep=keep,
+        max_body_size=max_body_size,
+        max_json_depth=max_json_depth,
+        timeout=timeout,
     )
     engine = EngineOptions(
         model=model,

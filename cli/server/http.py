@@ -17,6 +17,7 @@ from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
+from ubatch.cli.server.limits import DEFAULT_MAX_JSON_DEPTH, INLINE_PARSE_BYTES, json_too_deep, off_loop
 from ubatch.engine.errors import EngineError, ErrorKind, UbatchError
 
 STATUS: dict[ErrorKind, tuple[int, str]] = {  # llama-server's code and error type for each kind
@@ -41,9 +42,13 @@ def not_started_with(what: str, flag: str) -> EngineError:
 
 
 def as_error(e: Exception) -> UbatchError:
-    """An exception as an error of a kind: one of ours as it is, anything else (a bug) an
-    internal error naming its type."""
-    return e if isinstance(e, UbatchError) else EngineError(ErrorKind.INTERNAL, f"{type(e).__name__}: {e}")
+    """An exception as an error of a kind: one of ours as it is, a RecursionError the client's
+    400 (only its input can nest that deeply), anything else (a bug) an internal error naming its type."""
+    if isinstance(e, UbatchError):
+        return e
+    if isinstance(e, RecursionError):
+        return bad_request(f"The request nests too deeply to process ({e}): flatten it")
+    return EngineError(ErrorKind.INTERNAL, f"{type(e).__name__}: {e}")
 
 
 def error_body(e: Exception) -> tuple[int, dict[str, Any]]:
@@ -113,10 +118,26 @@ async def read_json(request: Request) -> Any:
     """The request body as JSON text in UTF-8 (RFC 8259; llama-server reads nothing else); an
     empty body is `{}`. Invalid UTF-8, NaN, Infinity and lone UTF-16 surrogates are a 400,
     wherever they are: llama-server's parser refuses them too, and text that is not Unicode
-    would otherwise fail later, in the tokenizer, the response or /slots (which shows the prompt)."""
+    would otherwise fail later, in the tokenizer, the response or /slots (which shows the prompt).
+    So is JSON nested deeper than --max-json-depth. A large body is parsed on the request
+    workers (cli/server/limits.py), not on the event loop."""
     raw = await request.body()
+    server = getattr(request.app.state, "server", None)
+    depth = getattr(getattr(server, "options", None), "max_json_depth", DEFAULT_MAX_JSON_DEPTH)
+    if len(raw) <= INLINE_PARSE_BYTES:
+        return parse_json(raw, depth)
+    return await off_loop(parse_json, raw, depth)
+
+
+def parse_json(raw: bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
+    """`read_json`'s parse of a body already read."""
     if not raw.strip():
         return {}
+    if json_too_deep(raw, max_depth):
+        raise bad_request(
+            f"Invalid JSON in the request body: nested deeper than {max_depth} levels;"
+            " flatten it, or start the server with a larger --max-json-depth"
+        )
     try:
         text = raw.decode("utf-8-sig")
         body = json.loads(text, parse_constant=_reject_constant)

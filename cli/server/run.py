@@ -23,13 +23,16 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from ubatch.cli.common import fail, resolve_model
 from ubatch.cli.context_flags import ContextFlags
 from ubatch.cli.present import startup_lines
 from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
 from ubatch.cli.server.bind import bind_all, parse_hosts
+from ubatch.cli.server.limits import HEADER_TIMEOUT_CAP_S
 from ubatch.cli.server.log import LOG_LEVEL_INFO, log
+from ubatch.cli.server.protocol import guarded_h11
 from ubatch.cli.server.responses import timings_json
 from ubatch.cli.spec_flags import SpecFlags
 from ubatch.cli.spec_view import spec_startup_lines, spec_summary_lines
@@ -65,6 +68,21 @@ def _quiet_server(config: uvicorn.Config, on_shutdown: Callable[[], None]) -> uv
     return Server(config)
 
 
+def uvicorn_config(app: ASGIApp, timeout: int) -> uvicorn.Config:
+    """How `ubatch server` runs uvicorn: -to is the idle keep-alive timeout and (capped at
+    HEADER_TIMEOUT_CAP_S) the time a connection has to send its request headers."""
+    return uvicorn.Config(
+        app,
+        http=guarded_h11(min(timeout, HEADER_TIMEOUT_CAP_S)),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=timeout,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        server_header=False,  # llama-server's "Server: llama.cpp" comes from the app
+    )
+
+
 def serve(
     host: str,
     port: int,
@@ -93,16 +111,7 @@ def serve(
                     log("srv    operator(): cleaning up before exit...")
                 eng.loop.shutdown()
 
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        timeout_keep_alive=timeout,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        server_header=False,  # llama-server's "Server: llama.cpp" comes from the app
-    )
-    srv = _quiet_server(config, on_shutdown)
+    srv = _quiet_server(uvicorn_config(app, timeout), on_shutdown)
     if not log_disable:
         log(f"main: HTTP server is listening, hostname: {host}, port: {bound_port}, http threads: 1")
         log("main: loading model")

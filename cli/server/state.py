@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ubatch.cli.server.http import bad_request
+from ubatch.cli.server.limits import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_JSON_DEPTH, DEFAULT_TIMEOUT_S
 from ubatch.cli.server.request.params import ServerDefaults
 from ubatch.engine.chat.template import ChatTemplate
 from ubatch.engine.grammar import Grammar
@@ -51,6 +52,9 @@ class ServerOptions:
     stop: tuple[str, ...] = ()  # -r / --reverse-prompt: default stop strings of every request
     special: bool = False  # -sp: special tokens appear in the output text
     n_keep: int = 0  # --keep: the default n_keep of every request
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE  # --max-body-size: bytes; a larger body is a 413
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH  # --max-json-depth: deeper JSON is a 400
+    timeout: int = DEFAULT_TIMEOUT_S  # -to: seconds a body may take between chunks (408)
 
     def model_aliases(self) -> list[str]:
         """`--alias` names as llama-server keeps them: a set, so sorted and without repeats."""

@@ -18,6 +18,7 @@ from ubatch.cli.server.http import bad_request
 from ubatch.cli.server.request.oai import chat_messages
 from ubatch.cli.server.request.params import get_bool
 from ubatch.cli.server.state import ServerState
+from ubatch.engine.errors import EngineError, ErrorKind, UbatchError
 
 
 @dataclass(slots=True)
@@ -45,6 +46,20 @@ def chat_prompt(st: ServerState, body: dict[str, Any]) -> ChatPrompt:
         raise bad_request("Cannot set both add_generation_prompt and continue_final_message to true.")
     # a template that rejects these messages raises a ChatTemplateError: the client's 400
     if not cont:
-        return ChatPrompt(st.chat.apply(msgs, add_gen))
+        return ChatPrompt(_render(st, msgs, add_gen))
     last = msgs[-1]["content"] if msgs else ""
-    return ChatPrompt(st.chat.apply(msgs[:-1], True) + last, last)
+    return ChatPrompt(_render(st, msgs[:-1], True) + last, last)
+
+
+def _render(st: ServerState, msgs: list[dict[str, str]], add_gen: bool) -> str:
+    """The template applied; any other failure of it (a bug in a template) is a 500 naming the
+    template, for this request only."""
+    assert st.chat is not None
+    try:
+        return st.chat.apply(msgs, add_gen)
+    except (UbatchError, RecursionError):
+        raise
+    except Exception as e:
+        raise EngineError(
+            ErrorKind.INTERNAL, f"chat template {st.chat.describe} failed to render: {type(e).__name__}: {e}"
+        ) from None

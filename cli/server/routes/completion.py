@@ -7,8 +7,8 @@ differs only in how the body is read and how the results are written, so they sh
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
 from ubatch.cli.server.http import api, bad_request, error_event, error_response, read_json
+from ubatch.cli.server.limits import off_loop
 from ubatch.cli.server.request.chat import chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body, oai_completion_body
 from ubatch.cli.server.request.params import parse_params, split_prompts
@@ -23,7 +24,7 @@ from ubatch.cli.server.resume import StreamSessions
 from ubatch.cli.server.state import ServerState
 from ubatch.cli.server.stream import EventStream, Reader, sse_events
 from ubatch.engine.grammar.tokens import token_table
-from ubatch.engine.serve.task import Failed, Final, Task, context_error
+from ubatch.engine.serve.task import Failed, Final, Task, TaskParams, context_error
 
 
 def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any], list[list[str | int]], str]:
@@ -39,31 +40,53 @@ def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any],
     return body, split_prompts(body["prompt"]), ""
 
 
-async def complete(st: ServerState, request: Request, kind: str, body: Any = None) -> Response:
-    """One completion request; `body` when the caller read (and rewrote) it (/infill)."""
-    eng = st.eng()
-    s = eng.scheduler
-    body = await read_json(request) if body is None else body
+@dataclass(slots=True)
+class Prepared:
+    """A completion request read and tokenized, ready to become tasks."""
+
+    body: dict[str, Any]
+    params: TaskParams
+    token_lists: list[list[int]]
+    texts: list[str]  # each prompt as text (the /slots view)
+    prefill: str
+
+
+def prepare(st: ServerState, body: Any, kind: str) -> Prepared:
+    """Everything before the tasks: the prompt (a chat template rendered), the parameters (a
+    grammar compiled, logit_bias tokenized) and the tokens. On the request workers: any of it
+    can take seconds for a hostile body, and the event loop serves everyone else meanwhile."""
+    s = st.sch()
     vocab = s.vocab
     body, prompts, prefill = read_prompts(st, body, kind)
     params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False))
-    if params.grammar is not None:  # the vocabulary's token trie: built once, off the event loop
-        await asyncio.to_thread(token_table, vocab)
+    if params.grammar is not None:  # the vocabulary's token trie: built once
+        token_table(vocab)
     token_lists = [st.tokenize_prompt(p, n_ctx=s.n_ctx_slot) for p in prompts]
     for toks in token_lists:  # before any task runs: one prompt too long fails the whole request
         if (err := context_error(len(toks), s.n_ctx_slot)) is not None:
             raise err
+    texts = [
+        p[0] if len(p) == 1 and isinstance(p[0], str) else vocab.detokenize(t) for p, t in zip(prompts, token_lists)
+    ]
+    return Prepared(body, params, token_lists, texts, prefill)
+
+
+async def complete(st: ServerState, request: Request, kind: str, body: Any = None) -> Response:
+    """One completion request; `body` when the caller read (and rewrote) it (/infill)."""
+    eng = st.eng()
+    body = await read_json(request) if body is None else body
+    prep = await off_loop(prepare, st, body, kind)
+    params, body = prep.params, prep.body
     model = body["model"] if isinstance(body.get("model"), str) else st.model_id
     reader = Reader(eng.loop, request.receive)
     try:
         n = params.n_cmpl
-        for i, (p, toks) in enumerate(zip(prompts, token_lists)):
-            text = p[0] if len(p) == 1 and isinstance(p[0], str) else vocab.detokenize(toks)
+        for i, (toks, text) in enumerate(zip(prep.token_lists, prep.texts)):
             reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text) for j in range(n)]
         for t in reader.tasks:
             eng.loop.submit(t)
         conv_id = request.headers.get("x-conversation-id", "") if params.stream else ""
-        return await _respond(reader, params.stream, kind, model, prefill, request.app.state.streams, conv_id)
+        return await _respond(reader, params.stream, kind, model, prep.prefill, request.app.state.streams, conv_id)
     except BaseException:  # a bug (or a cancelled handler): free the slots, then the 500 of `api`
         reader.disconnect()
         reader.close()

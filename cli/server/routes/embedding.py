@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server.http import api, bad_request, not_started_with, read_json
+from ubatch.cli.server.limits import off_loop
 from ubatch.cli.server.log import current
 from ubatch.cli.server.request.params import get_bool, get_int, split_prompts
 from ubatch.cli.server.state import ServerState
@@ -50,6 +51,12 @@ async def _run(st: ServerState, request: Request, prompts: list[list[int]], **kw
     return out
 
 
+def _embedding_prompts(st: ServerState, prompt: Any) -> list[list[int]]:
+    """The inputs tokenized and checked (on the request workers: a long input takes a while)."""
+    n_ctx = st.sch().n_ctx_slot
+    return [_checked(st, st.tokenize_prompt(p, True, True, n_ctx)) for p in split_prompts(prompt, "input")]
+
+
 async def embeddings(st: ServerState, request: Request, oai: bool) -> Response:
     """llama-server's handle_embeddings_impl: the checks in its order, then one task per input."""
     o, s = st.options, st.sch()
@@ -77,7 +84,7 @@ async def embeddings(st: ServerState, request: Request, oai: bool) -> Response:
     if isinstance(prompt, list) and not prompt:
         raise bad_request('"input" must not be empty')
     norm = get_int(body, "embd_normalize", o.embd_normalize, lo=-1, hi=1 << 20)  # --embd-normalize
-    prompts = [_checked(st, st.tokenize_prompt(p, True, True, s.n_ctx_slot)) for p in split_prompts(prompt, "input")]
+    prompts = await off_loop(_embedding_prompts, st, prompt)
     res = await _run(st, request, prompts, embd_normalize=norm)
     if isinstance(res, Response):
         return res
@@ -132,7 +139,7 @@ async def rerank(st: ServerState, request: Request) -> Response:
         raise bad_request('"documents" must be a non-empty string array')
     top_n = get_int(body, "top_n", len(docs), lo=0)
     return_text = tei and get_bool(body, "return_text", False)
-    prompts = [_checked(st, rerank_prompt(st, query, d)) for d in docs]
+    prompts = await off_loop(lambda: [_checked(st, rerank_prompt(st, query, d)) for d in docs])
     res = await _run(st, request, prompts, rerank=True)
     if isinstance(res, Response):
         return res

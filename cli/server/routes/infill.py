@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from ubatch.cli.server.http import api, bad_request, read_json
+from ubatch.cli.server.limits import off_loop
 from ubatch.cli.server.request.params import mixed_parts, split_prompts
 from ubatch.cli.server.routes.completion import complete
 from ubatch.cli.server.state import ServerState
@@ -99,7 +100,7 @@ def add_infill_routes(app: FastAPI, st: ServerState) -> None:
     @app.post("/infill")
     @api
     async def infill(request: Request) -> Response:
-        fim = cache.get(id(st.sch())) or cache.setdefault(id(st.sch()), fim_tokens(st))
+        fim = cache.get(id(st.sch())) or cache.setdefault(id(st.sch()), await off_loop(fim_tokens, st))
         missing = [
             w for k, w in (("fim_pre", "prefix"), ("fim_suf", "suffix"), ("fim_mid", "middle")) if fim[k] is None
         ]
@@ -107,4 +108,5 @@ def add_infill_routes(app: FastAPI, st: ServerState) -> None:
             why = "".join(f"{w} token is missing. " for w in missing)
             raise EngineError(ErrorKind.NOT_SUPPORTED, f"Infill is not supported by this model: {why}")
         body = _check(await read_json(request))
-        return await complete(st, request, "native", {**body, "prompt": infill_prompt(st, body, fim)})
+        prompt = await off_loop(infill_prompt, st, body, fim)  # tokenizing: on the request workers
+        return await complete(st, request, "native", {**body, "prompt": prompt})
