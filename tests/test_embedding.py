@@ -22,7 +22,7 @@ from test_server import Live, post
 from ubatch import Llama
 from ubatch.cli.context_flags import ContextFlags
 from ubatch.cli.server.app import ServerOptions, create_app
-from ubatch.cli.server.run import EngineOptions, load_engine
+from ubatch.cli.server.run import EngineOptions, load_engine, pooling_line
 from ubatch.engine.context.context import Context
 from ubatch.engine.context.report import memory_plan
 from ubatch.engine.generation.embedding import embed_prompts, embed_sequences
@@ -191,8 +191,17 @@ def test_pooling_none_gives_token_rows_and_no_oai_answer(ranker: Path) -> None:
     with served(ranker, embedding=True, pooling="none") as url:
         got = post(url, "/embedding", {"content": TEXTS[0]}).json()[0]["embedding"]
         assert len(got) == len(rows) and np.allclose(got, rows, atol=1e-4)
-        error(post(url, "/v1/embeddings", {"input": TEXTS[0]}), 400, "Pooling type 'none' is not OAI compatible")
+        r = post(url, "/v1/embeddings", {"input": TEXTS[0]})
+        error(r, 400, "Pooling type 'none' is not OAI compatible")
+        # the status and type stay llama-server's; the message adds the pooling in force and the fix
+        assert "from --pooling" in r.json()["error"]["message"] and "--pooling mean" in r.json()["error"]["message"]
         assert httpx.get(url + "/health").status_code == 200
+
+
+def test_startup_names_the_pooling_and_the_flag() -> None:
+    none = pooling_line("none", from_flag=False)
+    assert "'none' (from the model's metadata)" in none and "--pooling mean" in none and "/v1/embeddings" in none
+    assert pooling_line("mean", from_flag=True) == "embeddings pooling 'mean' (from --pooling); --pooling changes it"
 
 
 def test_rerank_orders_by_the_rank_head_score(ranker: Path, tiny_gemma: Path) -> None:

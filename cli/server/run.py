@@ -206,6 +206,8 @@ def load_engine(o: EngineOptions) -> ServerEngine:
             log(line)
         for w in notes:
             log(f"srv    load_model: WARN {w}")
+        if embedding:
+            log(f"srv    load_model: {pooling_line(ctx.pooling, o.pooling is not None)}")
         for w in sch.warnings:
             log(f"srv  load_model: WARN {w}")
         if sch.n_ctx_slot < ctx.cparams.n_ctx_seq:
@@ -218,6 +220,18 @@ def load_engine(o: EngineOptions) -> ServerEngine:
         )
         sch.listener = _slot_logger(sch)
     return start_engine(sch)
+
+
+def pooling_line(pooling: str, from_flag: bool) -> str:
+    """The start-up line that says which pooling the embeddings use, where it came from and what
+    it means for /v1/embeddings (which refuses 'none', as llama-server does)."""
+    origin = "--pooling" if from_flag else "the model's metadata"
+    if pooling == "none":
+        return (
+            f"embeddings pooling 'none' (from {origin}): one vector per token on /embeddings; "
+            "/v1/embeddings needs a pooled vector: start with --pooling mean (or cls, last)"
+        )
+    return f"embeddings pooling '{pooling}' (from {origin}); --pooling changes it"
 
 
 def start_engine(scheduler: Scheduler) -> ServerEngine:

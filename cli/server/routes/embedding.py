@@ -57,6 +57,11 @@ def _embedding_prompts(st: ServerState, prompt: Any) -> list[list[int]]:
     return [_checked(st, st.tokenize_prompt(p, True, True, n_ctx)) for p in split_prompts(prompt, "input")]
 
 
+def _pooling_origin(st: ServerState) -> str:
+    """Where the pooling in force came from: the flag, or the model's metadata."""
+    return ", from --pooling" if st.options.pooling is not None else ", the model's own"
+
+
 async def embeddings(st: ServerState, request: Request, oai: bool) -> Response:
     """llama-server's handle_embeddings_impl: the checks in its order, then one task per input."""
     o, s = st.options, st.sch()
@@ -64,7 +69,11 @@ async def embeddings(st: ServerState, request: Request, oai: bool) -> Response:
         raise not_started_with("embeddings", "--embeddings")
     pooling = s.ctx.pooling
     if oai and pooling == "none":
-        raise bad_request("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
+        raise bad_request(  # llama-server's words, then where 'none' came from and the fix
+            "Pooling type 'none' is not OAI compatible. Please use a different pooling type "
+            f"(the pooling in force is 'none'{_pooling_origin(st)}; restart with --pooling mean, cls or last, "
+            "or use /embeddings for one vector per token)"
+        )
     if pooling == "rank":
         raise bad_request(
             "Pooling type 'rank' scores query/document pairs: use /rerank, or start with another --pooling"
