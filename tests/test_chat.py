@@ -157,6 +157,62 @@ def test_full_context_refused_or_oldest_messages_dropped(tiny_gemma_model: Model
     assert t.n_reused < t.n_prompt  # the shortened conversation was prefilled again
 
 
+def test_too_long_names_the_rounding_of_c(tiny_gemma_model: Model) -> None:
+    """llama.cpp pads n_ctx to a multiple of 256: after -c 64, "the context holds 256" alone
+    reads like a bug, so the message names the rule that changed the value."""
+    from ubatch.engine.completion.complete import check_prompt_fits
+    from ubatch.engine.errors import ContextError
+
+    with pytest.raises(
+        ContextError, match=r"the context holds 256 \(-c 64 -> n_ctx 256, padded to a multiple of 256\)"
+    ):
+        check_prompt_fits(Context(tiny_gemma_model, ContextParams(n_ctx=64)), 300)
+    with pytest.raises(ContextError, match=r"the context holds 256; raise -c"):  # as asked: nothing to name
+        check_prompt_fits(Context(tiny_gemma_model, ContextParams(n_ctx=256)), 300)
+    with pytest.raises(ContextError, match=r"holds 2048 \(-c 0 -> n_ctx 2048, the model's training context\)"):
+        check_prompt_fits(Context(tiny_gemma_model, ContextParams(n_ctx=0)), 3000)
+    with pytest.raises(ContextError, match=r"holds 256 \(-c 512 -np 2 -> n_ctx_seq 256 per sequence\)"):
+        check_prompt_fits(Context(tiny_gemma_model, ContextParams(n_ctx=512, n_seq_max=2)), 300)
+    ctx = Context(tiny_gemma_model, ContextParams(n_ctx=64))
+    s = ChatSession(ctx, ChatTemplate.for_model(tiny_gemma_model), greedy(), GenerationParams(n_predict=2))
+    with pytest.raises(ContextFullError, match=r"the context holds 256 \(-c 64 -> n_ctx 256"):
+        s.respond("hello world " * 140)
+
+
+def test_single_turn_exits_1_when_the_template_fails(
+    tiny_gemma_model: Model, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-st with a message the chat template cannot render (issue 32): the error, then exit 1."""
+    from ubatch.cli.complete.chat import Chat, ChatOptions
+    from ubatch.cli.complete.chat_view import ChatUI
+    from ubatch.engine.context.report import memory_plan
+
+    ctx = Context(tiny_gemma_model, ContextParams(n_ctx=256))
+    bad = ChatTemplate.from_metadata({}, "gemma3", override="{{ raise_exception('no such role') }}")
+    for first, lines in (("hi", []), (None, ["", "hi"])):  # -p; typed (a blank line is asked again)
+        s = ChatSession(ctx, bad, greedy(), GenerationParams(n_predict=2))
+        opts = ChatOptions(first_prompt=first, single_turn=True, simple_io=True)
+        chat = Chat(s, ChatUI(simple_io=True), memory_plan(ctx), opts)
+        feed = iter(lines)
+
+        def read(feed=feed) -> str:  # type: ignore[no-untyped-def]
+            try:
+                return next(feed)
+            except StopIteration:
+                raise EOFError from None
+
+        assert chat.run(read) == 1
+        err = capsys.readouterr().err
+        assert "no such role" in err and ("empty message" in err) == (first is None)
+    s = ChatSession(ctx, ChatTemplate.for_model(tiny_gemma_model), greedy(), GenerationParams(n_predict=2))
+    assert (
+        Chat(s, ChatUI(simple_io=True), memory_plan(ctx), ChatOptions(first_prompt="hi", single_turn=True)).run(
+            lambda: ""
+        )
+        == 0
+    )
+
+
 def test_context_shift_within_an_answer_keeps_the_token_list_in_step(tiny_gemma_model: Model) -> None:
     m = tiny_gemma_model
     ctx = Context(m, ContextParams(n_ctx=256, swa_full=True))  # every cache full-size: K-shift allowed
@@ -480,6 +536,10 @@ def piped(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "single_turn": ([*m, "-n", 2, "-st", "--log-disable"], "hi\nmore\n"),
         "one_shot": ([*m, "-n", 2, "-p", "hello", "--log-disable"], ""),
         "bad_template": (["-m", tiny_gemma, "--chat-template", bad], "hi\n"),
+        "st_render_error": (
+            [*m, "-cnv", "-st", "--log-disable", "--chat-template", "{{ raise_exception('cannot render') }}"],
+            "hi\n",
+        ),
         "help": (["--help"], ""),
     }
     with ThreadPoolExecutor(max_workers=max(2, min(5, os.cpu_count() or 2))) as pool:
@@ -506,6 +566,12 @@ def test_single_turn_and_one_shot(piped) -> None:  # type: ignore[no-untyped-def
     assert r.stdout.count("[ Prompt: ") == 1 and "more" not in r.stdout
     r = piped["one_shot"]
     assert r.returncode == 0 and r.stdout.startswith("hello") and "[ Prompt" not in r.stdout  # one-shot
+
+
+def test_single_turn_exits_1_after_a_template_error(piped) -> None:  # type: ignore[no-untyped-def]
+    r = piped["st_render_error"]  # issue 32: it exited 0
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "error: " in r.stderr and "cannot render" in r.stderr
 
 
 def test_bad_chat_template_at_startup_is_one_line(piped) -> None:  # type: ignore[no-untyped-def]

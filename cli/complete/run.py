@@ -94,7 +94,11 @@ def run(r: Run) -> None:
             color=r.color,
             speculator=speculator,
         )
-        run_chat(ctx, Sampler(sp, ctx.cparams.n_ctx_seq, m.vocab), opts, (time.perf_counter() - t_start) * 1e3)
+        status = run_chat(ctx, Sampler(sp, ctx.cparams.n_ctx_seq, m.vocab), opts, (time.perf_counter() - t_start) * 1e3)
+        if status:
+            import typer
+
+            raise typer.Exit(status)
         return
     once(r, ctx, Sampler(sp, ctx.cparams.n_ctx_seq, m.vocab), t_start, speculator)
 

@@ -19,17 +19,19 @@ cache does not hold yet are decoded:
 A conversation that no longer fits is refused (ContextFullError), or with ctx_shift loses its
 oldest exchanges (and shifts within an answer where every cache is full-size). A turn's data
 live here too: what it brings into the cache (`TurnInput`) and what it measured (`TurnStats`,
-shown by /stats and --verbose).
+shown by /stats and --verbose); and `looks_like_base_model`, so the chat can say up front that a
+model without a template or instruction tuning will ramble rather than answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from ubatch.engine.batch import common_prefix
 from ubatch.engine.chat.template import ChatTemplate
-from ubatch.engine.completion.complete import CompletionStats, complete
+from ubatch.engine.completion.complete import CompletionStats, complete, context_holds
 from ubatch.engine.context.context import Context
 from ubatch.engine.errors import UbatchError
 from ubatch.engine.generation.generation import GenerationParams
@@ -41,6 +43,26 @@ from ubatch.engine.units import DecodeRates
 SENTINEL = "\u2063ubatch\u2063answer\u2063"
 
 Message = dict[str, str]  # {"role": ..., "content": ...}
+
+# words of a model's name, fine-tune or tags that say it was tuned to follow instructions
+INSTRUCT_MARKS = frozenset({"it", "instruct", "instruction", "chat", "sft", "dpo", "rlhf", "orpo", "assistant"})
+
+
+def looks_like_base_model(metadata: Mapping[str, object], filename: str) -> bool:
+    """A GGUF without a chat template whose name, fine-tune, tags and file name carry no mark of
+    instruction tuning (`it`, `instruct`, `chat`, ...). Such a model continues text instead of
+    answering: in a chat it rambles and rarely ends its turn, which looks like a bug unless said."""
+    stored = metadata.get("tokenizer.chat_template")
+    if isinstance(stored, str) and stored.strip():
+        return False
+    names = [filename]
+    for key in ("general.name", "general.basename", "general.finetune", "general.tags"):
+        v = metadata.get(key)
+        names += [v] if isinstance(v, str) else [x for x in v if isinstance(x, str)] if isinstance(v, list) else []
+    text = " ".join(names).lower()
+    if "instruct" in text or "chat" in text:  # also inside words: openchat, 7binstruct
+        return False
+    return not INSTRUCT_MARKS.intersection(re.split(r"[^a-z0-9]+", text))
 
 
 class ChatInputError(UbatchError):
@@ -188,7 +210,7 @@ class ChatSession:
         n_ctx = self.n_ctx
         if not self.params.ctx_shift:
             raise ContextFullError(
-                f"the conversation would take {len(turn.target)} tokens but the context holds {n_ctx}: "
+                f"the conversation would take {len(turn.target)} tokens but {context_holds(self.ctx)}: "
                 "/clear to start over, or restart with a larger -c or with --context-shift"
             )
         head = self.messages[:1] if self.messages and self.messages[0]["role"] == "system" else []
@@ -206,7 +228,7 @@ class ChatSession:
             rest, dropped = rest[k:], dropped + k
         if len(toks) > n_ctx - 4:
             raise ChatInputError(
-                f"the message is too long: {len(toks)} tokens with the system prompt and the template, the context holds {n_ctx}; restart with a larger -c"
+                f"the message is too long: {len(toks)} tokens with the system prompt and the template, {context_holds(self.ctx)}; restart with a larger -c"
             )
         return TurnInput(
             msgs,
@@ -219,22 +241,29 @@ class ChatSession:
         )
 
     # -- a turn -------------------------------------------------------------------------------
-    def respond(self, text: str, progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
+    def respond(
+        self, text: str, progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None
+    ) -> Iterator[str]:
         """Answer `text`: an iterator over the answer's text as it is generated; `self.last`
         holds the turn's numbers. Raises ChatInputError / ChatTemplateError (here, before
         anything changes) for a message the conversation cannot take.
 
-        Closing the returned iterator early (or an exception such as KeyboardInterrupt inside it) stops
-        the answer: what was decoded stays in the cache and the partial answer in the history;
-        a turn stopped during its prefill is forgotten.
+        `stop` (polled between prefill ubatches and between decode steps; the chat's Ctrl-C
+        flag) ends the answer with stop reason "interrupted": what was decoded stays in the cache
+        and the partial answer in the history; a turn stopped during its prefill is forgotten.
+        Closing the returned iterator early does the same. An exception raised inside it (an
+        asynchronous KeyboardInterrupt) may land between two updates; then the cache is checked
+        and, if it no longer agrees with the token list, emptied.
         """
         if self._dirty:  # an earlier turn was cut off during its own bookkeeping
             self._reset_cache()
             self._stream = None
         turn = self._turn_input(text)
-        return self._run(turn, progress)
+        return self._run(turn, progress, stop)
 
-    def _run(self, turn: TurnInput, progress: Callable[[int, int], None] | None) -> Iterator[str]:
+    def _run(
+        self, turn: TurnInput, progress: Callable[[int, int], None] | None, stop: Callable[[], bool] | None
+    ) -> Iterator[str]:
         n_common = min(common_prefix(self.tokens, turn.target), len(turn.target) - 1)
         kept = self._truncate(n_common)
         if kept < n_common:
@@ -274,6 +303,7 @@ class ChatSession:
                 seq_id=self.seq_id,
                 progress=progress,
                 speculator=self.speculator,
+                stop=stop,
             ):
                 if ev.token >= 0 and not self.vocab.is_eog(ev.token):
                     sampled.append(ev.token)
@@ -300,7 +330,7 @@ class ChatSession:
         ts.n_eval, ts.t_eval_ms, ts.n_shifts = st.n_eval, st.t_eval_ms, st.n_shifts
         ts.stop_reason = st.stop_reason if completed else "interrupted"
         undo, self._undo = self._undo, None
-        if st.n_past == 0:  # stopped before the prompt was in: the turn did not happen
+        if st.n_prompt == 0:  # stopped before the prompt was in: the turn did not happen
             self.tokens = turn.target[:kept]
             self._truncate(kept)
             ts.n_prompt, ts.n_past = 0, len(self.tokens)
@@ -328,7 +358,9 @@ class ChatSession:
         self.n_generated += len(sampled)
         self._dirty = False
 
-    def regenerate(self, progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
+    def regenerate(
+        self, progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None
+    ) -> Iterator[str]:
         """Answer the last user message again (the cache keeps everything before the answer)."""
         if len(self.messages) < 2 or self.messages[-1]["role"] != "assistant":
             raise ChatInputError("nothing to regenerate yet")
@@ -338,7 +370,7 @@ class ChatSession:
         self._stream, self._prev_text = None, None
         self.turns -= 1
         try:
-            it = self.respond(user, progress)
+            it = self.respond(user, progress, stop)
         except BaseException:
             self.messages, self._stream, self._pending, self._prev_text = undo
             self.turns += 1
