@@ -153,3 +153,19 @@ def derive(p: ContextParams, hp: HParams) -> CParams:
         warnings,
         steps,
     )
+
+
+def context_holds(p: ContextParams, cp: CParams) -> str:
+    """The words "the context holds N", naming the rule that made N differ from the -c the user
+    gave (llama.cpp pads n_ctx to a multiple of 256, -c 0 takes the training context, -np splits
+    it): a bare 256 after `-c 64` reads like a bug."""
+    n, asked = cp.n_ctx_seq, p.n_ctx
+    why = ""
+    if cp.n_seq_max > 1 and not cp.kv_unified:
+        if n != asked:
+            why = f"-c {asked} -np {cp.n_seq_max} -> n_ctx_seq {n} per sequence"
+    elif asked == 0:
+        why = f"-c 0 -> n_ctx {n}, the model's training context"
+    elif n != asked:
+        why = f"-c {asked} -> n_ctx {n}, padded to a multiple of {N_CTX_PAD}"
+    return f"the context holds {n}" + (f" ({why})" if why else "")

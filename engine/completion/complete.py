@@ -20,7 +20,7 @@ from ubatch.engine.context.context import Context
 from ubatch.engine.errors import ContextError
 from ubatch.engine.generation.generation import Generation, GenerationParams, Step
 from ubatch.engine.kv.memory import DecodeError
-from ubatch.engine.params import N_CTX_PAD
+from ubatch.engine.params import context_holds
 from ubatch.engine.sampling.chain import Sampler
 from ubatch.engine.spec.speculative import Draft, SpecStats, Speculator, n_draft_max
 from ubatch.engine.spec.verify import verify
@@ -49,27 +49,10 @@ class CompletionStats(DecodeRates):
     spec: SpecStats = field(default_factory=SpecStats)  # drafts verified (speculative decoding)
 
 
-def context_holds(ctx: Context) -> str:
-    """The words "the context holds N", naming the rule that made N differ from the -c the user
-    gave (llama.cpp pads n_ctx to a multiple of 256, -c 0 takes the training context, -np splits
-    it): a bare 256 after `-c 64` reads like a bug."""
-    p, cp = ctx.params, ctx.cparams
-    n, asked = cp.n_ctx_seq, p.n_ctx
-    why = ""
-    if cp.n_seq_max > 1 and not cp.kv_unified:
-        if n != asked:
-            why = f"-c {asked} -np {cp.n_seq_max} -> n_ctx_seq {n} per sequence"
-    elif asked == 0:
-        why = f"-c 0 -> n_ctx {n}, the model's training context"
-    elif n != asked:
-        why = f"-c {asked} -> n_ctx {n}, padded to a multiple of {N_CTX_PAD}"
-    return f"the context holds {n}" + (f" ({why})" if why else "")
-
-
 def check_prompt_fits(ctx: Context, n_prompt: int) -> None:
     if n_prompt > ctx.cparams.n_ctx_seq:
         raise ContextError(
-            f"the prompt is {n_prompt} tokens but {context_holds(ctx)}; raise -c (context size) or shorten the prompt"
+            f"the prompt is {n_prompt} tokens but {context_holds(ctx.params, ctx.cparams)}; raise -c (context size) or shorten the prompt"
         )
     if n_prompt == 0:
         raise ContextError("the prompt is empty (0 tokens); give a prompt or enable BOS")

@@ -31,10 +31,11 @@ from dataclasses import dataclass, field, replace
 
 from ubatch.engine.batch import common_prefix
 from ubatch.engine.chat.template import ChatTemplate
-from ubatch.engine.completion.complete import CompletionStats, complete, context_holds
+from ubatch.engine.completion.complete import CompletionStats, complete
 from ubatch.engine.context.context import Context
 from ubatch.engine.errors import UbatchError
 from ubatch.engine.generation.generation import GenerationParams
+from ubatch.engine.params import context_holds
 from ubatch.engine.sampling.chain import Sampler
 from ubatch.engine.spec.speculative import Speculator
 from ubatch.engine.units import DecodeRates
@@ -210,7 +211,7 @@ class ChatSession:
         n_ctx = self.n_ctx
         if not self.params.ctx_shift:
             raise ContextFullError(
-                f"the conversation would take {len(turn.target)} tokens but {context_holds(self.ctx)}: "
+                f"the conversation would take {len(turn.target)} tokens but {context_holds(self.ctx.params, self.ctx.cparams)}: "
                 "/clear to start over, or restart with a larger -c or with --context-shift"
             )
         head = self.messages[:1] if self.messages and self.messages[0]["role"] == "system" else []
@@ -228,7 +229,7 @@ class ChatSession:
             rest, dropped = rest[k:], dropped + k
         if len(toks) > n_ctx - 4:
             raise ChatInputError(
-                f"the message is too long: {len(toks)} tokens with the system prompt and the template, {context_holds(self.ctx)}; restart with a larger -c"
+                f"the message is too long: {len(toks)} tokens with the system prompt and the template, {context_holds(self.ctx.params, self.ctx.cparams)}; restart with a larger -c"
             )
         return TurnInput(
             msgs,

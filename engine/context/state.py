@@ -17,6 +17,7 @@ import torch
 from ubatch.engine.context.context import Context
 from ubatch.engine.context.state_file import ModelId, SeqState, StateError, differences, model_id
 from ubatch.engine.kv.cache import KVCache
+from ubatch.engine.params import context_holds
 
 
 def _header(ctx: Context) -> dict[str, str]:
@@ -81,7 +82,9 @@ def _check(ctx: Context, state: SeqState, seq_id: int) -> list[tuple[np.ndarray,
         raise StateError(f"the state holds {h.get('n_caches')} KV caches, this context has {mine['n_caches']}")
     n_ctx = ctx.cparams.n_ctx_seq
     if state.n_tokens > n_ctx:
-        raise StateError(f"the state holds {state.n_tokens} tokens but the context holds {n_ctx}; raise -c")
+        raise StateError(
+            f"the state holds {state.n_tokens} tokens but {context_holds(ctx.params, ctx.cparams)}; raise -c"
+        )
     n_vocab = ctx.model.hparams.n_vocab
     if any(t < 0 or t >= n_vocab for t in state.tokens):
         raise StateError("the state file holds token ids outside the vocabulary")
