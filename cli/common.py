@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import typer
 from rich.console import Console
+from rich.errors import LiveError
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -129,6 +131,29 @@ class AssemblyBar:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+@contextlib.contextmanager
+def kernel_build_status(line: str) -> Iterator[None]:
+    """The CPU kernels' `on_build`: a spinner with `line` on stderr while a cold build compiles (a
+    terminal only, like the default model's bar; a build from the cache shows nothing)."""
+    status = err_console.status(line, spinner="dots")
+    try:
+        status.start()
+    except LiveError:  # an older Rich allows one live display: the line above the running one
+        err_console.print(line, markup=False)
+    try:
+        yield
+    finally:
+        status.stop()  # a status that did not start stops as a no-op
+
+
+def watch_kernel_builds() -> None:
+    """Show a cold kernel build (first run on this CPU: seconds) instead of a blank wait. The
+    kernels never print; the commands that load a model call this (cli/device.py)."""
+    from ubatch.kernels.cpu import build
+
+    build.on_build = kernel_build_status
 
 
 def resolve_model(path: Path | None) -> Path:

@@ -33,8 +33,8 @@ class ContextFlags:
     parallel: int = shared_flag("parallel", 1)
     kv_unified: bool = shared_flag("kv_unified", False)
     swa_full: bool = shared_flag("swa_full", False)
-    ctk: str = shared_flag("ctk", "f16")
-    ctv: str = shared_flag("ctv", "f16")
+    ctk: str = shared_flag("ctk", validate.DEFAULT_KV_TYPE)
+    ctv: str = shared_flag("ctv", validate.DEFAULT_KV_TYPE)
     threads: int = shared_flag("threads", -1)
     backend: str = shared_flag("backend", "auto")
 

@@ -12,8 +12,10 @@ import typer
 
 from ubatch.cli.common import err_console, user_errors
 from ubatch.engine.errors import UbatchError
-from ubatch.engine.model.hf.convert import OUTTYPES
-from ubatch.engine.model.hf.convert import convert as convert_checkpoint
+
+# engine.model.hf.convert's OUTTYPES, named here so that --help and a bad --outtype do not import
+# torch with the converter (tests/test_startup.py checks that the two agree)
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 
 
 @user_errors
@@ -29,5 +31,7 @@ def convert(
         raise UbatchError(f"--outtype {outtype!r}: expected one of {', '.join(OUTTYPES)}")
     if not model_dir.is_dir():
         raise UbatchError(f"{model_dir}: not a directory; pass a Hugging Face checkpoint directory")
+    from ubatch.engine.model.hf.convert import convert as convert_checkpoint
+
     out = convert_checkpoint(model_dir, outfile, outtype, err_console.print if verbose else None)
     err_console.print(f"wrote {out} ({out.stat().st_size:,} bytes, {outtype})")

@@ -11,11 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
+from ubatch.cli.common import watch_kernel_builds
 from ubatch.engine.errors import UbatchError
 
 if TYPE_CHECKING:
+    import torch
+
     from ubatch.engine.model.model import Model
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -28,10 +29,14 @@ class DeviceError(UbatchError):
 
 def resolve_device(flag: str = "auto", backend: str = "auto") -> tuple[torch.device, str]:
     """(the torch device the model is loaded on, the op backend name) for `--device` and
-    `--backend`; raises DeviceError with the one line to print."""
+    `--backend`; raises DeviceError with the one line to print. Every command that loads a model
+    calls this first, so here a cold kernel build is set to show itself (`watch_kernel_builds`)."""
     want = _ALIASES.get(flag.strip().lower(), flag.strip().lower())
     if want not in DEVICES:
         raise DeviceError(f"--device {flag}: unknown device; use cuda, cpu or auto")
+    import torch  # after the name check: a typo answers before torch loads
+
+    watch_kernel_builds()
     gpu = torch.cuda.is_available()
     if want == "auto":
         want = "cuda" if gpu and backend in ("auto", "cuda") else "cpu"
@@ -50,12 +55,16 @@ def resolve_device(flag: str = "auto", backend: str = "auto") -> tuple[torch.dev
 
 def device_name(device: torch.device | str) -> str:
     """llama.cpp's buffer name for a device: CUDA0, CPU (the startup log's column)."""
+    import torch
+
     d = torch.device(device)
     return f"CUDA{d.index or 0}" if d.type == "cuda" else "CPU"
 
 
 def describe(device: torch.device | str) -> str:
     """One line for the startup log: the GPU's name and memory, or 'CPU'."""
+    import torch
+
     d = torch.device(device)
     if d.type != "cuda":
         return "CPU"

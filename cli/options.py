@@ -9,9 +9,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
+
+P = TypeVar("P")
 
 MODEL, CTX, BATCH, SAMPLING, OUTPUT, SERVER, CHAT = (
     "Model",
@@ -22,6 +24,10 @@ MODEL, CTX, BATCH, SAMPLING, OUTPUT, SERVER, CHAT = (
     "Server",
     "Conversation",
 )
+PROMPT_CACHE = "Prompt cache"
+# --help's panels in the order a user reads them: what runs, how it samples, how big, then the
+# rest (a command's own panels: server, speculative decoding, prompt cache, ...). See `reading_order`.
+PANEL_ORDER = (MODEL, SAMPLING, CTX, BATCH, CHAT, OUTPUT)
 BACKEND_HELP = "op backend: auto (the C kernels on the GGUF blocks; torch if they cannot be built), cpu, cpu-avx2 (256-bit kernels on an AVX-512 CPU), cpu-noamx (f32 GEMM where cpu uses AMX tiles), cpu-portable, torch (dense f32 reference)"
 KV_TYPES_HELP = "(f32, f16, bf16, q8_0, q4_0)"
 
@@ -49,7 +55,9 @@ OPTIONS: dict[str, Spec] = {
     ),
     "keep": Spec(("--keep",), "tokens of the prompt kept by a context shift (-1 = all)", CTX),
     "batch_size": Spec(("-b", "--batch-size"), "logical batch size (max tokens per decode)", BATCH),
-    "ubatch_size": Spec(("-ub", "--ubatch-size"), "physical batch size (max tokens per forward pass)", BATCH),
+    "ubatch_size": Spec(
+        ("-ub", "--ubatch-size"), "physical batch size (max tokens per forward pass; 0 = n_batch)", BATCH
+    ),
     "threads": Spec(("-t", "--threads"), "CPU threads (-1 = all)", BATCH),
     "backend": Spec(("--backend",), BACKEND_HELP, BATCH),
     "device": Spec(("-dev", "--device"), "where the model runs: cuda, cpu or auto (cuda when a GPU is visible)", BATCH),
@@ -76,3 +84,24 @@ def opt(name: str, default: Any, help: str | None = None, panel: str | None = No
 def in_panel(panel: str) -> Callable[..., Any]:
     """typer.Option shown under `panel` in --help: for a command's own flags."""
     return functools.partial(typer.Option, rich_help_panel=panel)
+
+
+def reading_order(params: list[P]) -> list[P]:
+    """`params` reordered so that --help prints the shared panels in `PANEL_ORDER`.
+
+    Typer prints panels in the order their first option appears, and a command's options come
+    from several places (its own, then the flag groups), so that order is an accident. A panel
+    of the command's own that comes before any shared one stays in front (bench's Tests); one
+    after goes to the end, in its order (Server, Speculative decoding, Prompt cache). Options
+    keep their order within a panel, and parsing does not depend on it.
+    """
+    rank: dict[str | None, float] = {}
+    for p in params:
+        panel = getattr(p, "rich_help_panel", None)
+        if panel not in rank:
+            if panel in PANEL_ORDER:
+                rank[panel] = PANEL_ORDER.index(panel)
+            else:  # before every shared panel (or no panel: "Options", printed first anyway): in front
+                front = panel is None or not any(r >= 0 for r in rank.values())
+                rank[panel] = -1 if front else len(PANEL_ORDER)
+    return sorted(params, key=lambda p: rank[getattr(p, "rich_help_panel", None)])

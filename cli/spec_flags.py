@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ubatch.cli.flag_group import flag, flag_group
+from ubatch.cli.validate import DEFAULT_KV_TYPE
 from ubatch.engine.errors import UbatchError
 
 PANEL = "Speculative decoding"
@@ -41,10 +42,10 @@ class SpecFlags:
     spec_ngram_simple_size_m: int = _flag(48, "--spec-ngram-simple-size-m", help="ngram-simple: tokens drafted at most")
     spec_ngram_simple_min_hits: int = _flag(1, "--spec-ngram-simple-min-hits", help="ngram-simple: hits needed")
     spec_draft_type_k: str = _flag(
-        "f16", "-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", help="draft KV type for K"
+        DEFAULT_KV_TYPE, "-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", help="draft KV type for K"
     )
     spec_draft_type_v: str = _flag(
-        "f16", "-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", help="draft KV type for V"
+        DEFAULT_KV_TYPE, "-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", help="draft KV type for V"
     )
 
     def types(self) -> tuple[str, ...]:
@@ -74,9 +75,9 @@ class SpecFlags:
         return "draft-simple" in self.types()
 
     def check(self) -> list[str]:
-        """Every value checked before anything loads; returns the notices to print."""
-        from ubatch.engine.kv.cache import KV_TYPES
-
+        """Every value checked before anything loads; returns the notices to print. The commands
+        call this before their context checks, so it reads the engine's KV types (a table that
+        loads torch) only for a draft type other than the default: `-np 0` still answers at once."""
         if self.spec_draft_sampling not in ("greedy", "probabilistic"):
             raise UbatchError(
                 f"--spec-draft-sampling {self.spec_draft_sampling}: invalid value, must be one of: greedy, probabilistic"
@@ -84,8 +85,11 @@ class SpecFlags:
         if self.spec_ngram_simple_min_hits < 1:
             raise UbatchError("--spec-ngram-simple-min-hits must be at least 1")
         for name, v in (("-ctkd", self.spec_draft_type_k), ("-ctvd", self.spec_draft_type_v)):
-            if v not in KV_TYPES:
-                raise UbatchError(f"{name} {v}: unsupported KV cache type; use one of {', '.join(KV_TYPES)}")
+            if v != DEFAULT_KV_TYPE:
+                from ubatch.engine.params import KV_TYPES
+
+                if v not in KV_TYPES:
+                    raise UbatchError(f"{name} {v}: unsupported KV cache type; use one of {', '.join(KV_TYPES)}")
         p = self.params()
         p.check()
         notes = []

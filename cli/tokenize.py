@@ -12,8 +12,6 @@ import typer
 from ubatch.cli.common import check_text, read_text_file, resolve_model, user_errors
 from ubatch.cli.options import opt
 from ubatch.engine.errors import UbatchError
-from ubatch.engine.model.hf.checkpoint import open_model_file
-from ubatch.engine.vocab.vocab import Vocab
 
 
 @user_errors
@@ -30,6 +28,9 @@ def tokenize(
         False, "--jsonl", help="read one JSON string per stdin line, write one JSON id list per line"
     ),
 ) -> None:
+    from ubatch.engine.model.hf.checkpoint import open_model_file  # here: --help never loads the GGUF reader
+    from ubatch.engine.vocab.vocab import Vocab
+
     g = open_model_file(resolve_model(model))
     vocab = Vocab.from_metadata(g.metadata, str(g.path))
     add_special, parse_special = not no_bos, not no_parse_special

@@ -1,13 +1,13 @@
 """Every command-line value checked before anything is loaded: one place, one message shape.
 
-A bad value costs one line (`-ub 0: invalid value for n_ubatch: must be at least 1`) and exit 1,
+A bad value costs one line (`-b 0: invalid value for n_batch: must be at least 1`) and exit 1,
 never a model load, an allocation or a traceback first. The checks that only need Python run
 before the engine is imported, so a typo answers in well under a second; the few that need the
 engine's own tables (KV cache types, backends, LLAMA_MAX_SEQ) import them lazily and are called
 last, still before the model loads. Typer's type errors (`-c abc`) stay Typer's.
 
 Sentinels are llama.cpp's where it has them: `-c 0` = the model's context, `-n -1` = no limit,
-`-t -1` = every core, `-s -1` = a random seed, `--keep -1` = the whole prompt, `--repeat-last-n
+`-t -1` = every core, `-ub 0` = n_batch, `-s -1` = a random seed, `--keep -1` = the whole prompt, `--repeat-last-n
 -1` = the whole context, server `-np -1` = auto. Where llama.cpp takes any value and quietly
 treats it as something else (`-t 0`, `--temp nan`, `-np -3`), ubatch refuses it.
 """
@@ -22,6 +22,7 @@ from ubatch.engine.errors import UbatchError
 INT32_MAX = 2**31 - 1  # llama.cpp reads integer flags with std::stoi
 UINT32_MAX = 2**32 - 1  # seeds are uint32 (LLAMA_DEFAULT_SEED = UINT32_MAX means random)
 GGML_MAX_N_THREADS = 512
+DEFAULT_KV_TYPE = "f16"  # -ctk and -ctv's default in every llama.cpp tool
 
 
 class FlagError(UbatchError):
@@ -89,10 +90,11 @@ def choice(flag: str, v: str, name: str, allowed: Iterable[str]) -> str:
 
 
 def context_flags(ctx_size: int, batch_size: int, ubatch_size: int, threads: int | None = None) -> None:
-    """-c -b -ub (-t): llama.cpp's context parameters."""
+    """-c -b -ub (-t): llama.cpp's context parameters. `-ub 0` is llama_context's "the same as
+    n_batch" (`n_ubatch ? n_ubatch : n_batch`); the engine resolves it (`engine.params.derive`)."""
     at_least("-c", ctx_size, "n_ctx", 1, sentinel=(0, "from the model"))
     positive("-b", batch_size, "n_batch")
-    positive("-ub", ubatch_size, "n_ubatch")
+    at_least("-ub", ubatch_size, "n_ubatch", 1, sentinel=(0, "n_batch"))
     if threads is not None:
         in_range("-t", threads, "n_threads", 1, GGML_MAX_N_THREADS, sentinel=(-1, "all cores"))
 
@@ -117,25 +119,33 @@ def sampling_flags(
 
 
 # -- checks against the engine's own tables (these import it: call them last) --------------------
+# A default value is valid in any table, so it is passed without loading one: a command line
+# without these flags reaches the model load (where torch loads anyway) with nothing imported.
 
 
 def n_parallel(v: int, auto: bool = False, flag: str = "-np") -> int:
     """-np (batched-bench: each -npl): 1..LLAMA_MAX_SEQ sequences; the server also takes -1 (auto)."""
     sentinel = (-1, "auto") if auto else None
     at_least(flag, v, "n_parallel", 1, sentinel)  # before the engine import: `-np 0` answers at once
+    if v == 1 or (sentinel is not None and v == sentinel[0]):
+        return v  # within any table: the defaults never load it
     from ubatch.engine.params import LLAMA_MAX_SEQ
 
     return in_range(flag, v, "n_parallel", 1, LLAMA_MAX_SEQ, sentinel)
 
 
 def kv_types(ctk: str, ctv: str) -> None:
-    from ubatch.engine.kv.cache import KV_TYPES
+    if ctk == ctv == DEFAULT_KV_TYPE:
+        return  # valid by definition: the table (it loads torch) is read for another type only
+    from ubatch.engine.params import KV_TYPES
 
     choice("-ctk", ctk, "the KV cache type of K", KV_TYPES)
     choice("-ctv", ctv, "the KV cache type of V", KV_TYPES)
 
 
 def backend(name: str) -> str:
+    if name == "auto":
+        return name  # always a backend: the table (it loads torch) is read for a named one only
     from ubatch.kernels.backends import names
 
     if name not in names():

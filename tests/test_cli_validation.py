@@ -19,7 +19,7 @@ MISSING = "/nonexistent.gguf"
 
 # (command, flags, what stderr must say)
 BAD: list[tuple[str, list[str], str]] = [
-    ("cli", ["-ub", "0"], "-ub 0: invalid value for n_ubatch: must be at least 1"),
+    ("cli", ["-ub", "-1"], "-ub -1: invalid value for n_ubatch: cannot be negative; use 0 (n_batch)"),
     ("cli", ["-b", "0"], "-b 0: invalid value for n_batch"),
     ("cli", ["-c", "-5"], "-c -5: invalid value for n_ctx: cannot be negative; use 0 (from the model)"),
     ("cli", ["-c", "4294967296"], "-c 4294967296: invalid value for n_ctx"),
@@ -53,7 +53,6 @@ BAD: list[tuple[str, list[str], str]] = [
     ),
     ("server", ["--host", ","], "--host ',': invalid value for host: give at least one address"),
     ("server", ["-sps", "nan"], "-sps nan: invalid value for slot_prompt_similarity"),
-    ("server", ["-ub", "0"], "-ub 0: invalid value for n_ubatch"),
     ("server", ["--temp", "nan"], "--temp nan: invalid value for temp"),
     ("bench", ["-ub", "0"], "-ub 0: invalid value for n_ubatch: must be at least 1"),
     ("bench", ["-ub", "512,0"], "-ub 0: invalid value for n_ubatch"),
@@ -67,11 +66,10 @@ BAD: list[tuple[str, list[str], str]] = [
     ("batched-bench", ["-npl", "0"], "-npl 0: invalid value for n_pl: must be at least 1"),
     ("batched-bench", ["-npl", "1,300"], "-npl 300: invalid value for n_parallel"),
     ("batched-bench", ["-t", "0"], "-t 0: invalid value for n_threads"),
-    ("batched-bench", ["-ub", "0"], "-ub 0: invalid value for n_ubatch"),
     ("batched-bench", ["--output-format", "csv"], "--output-format 'csv': invalid value for output format"),
     ("info", ["-np", "0"], "-np 0: invalid value for n_parallel"),
-    ("info", ["-ub", "0"], "-ub 0: invalid value for n_ubatch"),
     ("info", ["-c", "-1"], "-c -1: invalid value for n_ctx"),
+    ("info", ["-ub", "-2"], "-ub -2: invalid value for n_ubatch"),
     ("info", ["--n-outputs-max", "-3"], "--n-outputs-max -3: invalid value for n_outputs_max"),
     ("info", ["--fit", "0"], "--fit '0': invalid value for the memory budget"),
 ]
@@ -80,6 +78,9 @@ BAD: list[tuple[str, list[str], str]] = [
 SENTINELS: list[tuple[str, list[str]]] = [
     ("cli", ["-c", "0", "-n", "-1", "-t", "-1", "-s", "-1", "--keep", "-1", "--repeat-last-n", "-1", "--temp", "-1"]),
     ("cli", ["-p", "x", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--n-outputs-max", "0", "-np", "256"]),
+    ("cli", ["-ub", "0"]),  # llama.cpp's n_ubatch = n_batch
+    ("server", ["-ub", "0"]),
+    ("info", ["-ub", "0"]),
     ("bench", ["-t", "1,2", "-d", "0", "-nom", "0", "-r", "1"]),
 ]
 

@@ -14,7 +14,7 @@ import typer
 from ubatch.cli import validate
 from ubatch.cli.common import check_text, err_console, process_escapes, read_text_file, user_errors
 from ubatch.cli.context_flags import ContextFlags, context_options
-from ubatch.cli.options import CHAT, OUTPUT, in_panel, opt
+from ubatch.cli.options import CHAT, OUTPUT, PROMPT_CACHE, in_panel, opt
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
 from ubatch.cli.spec_flags import SpecFlags, spec_options
 
@@ -79,13 +79,19 @@ def cli(
     ),
     show_timings: bool = _output(True, "--show-timings/--no-show-timings", help="chat: speeds after each answer"),
     prompt_cache: Optional[Path] = typer.Option(
-        None, "--prompt-cache", help="one-shot: reuse the KV state saved in this file, save it after the prompt"
+        None,
+        "--prompt-cache",
+        help="one-shot: reuse the KV state saved in this file, save it after the prompt",
+        rich_help_panel=PROMPT_CACHE,
     ),
     prompt_cache_all: bool = typer.Option(
-        False, "--prompt-cache-all", help="--prompt-cache: save the generated text's state too"
+        False,
+        "--prompt-cache-all",
+        help="--prompt-cache: save the generated text's state too",
+        rich_help_panel=PROMPT_CACHE,
     ),
     prompt_cache_ro: bool = typer.Option(
-        False, "--prompt-cache-ro", help="--prompt-cache: use the file, never update it"
+        False, "--prompt-cache-ro", help="--prompt-cache: use the file, never update it", rich_help_panel=PROMPT_CACHE
     ),
     context: ContextFlags = ContextFlags(),
     sampling: SamplingFlags = SamplingFlags(),

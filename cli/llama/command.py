@@ -27,6 +27,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from ubatch.cli.llama.flags import LLAMA_TOOL, LlamaFlag, flags_for
 from ubatch.cli.llama.policy import NO_EFFECT, policy_for
+from ubatch.cli.options import reading_order
 
 _TRUE, _FALSE = ("1", "true", "on", "enabled", "yes"), ("0", "false", "off", "disabled", "no")
 
@@ -151,11 +152,27 @@ def _from_env(tool: str, given: set[str]) -> list[str]:
     return out
 
 
-class LlamaCommand(TyperCommand):
+class TidyHelp:
+    """-h/--help shown as the flag it is: Typer's help option would print a `<bool>` type, as if
+    it took a value (a mixin for click commands and groups)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]  # the click class it is mixed into has it
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class PlainCommand(TidyHelp, TyperCommand):
+    """A command with no llama.cpp counterpart (`ubatch convert`)."""
+
+
+class LlamaCommand(TidyHelp, TyperCommand):
     tool: ClassVar[str] = ""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.params = reading_order(self.params)
         self.declared = declare(self.tool, self.params)
         n_extra = len({f.key for f in self.declared.extra.values()})
         if n_extra:
@@ -178,9 +195,9 @@ class LlamaCommand(TyperCommand):
 
 
 def print_version() -> None:
-    from importlib.metadata import version
+    from ubatch import __version__  # not importlib.metadata: that scans every installed package
 
-    typer.echo(f"ubatch {version('ubatch')}")
+    typer.echo(f"ubatch {__version__}")
 
 
 def answer(tool: str, f: LlamaFlag, values: list[str]) -> None:
@@ -198,7 +215,7 @@ def llama_command(tool: str) -> type[LlamaCommand]:
     return type(f"LlamaCommand_{tool.replace('-', '_')}", (LlamaCommand,), {"tool": tool})
 
 
-class LlamaGroup(TyperGroup):
+class LlamaGroup(TidyHelp, TyperGroup):
     """Usage errors as llama.cpp prints them: one line on stderr, exit code 1, no panel."""
 
     def main(
@@ -220,6 +237,10 @@ class LlamaGroup(TyperGroup):
             rv = super().main(
                 args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **extra
             )
+        except click_errors.NoArgsIsHelpError as e:  # `ubatch` alone: the help (Rich printed it already)
+            if e.format_message().strip():
+                typer.echo(e.format_message())
+            rv = 1
         except click_errors.NoSuchOption as e:
             typer.echo(f"error: invalid argument: {e.option_name} (see --help)", err=True)
             rv = 1

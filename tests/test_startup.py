@@ -1,0 +1,219 @@
+"""The first seconds of every command (issue 33): --help, --version and a mistyped command line
+answer without loading torch, numpy, FastAPI or the engine; a first run says that it is
+compiling the CPU kernels instead of waiting in silence; --help reads in order; `-ub 0` means
+n_batch, as in llama.cpp. The real CLI runs in subprocesses; nothing here measures time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ubatch.cli.options import PANEL_ORDER, PROMPT_CACHE
+
+HEAVY = ("torch", "numpy", "gguf", "fastapi", "uvicorn", "starlette", "ubatch.engine.params")
+# Runs the `ubatch` app on argv, then reports which heavy modules the process imported.
+PROBE = """
+import sys
+from ubatch.cli.main import app
+try:
+    app(sys.argv[1:], prog_name="ubatch")
+    code = 0
+except SystemExit as e:
+    code = e.code
+loaded = [m for m in HEAVY if m in sys.modules]
+sys.stderr.write(f"\\nLOADED {' '.join(loaded)}\\n")
+sys.exit(code)
+"""
+
+
+def env(**extra: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")}
+    return clean | {"COLUMNS": "200", "NO_COLOR": "1"} | extra
+
+
+def probe(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    code = f"HEAVY = {HEAVY!r}\n{PROBE}"
+    r = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(),
+        stdin=subprocess.DEVNULL,
+    )
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("LOADED")][-1]
+    return r, line.split()[1:]
+
+
+SERVER_IMPORTS = pytest.mark.xfail(
+    reason="cli/server/command.py imports cli/server/limits.py (numpy, starlette, the engine) at the top", strict=False
+)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        ["cli", "--help"],
+        ["cli", "--version"],
+        ["explain", "--help"],
+        ["info", "--help"],
+        ["bench", "--help"],
+        ["batched-bench", "--help"],
+        ["tokenize", "--help"],
+        ["convert", "--help"],
+        pytest.param(["server", "--help"], marks=SERVER_IMPORTS),
+    ],
+    ids=" ".join,
+)
+def test_help_and_version_load_nothing_heavy(args: list[str]) -> None:
+    r, loaded = probe(*args)
+    assert r.returncode == 0, r.stderr
+    assert loaded == []
+    assert r.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["cli", "-c", "abc"], "'-c' / '--ctx-size'"),  # a type error (Typer's)
+        (["cli", "--no-such-flag"], "invalid argument: --no-such-flag"),
+        (["nosuchcommand"], "No such command"),
+        (["cli", "-np", "0"], "-np 0: invalid value for n_parallel"),  # a value error (cli/validate.py)
+        (["cli", "-ub", "-1"], "-ub -1: invalid value for n_ubatch"),
+        (["cli", "--temp", "nan"], "--temp nan: invalid value for temp"),
+        (["cli", "--device", "tpu"], "--device tpu: unknown device"),  # every check before torch's own
+        (["explain", "-np", "0", "-p", "x"], "-np 0: invalid value for n_parallel"),
+        (["info", "--fit", "0"], "invalid value for the memory budget"),
+        (["bench", "-r", "0"], "-r 0: invalid value for reps"),
+        (["convert", "/nonexistent", "-o", "x.gguf", "--outtype", "q9"], "--outtype 'q9'"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_usage_errors_answer_before_anything_heavy_loads(args: list[str], needle: str) -> None:
+    r, loaded = probe(*args)
+    assert r.returncode == 1
+    errors = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("LOADED")]
+    assert len(errors) == 1 and needle in errors[0], r.stderr
+    assert loaded == []
+
+
+def test_no_command_is_the_help_alone() -> None:
+    r, loaded = probe()
+    assert r.returncode == 1 and "Usage: ubatch [OPTIONS] COMMAND" in r.stdout and loaded == []
+    assert r.stderr.strip() == "LOADED"  # no empty "error:" line
+
+
+def test_top_level_help_imports_no_command_module() -> None:
+    code = (
+        "import sys\nfrom ubatch.cli.main import app\n"
+        "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('ubatch.cli.') and m.endswith(('command', 'info', 'tokenize', 'convert'))))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env())
+    assert r.stdout.strip().splitlines()[-1] == "['ubatch.cli.llama.command']"  # the group's own module only
+    for name in ("cli", "server", "bench", "batched-bench", "info", "explain", "tokenize", "convert"):
+        assert re.search(rf"^│ {re.escape(name)} +\S", r.stdout, re.M), name
+
+
+def test_python_m_ubatch_is_the_ubatch_command() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "ubatch", "--help"], capture_output=True, text=True, timeout=120, env=env()
+    )
+    assert r.returncode == 0 and "Usage: ubatch [OPTIONS] COMMAND" in r.stdout
+    v = subprocess.run([sys.executable, "-m", "ubatch", "--version"], capture_output=True, text=True, timeout=120)
+    from importlib.metadata import version
+
+    assert v.stdout == f"ubatch {version('ubatch')}\n"  # ubatch.__version__ is the installed one
+
+
+def panels(help_text: str) -> list[str]:
+    return re.findall(r"^╭─ (.+?) ─", help_text, re.M)
+
+
+def help_of(*args: str) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "ubatch", *args, "--help"], capture_output=True, text=True, timeout=120, env=env()
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_help_reads_in_order_and_h_takes_no_value() -> None:
+    text = help_of("cli")
+    shown = panels(text)
+    assert shown[0] == "Options"  # Typer prints its own panel first: only -h is left there
+    assert [p for p in shown if p in PANEL_ORDER] == list(PANEL_ORDER)
+    assert shown[1 : 1 + len(PANEL_ORDER)] == list(PANEL_ORDER)  # the main ones first, the rest after
+    assert PROMPT_CACHE in shown and "--prompt-cache-ro" in text.split(f"─ {PROMPT_CACHE} ─")[1]
+    for t in (text, help_of(), help_of("convert")):
+        h = [ln for ln in t.splitlines() if re.search(r"\s-h\s", ln)]
+        assert h and "<bool>" not in h[0], h
+    assert panels(help_of("bench"))[:2] == ["Options", "Tests"]  # a command's own leading panels stay in front
+
+
+def test_reading_order_keeps_each_panel_s_options_in_order() -> None:
+    from ubatch.cli.options import reading_order
+
+    class P:
+        def __init__(self, name: str, panel: str | None) -> None:
+            self.name, self.rich_help_panel = name, panel
+
+    ps = [P("a", "Own"), P("b", "Output"), P("c", "Model"), P("d", "Extra"), P("e", None), P("f", "Model")]
+    assert [p.name for p in reading_order(ps)] == ["a", "e", "c", "f", "b", "d"]
+
+
+def test_convert_names_the_engine_s_outtypes() -> None:
+    from ubatch.cli.convert import OUTTYPES
+    from ubatch.engine.model.hf.convert import OUTTYPES as ENGINE_OUTTYPES
+
+    assert OUTTYPES == tuple(ENGINE_OUTTYPES)
+
+
+def test_ub_0_is_n_batch_as_in_llama_cpp(tiny_gemma: Path) -> None:
+    """llama_context: n_ubatch = min(n_batch, n_ubatch ? n_ubatch : n_batch)."""
+    base = [sys.executable, "-m", "ubatch", "info", "-m", str(tiny_gemma), "-c", "256", "-b", "64", "-ub", "0"]
+    r = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=120, env=env())
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert (d["n_batch"], d["n_ubatch"]) == (64, 64)
+    r = subprocess.run([*base, "-v"], capture_output=True, text=True, timeout=120, env=env())
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^llama_context: n_ubatch += 64$", r.stdout, re.M), r.stdout
+
+
+def test_a_cold_kernel_build_says_so_on_a_terminal(tiny_gemma: Path, tmp_path: Path) -> None:
+    """An empty kernel cache (a first run): one status line while the compiler runs, on a
+    terminal; nothing once the library is cached, and nothing in a pipe (as the model's bar)."""
+    pexpect = pytest.importorskip("pexpect")
+    from ubatch.kernels.cpu.build import _compiler
+
+    if _compiler() is None:
+        pytest.skip("no C compiler: the CPU kernels cannot be built here")
+    args = ["-m", "ubatch", "cli", "-m", str(tiny_gemma), "-p", "hi", "-n", "1", "--backend", "cpu-portable"]
+    e = env(XDG_CACHE_HOME=str(tmp_path), TERM="xterm")
+    e.pop("NO_COLOR")
+
+    def on_terminal() -> str:
+        child = pexpect.spawn(sys.executable, args, env=e, encoding="utf-8", timeout=240, dimensions=(24, 120))
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0, child.before
+        return str(child.before)
+
+    cold = on_terminal()
+    assert "compiling the portable CPU kernels, once: ~1 s" in cold
+    assert list((tmp_path / "ubatch" / "kernels").glob("cpu_kernels-portable-*.so"))
+    assert "compiling" not in on_terminal()  # cached
+    for f in (tmp_path / "ubatch" / "kernels").glob("*.so"):
+        f.unlink()
+    piped = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=240, env=e)
+    assert piped.returncode == 0 and "compiling" not in piped.stderr, piped.stderr
