@@ -52,11 +52,6 @@ def probe(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     return r, line.split()[1:]
 
 
-SERVER_IMPORTS = pytest.mark.xfail(
-    reason="cli/server/command.py imports cli/server/limits.py (numpy, starlette, the engine) at the top", strict=False
-)
-
-
 @pytest.mark.parametrize(
     "args",
     [
@@ -70,7 +65,7 @@ SERVER_IMPORTS = pytest.mark.xfail(
         ["batched-bench", "--help"],
         ["tokenize", "--help"],
         ["convert", "--help"],
-        pytest.param(["server", "--help"], marks=SERVER_IMPORTS),
+        ["server", "--help"],
     ],
     ids=" ".join,
 )
@@ -92,6 +87,8 @@ def test_help_and_version_load_nothing_heavy(args: list[str]) -> None:
         (["cli", "--temp", "nan"], "--temp nan: invalid value for temp"),
         (["cli", "--device", "tpu"], "--device tpu: unknown device"),  # every check before torch's own
         (["explain", "-np", "0", "-p", "x"], "-np 0: invalid value for n_parallel"),
+        (["server", "-np", "0"], "-np 0: invalid value for n_parallel"),
+        (["server", "--port", "70000"], "--port 70000: invalid value for port"),
         (["info", "--fit", "0"], "invalid value for the memory budget"),
         (["bench", "-r", "0"], "-r 0: invalid value for reps"),
         (["convert", "/nonexistent", "-o", "x.gguf", "--outtype", "q9"], "--outtype 'q9'"),

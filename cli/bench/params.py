@@ -215,7 +215,7 @@ def check_params(p: BenchParams) -> None:
         raise BenchError(f"-r {p.reps}: invalid value for reps: must be at least 1")
     if not math.isfinite(p.delay) or p.delay < 0:
         raise BenchError(f"--delay {p.delay!r}: invalid value for delay: must be a finite number of seconds >= 0")
-    lists = (("-b", p.n_batch, 1), ("-ub", p.n_ubatch, 1), ("-nom", p.n_outputs_max, 0), ("-t", p.n_threads, 0))
+    lists = (("-b", p.n_batch, 1), ("-ub", p.n_ubatch, 0), ("-nom", p.n_outputs_max, 0), ("-t", p.n_threads, 0))
     for flag, vals, lo in lists:
         for v in vals:
             if not lo <= v <= INT32_MAX:

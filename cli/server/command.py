@@ -19,7 +19,7 @@ from ubatch.cli.context_flags import ContextFlags, context_options
 from ubatch.cli.flag_group import Refine, refine
 from ubatch.cli.options import BATCH, CTX, MODEL, SERVER, opt
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
-from ubatch.cli.server.limits import (
+from ubatch.cli.server.defaults import (
     DEFAULT_MAX_BODY_SIZE,
     DEFAULT_MAX_JSON_DEPTH,
     DEFAULT_TIMEOUT_S,

@@ -17,7 +17,8 @@ from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
-from ubatch.cli.server.limits import DEFAULT_MAX_JSON_DEPTH, INLINE_PARSE_BYTES, json_too_deep, off_loop
+from ubatch.cli.server.defaults import DEFAULT_MAX_JSON_DEPTH
+from ubatch.cli.server.limits import INLINE_PARSE_BYTES, json_too_deep, off_loop
 from ubatch.engine.errors import EngineError, ErrorKind, UbatchError
 
 STATUS: dict[ErrorKind, tuple[int, str]] = {  # llama-server's code and error type for each kind

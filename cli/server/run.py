@@ -30,7 +30,7 @@ from ubatch.cli.context_flags import ContextFlags
 from ubatch.cli.present import startup_lines
 from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
 from ubatch.cli.server.bind import bind_all, parse_hosts
-from ubatch.cli.server.limits import HEADER_TIMEOUT_CAP_S
+from ubatch.cli.server.defaults import HEADER_TIMEOUT_CAP_S
 from ubatch.cli.server.log import LOG_LEVEL_INFO, log
 from ubatch.cli.server.protocol import guarded_h11
 from ubatch.cli.server.responses import timings_json

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ubatch.cli.server.defaults import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_JSON_DEPTH, DEFAULT_TIMEOUT_S
 from ubatch.cli.server.http import bad_request
-from ubatch.cli.server.limits import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_JSON_DEPTH, DEFAULT_TIMEOUT_S
 from ubatch.cli.server.request.params import ServerDefaults
 from ubatch.engine.chat.template import ChatTemplate
 from ubatch.engine.grammar import Grammar
