@@ -132,7 +132,7 @@ def bench(
         n_pg=pair_list(pg),
         n_depth=int_list(depth, [0], "-d", 0, "n_depth"),
         n_batch=int_list(batch_size, [2048], "-b", 1, "n_batch"),
-        n_ubatch=int_list(ub_values, [512], ub_flag, 0, "n_ubatch"),
+        n_ubatch=int_list(ub_values, [512], ub_flag, 1 if sweep_ub is not None else 0, "n_ubatch"),
         n_outputs_max=int_list(n_outputs_max, [0], "-nom", 0, "n_outputs_max"),
         n_threads=int_list(threads, [0], "-t", 1, "n_threads"),  # the default 0 = every core
         reps=validate.positive("-r", reps, "reps"),
