@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from ubatch.cli import validate
 from ubatch.cli.common import resolve_model, user_errors
@@ -53,7 +52,7 @@ def info(
     from ubatch.cli.device import resolve_device
 
     dev, context.backend = resolve_device(device, context.backend)  # the plan of that device's buffers
-    from ubatch.cli.memory_view import breakdown_table, plan_json, plan_table
+    from ubatch.cli.memory_view import breakdown_table, plan_json, plan_table, table_console
     from ubatch.cli.present import startup_lines
     from ubatch.engine.context.report import fit, plan_for
     from ubatch.engine.model.model import Model
@@ -73,7 +72,7 @@ def info(
             }
         print(json.dumps(d, indent=1))
         return
-    out = Console()
+    out = table_console()  # a file or pipe gets whole rows, not wrapped ones
     if verbose:
         for line in startup_lines(None, plan, model=m, params=params):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
