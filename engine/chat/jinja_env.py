@@ -2,9 +2,10 @@
 Hugging Face and llama.cpp give templates (`tojson`, `raise_exception`, `strftime_now`), so a
 template from a GGUF file renders here as it does there, and cannot touch anything else.
 
-`ChatTemplateError` lives here, with the compiler that raises it first (template.py, which loads
-and renders templates, raises it too). jinja2 is imported on first use, so importing the chat
-package stays cheap for commands that never render a template."""
+`ChatTemplateError` (errors.py) is raised here first, by the compiler (template.py, which loads
+and renders templates, raises it too). The sandbox itself, with the budget each render runs
+under (steps, time, sizes), is sandbox.py. jinja2 is imported on first use, so importing the
+chat package stays cheap for commands that never render a template."""
 
 from __future__ import annotations
 
@@ -13,14 +14,12 @@ from datetime import datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ubatch.engine.errors import UbatchError
+from ubatch.engine.chat.errors import ChatTemplateError
 
 if TYPE_CHECKING:
     import jinja2
 
-
-class ChatTemplateError(UbatchError):
-    """A template that cannot be loaded or rendered, or messages it cannot take."""
+__all__ = ["ChatTemplateError", "compile_jinja", "render_jinja"]
 
 
 def _raise_exception(message: str) -> None:
@@ -46,12 +45,10 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from ubatch.engine.chat.sandbox import BudgetedSandbox
 
-    # the options Hugging Face and llama.cpp's Jinja engine use
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
+    env = BudgetedSandbox()
+    env.add_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
@@ -65,3 +62,13 @@ def compile_jinja(source: str, what: str = "chat template") -> jinja2.Template:
         return _compile(source)
     except jinja2.TemplateSyntaxError as e:
         raise ChatTemplateError(f"{what}: invalid Jinja chat template (line {e.lineno}: {e.message})") from None
+    except (RecursionError, MemoryError, SyntaxError, ValueError) as e:  # nesting Python cannot compile
+        raise ChatTemplateError(f"{what}: invalid Jinja chat template ({type(e).__name__}: {e})") from None
+
+
+def render_jinja(template: jinja2.Template, what: str, input_chars: int, variables: dict[str, object]) -> str:
+    """Render under a budget (sandbox.py) sized for `input_chars` characters of messages; a
+    template past a limit raises ChatTemplateError naming `what` and the limit."""
+    from ubatch.engine.chat.sandbox import render
+
+    return render(template, what, input_chars, variables)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ubatch.engine.chat.formats import BUILTIN
-from ubatch.engine.chat.jinja_env import ChatTemplateError, compile_jinja
+from ubatch.engine.chat.jinja_env import ChatTemplateError, compile_jinja, render_jinja
 
 if TYPE_CHECKING:
     from ubatch.engine.model.model import Model
@@ -146,6 +146,11 @@ def _content_text(content: object, i: int) -> str:
     raise ChatTemplateError(f"message {i}: content must be a string or a list of parts")
 
 
+def _size(value: object) -> int:
+    """About how many characters a message field holds (what a template may copy out of it)."""
+    return len(value) if isinstance(value, str) else len(str(value))
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """A checked message: its role and text, and all its fields (content as that text) for Jinja."""
@@ -180,12 +185,15 @@ def apply_chat_template(
     *,
     add_bos: bool = True,
     add_eos: bool = False,
+    origin: str = "",
 ) -> str:
     """Render `messages` with a built-in format name or a Jinja source.
 
     For Jinja, a rendered text that starts with `bos_token` loses it when the vocab adds BOS
     itself (`add_bos`), and one that ends with `eos_token` loses it when the vocab adds EOS,
-    as llama.cpp's common/chat.cpp does; built-in formats never write BOS.
+    as llama.cpp's common/chat.cpp does; built-in formats never write BOS. Rendering is
+    bounded (engine/chat/sandbox.py): a template past a limit is a ChatTemplateError naming
+    the template (`origin`: where it came from) and the limit.
     """
     msgs = normalize_messages(messages)
     if template in BUILTIN:
@@ -196,14 +204,19 @@ def apply_chat_template(
         )
     import jinja2
 
-    tmpl = compile_jinja(template)
+    what = f"chat template ({origin})" if origin else "chat template"
+    tmpl = compile_jinja(template, what)
+    variables: dict[str, object] = {
+        "messages": [m.fields for m in msgs],
+        "add_generation_prompt": add_generation_prompt,
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+    }
+    input_chars = len(bos_token) + len(eos_token) + sum(_size(v) for m in msgs for v in m.fields.values())
     try:
-        text = tmpl.render(
-            messages=[m.fields for m in msgs],
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-        )
+        text = render_jinja(tmpl, what, input_chars, variables)
+    except ChatTemplateError:
+        raise
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"chat template error: {e.message or type(e).__name__}") from None
     except Exception as e:  # a template bug (e.g. indexing a missing key): still one line
@@ -244,6 +257,7 @@ class ChatTemplate:
             self.eos_token,
             add_bos=self.add_bos,
             add_eos=self.add_eos,
+            origin=self.origin,
         )
 
     @classmethod

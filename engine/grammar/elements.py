@@ -19,7 +19,8 @@ Rule = list[tuple[int, int]]
 
 
 class GrammarError(UbatchError):
-    """A GBNF grammar that does not parse, or that the matcher cannot run (left recursion)."""
+    """A GBNF grammar (or JSON schema) that does not parse, that the matcher cannot run (left
+    recursion), or that is past one of budget.py's limits: always the client's fault, one line."""
 
 
 @dataclass(slots=True)

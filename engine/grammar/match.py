@@ -6,16 +6,34 @@ of stacks the text so far can be in; the text is rejected when the set becomes e
 interned as ints, and each state's reaction to the next character is computed once as a
 partition of the code-point axis into intervals, each leading to one next state: so walking a
 token, or a trie of all tokens, costs a bisect per character after the first visit.
+
+What a matcher keeps is bounded (budget.py): a state or a step too large for any sane grammar
+is a GrammarError, and the interned states are dropped once they pass the matcher's budget, or
+when all live matchers together pass MAX_TOTAL_ENTRIES. Dropping renumbers states, so it only
+happens between `session`s: a caller holds state ids only inside one, and keeps the state's
+stacks (`states[sid]`) to find its id again in the next (GrammarSampler does).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
+from ubatch.engine.grammar.budget import (
+    MATCHER_ENTRIES_PER_ELEMENT,
+    MAX_MATCHER_ENTRIES,
+    MAX_STATE_STACKS,
+    MAX_STEP_WORK,
+    MAX_TOTAL_ENTRIES,
+    PROBE_STEPS,
+)
 from ubatch.engine.grammar.elements import (
     ALT,
     CHAR_ALT,
@@ -26,6 +44,7 @@ from ubatch.engine.grammar.elements import (
     SEQ_END,
     TOKEN_NOT,
     TOKEN_REFS,
+    GrammarError,
     ParsedGrammar,
 )
 from ubatch.engine.grammar.recursion import check_left_recursion
@@ -61,15 +80,75 @@ class Matcher:
             self.elems.extend(rule)
         check_left_recursion(g)
         self._classes: dict[int, tuple[bool, list[tuple[int, int]], int]] = {}
-        self._advanced: dict[Stack, frozenset[Stack]] = {}
-        self._ids: dict[frozenset[Stack], int] = {}
-        self.states: list[frozenset[Stack]] = []
-        self._info: list[StateInfo | None] = []
         self._lock = threading.Lock()
+        self._active = 0  # sessions in progress: states are only dropped when there are none
+        self.epoch = 0  # bumped each time the states are dropped (ids change meaning)
+        self.entries = 0  # stack entries held in the caches below (budget.py)
+        self.last_used = 0
+        self._advanced: dict[Stack, frozenset[Stack]] = {}
         first: set[Stack] = set()
         for alt in self.alternatives(g.root):
             first |= self.advance(() if self.end_of_seq(alt) else (alt,))
-        self.start = self.intern(frozenset(first))
+        self._first = frozenset(first)
+        self._drop_states()
+        self.start = 0  # the start state keeps id 0 whenever the states are dropped
+        _POOL.add(self)
+
+    def probe(self) -> None:
+        """Walk PROBE_STEPS characters from the start, each time into the largest next state
+        not seen yet: where an ambiguous grammar's states grow, so the budget's GrammarError
+        comes now (at compile time, for a server) rather than mid-generation. The states built
+        stay for the first generation."""
+        sid, seen = self.start, {self.start}
+        for _ in range(PROBE_STEPS):
+            nexts = {n for n in self.info(sid).nexts if n != DEAD and n not in seen}
+            if not nexts:
+                return
+            sid = max(nexts, key=lambda n: len(self.states[n]))
+            seen.add(sid)
+
+    def _drop_states(self) -> None:
+        """Forget every state but the start (the caller holds the lock, or is __init__)."""
+        self._advanced = {}
+        self.states: list[frozenset[Stack]] = [self._first]
+        self._ids: dict[frozenset[Stack], int] = {self._first: 0}
+        self._info: list[StateInfo | None] = [None]
+        self.entries = len(self._first) + 1
+        self.epoch += 1
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """A span in which state ids stay valid. On the way in, a matcher over its budget drops
+        its states (if no other session is open), and idle matchers are dropped when all
+        together hold too much."""
+        with self._lock:
+            if self._active == 0 and self.entries > self.budget():
+                self._drop_states()
+            self._active += 1
+            self.last_used = next(_CLOCK)
+        _POOL.trim(self)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    def budget(self) -> int:
+        """The entries this matcher keeps before dropping them: more for a bigger grammar."""
+        return MAX_MATCHER_ENTRIES + MATCHER_ENTRIES_PER_ELEMENT * len(self.elems)
+
+    def release(self) -> int:
+        """Drop the states if no session is open (the pool asks); the entries freed."""
+        if not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            if self._active:
+                return 0
+            before = self.entries
+            self._drop_states()
+            return before - self.entries
+        finally:
+            self._lock.release()
 
     def end_of_seq(self, pos: int) -> bool:
         return self.elems[pos][0] in SEQ_END
@@ -109,15 +188,21 @@ class Matcher:
 
     def advance(self, stack: Stack) -> frozenset[Stack]:
         """llama.cpp's advance_stack: expand rule references until every top is a terminal."""
+        return self._expand(stack)[0]
+
+    def _expand(self, stack: Stack) -> tuple[frozenset[Stack], int]:
+        """advance() and the stacks it had to visit (0 when cached): the work of a step."""
         hit = self._advanced.get(stack)
         if hit is not None:
-            return hit
+            return hit, 0
         todo, seen, out = [stack], set(), set()
         while todo:
             cur = todo.pop()
             if cur in seen:
                 continue
             seen.add(cur)
+            if len(seen) > MAX_STEP_WORK:
+                raise _too_ambiguous("one rule expansion reaches", len(seen), MAX_STEP_WORK)
             if not cur:
                 out.add(cur)
                 continue
@@ -128,8 +213,11 @@ class Matcher:
                     todo.append(base + ((alt,) if not self.end_of_seq(alt) else ()))
             else:
                 out.add(cur)
+        if len(out) > MAX_STATE_STACKS:
+            raise _too_ambiguous("one rule expansion reaches", len(out), MAX_STATE_STACKS)
         self._advanced[stack] = hit = frozenset(out)
-        return hit
+        self.entries += len(hit) + 1
+        return hit, len(seen)
 
     def intern(self, stacks: frozenset[Stack]) -> int:
         """The state's id; the lock keeps ids and lists aligned when two engine threads (two
@@ -138,12 +226,15 @@ class Matcher:
             return DEAD
         sid = self._ids.get(stacks)
         if sid is None:
+            if len(stacks) > MAX_STATE_STACKS:
+                raise _too_ambiguous("the text so far matches", len(stacks), MAX_STATE_STACKS)
             with self._lock:
                 sid = self._ids.get(stacks)
                 if sid is None:
                     self.states.append(stacks)
                     self._info.append(None)
                     sid = self._ids[stacks] = len(self.states) - 1
+                    self.entries += len(stacks) + 1
         return sid
 
     def info(self, sid: int) -> StateInfo:
@@ -152,7 +243,7 @@ class Matcher:
 
     def _build_info(self, sid: int) -> StateInfo:
         cuts, moves, char_tops, token_tops = {0, CP_END}, [], [], []
-        accepting = False
+        accepting, work = False, 0
         for stack in self.states[sid]:
             if not stack:
                 accepting = True
@@ -167,16 +258,30 @@ class Matcher:
                 ranges = complement(ranges)
             for lo, hi in ranges:
                 cuts.update((lo, hi + 1))
-            moves.append((ranges, self.advance(rest)))
+            nxt, cost = self._expand(rest)
+            work += cost
+            moves.append((ranges, nxt))
             char_tops.append(stack[-1])
         bounds = sorted(c for c in cuts if c < CP_END)
-        nexts = []
-        for b in bounds:
-            nxt: set[Stack] = set()
-            for ranges, stacks in moves:
-                if any(lo <= b <= hi for lo, hi in ranges):
-                    nxt |= stacks
-            nexts.append(self.intern(frozenset(nxt)))
+        at = {b: i for i, b in enumerate(bounds)}
+        at[CP_END] = len(bounds)
+        # each interval's next stacks: the union over the moves whose ranges cover it
+        parts: list[list[frozenset[Stack]]] = [[] for _ in bounds]
+        for ranges, stacks in moves:
+            for lo, hi in ranges:
+                for i in range(at[lo], at[hi + 1]):
+                    parts[i].append(stacks)
+                work += len(stacks) * (at[hi + 1] - at[lo])
+            if work > MAX_STEP_WORK:
+                raise _too_ambiguous("one step of matching builds", work, MAX_STEP_WORK)
+        nexts: list[int] = []
+        done: dict[tuple[int, ...], int] = {}
+        for part in parts:
+            key = tuple(map(id, part))  # the same moves (e.g. one negated class) cover many intervals
+            nid = done.get(key)
+            if nid is None:
+                nid = done[key] = self.intern(frozenset().union(*part))
+            nexts.append(nid)
         info = StateInfo(
             bounds,
             nexts,
@@ -187,6 +292,7 @@ class Matcher:
             tuple(token_tops),
         )
         self._info[sid] = info
+        self.entries += len(bounds)
         return info
 
     def step(self, sid: int, cp: int) -> int:
@@ -252,3 +358,52 @@ def complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     if lo < CP_END:
         out.append((lo, CP_END - 1))
     return out
+
+
+def _too_ambiguous(what: str, n: int, limit: int) -> GrammarError:
+    return GrammarError(
+        f"grammar too ambiguous: {what} more than {limit:,} grammar positions ({n:,}); "
+        "simplify nested or overlapping repetitions"
+    )
+
+
+_CLOCK = itertools.count(1)  # session order, for dropping the least recently used matcher
+
+
+class _MatcherPool:
+    """Every live matcher, so that together they keep at most MAX_TOTAL_ENTRIES: the compiled
+    grammars a server caches would otherwise each keep what their last generation reached."""
+
+    def __init__(self) -> None:
+        self._members: weakref.WeakSet[Matcher] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def add(self, m: Matcher) -> None:
+        with self._lock:
+            self._members.add(m)
+
+    def trim(self, current: Matcher) -> None:
+        with self._lock:
+            members = list(self._members)
+        total = sum(m.entries for m in members)
+        if total <= MAX_TOTAL_ENTRIES:
+            return
+        for m in sorted(members, key=lambda m: m.last_used):
+            if m is not current:
+                total -= m.release()
+                if total <= MAX_TOTAL_ENTRIES:
+                    return
+
+    def total(self) -> int:
+        """The stack entries all live matchers hold (what the budget counts)."""
+        with self._lock:
+            members = list(self._members)
+        return sum(m.entries for m in members)
+
+
+_POOL = _MatcherPool()
+
+
+def matchers_entries() -> int:
+    """The stack entries all live matchers hold together (bounded by MAX_TOTAL_ENTRIES)."""
+    return _POOL.total()

@@ -5,7 +5,9 @@ strings and fails at the same places. Errors are one line: the problem, its line
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from ubatch.engine.grammar.budget import MAX_GRAMMAR_ELEMENTS, Term, check_expansion
 from ubatch.engine.grammar.elements import (
     ALT,
     CHAR,
@@ -27,6 +29,29 @@ ESCAPES = {"t": 9, "r": 13, "n": 10, "\\": 92, '"': 34, "[": 91, "]": 93, "-": 4
 HEX_LEN = {"x": 2, "u": 4, "U": 8}
 
 
+@dataclass(slots=True)
+class _Group:
+    """A rule body or a parenthesised group being parsed: its elements so far, the item a
+    repetition operator would apply to, and the repetition terms (budget.py) of the rule."""
+
+    rule_id: int
+    nested: bool  # inside parentheses: newlines are spaces
+    before: int = 0  # the symbol count before the group's rule was generated
+    rule: Rule = field(default_factory=list)
+    last: int = 0  # where the item a repetition operator applies to starts
+    n_prev: int = 1  # rules that item expands to (bounds the size of repeated groups)
+    item: list[Term] = field(default_factory=list)  # the item's terms, multiplied by repetitions
+    terms: list[Term] = field(default_factory=list)  # the finished items' terms
+
+    def item_start(self, n_prev: int, item: list[Term]) -> None:
+        self.flush()
+        self.last, self.n_prev, self.item = len(self.rule), n_prev, item
+
+    def flush(self) -> None:
+        self.terms += self.item
+        self.item = []
+
+
 def is_word(c: str) -> bool:
     return ("a" <= c <= "z") or ("A" <= c <= "Z") or ("0" <= c <= "9") or c == "-"
 
@@ -38,6 +63,8 @@ class Parser:
         self.src, self.n, self.tokenize = text, len(text), tokenize
         self.symbols: dict[str, int] = {}
         self.rules: list[Rule | None] = []
+        self.terms: dict[int, list[Term]] = {}  # rule id -> its repetition terms (budget.py)
+        self.n_repeated = 0  # elements repetitions added (bounded by MAX_GRAMMAR_ELEMENTS)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -129,6 +156,7 @@ class Parser:
         if "root" not in self.symbols:
             raise GrammarError("grammar does not contain a 'root' rule")
         rules = [r if r is not None else [(END, 0)] for r in self.rules]
+        check_expansion(self.terms, names, self.symbols["root"])
         return ParsedGrammar(rules, dict(self.symbols), self.symbols["root"])
 
     def rule(self, i: int) -> int:
@@ -148,22 +176,44 @@ class Parser:
         return self.space(i, True)
 
     def alternates(self, i: int, name: str, rule_id: int, nested: bool) -> int:
-        rule: Rule = []
-        i = self.sequence(i, name, rule, nested)
-        while self.at(i) == "|":
-            rule.append((ALT, 0))
-            i = self.sequence(self.space(i + 1, True), name, rule, nested)
-        rule.append((END, 0))
-        self.add_rule(rule_id, rule)
-        return i
+        """The alternatives of a rule body, up to its end: groups `( ... )` are followed with an
+        explicit stack of open groups, not by recursion, so nesting depth costs no Python frames."""
+        open_groups = [_Group(rule_id, nested)]
+        while True:
+            group = open_groups[-1]
+            i, opened = self.sequence(i, name, group)
+            if opened:  # a "(": its alternatives become a generated rule, parsed next
+                before = len(self.symbols)
+                open_groups.append(_Group(self.generated(name), True, before))
+                continue
+            group.flush()
+            if self.at(i) == "|":
+                group.rule.append((ALT, 0))
+                group.last, group.n_prev = len(group.rule), 1
+                i = self.space(i + 1, True)
+                continue
+            group.rule.append((END, 0))
+            self.add_rule(group.rule_id, group.rule)
+            self.terms[group.rule_id] = group.terms
+            if len(open_groups) == 1:
+                return i
+            open_groups.pop()
+            outer = open_groups[-1]
+            outer.item_start(max(1, len(self.symbols) - group.before), [(1, group.rule_id)])
+            outer.rule.append((RULE_REF, group.rule_id))
+            if self.at(i) != ")":
+                raise self.fail("expecting ')'", i)
+            i = self.space(i + 1, outer.nested)
 
-    def sequence(self, i: int, name: str, rule: Rule, nested: bool) -> int:
-        last = len(rule)  # where the item a repetition operator applies to starts
-        n_prev = 1  # rules that item expands to (bounds the size of repeated groups)
+    def sequence(self, i: int, name: str, group: _Group) -> tuple[int, bool]:
+        """Items up to the end of a sequence, or up to a "(" (then True, past it): the caller
+        parses the group and comes back to this sequence."""
+        rule, nested = group.rule, group.nested
         while i < self.n:
             c = self.src[i]
             if c == '"':
-                i, last, n_prev = i + 1, len(rule), 1
+                i = i + 1
+                group.item_start(1, [(1, -1)])
                 while self.at(i) != '"':
                     if i >= self.n:
                         raise self.fail("unexpected end of input", i)
@@ -174,7 +224,8 @@ class Parser:
                 i, kind = i + 1, CHAR
                 if self.at(i) == "^":
                     i, kind = i + 1, CHAR_NOT
-                last, n_prev = len(rule), 1
+                group.item_start(1, [(1, -1)])
+                last = group.last
                 while self.at(i) != "]":
                     if i >= self.n:
                         raise self.fail("unexpected end of input", i)
@@ -191,37 +242,33 @@ class Parser:
                 if c == "!":
                     kind, i = TOKEN_NOT, i + 1
                 tok, i = self.token(i)
-                last, n_prev, i = len(rule), 1, self.space(i, nested)
+                group.item_start(1, [(1, -1)])
+                i = self.space(i, nested)
                 rule.append((kind, tok))
             elif is_word(c):
                 j = self.name(i)
                 ref = self.symbol(self.src[i:j])
-                i, last, n_prev = self.space(j, nested), len(rule), 1
+                i = self.space(j, nested)
+                group.item_start(1, [(1, ref)])
                 rule.append((RULE_REF, ref))
             elif c == "(":
-                before = len(self.symbols)
-                sub = self.generated(name)
-                i = self.alternates(self.space(i + 1, True), name, sub, True)
-                n_prev, last = max(1, len(self.symbols) - before), len(rule)
-                rule.append((RULE_REF, sub))
-                if self.at(i) != ")":
-                    raise self.fail("expecting ')'", i)
-                i = self.space(i + 1, nested)
+                return self.space(i + 1, True), True
             elif c == ".":
-                last, n_prev, i = len(rule), 1, self.space(i + 1, nested)
+                group.item_start(1, [(1, -1)])
+                i = self.space(i + 1, nested)
                 rule.append((CHAR_ANY, 0))
             elif c in "*+?":
                 at = i
                 i = self.space(i + 1, nested)
                 lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
-                n_prev = self.repeat(rule, last, n_prev, lo, hi, name, at)
+                self.repeat(group, lo, hi, name, at)
             elif c == "{":
                 at = i
                 lo, hi, i = self.braces(self.space(i + 1, nested), nested)
-                n_prev = self.repeat(rule, last, n_prev, lo, hi, name, at)
+                self.repeat(group, lo, hi, name, at)
             else:
                 break
-        return i
+        return i, False
 
     def braces(self, i: int, nested: bool) -> tuple[int, int | None, int]:
         """{m}, {m,} or {m,n}: (m, n or None, the position after)."""
@@ -248,17 +295,24 @@ class Parser:
             hi = None  # llama.cpp: a maximum beyond the threshold means no maximum
         return lo, hi, i
 
-    def repeat(self, rule: Rule, last: int, n_prev: int, lo: int, hi: int | None, name: str, at: int) -> int:
+    def repeat(self, group: _Group, lo: int, hi: int | None, name: str, at: int) -> None:
         """S{m,n} -> S repeated m times, then n-m nested optional rules (S{m,}: one recursive rule)."""
+        rule, last = group.rule, group.last
         if last == len(rule):
             raise self.fail("expecting preceding item to */+/?/{", at)
         item = rule[last:]
         total = hi if hi is not None and hi > 0 else max(lo, 1)
-        if n_prev * total > MAX_REPETITION:
+        if group.n_prev * total > MAX_REPETITION:
             raise self.fail("the repetition expands to too many rules; reduce the repetitions", at)
+        n_opt = 1 if hi is None else hi - lo
+        self.n_repeated += len(item) * (lo + n_opt) + 3 * n_opt
+        if self.n_repeated > MAX_GRAMMAR_ELEMENTS:
+            raise GrammarError(
+                f"grammar too large: its repetitions expand to more than {MAX_GRAMMAR_ELEMENTS:,} elements "
+                f"(at line {self.src.count(chr(10), 0, at) + 1}); lower the repetition counts"
+            )
         del rule[last:]
         rule.extend(item * lo)
-        n_opt = 1 if hi is None else hi - lo
         prev_id = 0
         for k in range(n_opt):
             rid = self.generated(name)
@@ -269,7 +323,8 @@ class Parser:
             prev_id = rid
         if n_opt > 0:
             rule.append((RULE_REF, prev_id))
-        return n_prev * total
+        group.n_prev *= total
+        group.item = [(mult * total, ref) for mult, ref in group.item]
 
     def token(self, i: int) -> tuple[int, int]:
         """<[id]> or <text> (text that the vocabulary tokenizes to exactly one token)."""

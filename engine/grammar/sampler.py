@@ -13,6 +13,8 @@ only where the grammar is complete, so a finished grammar ends the generation.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -83,18 +85,34 @@ class GrammarSampler:
     def __init__(self, grammar: Grammar, vocab: Vocab) -> None:
         self.m, self.vocab, self.table = grammar.matcher, vocab, token_table(vocab)
         self.sid = self.m.start
+        self.stacks = self.m.states[self.sid]  # the state itself: its id may change (match.py)
+        self.epoch = self.m.epoch
         self.partial = (0, 0)  # (value, n_remain) of a character split across tokens
         self.seen: set[int] = set()  # every token fed to the sampler (prompt and generated)
         self.n_resampled = 0  # tokens the chain picked that the grammar refused
 
+    @contextmanager
+    def _session(self) -> Iterator[None]:
+        """The matcher's session (state ids hold within it), with this generation's state id
+        found again if the matcher dropped its states since the last call."""
+        with self.m.session():
+            if self.epoch != self.m.epoch:
+                self.sid, self.epoch = self.m.intern(self.stacks), self.m.epoch
+            yield
+
     @property
     def accepting(self) -> bool:
-        return self.m.info(self.sid).accepting
+        with self._session():
+            return self.m.info(self.sid).accepting
 
     def allows(self, tok: int) -> bool:
         """llama_grammar_apply for one token."""
+        with self._session():
+            return self._allows(tok)
+
+    def _allows(self, tok: int) -> bool:
         if tok in self.vocab.eog:
-            return self.accepting
+            return self.m.info(self.sid).accepting
         dec = self.table.decoded(tok, *self.partial)
         if dec is None or dec[2] < 0:
             return False
@@ -114,26 +132,28 @@ class GrammarSampler:
         self.seen.add(tok)
         if tok in self.vocab.eog:
             return
-        dec = self.table.decoded(tok, *self.partial)
-        m = self.m
-        base = m.without_complete(self.sid)
-        sid = DEAD
-        if dec is not None and dec[2] >= 0 and base != DEAD:
-            if m.info(base).token_tops:
-                sid = m.union(m.walk(m.char_only(base), dec[0]), m.after_token(base, tok))
-            else:
-                sid = m.walk(base, dec[0])
-        if sid == DEAD or dec is None:
-            piece = self.table.pieces[tok].decode("utf-8", "replace")
-            raise GrammarError(f"the grammar has no state left after token {tok} ({piece!r})")
-        self.sid, self.partial = sid, (dec[1], dec[2])
+        with self._session():
+            dec = self.table.decoded(tok, *self.partial)
+            m = self.m
+            base = m.without_complete(self.sid)
+            sid = DEAD
+            if dec is not None and dec[2] >= 0 and base != DEAD:
+                if m.info(base).token_tops:
+                    sid = m.union(m.walk(m.char_only(base), dec[0]), m.after_token(base, tok))
+                else:
+                    sid = m.walk(base, dec[0])
+            if sid == DEAD or dec is None:
+                piece = self.table.pieces[tok].decode("utf-8", "replace")
+                raise GrammarError(f"the grammar has no state left after token {tok} ({piece!r})")
+            self.sid, self.stacks, self.partial = sid, m.states[sid], (dec[1], dec[2])
 
     def choose(self, x: torch.Tensor, tok: int, sampler: Sampler) -> int:
         """The chain picked `tok` from `x`; keep it if allowed, else sample among allowed tokens."""
-        if self.allows(tok):
-            return tok
-        self.n_resampled += 1
-        keep = self.candidates(x, window(sampler.params), penalized(sampler.params))
+        with self._session():
+            if self._allows(tok):
+                return tok
+            self.n_resampled += 1
+            keep = self._candidates(x, window(sampler.params), penalized(sampler.params))
         if not keep:  # nothing allowed can be sampled: end the generation
             return self.table.eog[0] if self.table.eog else self.vocab.eos
         idx = torch.tensor(keep, dtype=torch.long)
@@ -144,6 +164,10 @@ class GrammarSampler:
     def candidates(self, x: torch.Tensor, k: int | None, penalties: bool) -> list[int]:
         """Allowed tokens with a finite logit: at least the k best unseen ones (all if k is None)
         and, when penalties may reorder them, every allowed seen token."""
+        with self._session():
+            return self._candidates(x, k, penalties)
+
+    def _candidates(self, x: torch.Tensor, k: int | None, penalties: bool) -> list[int]:
         xn = x.detach().cpu().numpy()
         skip = self.seen if penalties else set()
         best: list[int] = []
@@ -156,7 +180,7 @@ class GrammarSampler:
             if k is None or len(best) < k:  # the first few did not settle it: search the trie
                 best = top_allowed(t, self.m, self.sid, xn[t.ids], xn, k or self.vocab.n_tokens, skip)
         inf = float("-inf")
-        return best + [t for t in dict.fromkeys(pool) if xn[t] > inf and t not in best and self.allows(t)]
+        return best + [t for t in dict.fromkeys(pool) if xn[t] > inf and t not in best and self._allows(t)]
 
     def _scan(self, x: torch.Tensor, k: int, skip: set[int]) -> list[int]:
         """The k best allowed unseen tokens if they are among the best 4k + 32 (often: inside
@@ -166,7 +190,7 @@ class GrammarSampler:
         for v, t in zip(vals.tolist(), ids.tolist()):
             if v == float("-inf"):
                 break
-            if t not in skip and self.allows(t):
+            if t not in skip and self._allows(t):
                 out.append(t)
                 if len(out) == k:
                     break

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ubatch.engine.grammar.json_schema import nodes
 from ubatch.engine.grammar.json_schema.ints import int_range_rule
-from ubatch.engine.grammar.json_schema.nodes import Node, SchemaError
+from ubatch.engine.grammar.json_schema.nodes import MAX_SCHEMA_DEPTH, TOO_DEEP, Node, SchemaError
 from ubatch.engine.grammar.json_schema.objects import build_object_rule
 from ubatch.engine.grammar.json_schema.pattern import InvalidPattern, UnsupportedPattern, pattern_to_rule
 from ubatch.engine.grammar.json_schema.read import read_schema
@@ -54,6 +54,7 @@ class Converter:
         self.refs_being_resolved: set[str] = set()
         self.errors: list[str] = []
         self.warnings: list[str] = []
+        self.depth = 0  # visit() calls in progress (bounded by MAX_SCHEMA_DEPTH)
 
     def add_rule(self, name: str, rule: str) -> str:
         """Add `rule` as `name` (or `name0`, `name1`, ... when that name holds another rule)."""
@@ -141,6 +142,15 @@ class Converter:
 
     def visit(self, node: Node, name: str) -> str:
         """Add the rules for `node`; returns the rule name that matches it."""
+        if self.depth >= MAX_SCHEMA_DEPTH:  # $ref chains can nest deeper than the schema text
+            raise SchemaError(TOO_DEEP)
+        self.depth += 1
+        try:
+            return self._visit(node, name)
+        finally:
+            self.depth -= 1
+
+    def _visit(self, node: Node, name: str) -> str:
         rule = name + "-" if name in RESERVED_NAMES else name or "root"
         sub_name = name + "-" if name else ""
         if isinstance(node, nodes.RefNode):
@@ -202,8 +212,8 @@ def convert_schema(schema: dict | bool) -> SchemaGrammar:
     try:
         converter = Converter()
         converter.visit(read_schema(schema), "")
-    except RecursionError:
-        raise SchemaError("JSON schema conversion failed: the schema is nested too deeply") from None
+    except RecursionError:  # a deep const value, or a caller already deep in its stack
+        raise SchemaError(TOO_DEEP) from None
     if converter.errors:
         raise SchemaError("JSON schema conversion failed: " + "; ".join(converter.errors))
     return SchemaGrammar(converter.grammar(), converter.warnings)

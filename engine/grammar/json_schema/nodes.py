@@ -9,15 +9,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ubatch.engine.errors import UbatchError
+from ubatch.engine.grammar.elements import GrammarError
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
 
+# How deep schemas may nest (objects in arrays in objects..., $ref chains included): reading and
+# converting recurse once per level, a few Python frames each, and must stay well inside the
+# interpreter's recursion limit (1000) whatever stack the caller already uses. Real schemas
+# nest a dozen levels.
+MAX_SCHEMA_DEPTH = 128
+TOO_DEEP = f"JSON schema conversion failed: the schema is nested too deeply (more than {MAX_SCHEMA_DEPTH} levels)"
 
-class SchemaError(UbatchError):
-    """The JSON schema cannot be turned into a grammar (one line, names the part at fault)."""
+
+class SchemaError(GrammarError):
+    """The JSON schema cannot be turned into a grammar (one line, names the part at fault). A
+    GrammarError: a schema is a grammar by another name, and is refused the same way."""
 
 
 @dataclass

@@ -46,24 +46,25 @@ def not_strings(conv: Rules, strings: list[str]) -> str:
         trie[node][1][0] = True
     char = conv.builtin("char")
     out: list[str] = ['["] ( ']
-
-    def visit(idx: int) -> None:
-        children = trie[idx][0]
-        for n, ch in enumerate(sorted(children)):
-            if n:
-                out.append(" | ")
-            out.append(f"[{ch}]")
-            child = children[ch]
+    # depth first with an explicit stack, as a long key makes a deep trie: (node, its
+    # characters in order, how many of them are written)
+    todo: list[tuple[int, list[str], int]] = [(0, sorted(trie[0][0]), 0)]
+    while todo:
+        idx, keys, n = todo.pop()
+        if n < len(keys):
+            todo.append((idx, keys, n + 1))
+            child = trie[idx][0][keys[n]]
+            out.append(f"{' | ' if n else ''}[{keys[n]}]")
             if trie[child][0]:
                 out.append(" (")
-                visit(child)
-                out.append(")")
+                todo.append((child, sorted(trie[child][0]), 0))
             else:
                 out.append(f" {char}+")
-        if children:
-            out.append(f' | [^"{"".join(sorted(children))}] {char}*')
-
-    visit(0)
+            continue
+        if keys:
+            out.append(f' | [^"{"".join(keys)}] {char}*')
+        if todo:  # the " (" its parent opened
+            out.append(")")
     out.append(" )")
     if not trie[0][1][0]:
         out.append("?")
@@ -100,25 +101,32 @@ def build_object_rule(
     if not required_props and not optional_props:
         return '"{" space "}"'
 
-    def rest_of(keys: list[str], first_is_optional: bool) -> str:
-        """Keys in order, each optional after the first; extra keys may repeat."""
-        key = keys[0]
+    def head(key: str, first_is_optional: bool) -> str:
+        """A key's own part: optional after the first, extra keys repeating."""
         kv = kv_rules[key]
         comma_ref = f'( "," space {kv} )'
         if first_is_optional:
-            res = comma_ref + ("*" if key == _ADDITIONAL else "?")
-        else:
-            res = kv + (f" {comma_ref}*" if key == _ADDITIONAL else "")
-        if len(keys) > 1:
-            res += " " + conv.add_rule(f"{prefix}{key}-rest", rest_of(keys[1:], True))
-        return res
+            return comma_ref + ("*" if key == _ADDITIONAL else "?")
+        return kv + (f" {comma_ref}*" if key == _ADDITIONAL else "")
+
+    # rest[j]: the rule for the optional keys after key j, built from the last one back (in the
+    # order llama.cpp adds them, innermost first) without a recursion per property
+    n_opt = len(optional_props)
+    rest: list[str] = [""] * n_opt
+    for j in range(n_opt - 2, -1, -1):
+        tail = head(optional_props[j + 1], True) + (" " + rest[j + 1] if rest[j + 1] else "")
+        rest[j] = conv.add_rule(f"{prefix}{optional_props[j]}-rest", tail)
+
+    def rest_of(j: int) -> str:
+        """Keys j.. in order, the first required, each later one optional."""
+        return head(optional_props[j], False) + (" " + rest[j] if rest[j] else "")
 
     rule = '"{" space ' + ' "," space '.join(kv_rules[k] for k in required_props)
     if optional_props:
         rule += " ("
         if required_props:
             rule += ' "," space ( '
-        rule += " | ".join(rest_of(optional_props[i:], False) for i in range(len(optional_props)))
+        rule += " | ".join(rest_of(i) for i in range(n_opt))
         if required_props:
             rule += " )"
         rule += " )?"

@@ -14,7 +14,9 @@ from ubatch.engine.grammar.json_schema.nodes import (
     INT64_MAX,
     INT64_MIN,
     INT_MAX,
+    MAX_SCHEMA_DEPTH,
     SIMPLE_TYPES,
+    TOO_DEEP,
     AllOfNode,
     AnyNode,
     AnyOfNode,
@@ -96,6 +98,7 @@ class _Reader:
         self.root = root
         self.refs: dict[str, Node | None] = {}
         self.pending: list[RefNode] = []
+        self.depth = 0  # node() calls in progress (bounded by MAX_SCHEMA_DEPTH)
 
     def read(self) -> Node:
         node = self.node(self.root, "#")
@@ -192,6 +195,15 @@ class _Reader:
         return IntegerNode(None if lo == INT64_MIN else lo, None if hi == INT64_MAX else hi)
 
     def node(self, schema: object, path: str) -> Node:
+        if self.depth >= MAX_SCHEMA_DEPTH:
+            raise SchemaError(TOO_DEEP)
+        self.depth += 1
+        try:
+            return self._node(schema, path)
+        finally:
+            self.depth -= 1
+
+    def _node(self, schema: object, path: str) -> Node:
         if not isinstance(schema, dict):
             raise _fail(path, "schema must be an object")
         if "$ref" in schema:
