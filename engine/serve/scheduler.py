@@ -25,6 +25,7 @@ from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context
 from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.generation.generation import Generation, GenerationParams, Step
+from ubatch.engine.grammar import GrammarError
 from ubatch.engine.kv.memory import DecodeError
 from ubatch.engine.sampling.chain import Sampler
 from ubatch.engine.serve.prompt_cache import pick_slot, purge_idle, reuse_cache
@@ -188,6 +189,8 @@ class Scheduler:
                         self._emit(s, step)
                 else:
                     self._emit(s, gen.sample(self.ctx.logits[out_row[out]]))
+            except GrammarError as e:  # too ambiguous to follow, or no way left: the request's grammar
+                self._fail(s, EngineError(ErrorKind.INVALID_REQUEST, f"the grammar could not be followed: {e}"))
             except Exception as e:
                 self._fail(s, EngineError(ErrorKind.INTERNAL, f"sampling failed: {e}"))
 

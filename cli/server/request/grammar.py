@@ -4,29 +4,27 @@ engine thread never parses text.
 
 The same few grammars tend to come back request after request (one schema per client), so
 compiled grammars are kept by text: their matcher's states, filled in by earlier generations,
-make the next request's first tokens as cheap as its last.
+make the next request's first tokens as cheap as its last. The cache is bounded by the memory
+its grammars hold, not by their count, and it probes each new grammar's first steps, so an
+ambiguous one is a 400 when it arrives rather than a failure in the middle of a generation.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from ubatch.cli.server.http import bad_request, type_name
 from ubatch.engine.errors import UbatchError
-from ubatch.engine.grammar import Grammar, GrammarError, compile_grammar
+from ubatch.engine.grammar import Grammar, GrammarCache, GrammarError
 from ubatch.engine.grammar.json_schema.convert import schema_to_gbnf
 
-
-@lru_cache(maxsize=32)
-def _compiled(text: str) -> Grammar:
-    return compile_grammar(text)
+_CACHE = GrammarCache()
 
 
 def compile_request_grammar(text: str) -> Grammar:
     """GBNF text -> Grammar, or llama-server's 400 for a grammar that does not parse."""
     try:
-        return _compiled(text)
+        return _CACHE.get(text)
     except GrammarError as e:
         raise bad_request(f"Failed to initialize samplers: {e}") from None
 
