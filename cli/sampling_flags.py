@@ -153,7 +153,8 @@ class SamplingFlags:
             if text:
                 from ubatch.engine.grammar import compile_grammar
 
-                self.__dict__["_grammar"] = compile_grammar(text)
+                # probed: an ambiguous grammar fails here, not in the middle of an answer
+                self.__dict__["_grammar"] = compile_grammar(text, probe=True)
             else:
                 self.__dict__["_grammar"] = None
         return self.__dict__["_grammar"]
