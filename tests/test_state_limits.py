@@ -49,7 +49,7 @@ def refused_fast(path: Path | str, *match: str) -> str:
     t0 = time.perf_counter()
     with pytest.raises(StateError) as e:
         state_file.read_file(path)
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 10  # reading the device whole would never end: a hang guard
     msg = str(e.value)
     assert "\n" not in msg and all(m in msg for m in match), msg
     return msg
@@ -94,7 +94,7 @@ def test_llama_load_state_file_refuses_a_device(tiny_gemma: Path) -> None:
     t0 = time.perf_counter()
     with pytest.raises(StateError, match="character device"):
         llm.load_state_file("/dev/zero")
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 10  # reading the device whole would never end: a hang guard
 
 
 def test_cli_prompt_cache_dev_zero_is_one_line(tiny_gemma: Path) -> None:

@@ -5,10 +5,11 @@ Two ways to render, as llama.cpp has them (reference/gguf-models.md §5):
 * the Jinja template from the GGUF (`tokenizer.chat_template`), rendered with `jinja2` in a
   sandbox with the variables llama.cpp and Hugging Face pass (`messages`,
   `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception`, `strftime_now`);
-* the built-in formats `gemma`, `chatml` and `llama3`, written as llama.cpp's
-  `llm_chat_apply_template` writes them.
+* llama.cpp's built-in formats (every name of its LLM_CHAT_TEMPLATES: chatml, llama2,
+  mistral-v7, phi4, gemma, llama3, deepseek3, ...), written as its `llm_chat_apply_template`
+  writes them (engine/chat/formats.py).
 
-`detect_template` picks the built-in family the way `llm_chat_detect_template` does; with no
+`detect_template` picks the built-in format the way `llm_chat_detect_template` does; with no
 template in the file, gemma-architecture models get `gemma` (llama.cpp falls back to ChatML,
 which is wrong for Gemma: `<|im_start|>` is not a token of its vocabulary) and others `chatml`.
 """
@@ -20,69 +21,119 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ubatch.engine.chat.formats import BUILTIN
+from ubatch.engine.chat.formats import BUILTIN, DS_ASSISTANT, DS_EOS, DS_USER, HY_ASSISTANT, HY_BOS, HY_HOLDER_3, NAMED
 from ubatch.engine.chat.jinja_env import ChatTemplateError, compile_jinja, render_jinja
 
 if TYPE_CHECKING:
     from ubatch.engine.model.model import Model
 
 
-BUILTIN_TEMPLATES = ("chatml", "gemma", "llama3")
+BUILTIN_TEMPLATES = tuple(NAMED)  # the names --chat-template accepts, as llama.cpp's table has them
 JINJA = "jinja"  # detect_template's answer for a template only Jinja can render
 
-# llama.cpp's other built-in names (src/llama-chat.cpp): recognised, so the error can say so
-_LLAMA_CPP_ONLY = tuple(
-    "llama2 llama2-sys llama2-sys-bos llama2-sys-strip mistral-v1 mistral-v3 mistral-v3-tekken "
-    "mistral-v7 mistral-v7-tekken phi3 phi4 falcon3 zephyr monarch orion openchat vicuna vicuna-orca "
-    "deepseek deepseek2 deepseek3 command-r chatglm3 chatglm4 glmedge minicpm exaone3 exaone4 "
-    "rwkv-world granite gigachat megrez yandex bailing llama4 smolvlm hunyuan-moe gpt-oss kimi-k2 "
-    "seed_oss".split()
-)
+# names of no format: every llama.cpp built-in is written now (kept for the renderer's check)
+_LLAMA_CPP_ONLY: tuple[str, ...] = ()
 
 
 # -- detection --------------------------------------------------------------------------------
 
 
 def detect_template(tmpl_source: str | None, arch: str) -> str:
-    """The built-in format for a template source (llama.cpp's detection order), or "jinja".
+    """The built-in format for a template source (llama.cpp's detection), or "jinja".
 
     * no template: "gemma" for gemma* architectures, otherwise "chatml" (llama.cpp's fallback);
-    * an exact built-in name: that name;
-    * otherwise substring heuristics in llama.cpp's order: `<|im_start|>` -> chatml (phi4 and
-      smolvlm variants -> jinja), ..., `<start_of_turn>` -> gemma, ...,
-      `<|start_header_id|>` + `<|end_header_id|>` -> llama3; formats we do not write as
-      built-ins, and templates nothing matches, -> "jinja" (render the source itself).
+    * otherwise what `llama_cpp_detect` finds: an exact built-in name, or the first of
+      llama.cpp's substring tests that matches; "jinja" where none does (only the source itself
+      can render it, and --no-jinja cannot).
     """
     if not tmpl_source:
         return "gemma" if arch.startswith("gemma") else "chatml"
-    t = tmpl_source
-    if t in BUILTIN_TEMPLATES:
+    return llama_cpp_detect(tmpl_source) or JINJA
+
+
+def llama_cpp_detect(t: str) -> str | None:
+    """llm_chat_detect_template: the built-in format a template source names or resembles (its
+    branches in its order), None where llama.cpp finds none."""
+    if t in NAMED:
         return t
-    if t in _LLAMA_CPP_ONLY:
-        return JINJA
 
-    def has(s: str) -> bool:
-        return s in t
+    def has(*needles: str) -> bool:
+        return all(n in t for n in needles)
 
-    if has("<|im_start|>"):
-        return JINJA if has("<|im_sep|>") or has("<end_of_utterance>") else "chatml"
+    if has("<|im_start|>"):  # smolvlm uses <|im_start|> as its BOS but is not ChatML
+        return "phi4" if has("<|im_sep|>") else "smolvlm" if has("<end_of_utterance>") else "chatml"
     if t.startswith("mistral") or has("[INST]"):
-        return JINJA  # llama2 / mistral variants
-    if has("<|assistant|>") and has("<|end|>"):
-        return JINJA  # phi3
+        if has("[SYSTEM_PROMPT]"):
+            return "mistral-v7"
+        if has("' [INST] ' + system_message") or has("[AVAILABLE_TOOLS]"):  # Mistral's own v1, v3, v3-tekken
+            return "mistral-v1" if has(" [INST]") else "mistral-v3-tekken" if has('"[INST]"') else "mistral-v3"
+        if has("content.strip()"):
+            return "llama2-sys-strip"
+        if has("bos_token + '[INST]"):
+            return "llama2-sys-bos"
+        return "llama2-sys" if has("<<SYS>>") else "llama2"
+    if has("<|assistant|>", "<|end|>"):
+        return "phi3"
     if has("[gMASK]<sop>"):
-        return JINJA  # chatglm4
-    if has("<|assistant|>") and has("<|user|>"):
-        return JINJA  # falcon3 / glmedge
-    if has("<|user|>") and has("<|endoftext|>"):
-        return JINJA  # zephyr
-    if has("bos_token + message['role']"):
-        return JINJA  # monarch
-    if has("<start_of_turn>"):
-        return "gemma"
-    if has("<|start_header_id|>") and has("<|end_header_id|>"):
-        return "llama3"
-    return JINJA
+        return "chatglm4"
+    if has("<|assistant|>", "<|user|>"):
+        if has("<|tool_declare|>"):
+            return "exaone-moe"
+        return "falcon3" if has("</s>") else "glmedge"
+    if has("<|{{ item['role'] }}|>", "<|begin_of_image|>"):
+        return "glmedge"
+    for needles, name in _DETECT:
+        if has(*needles):
+            return name
+    return None
+
+
+# llm_chat_detect_template's later tests, in its order: all the needles present -> the format
+_DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<|user|>", "<|endoftext|>"), "zephyr"),
+    (("bos_token + message['role']",), "monarch"),
+    (("<start_of_turn>",), "gemma"),
+    (("'\\n\\nAssistant: ' + eos_token",), "orion"),  # OrionStarAI/Orion-14B-Chat
+    (("GPT4 Correct ",), "openchat"),  # openchat/openchat-3.5-0106
+    (("USER: ", "ASSISTANT: ", "SYSTEM: "), "vicuna-orca"),
+    (("USER: ", "ASSISTANT: "), "vicuna"),  # eachadea/vicuna-13b-1.1
+    (("### Instruction:", "<|EOT|>"), "deepseek"),  # deepseek-coder-33b-instruct
+    (("<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>"), "command-r"),
+    (("<|start_header_id|>", "<|end_header_id|>"), "llama3"),
+    (("[gMASK]sop",), "chatglm3"),
+    (("<用户>",), "minicpm"),
+    (("'Assistant: ' + message['content'] + eos_token",), "deepseek2"),
+    ((DS_ASSISTANT, DS_USER, DS_EOS), "deepseek3"),
+    (("[|system|]", "[|assistant|]", "[|endofturn|]", "[|tool|]"), "exaone4"),
+    (("[|system|]", "[|assistant|]", "[|endofturn|]"), "exaone3"),
+    (("rwkv-world",), "rwkv-world"),
+    (("{{- 'User: ' + message['content']|trim + '\\n\\n' -}}",), "rwkv-world"),
+    (("<|start_of_role|>", "<tool_call>", "g4_default_system_message"), "granite-4.0"),
+    (("<|start_of_role|>", "<tools>", "g4_default_system_message"), "granite-4.0"),
+    (("<|start_of_role|>", "<tool_call>"), "granite-4.1"),
+    (("<|start_of_role|>", "<tools>"), "granite-4.1"),
+    (("<|start_of_role|>",), "granite"),
+    (
+        ("message['role'] + additional_special_tokens[0] + message['content'] + additional_special_tokens[1]",),
+        "gigachat",
+    ),
+    (("<|role_start|>",), "megrez"),
+    ((" Ассистент:",), "yandex"),
+    (("<role>ASSISTANT</role>", "'HUMAN'"), "bailing"),
+    (("<role>ASSISTANT</role>", '"HUMAN"', "<think>"), "bailing-think"),
+    (("<role>ASSISTANT</role>", "<role>HUMAN</role>", "<|role_end|>"), "bailing2"),
+    (("<|header_start|>", "<|header_end|>"), "llama4"),
+    (("<|endofuserprompt|>",), "dots1"),
+    (("<|extra_0|>", "<|extra_4|>"), "hunyuan-moe"),
+    (("<|start|>", "<|channel|>"), "gpt-oss"),
+    ((HY_ASSISTANT, HY_BOS), "hunyuan-vl"),
+    ((HY_ASSISTANT, HY_HOLDER_3), "hunyuan-dense"),
+    (("<|im_assistant|>assistant<|im_middle|>",), "kimi-k2"),
+    (("<seed:bos>",), "seed_oss"),
+    (("'Assistant: '  + message['content'] + '<|separator|>",), "grok-2"),
+    (("[unused9]系统：[unused10]",), "pangu-embedded"),
+    (("<|begin|>", "<|end|>", "<|content|>"), "solar-open"),
+)
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -97,17 +148,13 @@ def load_template(name_or_file: str) -> str:
     s = name_or_file
     if s in BUILTIN_TEMPLATES:
         return s
-    if s in _LLAMA_CPP_ONLY:
-        raise ChatTemplateError(
-            f"chat template {s!r} is a llama.cpp built-in that ubatch does not write; use {', '.join(BUILTIN_TEMPLATES)} or a Jinja template file"
-        )
     if "{{" in s or "{%" in s:  # inline Jinja source, as llama.cpp's --chat-template accepts
         compile_jinja(s, "the --chat-template text")
         return s
     p = Path(s)
     if not p.exists():
         raise ChatTemplateError(
-            f"unknown chat template {s!r}: not a file and not one of {', '.join(BUILTIN_TEMPLATES)}"
+            f"unknown chat template {s!r}: not a file, not Jinja and not a llama.cpp built-in ({', '.join(BUILTIN_TEMPLATES)})"
         )
     try:
         data = p.read_bytes()
@@ -186,8 +233,14 @@ def apply_chat_template(
     add_bos: bool = True,
     add_eos: bool = False,
     origin: str = "",
+    tools: Sequence[Mapping[str, object]] | None = None,
+    extra_context: Mapping[str, object] | None = None,
 ) -> str:
     """Render `messages` with a built-in format name or a Jinja source.
+
+    `tools` (OpenAI's `[{type: function, function: {...}}]`, as llama.cpp passes them) and
+    `extra_context` (`enable_thinking`, chat_template_kwargs) reach a Jinja template as
+    variables; built-in formats know neither (engine/chat/tools puts tools in the messages).
 
     For Jinja, a rendered text that starts with `bos_token` loses it when the vocab adds BOS
     itself (`add_bos`), and one that ends with `eos_token` loses it when the vocab adds EOS,
@@ -206,13 +259,19 @@ def apply_chat_template(
 
     what = f"chat template ({origin})" if origin else "chat template"
     tmpl = compile_jinja(template, what)
-    variables: dict[str, object] = {
-        "messages": [m.fields for m in msgs],
-        "add_generation_prompt": add_generation_prompt,
-        "bos_token": bos_token,
-        "eos_token": eos_token,
-    }
+    variables: dict[str, object] = dict(extra_context or {})
+    variables.update(
+        {
+            "messages": [m.fields for m in msgs],
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": bos_token,
+            "eos_token": eos_token,
+        }
+    )
     input_chars = len(bos_token) + len(eos_token) + sum(_size(v) for m in msgs for v in m.fields.values())
+    if tools:
+        variables["tools"] = [dict(t) for t in tools]
+        input_chars += sum(_size(t) for t in tools)
     try:
         text = render_jinja(tmpl, what, input_chars, variables)
     except ChatTemplateError:
@@ -248,7 +307,14 @@ class ChatTemplate:
         kind = "Jinja" if self.source is not None else "built-in"
         return f"{self.name} ({kind}; {self.origin})"
 
-    def apply(self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True) -> str:
+    def apply(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        add_generation_prompt: bool = True,
+        *,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        extra_context: Mapping[str, object] | None = None,
+    ) -> str:
         return apply_chat_template(
             messages,
             self.source if self.source is not None else self.name,
@@ -258,6 +324,8 @@ class ChatTemplate:
             add_bos=self.add_bos,
             add_eos=self.add_eos,
             origin=self.origin,
+            tools=tools,
+            extra_context=extra_context,
         )
 
     @classmethod

@@ -10,6 +10,7 @@ bounded by their estimated size.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -35,6 +36,24 @@ class Grammar:
 
     text: str
     matcher: Matcher = field(repr=False)
+    # A lazy grammar (llama.cpp's grammar_lazy): the text is free until one of these appears,
+    # then constrained from where it starts. Words match anywhere; patterns are regexes searched
+    # from the text's start, the constrained part starting at group 1 (or the match).
+    trigger_words: tuple[str, ...] = ()
+    trigger_patterns: tuple[str, ...] = ()
+
+    @property
+    def lazy(self) -> bool:
+        return bool(self.trigger_words or self.trigger_patterns)
+
+    def with_triggers(self, words: tuple[str, ...] = (), patterns: tuple[str, ...] = ()) -> Grammar:
+        """The same grammar (its matcher shared), lazy: engaged by `words` or `patterns`."""
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise GrammarError(f"invalid grammar trigger pattern {p!r}: {e}") from None
+        return Grammar(self.text, self.matcher, tuple(words), tuple(patterns))
 
     def accepts(self, text: str) -> bool:
         """Is `text` a complete match? (for tests and checks; generation works per token)"""

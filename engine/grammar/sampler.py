@@ -13,6 +13,8 @@ only where the grammar is complete, so a finished grammar ends the generation.
 from __future__ import annotations
 
 import bisect
+import codecs
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -90,6 +92,12 @@ class GrammarSampler:
         self.partial = (0, 0)  # (value, n_remain) of a character split across tokens
         self.seen: set[int] = set()  # every token fed to the sampler (prompt and generated)
         self.n_resampled = 0  # tokens the chain picked that the grammar refused
+        # a lazy grammar waits for a trigger: until then every token is allowed (see _trigger)
+        self.awaiting = grammar.lazy
+        self._words = grammar.trigger_words
+        self._patterns = [re.compile(p) for p in grammar.trigger_patterns]
+        self._text = ""  # the generated text while awaiting
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     @contextmanager
     def _session(self) -> Iterator[None]:
@@ -102,6 +110,8 @@ class GrammarSampler:
 
     @property
     def accepting(self) -> bool:
+        if self.awaiting:
+            return True
         with self._session():
             return self.m.info(self.sid).accepting
 
@@ -110,7 +120,37 @@ class GrammarSampler:
         with self._session():
             return self._allows(tok)
 
+    def _trigger(self, tok: int) -> None:
+        """A lazy grammar's wait (llama.cpp's trigger buffer): add the token's text; once a
+        trigger appears, the grammar takes over from where the trigger starts, as if it had
+        generated the text since. A trigger the grammar cannot start with leaves it free."""
+        before = len(self._text)
+        self._text += self._utf8.decode(self.table.pieces[tok])
+        start = -1
+        for w in self._words:  # only a word that ends in the new text can be new
+            i = self._text.find(w, max(0, before - len(w) + 1))
+            if i >= 0 and (start < 0 or i < start):
+                start = i
+        if start < 0:
+            for p in self._patterns:
+                hit = p.search(self._text)
+                if hit is not None:
+                    start = hit.start(1) if p.groups else hit.start()
+                    break
+        if start < 0:
+            return
+        self.awaiting = False
+        with self._session():
+            sid = self.m.walk(self.m.start, self._text[start:])
+            if sid < 0:  # the model went another way: stay unconstrained
+                self.awaiting, self._words, self._patterns = True, (), []
+                return
+            self.sid, self.stacks, self.partial = sid, self.m.states[sid], (0, 0)
+        self._text = ""
+
     def _allows(self, tok: int) -> bool:
+        if self.awaiting:
+            return True
         if tok in self.vocab.eog:
             return self.m.info(self.sid).accepting
         dec = self.table.decoded(tok, *self.partial)
@@ -132,6 +172,9 @@ class GrammarSampler:
         self.seen.add(tok)
         if tok in self.vocab.eog:
             return
+        if self.awaiting:
+            self._trigger(tok)
+            return
         with self._session():
             dec = self.table.decoded(tok, *self.partial)
             m = self.m
@@ -149,6 +192,8 @@ class GrammarSampler:
 
     def choose(self, x: torch.Tensor, tok: int, sampler: Sampler) -> int:
         """The chain picked `tok` from `x`; keep it if allowed, else sample among allowed tokens."""
+        if self.awaiting:
+            return tok
         with self._session():
             if self._allows(tok):
                 return tok
