@@ -64,7 +64,9 @@ OPTIONS: dict[str, Spec] = {
     "n_outputs_max": Spec(("--n-outputs-max",), "output rows the compute buffer is reserved for", BATCH),
     "warmup": Spec(("--warmup/--no-warmup",), "run one empty decode before the first request", BATCH),
     "chat_template": Spec(
-        ("--chat-template",), "gemma, chatml, llama3, a Jinja file or inline Jinja (default: the model's)", CHAT
+        ("--chat-template",),
+        "a llama.cpp built-in name (chatml, gemma, llama3, mistral-v7, ...), a Jinja file or inline Jinja (default: the model's)",
+        CHAT,
     ),
     "chat_template_file": Spec(("--chat-template-file",), "the chat template from a Jinja file", CHAT),
     "jinja": Spec(("--jinja/--no-jinja",), "render the model's Jinja template (--no-jinja: its built-in format)", CHAT),

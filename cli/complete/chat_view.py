@@ -25,7 +25,7 @@ COMMANDS: Rows = [
     ("/clear", "start over: forget the conversation and empty the KV cache"),
     ("/stats", "context used, KV cache cells, memory, speeds, the last turn's tokens"),
     ("/regen", "answer the last message again"),
-    ("/template NAME|FILE", "switch the chat template (gemma, chatml, llama3 or a Jinja file)"),
+    ("/template NAME|FILE", "switch the chat template (a llama.cpp built-in name or a Jinja file)"),
     ("/help", "this list"),
 ]
 HINT = "/exit /clear /stats /regen /template /help · Ctrl-C stops an answer · Ctrl-D leaves · Alt-Enter or a trailing \\ starts a new line"

@@ -31,10 +31,6 @@ if TYPE_CHECKING:
 BUILTIN_TEMPLATES = tuple(NAMED)  # the names --chat-template accepts, as llama.cpp's table has them
 JINJA = "jinja"  # detect_template's answer for a template only Jinja can render
 
-# names of no format: every llama.cpp built-in is written now (kept for the renderer's check)
-_LLAMA_CPP_ONLY: tuple[str, ...] = ()
-
-
 # -- detection --------------------------------------------------------------------------------
 
 
@@ -251,7 +247,7 @@ def apply_chat_template(
     msgs = normalize_messages(messages)
     if template in BUILTIN:
         return BUILTIN[template]([(m.role, m.content) for m in msgs], add_generation_prompt)
-    if template in _LLAMA_CPP_ONLY or not ("{{" in template or "{%" in template):
+    if not ("{{" in template or "{%" in template):
         raise ChatTemplateError(
             f"unknown chat template {template[:40]!r}: use one of {', '.join(BUILTIN_TEMPLATES)} or a Jinja source"
         )
