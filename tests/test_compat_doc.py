@@ -18,4 +18,5 @@ def test_compat_doc_names_every_status() -> None:
         "| `-c`, `--ctx-size` | implemented |",
     ):
         assert needle in text
-    assert "`POST /v1/embeddings` | implemented" in text and "`POST /v1/messages` | missing" in text
+    assert "`POST /v1/embeddings` | implemented" in text and "`POST /models/load` | missing" in text
+    assert "`POST /v1/responses` | implemented" in text and "`POST /v1/messages` | implemented" in text

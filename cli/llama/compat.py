@@ -28,12 +28,6 @@ _MISSING = {
     "/models/load": "router mode (several models) is not built: one model per server",
     "/models/unload": "router mode is not built",
     "/models/sse": "router mode is not built",
-    "/v1/responses": "the OpenAI Responses API is not built: use /v1/chat/completions",
-    "/responses": "the OpenAI Responses API is not built",
-    "/responses/input_tokens": "the OpenAI Responses API is not built",
-    "/v1/responses/input_tokens": "the OpenAI Responses API is not built",
-    "/v1/messages": "the Anthropic Messages API is not built: use /v1/chat/completions",
-    "/v1/messages/count_tokens": "the Anthropic Messages API is not built",
 }
 
 

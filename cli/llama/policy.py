@@ -31,7 +31,20 @@ _SPEC_DEV = "the draft model runs where the target runs, with the same -t thread
 _LOG = "ubatch's log lines have one fixed format"
 _ROUTER = "one model per server: there is no router mode"
 _UI = "no web UI or tool runtime is bundled with ubatch"
-_REASON = "the output is not parsed for reasoning or tool calls; text is returned as generated"
+_REASON = (
+    "the output is not parsed for reasoning or tool calls; text is returned as generated (ubatch server parses them)"
+)
+# the server parses replies (--reasoning-format, --reasoning-budget 0 and -rea are implemented); these stay unread
+_SERVER_REASON = (
+    "the server's templates get no reasoning_effort / preserve_reasoning and thinking has no token budget;"
+    " replies are always parsed"
+)
+_SERVER_REASON_FLAGS = {
+    "--reasoning-effort",
+    "--reasoning-budget-message",
+    "--reasoning-preserve",
+    "--skip-chat-parsing",
+}
 _CKPT = "ubatch keeps no prompt-cache checkpoints in host memory; the KV cache is all there is"
 _PRESET = "presets download models; ubatch never downloads: give a local GGUF with -m"
 _DOWNLOAD = "ubatch never downloads: give a local GGUF file with -m"
@@ -139,6 +152,8 @@ _UNUSED_FLAGS = {"server": {"--escape"}, "bench": {"--embeddings", "--progress",
 
 def policy_for(flag: LlamaFlag, tool: str = "") -> Policy | None:
     """How ubatch treats an undeclared llama.cpp flag; speculative flags share one reason."""
+    if tool == "server" and set(flag.all_names) & _SERVER_REASON_FLAGS:
+        return Policy(NO_EFFECT, _SERVER_REASON)
     for n in flag.all_names:
         if n in _TABLE:
             return Policy(*_TABLE[n])

@@ -23,11 +23,13 @@ from ubatch.cli.server.limits import BodyGuard
 from ubatch.cli.server.log import LOG_LEVEL_INFO, AccessLog
 from ubatch.cli.server.middleware import Edge
 from ubatch.cli.server.resume import StreamSessions, add_resume_routes
+from ubatch.cli.server.routes.anthropic import add_anthropic_routes
 from ubatch.cli.server.routes.completion import add_completion_routes
 from ubatch.cli.server.routes.embedding import add_embedding_routes
 from ubatch.cli.server.routes.extra import add_extra_routes
 from ubatch.cli.server.routes.infill import add_infill_routes
 from ubatch.cli.server.routes.info import add_info_routes
+from ubatch.cli.server.routes.responses import add_responses_routes
 from ubatch.cli.server.routes.slots import add_slot_routes
 from ubatch.cli.server.routes.tokens import add_token_routes
 from ubatch.cli.server.state import ServerEngine, ServerOptions, ServerState
@@ -98,6 +100,8 @@ def create_app(
     app.state.streams = StreamSessions()  # resumable streams (X-Conversation-Id)
     add_info_routes(app, st)
     add_completion_routes(app, st)
+    add_responses_routes(app, st)
+    add_anthropic_routes(app, st)
     add_token_routes(app, st)
     add_resume_routes(app, app.state.streams)
     add_extra_routes(app)

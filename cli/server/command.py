@@ -28,6 +28,7 @@ from ubatch.cli.server.defaults import (
 from ubatch.cli.spec_flags import SpecFlags, spec_options
 
 EMBD = "Embeddings"
+REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")  # llama.cpp's names
 
 
 def _flag(default: Any, *names: str, help: str, panel: str = SERVER, **extra: Any) -> Any:
@@ -65,6 +66,25 @@ def server(
     jinja: bool = opt("jinja", True),
     prefill_assistant: bool = _flag(
         True, "--prefill-assistant/--no-prefill-assistant", help="continue a final assistant message", panel=MODEL
+    ),
+    reasoning_format: str = _flag(
+        "auto",
+        "--reasoning-format",
+        help="thinking in chat replies: none (left in content), deepseek or auto (moved to reasoning_content)",
+        panel=MODEL,
+    ),
+    reasoning: str = _flag(
+        "auto",
+        "-rea",
+        "--reasoning",
+        help="thinking in chat: on, off (the template's enable_thinking=false) or auto (the template's default)",
+        panel=MODEL,
+    ),
+    reasoning_budget: int = _flag(
+        -1,
+        "--reasoning-budget",
+        help="thinking budget: -1 unrestricted, 0 thinking disabled (the template's enable_thinking=false)",
+        panel=MODEL,
     ),
     host: str = _flag("127.0.0.1", "--host", help="addresses to listen on, comma-separated (IPv4, IPv6, *.sock)"),
     port: int = _flag(8080, "--port", help="port to listen on (0 = any free port)"),
@@ -172,6 +192,12 @@ def server(
     validate.at_least("--cache-reuse", cache_reuse, "n_cache_reuse", 1, sentinel=(0, "off"))
     validate.fraction("-sps", slot_prompt_similarity, "slot_prompt_similarity")
     validate.generation_flags(n_predict, keep)
+    validate.choice("--reasoning-format", reasoning_format, "reasoning_format", REASONING_FORMATS)
+    reasoning = _on_off_auto("--reasoning", reasoning)
+    if reasoning_budget not in (-1, 0):  # a budget of N > 0 tokens would need the sampler to end thinking
+        raise validate.invalid(
+            "--reasoning-budget", reasoning_budget, "reasoning_budget", "use -1 (unrestricted) or 0 (thinking disabled)"
+        )
     if pooling is not None:
         validate.choice("--pooling", pooling, "pooling", ("none", "mean", "cls", "last", "rank"))
     if not _csv(host):
@@ -231,6 +257,9 @@ def server(
         max_body_size=max_body_size,
         max_json_depth=max_json_depth,
         timeout=timeout,
+        reasoning_format=reasoning_format,
+        reasoning_budget=reasoning_budget,
+        reasoning=reasoning,
     )
     engine = EngineOptions(
         model=model,
@@ -256,6 +285,17 @@ def server(
         log_disable=log_disable,
         log_verbosity=log_verbosity,
     )
+
+
+def _on_off_auto(flag: str, v: str) -> str:
+    """llama.cpp's on|off|auto words (is_truthy / is_falsey / is_autoy) -> "on", "off" or "auto"."""
+    w = v.lower()
+    for word, spellings in (("on", ("on", "enabled", "true", "1")), ("off", ("off", "disabled", "false", "0"))):
+        if w in spellings:
+            return word
+    if w in ("auto", "-1"):
+        return "auto"
+    raise validate.invalid(flag, v, "reasoning", "use on, off or auto")
 
 
 def _slot_dir(path: Path | None) -> str:

@@ -13,6 +13,7 @@ import secrets
 import time
 from typing import Any
 
+from ubatch.engine.chat.tools.types import ChatDelta, ChatMessageOut
 from ubatch.engine.generation.generation import TokenProb
 from ubatch.engine.serve.prompt_progress import Progress
 from ubatch.engine.serve.task import Final, Partial, TaskParams, Timings
@@ -277,19 +278,30 @@ def oai_completion_chunk(ev: Partial | Final | Progress, cid: str, model: str) -
     return out
 
 
-def oai_chat(finals: list[Final], cid: str, model: str) -> dict[str, Any]:
+def oai_chat(
+    finals: list[Final], cid: str, model: str, messages: dict[int, ChatMessageOut] | None = None
+) -> dict[str, Any]:
+    """The chat completion body; `messages` are the parsed replies by choice index (tool calls,
+    reasoning), else each choice's message is its text as generated."""
     finals = sorted(finals, key=lambda f: f.task.index)
     choices = []
     for f in finals:
+        msg = (messages or {}).get(f.task.index)
         c: dict[str, Any] = {
-            "finish_reason": finish_reason(f),
+            "finish_reason": chat_finish_reason(f, msg),
             "index": f.task.index,
-            "message": {"role": "assistant", "content": f.content},
+            "message": msg.to_openai() if msg is not None else {"role": "assistant", "content": f.content},
         }
         if (lp := _logprobs(f)) is not None:
             c["logprobs"] = lp
         choices.append(c)
     return _final_body("chat.completion", choices, finals, cid, model)
+
+
+def chat_finish_reason(ev: Final, msg: ChatMessageOut | None) -> str:
+    """llama-server's: "tool_calls" when a reply that ended by itself made calls."""
+    reason = finish_reason(ev)
+    return "tool_calls" if reason == "stop" and msg is not None and msg.tool_calls else reason
 
 
 def _chat_chunk(index: int, delta: dict[str, Any], cid: str, model: str, finish: str | None = None) -> dict[str, Any]:
@@ -299,31 +311,34 @@ def _chat_chunk(index: int, delta: dict[str, Any], cid: str, model: str, finish:
     }
 
 
-def oai_chat_chunks(ev: Partial | Final | Progress, cid: str, model: str) -> list[dict[str, Any]]:
+def oai_chat_chunks(
+    ev: Partial | Final | Progress,
+    cid: str,
+    model: str,
+    deltas: list[ChatDelta] | None = None,
+    msg: ChatMessageOut | None = None,
+) -> list[dict[str, Any]]:
     """The chunks one event becomes: a role delta first, then content deltas; at the end an
     empty delta with finish_reason and, with include_usage, a usage chunk. A prompt_progress
-    event is a role delta carrying it."""
+    event is a role delta carrying it. With `deltas` (the parsed output: reasoning, tool
+    calls) those are sent instead of the event's text; `msg` is the parsed whole reply at the end."""
     i = ev.task.index
     if isinstance(ev, Progress):
         c = _chat_chunk(i, {"role": "assistant", "content": None}, cid, model)
         return [{**c, "prompt_progress": progress_json(ev)}]
+    text = ev.text if isinstance(ev, Partial) else ev.content
+    pieces = [d.to_openai() for d in deltas if d] if deltas is not None else ([{"content": text}] if text else [])
+    out = []
+    if ev.n_decoded == (1 if isinstance(ev, Partial) else 0):
+        out.append(_chat_chunk(i, {"role": "assistant", "content": None}, cid, model))
+    out += [_chat_chunk(i, d, cid, model) for d in pieces]
     if isinstance(ev, Partial):
-        out = []
-        if ev.n_decoded == 1:
-            out.append(_chat_chunk(i, {"role": "assistant", "content": None}, cid, model))
-        if ev.text:
-            out.append(_chat_chunk(i, {"content": ev.text}, cid, model))
         if out and (lp := _logprobs(ev)) is not None:
             out[-1]["choices"][0]["logprobs"] = lp
         if out and ev.timings is not None:
             out[-1]["timings"] = timings_json(ev.timings)
         return out
-    out = []
-    if ev.n_decoded == 0:
-        out.append(_chat_chunk(i, {"role": "assistant", "content": None}, cid, model))
-    if ev.content:
-        out.append(_chat_chunk(i, {"content": ev.content}, cid, model))
-    out.append(_chat_chunk(i, {}, cid, model, finish_reason(ev)))
+    out.append(_chat_chunk(i, {}, cid, model, chat_finish_reason(ev, msg)))
     if ev.task.params.include_usage:
         out.append({"choices": [], **_head("chat.completion.chunk", cid, model), "usage": _usage([ev])})
     out[-1]["timings"] = timings_json(ev.timings)

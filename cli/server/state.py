@@ -55,6 +55,14 @@ class ServerOptions:
     max_body_size: int = DEFAULT_MAX_BODY_SIZE  # --max-body-size: bytes; a larger body is a 413
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH  # --max-json-depth: deeper JSON is a 400
     timeout: int = DEFAULT_TIMEOUT_S  # -to: seconds a body may take between chunks (408)
+    reasoning_format: str = "auto"  # --reasoning-format: none | deepseek | deepseek-legacy | auto
+    reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, 0 thinking disabled
+    reasoning: str = "auto"  # -rea on|off|auto
+
+    @property
+    def enable_thinking(self) -> bool:
+        """The templates' enable_thinking: off with --reasoning-budget 0 or -rea off, as llama-server."""
+        return self.reasoning_budget != 0 and self.reasoning != "off"
 
     def model_aliases(self) -> list[str]:
         """`--alias` names as llama-server keeps them: a set, so sorted and without repeats."""

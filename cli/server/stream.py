@@ -18,8 +18,11 @@ from starlette.types import Receive
 
 from ubatch.cli.server import responses as sj
 from ubatch.cli.server.http import error_event, error_response
+from ubatch.cli.server.limits import off_loop
 from ubatch.cli.server.log import current
+from ubatch.cli.server.request.tools import ChatPlan
 from ubatch.cli.server.resume import StreamSession
+from ubatch.engine.chat.tools import ChatDelta, ChatMessageOut
 from ubatch.engine.serve.engine_loop import EngineLoop
 from ubatch.engine.serve.prompt_progress import Progress
 from ubatch.engine.serve.task import Failed, Final, Job, Partial, Sink
@@ -163,12 +166,14 @@ class EventStream(Response):
 
 
 async def sse_events(
-    reader: Reader, ev: Any, kind: str, cid: str, model: str, prefill: str = ""
+    reader: Reader, ev: Any, kind: str, cid: str, model: str, prefill: str = "", plan: ChatPlan | None = None
 ) -> AsyncIterator[bytes]:
     """The SSE chunks of a streamed request, from its first event `ev` until every task has
     finished: native chunks for kind "native", OpenAI chunks (and `[DONE]`) for "oai" and "chat".
-    `prefill` (a continued assistant message) starts each choice's first text."""
+    `prefill` (a continued assistant message) starts each choice's first text; with a chat
+    `plan` each choice's text is read as it grows (reasoning_content, tool_calls deltas)."""
     n_final, started = 0, set[int]()
+    replies: dict[int, ReplyStream] = {}
     while True:
         if ev is Reader.GONE:
             return
@@ -187,8 +192,12 @@ async def sse_events(
             chunks = [sj.native_partial(ev) if isinstance(ev, Partial) else sj.native_final(ev, model)]
         elif kind == "oai":
             chunks = sj.oai_completion_chunk(ev, cid, model)
-        else:
+        elif plan is None or isinstance(ev, Progress):
             chunks = sj.oai_chat_chunks(ev, cid, model)
+        else:
+            reply = replies.setdefault(ev.task.index, ReplyStream(plan))
+            deltas = await reply.feed(ev.text if isinstance(ev, Partial) else ev.content, isinstance(ev, Final))
+            chunks = sj.oai_chat_chunks(ev, cid, model, deltas, reply.message)
         for c in chunks:
             yield sj.sse(c)
         if isinstance(ev, Final):
@@ -198,3 +207,27 @@ async def sse_events(
                     yield b"data: [DONE]\n\n"
                 return
         ev = await reader.get()
+
+
+class ReplyStream:
+    """One choice's streamed text read by its plan, piece by piece. The parser re-reads the
+    text so far at every piece, so a long reply's pieces are read on the request workers."""
+
+    INLINE_CHARS = 4096  # below this a re-read costs microseconds: done on the event loop
+
+    def __init__(self, plan: ChatPlan) -> None:
+        self.parser = plan.stream_parser()
+        self.message: ChatMessageOut | None = None
+
+    def _feed(self, text: str, last: bool) -> list[ChatDelta]:
+        out = [self.parser.feed(text)]
+        if last:
+            out.append(self.parser.finish())
+            self.message = self.parser.message
+        return [d for d in out if d]
+
+    async def feed(self, text: str, last: bool = False) -> list[ChatDelta]:
+        """The deltas `text` makes sendable; `last`: the reply is whole (then `message` is set)."""
+        if len(self.parser.text) + len(text) <= self.INLINE_CHARS:
+            return self._feed(text, last)
+        return await off_loop(self._feed, text, last)

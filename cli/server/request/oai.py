@@ -7,6 +7,7 @@ native path (cli/server/request/params.py) for everything else.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ubatch.cli.server.http import bad_request, type_name
@@ -45,10 +46,6 @@ def oai_chat_body(body: Any) -> dict[str, Any]:
         out["n_probs"] = get_int(body, "top_logprobs", 20, 0, 20)
     elif body.get("top_logprobs") is not None:
         raise bad_request("top_logprobs requires logprobs to be set to true")
-    out.pop("logprobs", None)
-    tools = body.get("tools")
-    if isinstance(tools, list) and tools:
-        raise bad_request("tools param requires --jinja flag")
     if body.get("json_schema") is not None and body.get("grammar"):
         raise bad_request("Cannot use both json_schema and grammar")
     schema = response_format_schema(body)
@@ -60,26 +57,64 @@ def oai_chat_body(body: Any) -> dict[str, Any]:
     return out
 
 
-def chat_messages(msgs: list[Any]) -> list[dict[str, str]]:
-    """Validated {role, content} messages; content parts of type text are joined."""
+def chat_messages(msgs: list[Any]) -> list[dict[str, Any]]:
+    """Validated messages for the template: role and content (text parts joined), and the tool
+    fields an assistant or tool message carries (tool_calls, tool_call_id, name,
+    reasoning_content), as common_chat_msgs_parse_oaicompat reads them."""
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request(f"messages[{i}]: expected an object with a string 'role'")
-        c = m.get("content")
-        if c is None:
-            c = ""
-        elif isinstance(c, list):
-            parts = []
-            for p in c:
-                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    kind = p.get("type") if isinstance(p, dict) else type_name(p)
-                    raise bad_request(
-                        f"messages[{i}]: content part of type {kind!r} is not supported (text only; this server has no multimodal projector)"
-                    )
-                parts.append(p["text"])
-            c = "\n".join(parts)
-        elif not isinstance(c, str):
-            raise bad_request(f"messages[{i}].content: expected a string or an array of parts")
-        out.append({"role": m["role"], "content": c})
+        if m["role"] == "assistant" and "content" not in m and "tool_calls" not in m:
+            raise bad_request("Assistant message must contain either 'content' or 'tool_calls'!")
+        msg: dict[str, Any] = {"role": m["role"], "content": _content(m.get("content"), i)}
+        if m.get("tool_calls") is not None:
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        for k in ("tool_call_id", "name", "reasoning_content"):
+            v = m.get(k)
+            if v is not None:
+                if not isinstance(v, str):
+                    raise bad_request(f"messages[{i}].{k}: expected a string, got {type_name(v)}")
+                msg[k] = v
+        out.append(msg)
+    return out
+
+
+def _content(c: Any, i: int) -> str:
+    if c is None:
+        return ""
+    if isinstance(c, str):
+        return c
+    if not isinstance(c, list):
+        raise bad_request(f"messages[{i}].content: expected a string or an array of parts")
+    parts = []
+    for p in c:
+        if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+            kind = p.get("type") if isinstance(p, dict) else type_name(p)
+            raise bad_request(
+                f"messages[{i}]: content part of type {kind!r} is not supported (text only; this server has no multimodal projector)"
+            )
+        parts.append(p["text"])
+    return "\n".join(parts)
+
+
+def _tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's calls in OpenAI's shape, arguments as JSON text."""
+    if not isinstance(calls, list):
+        raise bad_request(f"messages[{i}].tool_calls: expected an array")
+    out = []
+    for j, tc in enumerate(calls):
+        where = f"messages[{i}].tool_calls[{j}]"
+        if not isinstance(tc, dict) or tc.get("type", "function") != "function":
+            raise bad_request(f"{where}: expected an object of type 'function'")
+        fn = tc.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{where}: missing function.name")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, str):
+            args = json.dumps(args, ensure_ascii=False)
+        call: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+        if isinstance(tc.get("id"), str):
+            call["id"] = tc["id"]
+        out.append(call)
     return out

@@ -3,6 +3,8 @@
 
 All three are one path (read the prompts, fan them out into tasks, await their events) that
 differs only in how the body is read and how the results are written, so they share a module.
+A chat reply is read by its plan (cli/server/request/tools.py): tool calls, reasoning_content
+and finish_reason "tool_calls", whole or as streamed deltas; /v1/responses runs this path too.
 """
 
 from __future__ import annotations
@@ -17,27 +19,30 @@ from starlette.responses import JSONResponse, Response
 from ubatch.cli.server import responses as sj
 from ubatch.cli.server.http import api, bad_request, error_event, error_response, read_json
 from ubatch.cli.server.limits import off_loop
-from ubatch.cli.server.request.chat import chat_prompt
+from ubatch.cli.server.request.chat import ChatPrompt, chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body, oai_completion_body
 from ubatch.cli.server.request.params import parse_params, split_prompts
+from ubatch.cli.server.request.tools import ChatPlan
 from ubatch.cli.server.resume import StreamSessions
 from ubatch.cli.server.state import ServerState
 from ubatch.cli.server.stream import EventStream, Reader, sse_events
+from ubatch.engine.chat.tools import ChatMessageOut
 from ubatch.engine.grammar.tokens import token_table
 from ubatch.engine.serve.task import Failed, Final, Task, TaskParams, context_error
 
 
-def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any], list[list[str | int]], str]:
-    """The native body, its prompts and the assistant prefill; kind is "native", "oai" or "chat"."""
+def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any], list[list[str | int]], ChatPrompt]:
+    """The native body, its prompts and the chat prompt (the assistant prefill, the tools and
+    reasoning plan); kind is "native", "oai" or "chat" (the Responses API is a chat)."""
     if kind == "chat":
         body = oai_chat_body(body)
         chat = chat_prompt(st, body)
-        return body, [[chat.text]], chat.prefill
+        return body, [[chat.text]], chat
     if kind == "oai":
         body = oai_completion_body(body)
     elif not isinstance(body, dict) or "prompt" not in body:
         raise bad_request('"prompt" is required')
-    return body, split_prompts(body["prompt"]), ""
+    return body, split_prompts(body["prompt"]), ChatPrompt("")
 
 
 @dataclass(slots=True)
@@ -48,7 +53,16 @@ class Prepared:
     params: TaskParams
     token_lists: list[list[int]]
     texts: list[str]  # each prompt as text (the /slots view)
-    prefill: str
+    chat: ChatPrompt  # the prefill and the plan (empty but for chat)
+
+    @property
+    def prefill(self) -> str:
+        return self.chat.prefill
+
+    @property
+    def plan(self) -> ChatPlan | None:
+        """How a chat reply is read (None: its text is the content, as generated)."""
+        return self.chat.plan if self.chat.plan.parse else None
 
 
 def prepare(st: ServerState, body: Any, kind: str) -> Prepared:
@@ -57,8 +71,10 @@ def prepare(st: ServerState, body: Any, kind: str) -> Prepared:
     can take seconds for a hostile body, and the event loop serves everyone else meanwhile."""
     s = st.sch()
     vocab = s.vocab
-    body, prompts, prefill = read_prompts(st, body, kind)
+    body, prompts, chat = read_prompts(st, body, kind)
     params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False))
+    if chat.plan.grammar is not None:  # the tool calls' grammar (no request grammar comes with tools)
+        params.grammar = chat.plan.grammar
     if params.grammar is not None:  # the vocabulary's token trie: built once
         token_table(vocab)
     token_lists = [st.tokenize_prompt(p, n_ctx=s.n_ctx_slot) for p in prompts]
@@ -68,7 +84,7 @@ def prepare(st: ServerState, body: Any, kind: str) -> Prepared:
     texts = [
         p[0] if len(p) == 1 and isinstance(p[0], str) else vocab.detokenize(t) for p, t in zip(prompts, token_lists)
     ]
-    return Prepared(body, params, token_lists, texts, prefill)
+    return Prepared(body, params, token_lists, texts, chat)
 
 
 async def complete(st: ServerState, request: Request, kind: str, body: Any = None) -> Response:
@@ -86,7 +102,7 @@ async def complete(st: ServerState, request: Request, kind: str, body: Any = Non
         for t in reader.tasks:
             eng.loop.submit(t)
         conv_id = request.headers.get("x-conversation-id", "") if params.stream else ""
-        return await _respond(reader, params.stream, kind, model, prep.prefill, request.app.state.streams, conv_id)
+        return await _respond(reader, params.stream, kind, model, prep, request.app.state.streams, conv_id)
     except BaseException:  # a bug (or a cancelled handler): free the slots, then the 500 of `api`
         reader.disconnect()
         reader.close()
@@ -94,7 +110,7 @@ async def complete(st: ServerState, request: Request, kind: str, body: Any = Non
 
 
 async def _respond(
-    reader: Reader, stream: bool, kind: str, model: str, prefill: str, streams: StreamSessions, conv_id: str
+    reader: Reader, stream: bool, kind: str, model: str, prep: Prepared, streams: StreamSessions, conv_id: str
 ) -> Response:
     """Await the request's events: the SSE stream (kept for replay under `conv_id` when the
     client sent X-Conversation-Id), or every task's Final as one JSON body."""
@@ -110,7 +126,7 @@ async def _respond(
     reader.register(cid)
     if stream:
         session = streams.create_or_replace(conv_id) if conv_id else None
-        chunks = guarded(sse_events(reader, first, kind, cid, model, prefill), reader)
+        chunks = guarded(sse_events(reader, first, kind, cid, model, prep.prefill, prep.plan), reader)
         return EventStream(chunks, reader, session)
     finals: list[Final] = []
     ev = first
@@ -129,13 +145,21 @@ async def _respond(
         ev = await reader.get()
     reader.close()
     for f in finals:
-        f.content = prefill + f.content
+        f.content = prep.prefill + f.content
     if kind == "chat":
-        return JSONResponse(sj.oai_chat(finals, cid, model))
+        messages = await off_loop(parse_replies, finals, prep.plan)
+        return JSONResponse(sj.oai_chat(finals, cid, model, messages))
     if kind == "oai":
         return JSONResponse(sj.oai_completion(finals, cid, model))
     res = [sj.native_final(f, model) for f in sorted(finals, key=lambda f: f.task.index)]
     return JSONResponse(res[0] if len(res) == 1 else res)
+
+
+def parse_replies(finals: list[Final], plan: ChatPlan | None) -> dict[int, ChatMessageOut] | None:
+    """Each choice's reply read by the plan (content, reasoning, calls), by choice index."""
+    if plan is None:
+        return None
+    return {f.task.index: plan.parse_reply(f.content) for f in finals}
 
 
 async def guarded(chunks: AsyncIterator[bytes], reader: Reader) -> AsyncIterator[bytes]:

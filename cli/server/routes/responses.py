@@ -1,0 +1,345 @@
+"""OpenAI's Responses API: POST /v1/responses (and /responses) and /v1/responses/input_tokens.
+
+A Responses request is a chat completion in another shape (cli/server/request/responses.py
+converts the body, as llama-server does), so it runs the chat path: the same prompt, tools,
+grammar and reply parser. What differs is the answer: a `response` object whose `output` holds
+reasoning, message and function_call items, or, streamed, the Responses event sequence
+(response.created, .in_progress, output_item.added/.done around each item's deltas, and
+response.completed), every event numbered by `sequence_number`. Items are sent one after
+another, each closed before the next opens, as OpenAI sends them. Nothing is stored.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from ubatch.cli.server import responses as sj
+from ubatch.cli.server.http import api, error_event, error_response, read_json
+from ubatch.cli.server.limits import off_loop
+from ubatch.cli.server.request.chat import chat_prompt
+from ubatch.cli.server.request.oai import oai_chat_body
+from ubatch.cli.server.request.responses import responses_to_chat
+from ubatch.cli.server.request.tools import ChatPlan
+from ubatch.cli.server.routes.completion import Prepared, guarded, prepare
+from ubatch.cli.server.state import ServerState
+from ubatch.cli.server.stream import EventStream, Reader, ReplyStream
+from ubatch.engine.chat.tools import ChatDelta, ChatMessageOut
+from ubatch.engine.serve.task import Failed, Final, Partial, Task
+
+
+def _rid(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
+
+
+def _usage(f: Final) -> dict[str, Any]:
+    return {
+        "input_tokens": f.n_prompt,
+        "input_tokens_details": {"cached_tokens": f.timings.cache_n},
+        "output_tokens": f.n_decoded,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": f.n_prompt + f.n_decoded,
+    }
+
+
+@dataclass(slots=True)
+class Head:
+    """What every response object of a request repeats: its id, the request's settings, the model."""
+
+    id: str
+    model: str
+    request: dict[str, Any]
+    temperature: float
+    top_p: float
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def response(self, status: str, output: list[dict[str, Any]], final: Final | None = None) -> dict[str, Any]:
+        r = self.request
+        obj: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": r.get("instructions"),
+            "max_output_tokens": r.get("max_output_tokens"),
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": r.get("parallel_tool_calls", True),
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": False,
+            "temperature": self.temperature,
+            "text": r.get("text") if isinstance(r.get("text"), dict) else {"format": {"type": "text"}},
+            "tool_choice": r.get("tool_choice", "auto"),
+            "tools": r.get("tools") if isinstance(r.get("tools"), list) else [],
+            "top_p": self.top_p,
+            "truncation": "disabled",
+            "usage": _usage(final) if final is not None else None,
+            "metadata": r.get("metadata") if isinstance(r.get("metadata"), dict) else {},
+        }
+        if final is not None:
+            obj["completed_at"] = int(time.time())
+        return obj
+
+
+def _status(f: Final) -> str:
+    """ "completed" for a reply that ended by itself, "incomplete" when max_output_tokens (or
+    the context) cut it."""
+    return "completed" if f.stop_type in ("eos", "word") else "incomplete"
+
+
+def _fc_ids(call_id: str) -> tuple[str, str]:
+    """A call's (item id, call_id): llama-server's "fc_" + the id, and the call id itself."""
+    return "fc_" + call_id.removeprefix("call_"), call_id
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    part = {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": [part]}
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if text else []
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
+def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    item_id, cid = _fc_ids(call_id)
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": cid,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+def output_items(msg: ChatMessageOut) -> list[dict[str, Any]]:
+    """A whole reply's output items: its reasoning, its text, then each call (llama-server's order)."""
+    out = []
+    if msg.reasoning_content:
+        out.append(_reasoning_item(_rid("rs_"), msg.reasoning_content, "completed"))
+    if msg.content:
+        out.append(_message_item(_rid("msg_"), msg.content, "completed"))
+    out += [_call_item(c.id, c.name, c.arguments, "completed") for c in msg.tool_calls]
+    return out
+
+
+@dataclass(slots=True)
+class _Item:
+    kind: str  # "reasoning" | "message" | "function_call"
+    id: str
+    text: str = ""  # the text, reasoning or arguments so far
+    call_id: str = ""
+    name: str = ""
+    tool_index: int = -1
+
+
+class EventWriter:
+    """The Responses event stream of one reply, from its deltas: items opened and closed in
+    order, each event numbered."""
+
+    def __init__(self, head: Head) -> None:
+        self.head, self.seq = head, 0
+        self.items: list[_Item] = []
+        self.open: _Item | None = None
+
+    def _ev(self, kind: str, **data: Any) -> bytes:
+        body = {"type": kind, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return b"event: " + kind.encode() + b"\n" + sj.sse(body)
+
+    def start(self) -> list[bytes]:
+        r = self.head.response("in_progress", [])
+        return [self._ev("response.created", response=r), self._ev("response.in_progress", response=r)]
+
+    def _item_json(self, it: _Item, status: str) -> dict[str, Any]:
+        if it.kind == "message":
+            return _message_item(it.id, it.text, status)
+        if it.kind == "reasoning":
+            return _reasoning_item(it.id, it.text, status)
+        return _call_item(it.call_id, it.name, it.text, status)
+
+    def _open(self, it: _Item) -> list[bytes]:
+        out = self._close()
+        self.items.append(it)
+        self.open = it
+        n = len(self.items) - 1
+        added = self._item_json(it, "in_progress")
+        if it.kind != "function_call":
+            added["content"] = []
+        out.append(self._ev("response.output_item.added", output_index=n, item=added))
+        if it.kind == "message":
+            part = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
+            out.append(
+                self._ev("response.content_part.added", item_id=it.id, output_index=n, content_index=0, part=part)
+            )
+        elif it.kind == "reasoning":
+            part = {"type": "reasoning_text", "text": ""}
+            out.append(
+                self._ev("response.content_part.added", item_id=it.id, output_index=n, content_index=0, part=part)
+            )
+        return out
+
+    def _close(self) -> list[bytes]:
+        it, self.open = self.open, None
+        if it is None:
+            return []
+        n, out = self.items.index(it), []
+        where = {"item_id": it.id, "output_index": n}
+        if it.kind == "message":
+            part = {"type": "output_text", "annotations": [], "logprobs": [], "text": it.text}
+            out.append(self._ev("response.output_text.done", **where, content_index=0, text=it.text, logprobs=[]))
+            out.append(self._ev("response.content_part.done", **where, content_index=0, part=part))
+        elif it.kind == "reasoning":
+            part = {"type": "reasoning_text", "text": it.text}
+            out.append(self._ev("response.reasoning_text.done", **where, content_index=0, text=it.text))
+            out.append(self._ev("response.content_part.done", **where, content_index=0, part=part))
+        else:
+            out.append(self._ev("response.function_call_arguments.done", **where, name=it.name, arguments=it.text))
+        out.append(self._ev("response.output_item.done", output_index=n, item=self._item_json(it, "completed")))
+        return out
+
+    def deltas(self, deltas: list[ChatDelta]) -> list[bytes]:
+        out: list[bytes] = []
+        for d in deltas:
+            if d.reasoning_content:
+                if self.open is None or self.open.kind != "reasoning":
+                    out += self._open(_Item("reasoning", _rid("rs_")))
+                assert self.open is not None
+                self.open.text += d.reasoning_content
+                where = {"item_id": self.open.id, "output_index": len(self.items) - 1}
+                out.append(
+                    self._ev("response.reasoning_text.delta", **where, content_index=0, delta=d.reasoning_content)
+                )
+            if d.content:
+                if self.open is None or self.open.kind != "message":
+                    out += self._open(_Item("message", _rid("msg_")))
+                assert self.open is not None
+                self.open.text += d.content
+                where = {"item_id": self.open.id, "output_index": len(self.items) - 1}
+                out.append(
+                    self._ev("response.output_text.delta", **where, content_index=0, delta=d.content, logprobs=[])
+                )
+            for tc in d.tool_calls:
+                if tc.id is not None:
+                    item_id, _ = _fc_ids(tc.id)
+                    out += self._open(_Item("function_call", item_id, "", tc.id, tc.name or "", tc.index))
+                it = next((x for x in self.items if x.kind == "function_call" and x.tool_index == tc.index), None)
+                if it is None or not tc.arguments:
+                    continue
+                it.text += tc.arguments
+                where = {"item_id": it.id, "output_index": self.items.index(it)}
+                out.append(self._ev("response.function_call_arguments.delta", **where, delta=tc.arguments))
+        return out
+
+    def finish(self, final: Final) -> list[bytes]:
+        out = self._close()
+        status = _status(final)
+        output = [self._item_json(it, "completed") for it in self.items]
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        out.append(self._ev(kind, response=self.head.response(status, output, final)))
+        return out
+
+
+async def _events(reader: Reader, first: Any, head: Head, plan: ChatPlan) -> AsyncIterator[bytes]:
+    writer, reply = EventWriter(head), ReplyStream(plan)
+    for chunk in writer.start():
+        yield chunk
+    ev = first
+    while True:
+        if ev is Reader.GONE:
+            return
+        if isinstance(ev, Failed):
+            yield error_event(ev.error)
+            return
+        if isinstance(ev, Partial | Final):
+            last = isinstance(ev, Final)
+            deltas = await reply.feed(ev.text if isinstance(ev, Partial) else ev.content, last)
+            for chunk in writer.deltas(deltas):
+                yield chunk
+            if isinstance(ev, Final):
+                for chunk in writer.finish(ev):
+                    yield chunk
+                return
+        ev = await reader.get()
+
+
+def _prepare(st: ServerState, body: Any) -> tuple[dict[str, Any], Prepared]:
+    chat = responses_to_chat(body)
+    prep = prepare(st, chat, "chat")
+    prep.params.n_cmpl = 1  # one output per response
+    return body, prep
+
+
+async def create_response(st: ServerState, request: Request) -> Response:
+    eng = st.eng()
+    body, prep = await off_loop(_prepare, st, await read_json(request))
+    params = prep.params
+    model = body["model"] if isinstance(body.get("model"), str) else st.model_id
+    head = Head(_rid("resp_"), model, body, params.sampling.temp, params.sampling.top_p)
+    plan = prep.chat.plan
+    reader = Reader(eng.loop, request.receive)
+    try:
+        reader.tasks = [Task(st.ids.next(), prep.token_lists[0], params, reader.sink, 0, prep.texts[0])]
+        eng.loop.submit(reader.tasks[0])
+        ev = await reader.get()
+        if ev is Reader.GONE:
+            reader.close()
+            return Response(status_code=499)
+        if isinstance(ev, Failed):
+            reader.disconnect()
+            reader.close()
+            return error_response(ev.error)
+        if isinstance(ev, Partial) and prep.prefill:
+            ev.text = prep.prefill + ev.text
+        elif isinstance(ev, Final) and prep.prefill:
+            ev.content = prep.prefill + ev.content
+        if params.stream:
+            return EventStream(guarded(_events(reader, ev, head, plan), reader), reader)
+        while not isinstance(ev, Final):
+            if ev is Reader.GONE:
+                reader.close()
+                return Response(status_code=499)
+            if isinstance(ev, Failed):
+                reader.disconnect()
+                reader.close()
+                return error_response(ev.error)
+            ev = await reader.get()
+        reader.close()
+        final = ev
+        msg = await off_loop(plan.parse_reply, final.content)
+        return JSONResponse(head.response(_status(final), output_items(msg), final))
+    except BaseException:
+        reader.disconnect()
+        reader.close()
+        raise
+
+
+def _input_tokens(st: ServerState, body: Any) -> Response:
+    """What the request's prompt would count, as llama-server's handle_count_tokens answers."""
+    n = len(st.tokenize_prompt([chat_prompt(st, oai_chat_body(responses_to_chat(body))).text]))
+    return JSONResponse({"input_tokens": n, "object": "response.input_tokens"})
+
+
+def add_responses_routes(app: FastAPI, st: ServerState) -> None:
+    @app.post("/responses")
+    @app.post("/v1/responses")
+    @api
+    async def responses(request: Request) -> Response:
+        return await create_response(st, request)
+
+    @app.post("/responses/input_tokens")
+    @app.post("/v1/responses/input_tokens")
+    @api
+    async def responses_input_tokens(request: Request) -> Response:
+        return await off_loop(_input_tokens, st, await read_json(request))
