@@ -11,9 +11,11 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from bench_sample import SAMPLE
 
 from ubatch.cli.bench.batched import BatchedParams, BatchedResult, n_ctx_required, run_batched_bench
 from ubatch.cli.bench.batched_format import batched_md_head, batched_md_row
@@ -131,27 +133,15 @@ def test_depth_beyond_context_is_refused() -> None:
 
 def _result(test: BenchTest, ts: list[float], ub_eff: int | None = None) -> BenchResult:
     ns = [int(1e9 * (test.n_prompt + test.n_gen) / x) for x in ts]
-    return BenchResult(
-        build_commit="0.1.0",
-        build_number=0,
-        cpu_info="cpu",
-        gpu_info="",
-        backends="CPU",
-        model_filename="m.gguf",
-        model_type="gemma3 270M Q4_K - Medium",
-        model_size=253_000_000,
-        model_n_params=268_098_176,
+    return replace(
+        SAMPLE,
         n_batch=test.n_batch,
         n_ubatch=test.n_ubatch,
-        n_threads=2,
         type_k=test.type_k,
         type_v=test.type_v,
-        n_gpu_layers=0,
-        flash_attn=1,
         n_prompt=test.n_prompt,
         n_gen=test.n_gen,
         n_depth=test.n_depth,
-        test_time="2026-01-01T00:00:00Z",
         avg_ns=sum(ns) // len(ns),
         stddev_ns=1,
         avg_ts=sum(ts) / len(ts),
@@ -159,14 +149,9 @@ def _result(test: BenchTest, ts: list[float], ub_eff: int | None = None) -> Benc
         samples_ns=ns,
         samples_ts=ts,
         test=test.name,
-        n_ctx=512,
-        n_batch_eff=512,
         n_ubatch_eff=ub_eff or test.n_ubatch,
-        n_outputs_max=512,
         compute_buffer_mib=12.5,
         used_buffer_mib=10.0,
-        kv_mib=6.0,
-        n_ubatches=1,
         buffer_top=[TensorShare("ffn_gate-0", (512, 2048), 4.0)],
         used_top=[TensorShare("ffn_up-0", (512, 2048), 4.0)],
         profile_ms={"matmul": 10.0, "overhead": 2.0},
