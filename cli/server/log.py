@@ -125,10 +125,10 @@ class AccessLog:
         host = (scope.get("client") or ("-", 0))[0]
         rec = RequestRecord(scope["method"], scope["path"], host)
         token = _current.set(rec)
-        done = False
+        done = logged = False
 
         async def send_logged(message: dict[str, Any]) -> None:
-            nonlocal done
+            nonlocal done, logged
             if message["type"] == "http.response.start":
                 rec.status = message["status"]
                 rec.sse = any(
@@ -138,20 +138,26 @@ class AccessLog:
                 if rec.status >= 400 and len(rec.body) < _MAX_ERROR_BODY:
                     rec.body += message.get("body", b"")[:_MAX_ERROR_BODY]
                 done = not message.get("more_body", False)
+                if done:  # written before the last bytes leave, while the client still waits for them
+                    logged = True
+                    self._log(rec)
             await send(message)
 
         try:
             await self.app(scope, receive, send_logged)
         except asyncio.CancelledError:  # the server stopped waiting for this request (shutdown)
+            logged = False
             rec.note = "cancelled at shutdown"
             rec.fail("the server shut down before the response was complete")
             await self._answer_failure(rec, shutdown_error(), done, receive, send)
         except Exception as e:  # a bug in a route: the client still gets an answer
+            logged = False
             rec.fail(f"{type(e).__name__}: {e}")
             await self._answer_failure(rec, EngineError(ErrorKind.INTERNAL, rec.error), done, receive, send)
         finally:
             _current.reset(token)
-            self._log(rec)
+            if not logged:
+                self._log(rec)
 
     async def _answer_failure(self, rec: RequestRecord, err: EngineError, done: bool, receive: Any, send: Any) -> None:
         try:
