@@ -231,7 +231,9 @@ def test_slot_save_restore_into_another_slot(slot_server: tuple[str, Scheduler, 
     assert again["content"] == first["content"] and again["timings"]["prompt_n"] == 1
     erased = post(url, "/slots/1?action=erase", {}).json()
     assert erased == {"id_slot": 1, "n_erased": n} and sch.ctx.memory.seq_pos_max(1) == -1
-    assert post(url, "/completion", {**req, "id_slot": 1}).json()["timings"]["prompt_n"] == first["tokens_evaluated"]
+    # slot 1's own cells are gone; the prompt's prefix now comes from slot 0's cells instead
+    assert post(url, "/completion", {**req, "id_slot": 1}).json()["timings"]["prompt_n"] == 1
+    assert (sch.slots[1].reuse.n_own, sch.slots[1].reuse.source) == (0, 0)
 
 
 def test_slot_action_errors(slot_server: tuple[str, Scheduler, Path], tiny_state: state_file.SeqState) -> None:

@@ -21,6 +21,7 @@ from ubatch.engine.explain.observer import CallView, Recorder
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams, CParams
 from ubatch.engine.serve.scheduler import Scheduler
+from ubatch.engine.serve.stats import PrefixReuse
 from ubatch.engine.serve.task import Failed, Final, Task, TaskParams
 from ubatch.engine.spec.speculative import SpecStats, Speculator
 
@@ -46,6 +47,9 @@ class SequenceResult:
     n_generated: int
     text: str
     stop_type: str
+    n_cached: int = 0  # prompt tokens not computed: found in cells or host memory
+    n_shared: int = 0  # ... of which another sequence's cells held (shared, or copied between streams)
+    shared_from: int = -1  # that sequence (-1: none)
 
 
 @dataclass(slots=True)
@@ -62,6 +66,7 @@ class Explanation:
     what_if: list[WhatIf]
     warnings: list[str] = field(default_factory=list)
     spec: SpecStats | None = None  # what speculation did; None when off
+    n_cells_shared: int = 0  # KV cells held by more than one sequence when the run ended
 
     @property
     def n_ubatches(self) -> int:
@@ -115,7 +120,12 @@ def explain_request(model: Model, params: ContextParams, req: Request, sub_ubatc
             raise ExplainError(run_failure(t.index, ev.error.message))
         if ev is None:
             raise ExplainError(f"prompt {t.index + 1} did not finish")
-        sequences.append(SequenceResult(ev.id_slot, ev.n_prompt, ev.n_decoded, ev.content, ev.stop_type))
+        r = next((r.reuse for r in sched.releases if r.task == t.id), PrefixReuse())
+        sequences.append(
+            SequenceResult(
+                ev.id_slot, ev.n_prompt, ev.n_decoded, ev.content, ev.stop_type, r.total, r.n_shared, r.source
+            )
+        )
     return Explanation(
         params,
         ctx.cparams,
@@ -129,6 +139,7 @@ def explain_request(model: Model, params: ContextParams, req: Request, sub_ubatc
         what_if(model, params, rec.calls, sub_ubatches),
         [*ctx.cparams.warnings, *sched.warnings],
         spec.stats if spec is not None else None,
+        sched.n_cells_shared,
     )
 
 

@@ -170,7 +170,16 @@ def sequences_line(e: Explanation) -> Text:
     for i, s in enumerate(e.sequences):
         t.append(" " if i == 0 else ", ")
         t.append(f"s{s.slot}", style=seq_style(s.slot))
-        t.append(f" {s.n_prompt} prompt + {s.n_generated} generated")
+        t.append(f" {s.n_prompt} prompt")
+        if s.n_shared:
+            t.append(f" ({s.n_shared} shared from ")
+            t.append(f"s{s.shared_from}", style=seq_style(s.shared_from))
+            t.append(")")
+        elif s.n_cached:
+            t.append(f" ({s.n_cached} cached)")
+        t.append(f" + {s.n_generated} generated")
+    if e.n_cells_shared:
+        t.append(f"; {e.n_cells_shared} KV cells shared")
     return t
 
 

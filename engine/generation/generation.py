@@ -43,6 +43,9 @@ class GenerationParams:
     n_keep: int = 0  # tokens a shift keeps at the start (BOS included; the caller resolves -1)
     n_discard: int = 0  # tokens a shift drops; 0: half of those not kept
     special: bool = False  # -sp: control tokens appear in the text (end-of-generation ones never do)
+    # llama-server's preserved_tokens: control tokens whose text appears even without `special`,
+    # because a chat reply's parser must see them (e.g. <tool_call>, [TOOL_CALLS], <think>)
+    preserved: frozenset[int] = frozenset()
     grammar: Grammar | None = None  # GBNF the generated text must follow (engine/grammar)
 
 
@@ -175,7 +178,12 @@ class Generation:
         self.tokens.append(tok)
         is_eog = self.vocab.is_eog(tok)  # once per token: callers may count the calls
         if not is_eog:  # an end-of-generation token is not part of the text
-            piece = self.streamer.push(tok)
+            if tok in p.preserved and not p.special:
+                # a control token's text is whole ASCII-like text: what the decoder holds back
+                # before it can no longer become a character (U+FFFD, as the decoder would give)
+                piece = self.streamer.flush() + self.vocab.token_to_piece(tok, True).decode("utf-8", "replace")
+            else:
+                piece = self.streamer.push(tok)
             self.text += piece
             self.has_new_line = self.has_new_line or "\n" in piece
         send = True

@@ -24,6 +24,11 @@ from ubatch.kernels.ops import KVTensor
 N_KV_PAD = 256  # n_kv grows in steps of 256 cells so graph shapes repeat
 
 
+class NoCellsError(ContextError):
+    """A sequence operation needs free cells (to separate shared cells, or to copy a prefix into
+    another stream) and the stream has too few; nothing was changed."""
+
+
 def as_mask(visible: np.ndarray) -> np.ndarray:
     """A visibility array as the additive float16 mask attention adds: 0 or -inf."""
     return np.where(visible, np.float16(0.0), np.float16(-np.inf))
@@ -164,13 +169,12 @@ class KVCache:
             return None
         head = c.head if c.head <= c.used + 2 * n else 0
         usable = c.pos < 0
-        if self.n_swa > 0:
-            owners = c.seq.sum(1) == 1
+        if self.n_swa > 0:  # a cell every holder's window has left (a shared one too)
             first = c.seq_pos_max_all() + 1
             for s, p in self.window_floor.items():
                 first[s] = min(first[s], p)
-            owner = c.seq.argmax(1)
-            usable |= owners & (c.pos >= 0) & self.masked_swa(c.pos, first[owner])
+            needed = c.seq & ~self.masked_swa(c.pos[:, None], first[None, :])
+            usable |= (c.pos >= 0) & ~needed.any(1)
         after = np.flatnonzero(usable[head:])
         if after.size >= n:
             return after[:n] + head
@@ -246,12 +250,16 @@ class KVCache:
                 c.seq_rm(s, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Unified: dst joins src's cells in [p0, p1) (shared, nothing copied). Between streams:
+        a whole sequence is copied stream to stream at the next update (llama.cpp); a range is
+        copied now, row by row on the device, into free cells of dst's stream."""
         a, b = self.stream_of(src), self.stream_of(dst)
         if a == b:
             self.streams[a].seq_cp(src, dst, p0, p1)
             return
         if p0 > 0 or p1 >= 0:
-            raise ContextError("seq_cp between streams only copies whole sequences (p0 = p1 = -1); use -kvu")
+            self._copy_range(src, dst, p0, p1)
+            return
         dst_cells = self.streams[b]
         dst_cells.clear()
         src_cells = self.streams[a]
@@ -270,10 +278,86 @@ class KVCache:
                 c.clear()
 
     def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
+        if delta:
+            self.separate(s, p0, p1)
         self.streams[self.stream_of(s)].seq_add(s, p0, p1, delta)
 
     def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        if d != 1:
+            self.separate(s, p0, p1)
         self.streams[self.stream_of(s)].seq_div(s, p0, p1, d)
+
+    # -- shared cells ---------------------------------------------------------------------------
+    @property
+    def n_shared(self) -> int:
+        return sum(c.n_shared for c in self.streams)
+
+    def n_free(self, s: int) -> int:
+        return int((self.streams[self.stream_of(s)].pos < 0).sum())
+
+    def n_to_separate(self, s: int, p0: int, p1: int) -> int:
+        """Free cells `separate(s, p0, p1)` would take."""
+        return int(self.streams[self.stream_of(s)].shared_of(s, p0, p1).sum())
+
+    def separate(self, s: int, p0: int, p1: int) -> None:
+        """Give sequence s its own copy of the cells in [p0, p1) it shares with others (rows
+        copied on the device), so a change to s alone leaves every other sequence's view as it
+        was. Raises NoCellsError, changing nothing, when the stream has too few free cells."""
+        st = self.stream_of(s)
+        c = self.streams[st]
+        old = np.flatnonzero(c.shared_of(s, p0, p1))
+        if old.size == 0:
+            return
+        new = np.flatnonzero(c.pos < 0)[: old.size]
+        if new.size < old.size:
+            raise NoCellsError(f"no room to separate {old.size} shared cells of sequence {s} ({new.size} free)")
+        self.apply_copies()
+        c.pos[new], c.shift[new] = c.pos[old], c.shift[old]
+        c.seq[new, s], c.seq[old, s] = True, False
+        self._copy_rows(old + st * self.size, new + st * self.size)
+
+    def can_copy_range(self, src: int, dst: int, p0: int, p1: int) -> bool:
+        """Whether `seq_cp(src, dst, p0, p1)` finds the cells it needs (always, when shared)."""
+        a, b = self.stream_of(src), self.stream_of(dst)
+        if a == b:
+            return True
+        sc, dc = self.streams[a], self.streams[b]
+        need = int((sc._range(p0, p1) & sc.seq[:, src]).sum())
+        mine = dc._range(p0, p1) & dc.seq[:, dst] & (dc.seq.sum(1) == 1)
+        return need <= int((dc.pos < 0).sum() + mine.sum())
+
+    def _copy_range(self, src: int, dst: int, p0: int, p1: int) -> None:
+        a, b = self.stream_of(src), self.stream_of(dst)
+        sc, dc = self.streams[a], self.streams[b]
+        if not self.can_copy_range(src, dst, p0, p1):
+            raise NoCellsError(f"no room in stream {b} to copy sequence {src}'s cells [{p0}, {p1})")
+        self.apply_copies()
+        dc.seq_rm(dst, p0, p1)
+        old = np.flatnonzero(sc._range(p0, p1) & sc.seq[:, src])
+        new = np.flatnonzero(dc.pos < 0)[: old.size]
+        dc.pos[new], dc.shift[new] = sc.pos[old], sc.shift[old]
+        dc.seq[new, dst] = True
+        if new.size:
+            dc.head = int(new[-1]) + 1 if new[-1] + 1 < dc.size else 0
+        self._copy_rows(old + a * self.size, new + b * self.size)
+
+    def _copy_rows(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """K and V rows src -> dst (global cell indices) in every layer, on the storage's device."""
+        if src.size == 0:
+            return
+        si, di = torch.from_numpy(src), torch.from_numpy(dst)
+        for store in (*self.k.values(), *self.v.values()):
+            d = store.data
+            d[di.to(d.device)] = d.index_select(0, si.to(d.device))
+
+    def apply_copies(self) -> bool:
+        """Move the K/V bytes of queued whole-stream copies; True if there were any."""
+        did = bool(self.pending_copies)
+        for a, b in self.pending_copies:
+            for store in (*self.k.values(), *self.v.values()):
+                store.data[b * self.size : (b + 1) * self.size] = store.data[a * self.size : (a + 1) * self.size]
+        self.pending_copies.clear()
+        return did
 
     def clear(self) -> None:
         for c in self.streams:

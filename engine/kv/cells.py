@@ -44,6 +44,21 @@ class KVCells:
     def has_shift(self) -> bool:
         return bool(self.shift.any())
 
+    @property
+    def n_shared(self) -> int:
+        """Cells held by more than one sequence: a prefix stored once for several."""
+        return int((self.seq.sum(1) > 1).sum())
+
+    def held_apart(self, s: int, others: list[int], p0: int = -1, p1: int = -1) -> np.ndarray:
+        """Cells in [p0, p1) that s holds and none of `others` does: what removing s frees."""
+        sel = self._range(p0, p1) & self.seq[:, s]
+        return sel & ~self.seq[:, others].any(1) if others else sel
+
+    def shared_of(self, s: int, p0: int, p1: int) -> np.ndarray:
+        """Cells in [p0, p1) that sequence s holds together with another sequence: what a change
+        to s alone (seq_add, seq_div) must first separate, so the others' view stays put."""
+        return self._range(p0, p1) & self.seq[:, s] & (self.seq.sum(1) > 1)
+
     def seq_pos_max(self, s: int) -> int:
         p = self.pos[self.seq[:, s]]
         return int(p.max()) if p.size else -1

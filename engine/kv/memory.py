@@ -13,7 +13,7 @@ import torch
 
 from ubatch.engine.batch import Batch, SplitError, UBatch, split_equal, split_simple
 from ubatch.engine.errors import ContextError
-from ubatch.engine.kv.cache import KVCache, round_up
+from ubatch.engine.kv.cache import KVCache, NoCellsError, round_up
 from ubatch.engine.model.hparams import HParams
 from ubatch.engine.params import CParams
 from ubatch.kernels.ops import Ops
@@ -157,11 +157,7 @@ class KVMemory:
         """Copy queued streams and re-rotate shifted K; True if any work was done."""
         did = False
         for c in self.caches:
-            for a, b in c.pending_copies:
-                for store in (*c.k.values(), *c.v.values()):
-                    store.data[b * c.size : (b + 1) * c.size] = store.data[a * c.size : (a + 1) * c.size]
-                did = True
-            c.pending_copies.clear()
+            did = c.apply_copies() or did
         if any(c.has_shift for c in self.caches):
             if not self.can_shift:
                 raise ContextError(
@@ -204,12 +200,54 @@ class KVMemory:
             c.seq_keep(s)
 
     def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
+        """Shift s's positions in [p0, p1); cells s shares are separated first (every cache
+        checked for room before any changes, so NoCellsError leaves the memory as it was)."""
+        if delta:
+            self._check_separate(s, p0, p1)
         for c in self.caches:
             c.seq_add(s, p0, p1, delta)
 
     def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        if d != 1:
+            self._check_separate(s, p0, p1)
         for c in self.caches:
             c.seq_div(s, p0, p1, d)
+
+    def n_to_separate(self, s: int, p0: int = -1, p1: int = -1) -> int:
+        """Free cells a change to s alone over [p0, p1) would take to separate what it shares."""
+        return max(c.n_to_separate(s, p0, p1) for c in self.caches)
+
+    def _check_separate(self, s: int, p0: int, p1: int) -> None:
+        for c in self.caches:
+            need, free = c.n_to_separate(s, p0, p1), c.n_free(s)
+            if need > free:
+                raise NoCellsError(f"no room to separate {need} shared cells of sequence {s} ({free} free)")
+
+    def can_seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> bool:
+        """Whether seq_cp finds its cells: always in a unified cache (cells are shared); between
+        streams, enough free cells in dst's for a copy of the range."""
+        return all(c.can_copy_range(src, dst, p0, p1) for c in self.caches)
+
+    def separate(self, s: int, p0: int = -1, p1: int = -1) -> None:
+        """Give s its own cells for whatever it shares in [p0, p1), in every cache, or raise
+        NoCellsError having changed nothing."""
+        self._check_separate(s, p0, p1)
+        for c in self.caches:
+            c.separate(s, p0, p1)
+
+    def positions_apart(self, s: int, others: list[int]) -> np.ndarray:
+        """Positions of s's cells (first cache) that none of `others` holds: the tokens that
+        would leave the cache with s."""
+        c = self.caches[0]
+        cells = c.streams[c.stream_of(s)]
+        if c.n_stream > 1:  # a stream of its own: nobody else holds its cells
+            others = []
+        return cells.pos[cells.held_apart(s, [o for o in others if o != s])]
+
+    @property
+    def n_shared(self) -> int:
+        """Cells held by more than one sequence (the first cache: every layer's cells)."""
+        return self.caches[0].n_shared
 
     def clear(self) -> None:
         for c in self.caches:

@@ -38,8 +38,9 @@ def report(s: Slot) -> None:
 
 
 def prompt_started(s: Slot, stats: SchedulerStats) -> None:
-    """A task took the slot with `s.n_prompt_cache` of its prompt already cached."""
-    stats.n_prompt_cached_total += s.n_prompt_cache
+    """A task took the slot with `s.n_prompt_cache` of its prompt already cached (`s.reuse`
+    says from where)."""
+    stats.prompt_reused(s.reuse)
     report(s)
 
 

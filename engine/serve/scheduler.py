@@ -3,7 +3,8 @@
 The scheduler decides; it owns no thread. Slot i owns sequence id i. Each iteration, `step`
 (llama-server's update_slots):
   1. frees the slots whose client went away, starts queued tasks on idle slots (reusing the
-     longest common prefix of the slot's cached tokens), shifts full contexts if allowed;
+     longest cached prefix of the prompt: the slot's own cells, another sequence's, or host
+     memory; engine/serve/prefix_index.py), shifts full contexts if allowed;
   2. assembles ONE batch: a row from every generating slot (its last sampled token and its
      draft), then prompt chunks of prefilling slots in slot order until n_batch rows;
   3. decodes it; on "no KV slot" drops drafts, purges idle caches or postpones prompt rows
@@ -28,12 +29,13 @@ from ubatch.engine.generation.generation import Generation, GenerationParams, St
 from ubatch.engine.grammar import GrammarError
 from ubatch.engine.kv.memory import DecodeError
 from ubatch.engine.sampling.chain import Sampler
-from ubatch.engine.serve.prompt_cache import pick_slot, purge_idle, reuse_cache
+from ubatch.engine.serve.host_cache import DEFAULT_CACHE_RAM_MIB, HostCache
+from ubatch.engine.serve.prefix_index import PrefixIndex
 from ubatch.engine.serve.prompt_progress import prompt_chunk_done, prompt_started
 from ubatch.engine.serve.slot import Slot, SlotState
 from ubatch.engine.serve.slot_batch import SlotRows, assemble, record_of
 from ubatch.engine.serve.slot_spec import drop_drafts, plan_drafts, verify_slot
-from ubatch.engine.serve.stats import IterationRecord, ReleaseRecord, SchedulerStats
+from ubatch.engine.serve.stats import IterationRecord, PrefixReuse, ReleaseRecord, SchedulerStats
 from ubatch.engine.serve.task import Final, Job, Partial, Task, context_error, decode_failure
 from ubatch.engine.spec.speculative import Speculator
 
@@ -52,6 +54,8 @@ class Scheduler:
         cont_batching: bool = True,
         history: int = 256,
         speculator: Speculator | None = None,
+        prefix_sharing: bool = True,
+        cache_ram_mib: int = DEFAULT_CACHE_RAM_MIB,
     ) -> None:
         cp, hp = ctx.cparams, ctx.model.hparams
         if not 1 <= n_slots <= cp.n_seq_max:
@@ -77,6 +81,10 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.releases: deque[ReleaseRecord] = deque(maxlen=history)
+        # prompts reuse prefixes held by any sequence (shared cells with -kvu, copied rows across
+        # streams otherwise) and by host memory (cache_ram_mib MiB, -1 no limit, 0 off)
+        self.host = HostCache(cache_ram_mib)
+        self.prefixes = PrefixIndex(ctx, self.slots, self.host, prefix_sharing)
         # called on the engine thread as listener("launch" | "release", slot): for logging only
         self.listener: Callable[[str, Slot], None] | None = None
 
@@ -123,7 +131,13 @@ class Scheduler:
         self._launch_queued()
         for s in self.slots:
             if s.state is SlotState.GENERATING and s.gen is not None:
-                s.gen.make_room(self.ctx.memory, s.id)
+                if not self.prefixes.separate_for_shift(s):
+                    msg = "no free KV cells to give a shifting sequence its own copy of a shared prefix; raise -c"
+                    self._fail(s, EngineError(ErrorKind.INTERNAL, msg))
+                    continue
+                n_keep = min(s.gen.params.n_keep, len(s.cache) - 1)
+                if s.gen.make_room(self.ctx.memory, s.id):  # cells after n_keep re-rotated: inexact
+                    s.taint = n_keep if s.taint < 0 else min(s.taint, n_keep)
         budget, retries = self.ctx.cparams.n_batch, 0
         plan_drafts(self.slots, self.speculator, budget)
         while True:
@@ -137,7 +151,10 @@ class Scheduler:
             except DecodeError as e:
                 retries += 1
                 if e.code == 1:  # no room in the KV cache
-                    if drop_drafts(self.slots) or purge_idle(self.slots, self.ctx.memory, self.ctx.cparams.kv_unified):
+                    if drop_drafts(self.slots):
+                        continue
+                    if self.prefixes.evict_idle():
+                        self.stats.n_evictions += 1
                         continue
                     n_gen = sum(1 for s, n, _ in parts if s.state is SlotState.GENERATING)
                     n_prompt = batch.n_tokens - n_gen
@@ -212,7 +229,11 @@ class Scheduler:
         waiting: deque[Task] = deque()
         while self.queue:
             task = self.queue.popleft()
-            slot = pick_slot(self.slots, task.prompt, task.params.id_slot, self.similarity)
+            if task.params.cache_prompt and self.prefixes.should_wait(task.prompt):
+                self.stats.n_waited_prefix += 1
+                waiting.append(task)
+                continue
+            slot = self.prefixes.pick_slot(task.prompt, task.params.id_slot, self.similarity)
             if slot is None:
                 waiting.append(task)
             else:
@@ -237,6 +258,7 @@ class Scheduler:
             n_discard=p.n_discard,
             grammar=p.grammar,
             special=p.special,
+            preserved=p.preserved,
         )
         s.gen = Generation(self.vocab, Sampler(p.sampling, s.n_ctx, self.vocab), params, s.n_ctx, s.cache)
         if not prompt:  # llama-server answers an empty prompt at once
@@ -244,8 +266,8 @@ class Scheduler:
             self._finish(s)
             return
         reuse = (p.n_cache_reuse or self.cache_reuse) if self.cache_reuse else 0
-        n_swa = self.ctx.model.hparams.n_swa
-        s.n_prompt_cache = s.i_prompt = reuse_cache(self.ctx.memory, s, prompt, p.cache_prompt, reuse, n_swa)
+        s.reuse = self.prefixes.reuse(s, prompt, p.cache_prompt, reuse)
+        s.n_prompt_cache = s.i_prompt = s.reuse.total
         s.gen.accept_prompt(prompt)
         prompt_started(s, self.stats)
         self._notify("launch", s)
@@ -298,12 +320,24 @@ class Scheduler:
     def _release(self, s: Slot, reason: str) -> None:
         task = s.task
         self.releases.append(
-            ReleaseRecord(s.id, task.id if task else -1, reason, self.iteration, task.cancel_iteration if task else -1)
+            ReleaseRecord(
+                s.id,
+                task.id if task else -1,
+                reason,
+                self.iteration,
+                task.cancel_iteration if task else -1,
+                PrefixReuse(s.reuse.n_own, s.reuse.n_shared, s.reuse.n_ram, s.reuse.source),
+            )
         )
         s.last_task, s.task = task, None
         s.state = SlotState.IDLE
         s.t_last_used = time.perf_counter()
         self._notify("release", s)
+
+    @property
+    def n_cells_shared(self) -> int:
+        """KV cells held by more than one sequence right now (each would otherwise be two)."""
+        return self.ctx.memory.n_shared
 
     def _notify(self, kind: str, s: Slot) -> None:
         if self.listener is not None:

@@ -13,6 +13,7 @@ from enum import Enum
 
 from ubatch.engine.generation.generation import Generation
 from ubatch.engine.kv.memory import KVMemory
+from ubatch.engine.serve.stats import PrefixReuse
 from ubatch.engine.serve.task import Task, Timings
 from ubatch.engine.spec.speculative import Draft, SpecStats
 
@@ -40,6 +41,11 @@ class Slot:
     spec: SpecStats = field(default_factory=SpecStats)  # the current task's drafts
     speculative: bool = False  # the server drafts for its slots (/slots' "speculative")
     n_prompt_cache: int = 0
+    reuse: PrefixReuse = field(default_factory=PrefixReuse)  # where n_prompt_cache came from
+    # cells from this position on hold K/V a fresh prefill of `cache` would not give (a context
+    # shift re-rotated them after dropping what they attended to; --cache-reuse moved them):
+    # never shared with another request, never reused past. -1: every cell is exact
+    taint: int = -1
     n_prompt_done: int = 0
     t_start: float = 0.0
     t_prompt_done: float = 0.0
@@ -49,6 +55,17 @@ class Slot:
     @property
     def busy(self) -> bool:
         return self.state is not SlotState.IDLE
+
+    @property
+    def n_exact(self) -> int:
+        """The leading cached tokens whose cells equal a fresh prefill of them."""
+        return len(self.cache) if self.taint < 0 else min(self.taint, len(self.cache))
+
+    def cut(self, n: int) -> None:
+        """Forget the cached tokens from position n on (the caller removed their cells)."""
+        del self.cache[n:]
+        if self.taint >= n:
+            self.taint = -1
 
     @property
     def n_decoded(self) -> int:
@@ -85,12 +102,13 @@ class Slot:
     def forget(self, memory: KVMemory) -> None:
         """Free the slot's cells and forget the tokens they held (its cached prompt)."""
         memory.seq_rm(self.id)
-        self.cache.clear()
+        self.cut(0)
 
     def start(self, task: Task) -> None:
         """Take `task`: the prompt is to be processed; counters of the last task are reset."""
         self.task, self.state = task, SlotState.PROCESSING_PROMPT
         self.t_start = time.perf_counter()
         self.n_prompt_cache = self.n_prompt_done = 0
+        self.reuse = PrefixReuse()
         self.gen = None
         self.draft, self.spec = Draft([]), SpecStats()

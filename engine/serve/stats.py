@@ -26,12 +26,29 @@ class IterationRecord:
 
 
 @dataclass(slots=True)
+class PrefixReuse:
+    """Where a request's cached prompt tokens came from (they add up to its n_prompt_cache):
+    its slot's own cells, cells of another sequence (shared in a unified cache, copied between
+    streams otherwise) or a state restored from host memory (--cache-ram)."""
+
+    n_own: int = 0
+    n_shared: int = 0
+    n_ram: int = 0
+    source: int = -1  # the sequence id the shared tokens came from (-1: none)
+
+    @property
+    def total(self) -> int:
+        return self.n_own + self.n_shared + self.n_ram
+
+
+@dataclass(slots=True)
 class ReleaseRecord:
     slot: int
     task: int
     reason: str  # "eos" | "word" | "limit" | "cancelled" | "error" | "shutdown"
     iteration: int
     cancel_iteration: int = -1
+    reuse: PrefixReuse = field(default_factory=PrefixReuse)  # the task's cached prompt, by source
 
 
 @dataclass(slots=True)
@@ -61,6 +78,14 @@ class SchedulerStats:
     total: TokenTotals = field(default_factory=TokenTotals)
     bucket: TokenTotals = field(default_factory=TokenTotals)  # since the last /metrics read
     n_prompt_cached_total: int = 0  # prompt tokens found in a slot's cache
+    n_reused_own_total: int = 0  # ... of which the slot's own cells held
+    n_reused_shared_total: int = 0  # ... another sequence's cells held (shared or copied)
+    n_reused_ram_total: int = 0  # ... restored from host memory (--cache-ram)
+    n_hits_own: int = 0  # requests that kept some of their slot's cells
+    n_hits_shared: int = 0  # requests that took a prefix from another sequence
+    n_hits_ram: int = 0  # requests that restored a prefix from host memory
+    n_waited_prefix: int = 0  # launches held back for a prefix another slot was computing
+    n_evictions: int = 0  # idle sequences' cells given up under KV pressure
     n_tokens_max: int = 0
     n_decode_total: int = 0
     n_busy_slots_total: int = 0
@@ -69,6 +94,16 @@ class SchedulerStats:
     decodes_by_n_seqs: Counter[int] = field(default_factory=Counter)
     n_requests: int = 0
     n_cancelled: int = 0
+
+    def prompt_reused(self, r: PrefixReuse) -> None:
+        """A task took its slot with `r` of its prompt already in cells."""
+        self.n_prompt_cached_total += r.total
+        self.n_reused_own_total += r.n_own
+        self.n_reused_shared_total += r.n_shared
+        self.n_reused_ram_total += r.n_ram
+        self.n_hits_own += r.n_own > 0
+        self.n_hits_shared += r.n_shared > 0
+        self.n_hits_ram += r.n_ram > 0
 
     def reset_bucket(self) -> None:
         self.bucket = TokenTotals()

@@ -61,6 +61,7 @@ class TaskParams:
     id_slot: int = -1
     n_keep: int = 0
     special: bool = False  # the server's -sp: control tokens appear in the text
+    preserved: frozenset[int] = frozenset()  # control tokens shown anyway (llama-server's preserved_tokens)
     n_discard: int = 0
     n_cache_reuse: int = 0
     n_cmpl: int = 1
