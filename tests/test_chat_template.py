@@ -217,6 +217,10 @@ def test_load_template(tmp_path: Path) -> None:
     f.write_text(CHATML_JINJA)
     assert load_template(str(f)) == CHATML_JINJA
     assert load_template(CHATML_JINJA) == CHATML_JINJA  # inline Jinja, as llama.cpp accepts
+    long = CHATML_JINJA + "{# " + "x" * 5000 + " #}"  # longer than a path may be (ENAMETOOLONG)
+    assert load_template(long) == long
+    with pytest.raises(ChatTemplateError, match="unknown chat template"):
+        load_template("y" * 5000)
 
 
 @pytest.mark.parametrize(
@@ -278,3 +282,6 @@ def test_template_from_metadata(tmp_path: Path) -> None:
     f.write_text(LLAMA3_JINJA)
     t = ChatTemplate.from_metadata({}, "gemma3", override=str(f))
     assert t.name == "llama3" and t.source == LLAMA3_JINJA and "mine.jinja" in t.origin
+    long = LLAMA3_JINJA + "{# " + "x" * 5000 + " #}"  # inline, too long to be a file name
+    t = ChatTemplate.from_metadata({}, "gemma3", override=long)
+    assert t.name == "llama3" and t.source == long and t.origin == "--chat-template"

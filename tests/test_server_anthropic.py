@@ -171,6 +171,17 @@ def test_count_tokens_is_the_prompt_the_reply_reads(url: str) -> None:
     assert with_tools > n + 100  # Qwen's tool system prompt
 
 
+def test_empty_messages_are_the_generation_prompt(url: str) -> None:
+    """llama-server renders an empty conversation (the template's generation prompt) rather than
+    refusing it; /v1/chat/completions, which /v1/messages runs, does the same."""
+    r = httpx.post(url + "/v1/messages", json={"max_tokens": 2, "messages": []}, timeout=60)
+    assert r.status_code == 200 and r.json()["type"] == "message"
+    r = httpx.post(url + "/v1/chat/completions", json={"max_tokens": 2, "messages": []}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 0
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": {}}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "Expected 'messages' to be an array"
+
+
 def test_errors_in_anthropic_shape(url: str) -> None:
     c = client(url)
     bad: list[dict[str, Any]] = [

@@ -83,6 +83,21 @@ def test_text_whole_and_streamed(urls: tuple[str, str]) -> None:
     assert n == {"input_tokens": again.usage.input_tokens if again.usage else -1, "object": "response.input_tokens"}
 
 
+def test_llama_telemetry_in_the_stream(urls: tuple[str, str]) -> None:
+    """llama.cpp's own fields: return_progress reports the prompt on response.in_progress events,
+    timings_per_token puts timings on each token's last event, and response.completed has them."""
+    body = {"input": "This is a test " * 10, "max_output_tokens": 4, "stream": True, **HELLO}
+    body |= {"timings_per_token": True, "return_progress": True}
+    with httpx.stream("POST", urls[0] + "/responses", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    progress = [e for e in events if "prompt_progress" in e]
+    assert progress and all(e["type"] == "response.in_progress" for e in progress)
+    assert progress[-1]["prompt_progress"]["total"] > 0
+    assert any(e["type"] == "response.output_text.delta" and "timings" in e for e in events)
+    assert events[-1]["type"] == "response.incomplete" and "prompt_per_second" in events[-1]["timings"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
 def test_function_call_round_trip(urls: tuple[str, str]) -> None:
     c = client(urls[0])
     ask = [{"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]}]

@@ -77,6 +77,16 @@ def test_llama31_tools_in_the_user_turn() -> None:
     assert '<|start_header_id|>ipython<|end_header_id|>\n\n"18C, sunny"<|eot_id|>' in p.prompt
 
 
+def test_tool_choice_none_still_renders_the_tools() -> None:
+    """llama.cpp shows the template the tools whatever tool_choice is: "none" only drops the
+    grammar and the call parsing, so the prompt (and its token count) is llama-server's."""
+    auto = prepare_chat(template("Qwen-Qwen2.5-7B-Instruct"), ROUND_TRIP, tools=[WEATHER])
+    none = prepare_chat(template("Qwen-Qwen2.5-7B-Instruct"), ROUND_TRIP, tools=[WEATHER], tool_choice="none")
+    assert none.prompt == auto.prompt and "<tools>" in none.prompt
+    assert none.format is ToolFormat.CONTENT_ONLY and none.grammar is None
+    assert none.parse('<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>').tool_calls == []
+
+
 def test_gemma2_generic_polyfill() -> None:
     p = prepare_chat(template("google-gemma-2-2b-it"), ROUND_TRIP, tools=[WEATHER])
     assert p.format is ToolFormat.GENERIC and p.grammar is not None and not p.grammar.lazy

@@ -77,6 +77,7 @@ def params_json(p: TaskParams) -> dict[str, Any]:
         "n_probs": p.n_probs,
         "min_keep": s.min_keep,
         "grammar": p.grammar.text if p.grammar is not None else "",
+        "preserved_tokens": sorted(p.preserved),
         "cache_prompt": p.cache_prompt,
         "n_cache_reuse": p.n_cache_reuse,
         "samplers": list(s.samplers),

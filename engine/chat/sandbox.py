@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import jinja2
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame
-from jinja2.runtime import Context, LoopContext
+from jinja2.runtime import ChainableUndefined, Context, LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import generate_lorem_ipsum
 
@@ -388,8 +388,11 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):
     concat = staticmethod(_checked_concat)
 
     def __init__(self) -> None:
-        # the options Hugging Face and llama.cpp's Jinja engine use
-        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        # the options Hugging Face and llama.cpp's Jinja engine use; an undefined value's member
+        # is undefined too, as in llama.cpp's engine (`messages[0]['role']` on no messages)
+        super().__init__(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"], undefined=ChainableUndefined
+        )
         self.filters = {name: _checked_filter(name, f) for name, f in self.filters.items()}
         self.filters[_ITER_FILTER] = _counted_filter
         self.globals["lipsum"] = _lipsum

@@ -135,6 +135,15 @@ _DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
 # -- loading ----------------------------------------------------------------------------------
 
 
+def _is_file(s: str) -> bool:
+    """Whether `s` names an existing file; an inline Jinja text too long for a path (OSError:
+    File name too long) or holding a NUL (ValueError) is not one."""
+    try:
+        return Path(s).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def load_template(name_or_file: str) -> str:
     """`--chat-template NAME|FILE|JINJA`: a built-in name, a Jinja file's text, or inline Jinja.
 
@@ -148,7 +157,7 @@ def load_template(name_or_file: str) -> str:
         compile_jinja(s, "the --chat-template text")
         return s
     p = Path(s)
-    if not p.exists():
+    if not _is_file(s):
         raise ChatTemplateError(
             f"unknown chat template {s!r}: not a file, not Jinja and not a llama.cpp built-in ({', '.join(BUILTIN_TEMPLATES)})"
         )
@@ -347,7 +356,7 @@ class ChatTemplate:
             if src in BUILTIN_TEMPLATES:
                 return cls(src, None, "--chat-template", *toks)
             name = detect_template(src, arch)
-            origin = f"--chat-template {Path(override).name}" if Path(override).exists() else "--chat-template"
+            origin = f"--chat-template {Path(override).name}" if _is_file(override) else "--chat-template"
             return cls._jinja_or_builtin(name, src, origin, use_jinja, toks)
         stored = metadata.get("tokenizer.chat_template")
         if isinstance(stored, str) and stored.strip():

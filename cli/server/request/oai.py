@@ -36,8 +36,8 @@ def oai_chat_body(body: Any) -> dict[str, Any]:
     msgs = body.get("messages")
     if msgs is None:
         raise bad_request("'messages' is required")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad_request("'messages' must be a non-empty array")
+    if not isinstance(msgs, list):  # an empty list is rendered (the generation prompt), as llama-server does
+        raise bad_request("Expected 'messages' to be an array")
     out = dict(body)
     lp = body.get("logprobs")
     if lp is not None and not isinstance(lp, bool):

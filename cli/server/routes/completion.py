@@ -29,6 +29,7 @@ from ubatch.cli.server.stream import EventStream, Reader, sse_events
 from ubatch.engine.chat.tools import ChatMessageOut
 from ubatch.engine.grammar.tokens import token_table
 from ubatch.engine.serve.task import Failed, Final, Task, TaskParams, context_error
+from ubatch.engine.vocab.vocab import Vocab
 
 
 def read_prompts(st: ServerState, body: Any, kind: str) -> tuple[dict[str, Any], list[list[str | int]], ChatPrompt]:
@@ -77,6 +78,10 @@ def prepare(st: ServerState, body: Any, kind: str) -> Prepared:
         params.grammar = chat.plan.grammar
     if params.grammar is not None:  # the vocabulary's token trie: built once
         token_table(vocab)
+    prepared = chat.plan.prepared  # a chat's own preserved tokens replace the body's, as llama-server's
+    params.preserved = preserved_tokens(
+        prepared.preserved_tokens if prepared is not None else body.get("preserved_tokens"), vocab
+    )
     token_lists = [st.tokenize_prompt(p, n_ctx=s.n_ctx_slot) for p in prompts]
     for toks in token_lists:  # before any task runs: one prompt too long fails the whole request
         if (err := context_error(len(toks), s.n_ctx_slot)) is not None:
@@ -85,6 +90,18 @@ def prepare(st: ServerState, body: Any, kind: str) -> Prepared:
         p[0] if len(p) == 1 and isinstance(p[0], str) else vocab.detokenize(t) for p, t in zip(prompts, token_lists)
     ]
     return Prepared(body, params, token_lists, texts, chat)
+
+
+def preserved_tokens(texts: Any, vocab: Vocab) -> frozenset[int]:
+    """llama-server's preserved_tokens: of the texts, those that are one token (a control token,
+    typically) are shown in the reply even without -sp, so its parser sees tool-call and thinking
+    markers. Other texts are ignored, as there."""
+    if texts is None:
+        return frozenset()
+    if not isinstance(texts, list | tuple) or not all(isinstance(t, str) for t in texts):
+        raise bad_request("Field 'preserved_tokens': expected an array of strings")
+    ids = (vocab.tokenize(t, False, True) for t in texts)
+    return frozenset(i[0] for i in ids if len(i) == 1)
 
 
 async def complete(st: ServerState, request: Request, kind: str, body: Any = None) -> Response:

@@ -31,7 +31,8 @@ from ubatch.cli.server.routes.completion import Prepared, guarded, prepare
 from ubatch.cli.server.state import ServerState
 from ubatch.cli.server.stream import EventStream, Reader, ReplyStream
 from ubatch.engine.chat.tools import ChatDelta, ChatMessageOut
-from ubatch.engine.serve.task import Failed, Final, Partial, Task
+from ubatch.engine.serve.prompt_progress import Progress
+from ubatch.engine.serve.task import Failed, Final, Partial, Task, Timings
 
 
 def _rid(prefix: str) -> str:
@@ -153,14 +154,20 @@ class EventWriter:
         self.items: list[_Item] = []
         self.open: _Item | None = None
 
-    def _ev(self, kind: str, **data: Any) -> bytes:
+    def _ev(self, kind: str, **data: Any) -> dict[str, Any]:
         body = {"type": kind, "sequence_number": self.seq, **data}
         self.seq += 1
-        return b"event: " + kind.encode() + b"\n" + sj.sse(body)
+        return body
 
-    def start(self) -> list[bytes]:
+    def start(self) -> list[dict[str, Any]]:
         r = self.head.response("in_progress", [])
         return [self._ev("response.created", response=r), self._ev("response.in_progress", response=r)]
+
+    def progress(self, ev: Progress) -> list[dict[str, Any]]:
+        """A prompt_progress report (return_progress): llama-server sends it on a
+        response.in_progress event."""
+        r = self.head.response("in_progress", [])
+        return [self._ev("response.in_progress", response=r, prompt_progress=sj.progress_json(ev))]
 
     def _item_json(self, it: _Item, status: str) -> dict[str, Any]:
         if it.kind == "message":
@@ -169,7 +176,7 @@ class EventWriter:
             return _reasoning_item(it.id, it.text, status)
         return _call_item(it.call_id, it.name, it.text, status)
 
-    def _open(self, it: _Item) -> list[bytes]:
+    def _open(self, it: _Item) -> list[dict[str, Any]]:
         out = self._close()
         self.items.append(it)
         self.open = it
@@ -190,7 +197,7 @@ class EventWriter:
             )
         return out
 
-    def _close(self) -> list[bytes]:
+    def _close(self) -> list[dict[str, Any]]:
         it, self.open = self.open, None
         if it is None:
             return []
@@ -209,8 +216,8 @@ class EventWriter:
         out.append(self._ev("response.output_item.done", output_index=n, item=self._item_json(it, "completed")))
         return out
 
-    def deltas(self, deltas: list[ChatDelta]) -> list[bytes]:
-        out: list[bytes] = []
+    def deltas(self, deltas: list[ChatDelta]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         for d in deltas:
             if d.reasoning_content:
                 if self.open is None or self.open.kind != "reasoning":
@@ -242,7 +249,7 @@ class EventWriter:
                 out.append(self._ev("response.function_call_arguments.delta", **where, delta=tc.arguments))
         return out
 
-    def finish(self, final: Final) -> list[bytes]:
+    def finish(self, final: Final) -> list[dict[str, Any]]:
         out = self._close()
         status = _status(final)
         output = [self._item_json(it, "completed") for it in self.items]
@@ -251,10 +258,16 @@ class EventWriter:
         return out
 
 
+def _sse(events: list[dict[str, Any]], timings: Timings | None = None) -> bytes:
+    """Events as SSE; `timings` (llama-server's telemetry) on the last of them, as there."""
+    if events and timings is not None:
+        events[-1]["timings"] = sj.timings_json(timings)
+    return b"".join(b"event: " + e["type"].encode() + b"\n" + sj.sse(e) for e in events)
+
+
 async def _events(reader: Reader, first: Any, head: Head, plan: ChatPlan) -> AsyncIterator[bytes]:
     writer, reply = EventWriter(head), ReplyStream(plan)
-    for chunk in writer.start():
-        yield chunk
+    yield _sse(writer.start())
     ev = first
     while True:
         if ev is Reader.GONE:
@@ -262,15 +275,16 @@ async def _events(reader: Reader, first: Any, head: Head, plan: ChatPlan) -> Asy
         if isinstance(ev, Failed):
             yield error_event(ev.error)
             return
-        if isinstance(ev, Partial | Final):
-            last = isinstance(ev, Final)
-            deltas = await reply.feed(ev.text if isinstance(ev, Partial) else ev.content, last)
-            for chunk in writer.deltas(deltas):
+        if isinstance(ev, Progress):
+            yield _sse(writer.progress(ev))
+        elif isinstance(ev, Partial):
+            # timings_per_token: each token's events carry the timings so far
+            if chunk := _sse(writer.deltas(await reply.feed(ev.text, False)), ev.timings):
                 yield chunk
-            if isinstance(ev, Final):
-                for chunk in writer.finish(ev):
-                    yield chunk
-                return
+        elif isinstance(ev, Final):
+            deltas = await reply.feed(ev.content, True)
+            yield _sse(writer.deltas(deltas) + writer.finish(ev), ev.timings)
+            return
         ev = await reader.get()
 
 

@@ -196,7 +196,9 @@ def prepare_chat(
     if chat_template_kwargs:
         extra.update(chat_template_kwargs)
     thinking_ok = bool(extra.get("enable_thinking", True))
-    openai_tools = [t.to_openai() for t in tool_list] if use_tools else None
+    # tool_choice "none" still shows the template the tools (llama.cpp does: the prompt and its
+    # token count match llama-server's); only the grammar and the call parsing are left out.
+    openai_tools = [t.to_openai() for t in tool_list] if tool_list else None
     prompt = template.apply(msgs, add_generation_prompt, tools=openai_tools, extra_context=extra)
     forced_open = rfmt != "none" and add_generation_prompt and prompt.rstrip().endswith(THINK_OPEN)
     thinking = supports_thinking(template.source) and thinking_ok and rfmt != "none"

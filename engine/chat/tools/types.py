@@ -73,9 +73,10 @@ class ChatMessageOut:
         return "tool_calls" if self.tool_calls else "stop"
 
     def to_openai(self) -> dict[str, object]:
-        """The `message` of a chat completion choice (llama-server's fields: content is null
-        when there are calls and no text; reasoning_content only when there is some)."""
-        out: dict[str, object] = {"role": "assistant", "content": self.content or (None if self.tool_calls else "")}
+        """The `message` of a chat completion choice, as llama-server's common_chat_msg JSON:
+        content is "" (never null) when there is no text, calls or not; reasoning_content only
+        when there is some."""
+        out: dict[str, object] = {"role": "assistant", "content": self.content}
         if self.reasoning_content:
             out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
