@@ -45,7 +45,7 @@ _SERVER_REASON_FLAGS = {
     "--reasoning-preserve",
     "--skip-chat-parsing",
 }
-_CKPT = "ubatch keeps no prompt-cache checkpoints in host memory; the KV cache is all there is"
+_CKPT = "ubatch keeps no context checkpoints and needs no defragmentation; the server keeps prompts that leave the KV cache in --cache-ram"
 _PRESET = "presets download models; ubatch never downloads: give a local GGUF with -m"
 _DOWNLOAD = "ubatch never downloads: give a local GGUF file with -m"
 _MTMD = "ubatch is text-only: no multimodal projector, images, audio or video"
@@ -88,7 +88,8 @@ _NO_EFFECT = {
         "--reasoning-format --reasoning --reasoning-effort --reasoning-budget "
         "--reasoning-budget-message --reasoning-preserve --skip-chat-parsing"
     ),
-    _CKPT: "--ctx-checkpoints --checkpoint-min-step --cache-ram --cache-idle-slots --kv-unified-per-slot --defrag-thold",
+    _CKPT: "--ctx-checkpoints --checkpoint-min-step --cache-idle-slots --kv-unified-per-slot --defrag-thold",
+    "the host-memory prompt cache is the server's (ubatch server -cram); a one-shot run keeps --prompt-cache files": "--cache-ram",
     _DOWNLOAD: "--offline",
     "there is no server-side idle sleep: the model stays loaded": "--sleep-idle-seconds",
     "no keep-alive pings are sent on idle streams": "--sse-ping-interval",

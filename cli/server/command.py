@@ -154,6 +154,13 @@ def server(
     cache_reuse: int = _flag(
         0, "--cache-reuse", help="min chunk size to reuse from the cache via KV shifting (0 = off)", panel=CTX
     ),
+    cache_ram: int = _flag(
+        8192,
+        "-cram",
+        "--cache-ram",
+        help="MiB of host memory for prompts that leave the KV cache, restored instead of prefilled (0 = off, -1 = no limit)",
+        panel=CTX,
+    ),
     cache_prompt: bool = _flag(
         True,
         "--cache-prompt/--no-cache-prompt",
@@ -190,6 +197,7 @@ def server(
     validate.positive("--max-body-size", max_body_size, "max_body_size")
     validate.positive("--max-json-depth", max_json_depth, "max_json_depth")
     validate.at_least("--cache-reuse", cache_reuse, "n_cache_reuse", 1, sentinel=(0, "off"))
+    validate.at_least("-cram", cache_ram, "cache_ram", 0, sentinel=(-1, "no limit"))
     validate.fraction("-sps", slot_prompt_similarity, "slot_prompt_similarity")
     validate.generation_flags(n_predict, keep)
     validate.choice("--reasoning-format", reasoning_format, "reasoning_format", REASONING_FORMATS)
@@ -268,6 +276,7 @@ def server(
         warmup=warmup,
         context_shift=context_shift,
         cache_reuse=cache_reuse,
+        cache_ram=cache_ram,
         slot_prompt_similarity=slot_prompt_similarity,
         cont_batching=cont_batching,
         embedding=embedding,

@@ -41,6 +41,11 @@ def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
                 "n_prompt_tokens": len(task.prompt),
                 "n_prompt_tokens_processed": s.n_prompt_done,
                 "n_prompt_tokens_cache": s.n_prompt_cache,
+                # ubatch's: where those cached tokens came from (issue: shared prefixes)
+                "n_prompt_tokens_cache_own": s.reuse.n_own,
+                "n_prompt_tokens_cache_shared": s.reuse.n_shared,
+                "n_prompt_tokens_cache_ram": s.reuse.n_ram,
+                "prompt_cache_source_slot": s.reuse.source,
                 "params": params_json(p),
                 "next_token": [
                     {
@@ -141,4 +146,22 @@ def metrics_text(sch: Scheduler, n_deferred: int) -> str:
     emit("requests_total", "Completion tasks accepted.", "counter", st.n_requests)
     emit("requests_cancelled_total", "Tasks cancelled because the client disconnected.", "counter", st.n_cancelled)
     emit("kv_cells_used", "KV cache cells in use.", "gauge", sch.ctx.memory.used)
+
+    def by_source(own: int, shared: int, ram: int) -> list[tuple[str, float]]:
+        return [('{source="own"}', own), ('{source="shared"}', shared), ('{source="ram"}', ram)]
+
+    reused = by_source(st.n_reused_own_total, st.n_reused_shared_total, st.n_reused_ram_total)
+    emit("prompt_tokens_reused_total", "Prompt tokens reused, by where they were found.", "counter", reused)
+    hits = by_source(st.n_hits_own, st.n_hits_shared, st.n_hits_ram)
+    emit("prompt_cache_hits_total", "Requests that reused a prefix, by where it was found.", "counter", hits)
+    emit("kv_cells_shared", "KV cells held by more than one sequence.", "gauge", sch.n_cells_shared)
+    emit("host_cache_bytes", "Prompt states kept in host memory (--cache-ram).", "gauge", sch.host.nbytes)
+    emit("host_cache_entries", "Prompt states kept in host memory.", "gauge", len(sch.host.entries))
+    emit("kv_evictions_total", "Idle sequences' cells given up under KV pressure.", "counter", st.n_evictions)
+    emit(
+        "prefix_waits_total",
+        "Launches held back for a prefix another slot was computing.",
+        "counter",
+        st.n_waited_prefix,
+    )
     return "\n".join(lines) + "\n"

@@ -165,6 +165,7 @@ class EngineOptions:
     warmup: bool = True
     context_shift: bool = False
     cache_reuse: int = 0
+    cache_ram: int = 8192  # -cram: MiB of host memory for prompts that leave the KV cache (0 off, -1 no limit)
     slot_prompt_similarity: float = 0.1
     cont_batching: bool = True
     embedding: bool = False  # --embedding: hidden-state rows, every row of a batch an output
@@ -197,6 +198,7 @@ def load_engine(o: EngineOptions) -> ServerEngine:
         c.parallel,
         context_shift=o.context_shift,
         cache_reuse=o.cache_reuse,
+        cache_ram_mib=o.cache_ram,
         slot_prompt_similarity=o.slot_prompt_similarity,
         cont_batching=o.cont_batching,
         speculator=speculator,
