@@ -23,6 +23,7 @@ from ubatch.cli.server.log import current
 from ubatch.cli.server.request.tools import ChatPlan
 from ubatch.cli.server.resume import StreamSession
 from ubatch.engine.chat.tools import ChatDelta, ChatMessageOut
+from ubatch.engine.errors import EngineError
 from ubatch.engine.serve.engine_loop import EngineLoop
 from ubatch.engine.serve.prompt_progress import Progress
 from ubatch.engine.serve.task import Failed, Final, Job, Partial, Sink
@@ -71,6 +72,19 @@ class Reader:
     def close(self) -> None:
         self.closed = True
         self._watcher.cancel()
+
+    def ending(self, ev: object, errors: Callable[[EngineError], Response] | None = None) -> Response | None:
+        """The response that ends a request at `ev`, or None to go on: 499 when the client went
+        away, the failure's error JSON (`errors` shapes it; llama-server's by default) after
+        cancelling the request's other tasks. Either way the reader is closed."""
+        if ev is Reader.GONE:
+            self.close()
+            return Response(status_code=499)
+        if isinstance(ev, Failed):
+            self.disconnect()
+            self.close()
+            return (errors or error_response)(ev.error)
+        return None
 
     async def get(self) -> Any:
         """The next event; what it tells the access log (tokens, a failure) is noted on the way."""

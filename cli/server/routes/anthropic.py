@@ -266,13 +266,9 @@ async def messages(st: ServerState, request: Request) -> Response:
         ev = await reader.get()
         while isinstance(ev, Progress):
             ev = await reader.get()
-        if ev is Reader.GONE:
-            reader.close()
-            return Response(status_code=499)
-        if isinstance(ev, Failed):  # llama-server: a stream's first error is a plain error response
-            reader.disconnect()
-            reader.close()
-            return error_json_response(ev.error)
+        # llama-server: a stream's first error is a plain error response (here in Anthropic's shape)
+        if (end := reader.ending(ev, error_json_response)) is not None:
+            return end
         mid = sj.new_id("msg_")
         if prep.params.stream:
             return EventStream(stream_events(reader, ev, mid, model, prep), reader)

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
-from ubatch.cli.server.http import api, bad_request, error_event, error_response, read_json
+from ubatch.cli.server.http import api, bad_request, error_event, read_json
 from ubatch.cli.server.limits import off_loop
 from ubatch.cli.server.request.chat import ChatPrompt, chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body, oai_completion_body
@@ -28,7 +28,7 @@ from ubatch.cli.server.state import ServerState
 from ubatch.cli.server.stream import EventStream, Reader, sse_events
 from ubatch.engine.chat.tools import ChatMessageOut
 from ubatch.engine.grammar.tokens import token_table
-from ubatch.engine.serve.task import Failed, Final, Task, TaskParams, context_error
+from ubatch.engine.serve.task import Final, Task, TaskParams, context_error
 from ubatch.engine.vocab.vocab import Vocab
 
 
@@ -132,13 +132,8 @@ async def _respond(
     """Await the request's events: the SSE stream (kept for replay under `conv_id` when the
     client sent X-Conversation-Id), or every task's Final as one JSON body."""
     first = await reader.get()
-    if first is Reader.GONE:
-        reader.close()
-        return Response(status_code=499)
-    if isinstance(first, Failed):
-        reader.disconnect()  # cancel the request's other tasks
-        reader.close()
-        return error_response(first.error)
+    if (end := reader.ending(first)) is not None:
+        return end
     cid = sj.new_id("chatcmpl-")  # llama-server's id for every kind
     reader.register(cid)
     if stream:
@@ -148,13 +143,8 @@ async def _respond(
     finals: list[Final] = []
     ev = first
     while True:
-        if ev is Reader.GONE:
-            reader.close()
-            return Response(status_code=499)
-        if isinstance(ev, Failed):
-            reader.disconnect()
-            reader.close()
-            return error_response(ev.error)
+        if (end := reader.ending(ev)) is not None:
+            return end
         if isinstance(ev, Final):
             finals.append(ev)
             if len(finals) == len(reader.tasks):

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
-from ubatch.cli.server.http import api, error_event, error_response, read_json
+from ubatch.cli.server.http import api, error_event, read_json
 from ubatch.cli.server.limits import off_loop
 from ubatch.cli.server.request.chat import chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body
@@ -216,27 +216,25 @@ class EventWriter:
         out.append(self._ev("response.output_item.done", output_index=n, item=self._item_json(it, "completed")))
         return out
 
+    def _text(self, kind: str, prefix: str, event: str, text: str, **extra: Any) -> list[dict[str, Any]]:
+        """A piece of reasoning or answer text: into the open item of that kind (opened first
+        when another kind is open), as its delta event."""
+        out: list[dict[str, Any]] = []
+        if self.open is None or self.open.kind != kind:
+            out += self._open(_Item(kind, _rid(prefix)))
+        assert self.open is not None
+        self.open.text += text
+        where = {"item_id": self.open.id, "output_index": len(self.items) - 1}
+        out.append(self._ev(event, **where, content_index=0, delta=text, **extra))
+        return out
+
     def deltas(self, deltas: list[ChatDelta]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for d in deltas:
             if d.reasoning_content:
-                if self.open is None or self.open.kind != "reasoning":
-                    out += self._open(_Item("reasoning", _rid("rs_")))
-                assert self.open is not None
-                self.open.text += d.reasoning_content
-                where = {"item_id": self.open.id, "output_index": len(self.items) - 1}
-                out.append(
-                    self._ev("response.reasoning_text.delta", **where, content_index=0, delta=d.reasoning_content)
-                )
+                out += self._text("reasoning", "rs_", "response.reasoning_text.delta", d.reasoning_content)
             if d.content:
-                if self.open is None or self.open.kind != "message":
-                    out += self._open(_Item("message", _rid("msg_")))
-                assert self.open is not None
-                self.open.text += d.content
-                where = {"item_id": self.open.id, "output_index": len(self.items) - 1}
-                out.append(
-                    self._ev("response.output_text.delta", **where, content_index=0, delta=d.content, logprobs=[])
-                )
+                out += self._text("message", "msg_", "response.output_text.delta", d.content, logprobs=[])
             for tc in d.tool_calls:
                 if tc.id is not None:
                     item_id, _ = _fc_ids(tc.id)
@@ -307,13 +305,8 @@ async def create_response(st: ServerState, request: Request) -> Response:
         reader.tasks = [Task(st.ids.next(), prep.token_lists[0], params, reader.sink, 0, prep.texts[0])]
         eng.loop.submit(reader.tasks[0])
         ev = await reader.get()
-        if ev is Reader.GONE:
-            reader.close()
-            return Response(status_code=499)
-        if isinstance(ev, Failed):
-            reader.disconnect()
-            reader.close()
-            return error_response(ev.error)
+        if (end := reader.ending(ev)) is not None:
+            return end
         if isinstance(ev, Partial) and prep.prefill:
             ev.text = prep.prefill + ev.text
         elif isinstance(ev, Final) and prep.prefill:
@@ -321,13 +314,8 @@ async def create_response(st: ServerState, request: Request) -> Response:
         if params.stream:
             return EventStream(guarded(_events(reader, ev, head, plan), reader), reader)
         while not isinstance(ev, Final):
-            if ev is Reader.GONE:
-                reader.close()
-                return Response(status_code=499)
-            if isinstance(ev, Failed):
-                reader.disconnect()
-                reader.close()
-                return error_response(ev.error)
+            if (end := reader.ending(ev)) is not None:
+                return end
             ev = await reader.get()
         reader.close()
         final = ev
