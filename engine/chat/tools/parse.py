@@ -251,24 +251,30 @@ def _mistral(text: str, partial: bool) -> Parsed:
     content, pos = text[:i], skip_ws(text, i + len(MISTRAL_TAG))
     if pos >= len(text):
         return content, []
+    return content, _call_array(text, pos, partial)
+
+
+def _call_array(text: str, pos: int, partial: bool) -> list[RawCall]:
+    """The calls of a JSON array of call objects starting at `text[pos]` (`[{...}, {...}]`), as
+    far as they go: a partial text may end inside the array, a whole one may not."""
     if text[pos] != "[":
         raise _Malformed
     calls: list[RawCall] = []
     pos += 1
     while True:
         pos = skip_ws(text, pos)
+        if pos < len(text) and text[pos] == "]" and not calls:
+            return calls
         obj = scan_call_object(text, pos)
         if obj.call is not None:
             calls.append(obj.call)
         if not obj.complete:
             if not partial:
                 raise _Malformed
-            return content, calls
+            return calls
         pos = skip_ws(text, obj.end)
-        if pos >= len(text):
-            return content, calls
-        if text[pos] == "]":
-            return content, calls
+        if pos >= len(text) or text[pos] == "]":
+            return calls
         if text[pos] != ",":
             raise _Malformed
         pos += 1
@@ -309,27 +315,7 @@ def _generic(text: str, partial: bool) -> Parsed:
     if key[0] == "tool_calls":
         if pos >= len(text):
             return "", []
-        if text[pos] != "[":
-            raise _Malformed
-        calls: list[RawCall] = []
-        pos += 1
-        while True:
-            pos = skip_ws(text, pos)
-            if pos < len(text) and text[pos] == "]" and not calls:
-                return "", calls
-            obj = scan_call_object(text, pos)
-            if obj.call is not None:
-                calls.append(obj.call)
-            if not obj.complete:
-                if not partial:
-                    raise _Malformed
-                return "", calls
-            pos = skip_ws(text, obj.end)
-            if pos >= len(text) or text[pos] == "]":
-                return "", calls
-            if text[pos] != ",":
-                raise _Malformed
-            pos += 1
+        return "", _call_array(text, pos, partial)
     raise _Malformed
 
 
