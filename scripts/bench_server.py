@@ -13,6 +13,10 @@ requests at once (greedy, ignore_eos, so every stream generates exactly -n token
   weights GB/s    decodes/s x stored weight bytes (each decode reads every matrix once)
 
 Warm-up is kept out of the numbers. Usage: python scripts/bench_server.py [-m MODEL] [-n 32]
+
+--watch keeps an `/engine/events` client connected (what the `/engine` page reads) during every
+measured run; --watch both measures each level with and without one, interleaved, and prints
+both tables and the ratio: what watching the engine costs it.
 """
 
 from __future__ import annotations
@@ -77,7 +81,51 @@ def one_stream(url: str, prompt: str, n: int, start: threading.Barrier, out: lis
     out[i] = (t0, t_first, time.perf_counter(), count)
 
 
-def run_level(url: str, n_streams: int, n_predict: int) -> dict[str, float]:
+class Watcher:
+    """An `/engine/events` client, connected until `close`: it reads every event, as the page does."""
+
+    def __init__(self, url: str) -> None:
+        self.n_events, self.error = 0, ""
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(url,), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30) or self.error:
+            sys.exit(f"--watch: {self.error or 'no answer from /engine/events'}")
+
+    def _run(self, url: str) -> None:
+        try:
+            with httpx.stream("GET", url + "/engine/events", timeout=60) as r:
+                if r.status_code != 200:
+                    self.error = f"/engine/events answered {r.status_code} (a server without the web UI?)"
+                    self._ready.set()
+                    return
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        json.loads(line[6:])
+                        self.n_events += 1
+                        self._ready.set()
+                    if self._stop.is_set():
+                        return
+        except httpx.HTTPError as e:
+            self.error = str(e)
+            self._ready.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def run_level(url: str, n_streams: int, n_predict: int, watch: bool = False) -> dict[str, float]:
+    watcher = Watcher(url) if watch else None
+    try:
+        return _run_level(url, n_streams, n_predict)
+    finally:
+        if watcher is not None:
+            watcher.close()
+
+
+def _run_level(url: str, n_streams: int, n_predict: int) -> dict[str, float]:
     out: list[Any] = [None] * n_streams
     start = threading.Barrier(n_streams)
     threads = [
@@ -129,6 +177,14 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=-1)
     ap.add_argument("--repeat", type=int, default=3, help="sweeps over the levels; the best run of each is reported")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON lines too")
+    ap.add_argument(
+        "--watch",
+        nargs="?",
+        const="on",
+        default="off",
+        choices=["off", "on", "both"],
+        help="keep an /engine/events client connected (on), or measure with and without one (both)",
+    )
     args = ap.parse_args()
     levels = [int(x) for x in args.streams.split(",")]
     n_slots, port = max(levels), free_port()
@@ -169,23 +225,42 @@ def main() -> None:
         weight_bytes = info["meta"]["size"]  # the CPU backend reads the GGUF tensors as stored
         for n in levels:  # warm-up: plan every batch shape once
             run_level(url, n, 4)
-        best: dict[int, dict[str, float]] = {}
+        modes = {"off": [False], "on": [True], "both": [False, True]}[args.watch]
+        best: dict[tuple[bool, int], dict[str, float]] = {}
         for _ in range(args.repeat):  # interleaved, so a burst of load elsewhere hits every level alike
             for n in levels:
-                r = run_level(url, n, args.n_predict)
-                if n not in best or r["agg_tps"] > best[n]["agg_tps"]:
-                    best[n] = r
-        rows = [best[n] for n in levels]
+                for w in modes:
+                    r = run_level(url, n, args.n_predict, watch=w)
+                    if (w, n) not in best or r["agg_tps"] > best[w, n]["agg_tps"]:
+                        best[w, n] = r
+        tables = [(w, [best[w, n] for n in levels]) for w in modes]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     peak = measured_peak_gbs()
-    base = rows[0]["agg_tps"]
     print(
         f"model: {info['id']} ({info['meta']['n_params'] / 1e6:.0f} M params), -np {n_slots}, "
         f"{args.n_predict} tokens per stream, greedy, {os.cpu_count()} CPUs, best of {args.repeat}"
     )
     print(f"measured copy bandwidth: {peak:.1f} GB/s; weights read per decode: {weight_bytes / 1e9:.2f} GB (as stored)")
+    for watched, rows in tables:
+        if args.watch != "off":
+            print(f"\nwith an /engine/events watcher: {'yes' if watched else 'no'}")
+        print_table(rows, weight_bytes, peak)
+        if args.json:
+            for r in rows:
+                print(json.dumps({**r, "watched": watched}))
+    if len(tables) == 2:
+        print(
+            "\nwatched / unwatched aggregate t/s: "
+            + ", ".join(
+                f"{a['streams']} streams {b['agg_tps'] / a['agg_tps']:.3f}" for a, b in zip(tables[0][1], tables[1][1])
+            )
+        )
+
+
+def print_table(rows: list[dict[str, float]], weight_bytes: int, peak: float) -> None:
+    base = rows[0]["agg_tps"]
     head = (
         f"{'streams':>7} {'tokens':>6} {'wall s':>7} {'aggregate t/s':>13} {'per stream t/s':>14} "
         f"{'x vs 1':>6} {'TTFT ms':>8} {'rows/decode':>11} {'decodes/s':>9} {'weights GB/s':>12}"
@@ -199,9 +274,6 @@ def main() -> None:
             f"{r['stream_tps']:>14.2f} {r['agg_tps'] / base:>6.2f} {r['ttft_ms']:>8.0f} "
             f"{r['rows_per_decode']:>11.2f} {r['decodes_per_s']:>9.2f} {gbs:>7.1f} ({100 * gbs / peak:3.0f}%)"
         )
-    if args.json:
-        for r in rows:
-            print(json.dumps(r))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ _SPEC = "ubatch's drafters (ngram-simple, draft-simple) do not use this setting;
 _SPEC_DEV = "the draft model runs where the target runs, with the same -t threads"
 _LOG = "ubatch's log lines have one fixed format"
 _ROUTER = "one model per server: there is no router mode"
-_UI = "no web UI or tool runtime is bundled with ubatch"
+_UI = "the bundled pages keep their settings in the browser: no UI config and no MCP proxy"
+_TOOLS = "no tool runtime or agent is bundled with ubatch"
 _REASON = (
     "the output is not parsed for reasoning or tool calls; text is returned as generated (ubatch server parses them)"
 )
@@ -80,10 +81,8 @@ _NO_EFFECT = {
         "--perf --verbose-prompt --print-token-count"
     ),
     _ROUTER: "--models-dir --models-preset --models-max --models-autoload",
-    _UI: (
-        "--path --ui --ui-config --ui-config-file --ui-mcp-proxy --tools --tools-runtime "
-        "--mcp-servers-config --mcp-servers-json --agent"
-    ),
+    _UI: "--ui-config --ui-config-file --ui-mcp-proxy",
+    _TOOLS: "--tools --tools-runtime --mcp-servers-config --mcp-servers-json --agent",
     _REASON: (
         "--reasoning-format --reasoning --reasoning-effort --reasoning-budget "
         "--reasoning-budget-message --reasoning-preserve --skip-chat-parsing"

@@ -32,6 +32,7 @@ from ubatch.cli.server.routes.info import add_info_routes
 from ubatch.cli.server.routes.responses import add_responses_routes
 from ubatch.cli.server.routes.slots import add_slot_routes
 from ubatch.cli.server.routes.tokens import add_token_routes
+from ubatch.cli.server.routes.webui import add_webui_routes, is_public_page
 from ubatch.cli.server.state import ServerEngine, ServerOptions, ServerState
 from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.serve.engine_loop import shutdown_error
@@ -55,7 +56,7 @@ class Gate:
                 err = EngineError(ErrorKind.UNAVAILABLE, "Loading model")
             elif eng.loop.shutting_down:  # a keep-alive connection after SIGTERM: no new work
                 err = shutdown_error()
-            elif self.state.options.api_keys and scope["path"] not in PUBLIC_PATHS:
+            elif self.state.options.api_keys and not self.public(scope["path"]):
                 h = {k.lower(): v.decode("latin-1") for k, v in scope["headers"]}
                 auth = h.get(b"authorization", "")
                 key = auth[7:].strip() if auth.lower().startswith("bearer ") else h.get(b"x-api-key", "")
@@ -65,6 +66,11 @@ class Gate:
                 await error_response(err)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    def public(self, path: str) -> bool:
+        """No key needed: llama-server's public routes, and the web pages (they ask for the key)."""
+        o = self.state.options
+        return path in PUBLIC_PATHS or (o.webui and is_public_page(path, o.webui_path))
 
 
 def create_app(
@@ -108,4 +114,6 @@ def create_app(
     add_slot_routes(app, st)
     add_infill_routes(app, st)
     add_embedding_routes(app, st)
+    if o.webui:  # last: --path serves its folder through a catch-all that must not shadow a route
+        add_webui_routes(app, st, o.webui_path)
     return app

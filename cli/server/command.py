@@ -126,6 +126,12 @@ def server(
     metrics: bool = _flag(False, "--metrics", help="enable the Prometheus /metrics endpoint"),
     props: bool = _flag(False, "--props", help="let POST /props change server settings"),
     slots: bool = _flag(True, "--slots/--no-slots", help="expose the /slots endpoint"),
+    webui: bool = _flag(
+        True, "--webui/--no-webui", help="serve the chat page at / and the engine's live view at /engine"
+    ),
+    static_path: Optional[Path] = _flag(
+        None, "--path", help="serve this folder's files at / instead of the bundled chat page"
+    ),
     slot_save_path: Optional[Path] = _flag(
         None, "--slot-save-path", help="directory for POST /slots/{id}?action=save|restore"
     ),
@@ -240,6 +246,8 @@ def server(
         metrics=metrics,
         slots=slots,
         slot_save_path=_slot_dir(slot_save_path),
+        webui=webui,
+        webui_path=_static_dir(static_path),
         aliases=names,  # (the `alias` field is a one-name shorthand for the Python API and tests)
         tags=_csv(tags),
         chat_template=chat_template,
@@ -305,6 +313,13 @@ def _on_off_auto(flag: str, v: str) -> str:
     if w in ("auto", "-1"):
         return "auto"
     raise validate.invalid(flag, v, "reasoning", "use on, off or auto")
+
+
+def _static_dir(path: Path | None) -> Path | None:
+    """--path must name an existing directory, checked before the model loads."""
+    if path is not None and not path.is_dir():
+        raise typer.BadParameter(f"not a directory: {path}", param_hint="--path")
+    return path
 
 
 def _slot_dir(path: Path | None) -> str:

@@ -112,7 +112,7 @@ def props_json(st: ServerState) -> dict[str, Any]:
         "endpoint_slots": o.slots,
         "endpoint_props": o.props,
         "endpoint_metrics": o.metrics,
-        "ui": False,  # no web UI is bundled
+        "ui": o.webui,  # the chat page at / (cli/server/routes/webui.py)
         "ui_settings": {},
         "chat_template": st.chat.source or st.chat.name,
         "chat_template_caps": template_caps(st),

@@ -8,6 +8,7 @@ that wires them together.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ubatch.cli.server.defaults import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_JSON_DEPTH, DEFAULT_TIMEOUT_S
 from ubatch.cli.server.http import bad_request
@@ -58,6 +59,8 @@ class ServerOptions:
     reasoning_format: str = "auto"  # --reasoning-format: none | deepseek | deepseek-legacy | auto
     reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, 0 thinking disabled
     reasoning: str = "auto"  # -rea on|off|auto
+    webui: bool = True  # --webui/--no-webui: the chat page at / and /engine (cli/server/routes/webui.py)
+    webui_path: Path | None = None  # --path DIR: serve this folder at / instead of the bundled chat page
 
     @property
     def enable_thinking(self) -> bool:
