@@ -154,6 +154,9 @@ PROPS_KEYS = {
 }
 SLOT_KEYS = {"id", "n_ctx", "speculative", "is_processing", "n_cache_tokens"}
 TASK_KEYS = {"id_task", "n_prompt_tokens", "n_prompt_tokens_processed", "n_prompt_tokens_cache", "params", "next_token"}
+# ubatch's own: where the cached prompt tokens came from (the slot's cells, another sequence's, host memory)
+TASK_KEYS |= {"n_prompt_tokens_cache_own", "n_prompt_tokens_cache_shared", "n_prompt_tokens_cache_ram"}
+TASK_KEYS |= {"prompt_cache_source_slot"}
 
 
 def test_props_and_slots_keys(url: str) -> None:
