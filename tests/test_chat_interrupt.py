@@ -10,7 +10,7 @@ prefill ubatches and decode steps (`stop`), and the message comes from what was 
 * In-process: `stop` at every poll point of a turn (each prefill ubatch, each decode step), and
   an asynchronous KeyboardInterrupt inside the sampler; the cache, the token list and the counts
   agree afterwards and the next turn reuses the cache.
-* The real chat in a pseudo-terminal: 24 Ctrl-C at varied delays, some during the prefill, most
+* The real chat in a pseudo-terminal: 16 Ctrl-C at varied delays, some during the prefill, most
   during the answer, each checked against the message, /stats and the next turn's reuse.
 """
 
@@ -125,7 +125,7 @@ def test_keyboard_interrupt_inside_the_sampler_keeps_the_cache(tiny_gemma_model:
 
 # -- the real chat in a pseudo-terminal -----------------------------------------------------------
 
-N_RUNS = 24
+N_RUNS = 16
 STATS = (
     r"(?s)turns: (\d+) · messages: (\d+) · (\d+) / \d+ tokens in the KV cache.*?"
     r"prompt tokens evaluated last turn: (\d+) · reused from the KV cache: (\d+) · "
