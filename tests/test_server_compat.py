@@ -269,3 +269,15 @@ def test_port_zero_needs_one_tcp_host_and_a_busy_port_fails(capsys: pytest.Captu
         assert f"couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {port}" in capsys.readouterr().err
     finally:
         socks[0].close()
+
+
+def test_ignore_eos_shows_in_logit_bias_as_llama_server(eng: ServerEngine, url: str) -> None:
+    """llama-server's ignore_eos adds every end-of-generation token to logit_bias with -inf (JSON
+    null in the echo): the settings a client reads back say why generation went on."""
+    body = {"prompt": "hello", "n_predict": 2, "temperature": 0}
+    plain = httpx.post(url + "/completion", json=body).json()["generation_settings"]
+    assert plain["ignore_eos"] is False and plain["logit_bias"] == []
+    on = httpx.post(url + "/completion", json={**body, "ignore_eos": True}).json()["generation_settings"]
+    eog = sorted(eng.scheduler.vocab.eog)
+    assert on["ignore_eos"] is True and eog
+    assert on["logit_bias"] == [{"bias": None, "token": t} for t in eog]

@@ -24,9 +24,9 @@ import pytest
 
 MAX_BODY = 4 << 20  # the server's --max-body-size here
 TIMEOUT_S = 2  # the server's -to here: header and body reads
-HEALTH_BOUND_S = 0.5  # /health under attack (a shared 2-core machine: 100 ms is the goal, not the bound)
+HEALTH_BOUND_S = 2.0  # /health under attack: the goal is 100 ms; this bound holds on a loaded 2-core CI machine, and the stalls it guards against lasted 10-20 s
 ATTACK_BOUND_S = 8.0  # every attack is refused or done by then
-SLACK_S = 0.2  # scheduling noise added to "twice the usual time" on a shared machine
+SLACK_S = 1.0  # scheduling noise added to "twice the usual time" on a loaded 2-core machine; the stalls were 10-20 s
 RSS_GROWTH_MIB = 100
 NORMAL = {"prompt": "hello there", "n_predict": 8, "temperature": 0, "ignore_eos": True}
 

@@ -173,6 +173,8 @@ def parse_params(
         verbose=get_bool(body, "verbose", False),
     )
     p.logit_bias = _logit_bias(body.get("logit_bias"), d.n_vocab, tokenize)
+    if p.ignore_eos:  # as llama-server: the end-of-generation tokens get -inf, and the echo shows it
+        p.logit_bias += [(t, -math.inf) for t in sorted(eog)]
     p.grammar = request_grammar(body, d.grammar)
     return p
 

@@ -73,7 +73,7 @@ def prepare(st: ServerState, body: Any, kind: str) -> Prepared:
     s = st.sch()
     vocab = s.vocab
     body, prompts, chat = read_prompts(st, body, kind)
-    params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False))
+    params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False), vocab.eog)
     if chat.plan.grammar is not None:  # the tool calls' grammar (no request grammar comes with tools)
         params.grammar = chat.plan.grammar
     if params.grammar is not None:  # the vocabulary's token trie: built once
