@@ -86,6 +86,16 @@ class Reader:
             return (errors or error_response)(ev.error)
         return None
 
+    @staticmethod
+    def stream_end(ev: object) -> bytes | None:
+        """What ends a stream at `ev`, or None to go on: nothing more when the client went away
+        (b""), the error event that closes it when its task failed."""
+        if ev is Reader.GONE:
+            return b""
+        if isinstance(ev, Failed):
+            return error_event(ev.error)
+        return None
+
     async def get(self) -> Any:
         """The next event; what it tells the access log (tokens, a failure) is noted on the way."""
         ev = await self.queue.get()
@@ -189,10 +199,9 @@ async def sse_events(
     n_final, started = 0, set[int]()
     replies: dict[int, ReplyStream] = {}
     while True:
-        if ev is Reader.GONE:
-            return
-        if isinstance(ev, Failed):
-            yield error_event(ev.error)
+        if (end := Reader.stream_end(ev)) is not None:
+            if end:
+                yield end
             return
         if prefill and isinstance(ev, Partial | Final) and ev.task.index not in started:
             started.add(ev.task.index)

@@ -32,7 +32,7 @@ from ubatch.cli.server.state import ServerState
 from ubatch.cli.server.stream import EventStream, Reader, ReplyStream
 from ubatch.engine.chat.tools import ChatDelta, ChatMessageOut
 from ubatch.engine.serve.prompt_progress import Progress
-from ubatch.engine.serve.task import Failed, Final, Partial, Task
+from ubatch.engine.serve.task import Final, Partial, Task
 
 # llama-server's error types as Anthropic's (https://docs.anthropic.com/en/api/errors)
 ERROR_TYPES = {
@@ -202,10 +202,9 @@ async def stream_events(reader: Reader, first: Any, mid: str, model: str, prep: 
     started = False
     try:
         while True:
-            if ev is Reader.GONE:
-                return
-            if isinstance(ev, Failed):
-                yield error_event(ev.error)
+            if (end := Reader.stream_end(ev)) is not None:
+                if end:
+                    yield end
                 return
             if isinstance(ev, Partial | Final):
                 if not started:

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
-from ubatch.cli.server.http import api, error_event, read_json
+from ubatch.cli.server.http import api, read_json
 from ubatch.cli.server.limits import off_loop
 from ubatch.cli.server.request.chat import chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body
@@ -32,7 +32,7 @@ from ubatch.cli.server.state import ServerState
 from ubatch.cli.server.stream import EventStream, Reader, ReplyStream
 from ubatch.engine.chat.tools import ChatDelta, ChatMessageOut
 from ubatch.engine.serve.prompt_progress import Progress
-from ubatch.engine.serve.task import Failed, Final, Partial, Task, Timings
+from ubatch.engine.serve.task import Final, Partial, Task, Timings
 
 
 def _rid(prefix: str) -> str:
@@ -268,10 +268,9 @@ async def _events(reader: Reader, first: Any, head: Head, plan: ChatPlan) -> Asy
     yield _sse(writer.start())
     ev = first
     while True:
-        if ev is Reader.GONE:
-            return
-        if isinstance(ev, Failed):
-            yield error_event(ev.error)
+        if (end := Reader.stream_end(ev)) is not None:
+            if end:
+                yield end
             return
         if isinstance(ev, Progress):
             yield _sse(writer.progress(ev))
