@@ -96,6 +96,19 @@ def events(url: str, n: int, headers: dict[str, str] | None = None, query: str =
 EXTERNAL = re.compile(r"""(?:https?:)?//[\w.-]+\.[a-z]{2,}|@import|\burl\(\s*['"]?(?!data:)""", re.I)
 
 
+def generate_in_both_slots(url: str, body: dict[str, Any]) -> list[threading.Thread]:
+    """Two completions, one per slot, running in threads (join them when done watching)."""
+    threads = [
+        threading.Thread(
+            target=httpx.post, args=(url + "/completion",), kwargs={"json": {**body, "id_slot": i}, "timeout": 60}
+        )
+        for i in (0, 1)
+    ]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def test_bundled_files_load_nothing_from_elsewhere() -> None:
     """No CDN, no font, no absolute URL in anything the pages load (the Markdown renderer's
     regex for links in answers names the scheme only)."""
@@ -153,16 +166,7 @@ def test_engine_events_show_two_sequences(served: str) -> None:
     with httpx.stream("GET", served + "/engine/events?interval=0.1", timeout=60) as r:
         lines = r.iter_lines()
         assert next(lines) == "event: hello"  # the observer is on: the prompts' rows will be seen
-        threads = [
-            threading.Thread(
-                target=httpx.post,
-                args=(served + "/completion",),
-                kwargs={"json": {**body, "id_slot": i}, "timeout": 60},
-            )
-            for i in (0, 1)
-        ]
-        for t in threads:
-            t.start()
+        threads = generate_in_both_slots(served, body)
         for line in lines:
             if not line.startswith("data: "):
                 continue

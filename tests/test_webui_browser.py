@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from test_server import Live
-from test_webui import pages_public, webui_app, webui_options
+from test_webui import generate_in_both_slots, pages_public, webui_app, webui_options
 
 from ubatch.cli.server.app import ServerEngine
 from ubatch.cli.server.run import start_engine
@@ -195,16 +194,7 @@ def test_engine_page_shows_two_sequences(served: str, browser: Any) -> None:
         assert "weights" in page.inner_text("#memlegend") and "compute buffer" in page.inner_text("#memlegend")
         page.wait_for_function("() => document.getElementById('conn').textContent === 'live'")
         body = {"prompt": "tell me a story about two sequences", "n_predict": 900, "temperature": 0, "ignore_eos": True}
-        threads = [
-            threading.Thread(
-                target=httpx.post,
-                args=(served + "/completion",),
-                kwargs={"json": {**body, "id_slot": i}, "timeout": 60},
-            )
-            for i in (0, 1)
-        ]
-        for t in threads:
-            t.start()
+        threads = generate_in_both_slots(served, body)
         # both sequences' rows in one decode, and both in the cells' legend
         page.wait_for_selector('li.decode[data-seqs="0,1"]', timeout=30_000)
         page.wait_for_function("() => document.getElementById('kv-legend').textContent.includes('seq 1')")
