@@ -152,14 +152,24 @@ def parse_json(raw: bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
     return body
 
 
-def api(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """llama.cpp's ex_wrapper: request errors become their 4xx JSON, anything else a 500."""
+Route = Callable[[Request], Awaitable[Response]]
 
-    @functools.wraps(fn)
-    async def wrapper(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except Exception as e:  # never a dead server: report it and keep serving
-            return error_response(e)
 
-    return wrapper
+def answering(errors: Callable[[Exception], Response]) -> Callable[[Route], Route]:
+    """llama.cpp's ex_wrapper: request errors become their 4xx JSON, anything else a 500, in the
+    body shape `errors` writes (llama-server's, or an API family's own such as Anthropic's)."""
+
+    def decorate(fn: Route) -> Route:
+        @functools.wraps(fn)
+        async def wrapper(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except Exception as e:  # never a dead server: report it and keep serving
+                return errors(e)
+
+        return wrapper
+
+    return decorate
+
+
+api = answering(error_response)

@@ -13,16 +13,15 @@ llama-server's status codes (its `code` kept inside `error`).
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
-from ubatch.cli.server.http import error_body, read_json
+from ubatch.cli.server.http import answering, error_body, read_json
 from ubatch.cli.server.limits import off_loop
 from ubatch.cli.server.request.anthropic import anthropic_chat
 from ubatch.cli.server.request.chat import chat_prompt
@@ -61,17 +60,7 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + sj.dumps(data) + b"\n\n"
 
 
-def anthropic_api(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """cli/server/http.py's `api` with Anthropic's error body."""
-
-    @functools.wraps(fn)
-    async def wrapper(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except Exception as e:  # never a dead server: report it and keep serving
-            return error_json_response(e)
-
-    return wrapper
+anthropic_api = answering(error_json_response)  # cli/server/http.py's `api`, Anthropic's error body
 
 
 # -- the request -----------------------------------------------------------------------------
