@@ -101,15 +101,16 @@ def test_llama_telemetry_in_the_stream(urls: tuple[str, str]) -> None:
 def test_function_call_round_trip(urls: tuple[str, str]) -> None:
     c = client(urls[0])
     ask = [{"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]}]
-    r = c.responses.create(
-        model="tiny",
-        input=ask,  # type: ignore[arg-type]
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        temperature=0,
-        max_output_tokens=600,
-    )
+    required: dict[str, Any] = {  # one call, arguments valid for the schema
+        "model": "tiny",
+        "input": ask,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_output_tokens": 600,
+    }
+    r = c.responses.create(**required)
     calls = [o for o in r.output if o.type == "function_call"]
     assert r.status == "completed" and len(calls) == 1
     call = calls[0]
@@ -141,18 +142,7 @@ def test_function_call_round_trip(urls: tuple[str, str]) -> None:
     )
     assert answer.usage is not None and prompt_n.json()["input_tokens"] == answer.usage.input_tokens
     # streamed: the call's arguments arrive as deltas that add up to the finished item's
-    events = list(
-        c.responses.create(
-            model="tiny",
-            input=ask,  # type: ignore[arg-type]
-            tools=TOOLS,
-            tool_choice="required",
-            parallel_tool_calls=False,
-            temperature=0,
-            max_output_tokens=600,
-            stream=True,
-        )
-    )
+    events = list(c.responses.create(**required, stream=True))
     added = [e for e in events if e.type == "response.output_item.added"]
     assert len(added) == 1 and added[0].item.type == "function_call"
     args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
