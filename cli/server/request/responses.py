@@ -20,10 +20,6 @@ def _is_str(d: Any, key: str) -> bool:
     return isinstance(d, dict) and isinstance(d.get(key), str)
 
 
-def _is_list(d: Any, key: str) -> bool:
-    return isinstance(d, dict) and isinstance(d.get(key), list)
-
-
 def _input_parts(content: list[Any]) -> list[dict[str, Any]]:
     """A user/system/developer message's parts: input_text only (this server is text-only)."""
     out = []

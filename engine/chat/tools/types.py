@@ -3,7 +3,6 @@ parsed assistant message with its OpenAI JSON form."""
 
 from __future__ import annotations
 
-import json
 import secrets
 import string
 from dataclasses import dataclass, field
@@ -53,10 +52,6 @@ class ToolCall:
 
     def to_openai(self) -> dict[str, object]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-    def arguments_object(self) -> object:
-        """The arguments parsed (the templates want an object, not the JSON text)."""
-        return json.loads(self.arguments)
 
 
 @dataclass(slots=True)
