@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,12 +66,13 @@ class Server:
     port: int
 
 
-@pytest.fixture(scope="module")
-def server(tiny_gemma: Path) -> Iterator[Server]:
+@contextmanager
+def _started(model: Path, *extra: str) -> Iterator[Server]:
+    """`ubatch server` as a subprocess (its own RSS, its own event loop) on a free port."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "ubatch.cli.main", "server", "-m", str(tiny_gemma), "-np", "2", "-c", "512"]
+    cmd = [sys.executable, "-m", "ubatch.cli.main", "server", "-m", str(model), "-np", "2", "-c", "512"]
     cmd += ["--port", str(port), "-to", str(TIMEOUT_S), "--max-body-size", str(MAX_BODY), "--log-disable", "-t", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([*cmd, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -86,6 +88,12 @@ def server(tiny_gemma: Path) -> Iterator[Server]:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gemma: Path) -> Iterator[Server]:
+    with _started(tiny_gemma) as srv:
+        yield srv
 
 
 def _normal(url: str) -> float:
@@ -216,3 +224,37 @@ def test_trailing_slash_is_404(server: Server) -> None:
         r = httpx.get(server.url + path, timeout=10)
         assert r.status_code == 404 and r.json()["error"]["message"] == "File Not Found", path
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+# a chat template that would run for minutes, or build gigabytes, if rendering were not bounded:
+# which of the three the message's text picks
+HOSTILE_TEMPLATE = (
+    "{% set m = messages[0].content %}"
+    "{% if m == 'loops' %}{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
+    "{% elif m == 'bomb' %}{{ 'A' * 4000000000 }}"
+    "{% else %}{{ messages | tojson(indent=2000000000) }}{% endif %}"
+)
+
+
+def test_hostile_chat_template_fails_the_request_not_the_server(tiny_gemma: Path, tmp_path: Path) -> None:
+    """The template the server renders for chat requests is bounded: /apply-template and a chat
+    request fail in one JSON error naming the template, while a plain completion and /health go on."""
+    tmpl = tmp_path / "hostile.jinja"
+    tmpl.write_text(HOSTILE_TEMPLATE)
+    with _started(tiny_gemma, "--chat-template-file", str(tmpl)) as srv:
+        rss = _rss_mib(srv.proc.pid)
+        usual_s = max(_normal(srv.url) for _ in range(2))
+        for which in ("loops", "bomb", "indent"):
+            chat = {"messages": [{"role": "user", "content": which}]}
+
+            def attack(chat: dict[str, Any] = chat) -> list[httpx.Response]:
+                return [
+                    httpx.post(srv.url + "/apply-template", json=chat, timeout=60),
+                    httpx.post(srv.url + "/v1/chat/completions", json={**chat, "max_tokens": 4}, timeout=60),
+                ]
+
+            for r in _under_attack(srv, usual_s, attack):
+                assert r.status_code in (400, 500), (which, r.text[:300])
+                assert "chat template" in r.json()["error"]["message"], which
+        assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+        assert _rss_mib(srv.proc.pid) - rss < RSS_GROWTH_MIB
