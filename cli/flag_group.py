@@ -61,7 +61,7 @@ def flag_group(
     types = typing.get_type_hints(cls)
     specs = []
     for f in fields(cls):
-        if f.name in omit:
+        if f.name in omit or "flag" not in f.metadata:  # a field the group keeps for itself
             continue
         s, default, r = f.metadata["flag"], f.default, (refined or {}).get(f.name)
         if r is not None:

@@ -13,6 +13,7 @@ from ubatch.cli import validate
 from ubatch.cli.common import resolve_model, user_errors
 from ubatch.cli.context_flags import ContextFlags, context_options
 from ubatch.cli.options import opt
+from ubatch.cli.parallel_flags import ParallelFlags, parallel_options
 from ubatch.engine.errors import UbatchError
 
 
@@ -30,6 +31,7 @@ def parse_bytes(text: str) -> int:
 
 @user_errors
 @context_options(omit=("threads",), panel="Options")  # sizes only: no thread runs
+@parallel_options
 def info(
     model: Optional[Path] = opt("model", None, panel="Options"),
     device: str = opt("device", "auto", panel="Options"),
@@ -44,10 +46,21 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     verbose: bool = opt("verbose", False, help="also print llama.cpp-format startup lines", panel="Options"),
     context: ContextFlags = ContextFlags(),
+    tp: ParallelFlags = ParallelFlags(),
 ) -> None:
+    """The plan of one process, or with -tp N of one rank (no rank is started: sizes only).
+    `-tp 0 --fit B -c N`: the fewest ranks whose per-rank plan of that context fits B."""
     if n_outputs_max is not None:
         validate.at_least("--n-outputs-max", n_outputs_max, "n_outputs_max", 0)
     budget = parse_bytes(fit_budget) if fit_budget is not None else None
+    ranks_needed = tp.tensor_parallel == 0
+    if ranks_needed:
+        if budget is None or context.ctx_size <= 0:
+            raise UbatchError(
+                "-tp 0 asks how many ranks a context needs: give the context with -c N and the budget per rank with --fit"
+            )
+        tp.tensor_parallel = 1
+    tp.check()
     context.check()  # last: it imports the engine's tables
     from ubatch.cli.device import resolve_device
 
@@ -57,8 +70,26 @@ def info(
     from ubatch.engine.context.report import fit, plan_for
     from ubatch.engine.model.model import Model
 
-    m = Model.load(resolve_model(model), dev)
+    whole = Model.load(resolve_model(model), dev)
+    m = tp.plan_model(whole, dev.type == "cuda")
     params = context.params(n_outputs_max=n_outputs_max)
+    if ranks_needed:
+        assert budget is not None
+        from ubatch.cli.parallel_flags import ranks_for
+
+        world, plan = ranks_for(whole, params, budget)
+        if as_json:
+            print(
+                json.dumps(
+                    {"budget_bytes": budget, "n_ctx": params.n_ctx, "tensor_parallel": world, "plan": plan_json(plan)},
+                    indent=1,
+                )
+            )
+            return
+        out = table_console()
+        out.print(f"-c {params.n_ctx} within {fit_budget} per rank: -tp {world}")
+        out.print(plan_table(plan))
+        return
     # sized from shapes: info allocates none of the buffers it reports
     params, plan = fit(m, params, budget) if budget is not None else (params, plan_for(m, params))
     if as_json:

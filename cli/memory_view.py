@@ -33,6 +33,7 @@ def llama_lines(p: MemoryPlan) -> list[str]:
     """What llama.cpp logs after the context parameters (buffers, KV caches, compute buffer), then
     what it does not say: the backend's weights and why the compute buffer is this size."""
     L = [f"llama_context: WARNING: {w}" for w in p.warnings]
+    L += tp_lines(p)
     L.append(f"ubatch: backend = {p.backend}, weights held beyond the file = {mib(p.backend_bytes):.2f} MiB")
     L += [f"ubatch:   {t:<6} {path}" for t, path in p.kernels.items()]
     if p.n_ctx_seq < p.n_ctx_train:
@@ -61,6 +62,22 @@ def llama_lines(p: MemoryPlan) -> list[str]:
     for name, shape, b in p.peak[:6]:
         L.append(f"ubatch:   {name:<22} {list(shape)!s:<22} {mib(b):8.2f} MiB")
     return L
+
+
+def tp_lines(p: MemoryPlan) -> list[str]:
+    """Tensor parallelism: how the model is cut, that the plan is one rank's, what the ranks exchange."""
+    t = p.tp
+    if t is None:
+        return []
+    kv = " (replicated: fewer KV heads than ranks)" if t.kv_replicated else ""
+    return [
+        f"ubatch: tensor parallel = {t.world} ranks; the sizes below are one rank's (weights "
+        f"{mib(p.model_bytes):.2f} of {mib(t.whole_bytes):.2f} MiB)",
+        f"ubatch:   per rank: n_head {t.n_head[0]} -> {t.n_head[1]}, n_head_kv {t.n_head_kv[0]} -> "
+        f"{t.n_head_kv[1]}{kv}, n_ff {t.n_ff[0]} -> {t.n_ff[1]}, n_vocab {t.n_vocab[0]} -> {t.n_vocab[1]}",
+        f"ubatch:   all-reduce: {t.all_reduces} per forward pass, {t.all_reduce_bytes / 1024:.1f} KiB per token, "
+        f"in place on the compute buffer; logits gather buffer (rank 0) = {mib(t.gather_bytes):.2f} MiB",
+    ]
 
 
 # -- Rich tables ----------------------------------------------------------------------------------
@@ -105,11 +122,24 @@ def _held_why(p: MemoryPlan) -> str:
 
 def plan_table(p: MemoryPlan) -> Table:
     """Every buffer of the plan with its size and the reason for that size."""
-    t = Table(title=f"memory plan: {p.model_file}", title_justify="left")
+    title = f"memory plan: {p.model_file}"
+    if p.tp is not None:
+        title += f" (one of {p.tp.world} tensor-parallel ranks)"
+    t = Table(title=title, title_justify="left")
     t.add_column("what")
     t.add_column("size", justify="right")
     t.add_column("why")
-    t.add_row("model (GGUF, mmap)", size(p.model_bytes), f"{p.n_params / 1e6:.1f} M params as stored")
+    if p.tp is None:
+        t.add_row("model (GGUF, mmap)", size(p.model_bytes), f"{p.n_params / 1e6:.1f} M params as stored")
+    else:
+        tp = p.tp
+        t.add_row(
+            "model (this rank's cut)",
+            size(p.model_bytes),
+            f"{p.n_params / 1e6:.1f} M params: heads {tp.n_head[1]}/{tp.n_head[0]}, KV heads {tp.n_head_kv[1]}/"
+            f"{tp.n_head_kv[0]}, FFN {tp.n_ff[1]}/{tp.n_ff[0]}, vocabulary {tp.n_vocab[1]}/{tp.n_vocab[0]} "
+            f"(whole model {size(tp.whole_bytes)})",
+        )
     t.add_row(f"{p.backend} backend weights", size(p.backend_bytes), _held_why(p))
     for tname, path in p.kernels.items():
         t.add_row(f"  {tname} matrices", "", path)
@@ -128,6 +158,12 @@ def plan_table(p: MemoryPlan) -> Table:
     )
     for name, shape, b in p.peak[:6]:
         t.add_row(f"  {name}", size(b), f"{list(shape)} alive at the peak")
+    if p.tp is not None:
+        t.add_row(
+            "logits gather (rank 0)",
+            size(p.tp.gather_bytes),
+            f"{p.tp.world} ranks' vocabulary slices x {p.n_outputs_max} output rows; all-reduces run in place",
+        )
     t.add_row("total", size(p.total_bytes), "")
     return t
 

@@ -45,6 +45,13 @@ class EngineError(UbatchError):
         self.kind, self.details = kind, details
 
 
+class EngineDown(UbatchError):
+    """The engine itself cannot go on (a tensor-parallel rank is gone): the server answers what it
+    holds with 503 and exits with this line."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
 class ModelLoadError(UbatchError):
     """The model file is missing, not GGUF, truncated, or uses something we do not support."""
 

@@ -147,6 +147,40 @@ class KVStoreArgs(Generic[X]):
     x: X
 
 
+class Collective(Protocol):
+    """What a graph of one tensor-parallel rank exchanges with the other ranks (engine/parallel
+    implements it over torch.distributed). Backends call it; they never see the process group."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world(self) -> int: ...
+
+    def all_reduce(self, x: Tensor) -> None:
+        """Sum x over the ranks, in place."""
+
+    def gather_cols(self, x: Tensor, out: Tensor) -> None:
+        """Rank 0's `out` (rows, n) gets every rank's x (rows, c) side by side, cut to n columns;
+        on the other ranks `out` is left as it is."""
+
+
+@dataclass(slots=True)
+class AllReduceArgs(Generic[X]):
+    """Partial sums of a row-split product (attention output, FFN down, the vocabulary's
+    embedding rows) made whole on every rank."""
+
+    x: X
+    comm: Collective
+
+
+@dataclass(slots=True)
+class GatherColsArgs(Generic[X]):
+    """Each rank's logits for its slice of the vocabulary, side by side on rank 0."""
+
+    x: X
+    comm: Collective
+
+
 @dataclass(slots=True)
 class MaskCells(Generic[X]):
     """What a backend with `mask_in_kernel` computes the mask from, instead of a [n_tokens, n_kv]
@@ -192,17 +226,26 @@ NodeArgs: TypeAlias = (
     | SoftcapArgs[X]
     | KVStoreArgs[X]
     | AttentionArgs[X]
+    | AllReduceArgs[X]
+    | GatherColsArgs[X]
 )
 _OP_NAMES: dict[type, str] = {
     GetRowsArgs: "get_rows", LinearArgs: "linear", RmsNormArgs: "rms_norm", RopeArgs: "rope", ScaleArgs: "scale",
     AddArgs: "add", GluArgs: "glu", RowsArgs: "rows", SoftcapArgs: "softcap", KVStoreArgs: "kv_store",
-    AttentionArgs: "attention",
+    AttentionArgs: "attention", AllReduceArgs: "all_reduce", GatherColsArgs: "gather_cols",
 }  # fmt: skip
 
 
 def op_name(a: NodeArgs[X]) -> str:
     """The `Ops` method a node's arguments are for."""
     return _OP_NAMES[type(a)]
+
+
+def all_reduce(x: Tensor, comm: Collective, out: Tensor) -> None:
+    """The sum over the ranks into `out` (which may be x itself: the op is in place)."""
+    if out.data_ptr() != x.data_ptr():
+        out.copy_(x)
+    comm.all_reduce(out)
 
 
 # -- the graph runner -----------------------------------------------------------------------------
@@ -330,6 +373,10 @@ class Ops(ABC):
                 return functools.partial(self.kv_store, a.kv, a.cells, a.x, scratch)
             case AttentionArgs():
                 return functools.partial(self.attention, a, out, scratch)
+            case AllReduceArgs():
+                return functools.partial(all_reduce, a.x, a.comm, out)
+            case GatherColsArgs():
+                return functools.partial(a.comm.gather_cols, a.x, out)
 
     def fuse(self, steps: Sequence[Step]) -> list[Step]:
         """Runs of bound calls as fewer calls where the backend can (the CPU's C calls become

@@ -46,8 +46,21 @@ OP_CATEGORY = {
     "get_rows": "rows",
     "rows": "rows",
     "kv_store": "kv_write",
+    "all_reduce": "collective",
+    "gather_cols": "collective",
 }
-CATEGORIES = ("matmul", "lm_head", "attention", "norm", "rope", "elementwise", "kv_write", "rows", "overhead")
+CATEGORIES = (
+    "matmul",
+    "lm_head",
+    "attention",
+    "norm",
+    "rope",
+    "elementwise",
+    "kv_write",
+    "rows",
+    "collective",
+    "overhead",
+)
 CATEGORY_TITLES = {
     "matmul": "matmul (layers)",
     "lm_head": "matmul (output)",
@@ -57,6 +70,7 @@ CATEGORY_TITLES = {
     "elementwise": "act/add/scale",
     "kv_write": "KV writes",
     "rows": "embd/rows",
+    "collective": "all-reduce/gather",
     "overhead": "Python/graph",
 }
 LM_HEAD_NAMES = frozenset({"output.weight", "token_embd.weight"})

@@ -25,6 +25,9 @@ from ubatch.engine.grammar import Grammar, compile_grammar
 from ubatch.engine.model.default_model import default_model_path
 from ubatch.engine.model.hparams import POOLING_TYPES
 from ubatch.engine.model.model import Model
+from ubatch.engine.parallel.group import under_torchrun
+from ubatch.engine.parallel.launch import Ranks, start
+from ubatch.engine.parallel.worker import load_shard
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling.chain import LLAMA_DEFAULT_SEED, SamplerParams
 from ubatch.engine.serve.embedding_task import fit_prompt
@@ -58,15 +61,27 @@ class Llama:
         spec_draft_n_max: int = 3,
         spec_ngram_size_n: int = 12,
         spec_ngram_size_m: int = 48,
+        tensor_parallel: int = 1,  # ranks each layer is split over (the CLI's -tp); started here
         **_ignored: object,
     ) -> None:
+        """With `tensor_parallel` N > 1 this process is rank 0 and starts ranks 1..N-1 itself (or,
+        under torchrun, joins the launcher's group: there every rank other than 0 follows rank 0
+        inside this constructor and then exits). `close()` stops them; so does the interpreter's exit."""
         types = tuple(t.strip() for t in (spec_type or "").split(",") if t.strip())
         spec = SpecParams(types, spec_draft_n_max, ngram_size_n=spec_ngram_size_n, ngram_size_m=spec_ngram_size_m)
         spec.check()  # before anything loads
         if "draft-simple" in types and draft_model is None:
             raise SpecError("spec_type draft-simple needs draft_model (a GGUF path)")
         self.model_path = str(model_path or default_model_path())
-        self.model = Model.load(self.model_path)
+        self._ranks: Ranks | None = None
+        if tensor_parallel > 1 or under_torchrun():
+            self._ranks = start(tensor_parallel if tensor_parallel > 1 else 0)
+            if self._ranks.rank != 0:
+                self._ranks.serve()
+                raise SystemExit(0)
+            self.model = load_shard(self._ranks.group, self.model_path, "cpu")
+        else:
+            self.model = Model.load(self.model_path)
         self.vocab = self.model.vocab
         # n_outputs_max as llama-server sets it: every row only when all logits or embeddings are wanted
         params = ContextParams(
@@ -95,6 +110,12 @@ class Llama:
         rows = self.ctx.n_ctx if logits_all else self.ctx.cparams.n_batch
         self.scores = np.ndarray((rows, self.vocab.n_tokens), dtype=np.single)
         self._last_logits = torch.empty(0)
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do without them)."""
+        if self._ranks is not None:
+            self._ranks.stop()
+            self._ranks = None
 
     # -- llama-cpp-python's small accessors ---------------------------------------------------
     def n_ctx(self) -> int:

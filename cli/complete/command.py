@@ -15,6 +15,7 @@ from ubatch.cli import validate
 from ubatch.cli.common import check_text, err_console, process_escapes, read_text_file, user_errors
 from ubatch.cli.context_flags import ContextFlags, context_options
 from ubatch.cli.options import CHAT, OUTPUT, PROMPT_CACHE, in_panel, opt
+from ubatch.cli.parallel_flags import ParallelFlags, parallel_options
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
 from ubatch.cli.spec_flags import SpecFlags, spec_options
 
@@ -25,6 +26,7 @@ _chat, _output = in_panel(CHAT), in_panel(OUTPUT)
 @context_options()
 @sampling_options
 @spec_options
+@parallel_options
 def cli(
     model: Optional[Path] = opt("model", None),
     prompt: Optional[str] = opt("prompt", None),
@@ -96,6 +98,7 @@ def cli(
     context: ContextFlags = ContextFlags(),
     sampling: SamplingFlags = SamplingFlags(),
     spec: SpecFlags = SpecFlags(),
+    tp: ParallelFlags = ParallelFlags(),
 ) -> None:
     validate.generation_flags(n_predict, keep)
     validate.at_least("--n-outputs-max", n_outputs_max, "n_outputs_max", 0)
@@ -103,10 +106,12 @@ def cli(
     sampling.check()
     for note in spec.check():
         err_console.print(note, markup=False, soft_wrap=True)
+    tp.check()
     context.check()  # last: it imports the engine's tables
     from ubatch.cli.device import resolve_device
 
     dev, context.backend = resolve_device(device, context.backend)  # --device cuda without a GPU: one line, exit 1
+    tp.follow(dev)
     from ubatch.cli.complete.run import Run, run
 
     if interactive_first:
@@ -177,6 +182,7 @@ def cli(
             show_timings=show_timings,
             sampling=sampling,
             spec=spec,
+            tp=tp,
             prompt_cache=prompt_cache,
             prompt_cache_ro=prompt_cache_ro,
             prompt_cache_all=prompt_cache_all,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ubatch.cli.common import err_console, resolve_model
 from ubatch.cli.context_flags import ContextFlags
+from ubatch.cli.parallel_flags import ParallelFlags
 from ubatch.cli.sampling_flags import SamplingFlags
 from ubatch.cli.spec_flags import SpecFlags
 
@@ -54,6 +55,7 @@ class Run:
     show_timings: bool
     sampling: SamplingFlags = field(default_factory=SamplingFlags)
     spec: SpecFlags = field(default_factory=SpecFlags)  # speculative decoding (-md, --spec-*)
+    tp: ParallelFlags = field(default_factory=ParallelFlags)  # tensor parallelism (-tp, -sm row)
     device: str = "cpu"  # the torch device the model is loaded on (--device, cli/device.py)
     prompt_cache: Path | None = None  # --prompt-cache (cli/complete/prompt_cache_file.py), one-shot only
     prompt_cache_ro: bool = False
@@ -63,7 +65,6 @@ class Run:
 def run(r: Run) -> None:
     # the engine (and torch) load here, not at import: `ubatch tokenize` and --help start fast
     from ubatch.engine.context.context import Context
-    from ubatch.engine.model.model import Model
     from ubatch.engine.sampling.chain import Sampler
 
     t_start = time.perf_counter()
@@ -71,7 +72,7 @@ def run(r: Run) -> None:
     chat = r.mode == "chat"
     spinner = chat and not (r.log_disable or r.simple_io) and err_console.is_terminal
     with err_console.status("loading the model", spinner="dots") if spinner else contextlib.nullcontext():
-        m = Model.load(path, r.device)
+        m = r.tp.load(path, r.device)
         ctx = Context(m, r.context.params(n_outputs_max=r.n_outputs_max, spec=r.spec.params()))
         speculator = r.spec.build(ctx)  # the draft model, if any, loads here too
         if chat and r.warmup:

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp
 
 from ubatch.cli.common import fail, resolve_model
 from ubatch.cli.context_flags import ContextFlags
+from ubatch.cli.parallel_flags import ParallelFlags
 from ubatch.cli.present import startup_lines
 from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
 from ubatch.cli.server.bind import bind_all, parse_hosts
@@ -37,7 +38,6 @@ from ubatch.cli.server.responses import timings_json
 from ubatch.cli.spec_flags import SpecFlags
 from ubatch.cli.spec_view import spec_startup_lines, spec_summary_lines
 from ubatch.engine.context.context import Context
-from ubatch.engine.model.model import Model
 from ubatch.engine.serve.embedding_task import EmbeddingRunner
 from ubatch.engine.serve.engine_loop import EngineLoop
 from ubatch.engine.serve.scheduler import Scheduler
@@ -116,6 +116,10 @@ def serve(
         log(f"main: HTTP server is listening, hostname: {host}, port: {bound_port}, http threads: 1")
         log("main: loading model")
 
+    def engine_down(e: Exception) -> None:  # the engine answered what it held with 503: exit 1
+        errors.append(str(e))
+        srv.should_exit = True
+
     def load_and_attach() -> None:
         try:
             eng = load()
@@ -125,6 +129,7 @@ def serve(
             except Exception:
                 eng.stop()
                 raise
+            eng.loop.on_down = engine_down
             if not log_disable:
                 assert state.chat is not None
                 log(f"srv  init: chat template: {state.chat.describe}")
@@ -172,6 +177,7 @@ class EngineOptions:
     pooling: str | None = None  # --pooling (None: the model's)
     reranking: bool = False  # --reranking: embedding with rank pooling
     spec: SpecFlags | None = None  # the speculative flags (cli/spec_flags.py)
+    tp: ParallelFlags = field(default_factory=ParallelFlags)  # tensor parallelism (-tp, -sm row)
     quiet: bool = False  # no startup or per-slot log lines
 
 
@@ -180,9 +186,13 @@ def load_engine(o: EngineOptions) -> ServerEngine:
     logging llama-server's startup lines unless quiet. With embeddings n_batch is cut to
     n_ubatch, as llama-server does; each slot verifies the drafts of `o.spec`, so n_outputs_max
     grows to n_parallel x (1 + draft)."""
-    m = Model.load(resolve_model(o.model), o.device)
+    m = o.tp.load(resolve_model(o.model), o.device)
     embedding, pooling = o.embedding or o.reranking, "rank" if o.reranking else o.pooling
     notes = []
+    cache_ram = o.cache_ram
+    if m.shard is not None and cache_ram != 0:  # a saved prompt is whole K/V rows; a rank holds its heads'
+        notes.append(f"--cache-ram {cache_ram} has no effect with tensor parallelism (-tp): the host cache is off")
+        cache_ram = 0
     c = o.context
     if embedding and c.batch_size > (c.ubatch_size or c.batch_size):
         notes.append(f"embeddings enabled with n_batch ({c.batch_size}) > n_ubatch ({c.ubatch_size})")
@@ -198,7 +208,7 @@ def load_engine(o: EngineOptions) -> ServerEngine:
         c.parallel,
         context_shift=o.context_shift,
         cache_reuse=o.cache_reuse,
-        cache_ram_mib=o.cache_ram,
+        cache_ram_mib=cache_ram,
         slot_prompt_similarity=o.slot_prompt_similarity,
         cont_batching=o.cont_batching,
         speculator=speculator,

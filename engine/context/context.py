@@ -9,6 +9,7 @@ outputs, returned in batch order.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from ubatch.engine.batch import Batch, UBatch
+from ubatch.engine.context.mirror import MirroredMemory
 from ubatch.engine.context.reserve import Reservation, check_fits, plan_sizes, reserve
 from ubatch.engine.context.step_inputs import StepInputs
 from ubatch.engine.errors import ContextError, allocate
@@ -92,13 +94,24 @@ class Context:
         if self.pooling not in POOLING_TYPES:
             raise ContextError(f"unknown pooling type {pooling!r}; use one of {', '.join(POOLING_TYPES)}")
         self.cparams = derive(self.params, model.hparams)
+        # tensor parallelism, rank 0: the other ranks build the same context from this message
+        self.channel = model.shard.channel if model.shard is not None else None
+        if self.channel is not None:
+            with self.channel.turn():
+                self.channel.send(("context", id(self), id(model.shard), params, embeddings, pooling))
+            weakref.finalize(self, self.channel.release, id(self))
         torch.set_num_threads(self.cparams.n_threads)
         self.ops = ops or make_backend(self.params.backend, self.cparams.n_threads)
         self.ops.prepare_weights(model.matrices())
         # sized first, from shapes alone; refused in one line if the machine cannot hold it
         _, self.reservation, self.sizes = plan_sizes(model, self.cparams, self.ops)
         check_fits(self.sizes, self.cparams, model.device)
-        self.memory = KVMemory.build(model.hparams, self.cparams, model.device)
+        if self.channel is None:
+            self.memory = KVMemory.build(model.hparams, self.cparams, model.device)
+        else:
+            mirrored = MirroredMemory.build(model.hparams, self.cparams, model.device)
+            assert isinstance(mirrored, MirroredMemory)
+            self.memory = mirrored.attach(self.channel, id(self))
         self.step_inputs = StepInputs(model, self.ops, self.cparams.causal_attn)
         self.perf = PerfCounters()
         self.logits = torch.empty(0, model.hparams.n_vocab)
@@ -214,7 +227,15 @@ class Context:
     def decode(self, batch: Batch) -> None:
         """Run a batch; afterwards `self.logits[i]` holds the i-th output slot's logits, a view of
         the output buffer that the next decode overwrites (as llama_get_logits; clone to keep).
-        With `embeddings` on, `self.embd[i]` holds row i's final-norm hidden state instead."""
+        With `embeddings` on, `self.embd[i]` holds row i's final-norm hidden state instead.
+        Under tensor parallelism rank 0 announces the batch first and every rank runs it."""
+        if self.channel is None:
+            return self._decode(batch)
+        with self.channel.turn():
+            self.channel.send(("decode", id(self), batch, self.embeddings))
+            return self._decode(batch)
+
+    def _decode(self, batch: Batch) -> None:
         embd = self.embeddings
         if embd:  # llama.cpp's output_all: embeddings need every row
             batch = replace(batch, logits=[True] * batch.n_tokens)

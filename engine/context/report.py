@@ -17,6 +17,45 @@ from ubatch.kernels.quant.dequant import type_name
 
 
 @dataclass(slots=True)
+class TPPlan:
+    """Tensor parallelism in the plan: how the model is cut and what the ranks exchange. The
+    MemoryPlan it belongs to is one rank's (every rank's buffers have the same shapes)."""
+
+    world: int
+    n_head: tuple[int, int]  # (the model's, one rank's)
+    n_head_kv: tuple[int, int]  # one rank's > model's / world: KV heads replicated
+    n_ff: tuple[int, int]
+    n_vocab: tuple[int, int]  # one rank's: its slice of the embedding and output rows
+    whole_bytes: int  # the model's weights in one process
+    all_reduces: int  # per forward pass: one per layer after attention and one after the FFN, one for the embeddings
+    all_reduce_bytes: int  # per token and forward pass: the rows summed over the ranks
+    gather_bytes: int  # rank 0's buffer for the ranks' logits slices at n_outputs_max rows
+
+    @property
+    def kv_replicated(self) -> bool:
+        return self.n_head_kv[1] * self.world > self.n_head_kv[0]
+
+
+def tp_plan(m: Model, cp: CParams) -> TPPlan | None:
+    """The tensor-parallel part of a plan (None for a whole model)."""
+    if m.shard is None or m.whole is None:
+        return None
+    w, hp, whole = m.shard.world, m.hparams, m.whole
+    n_reduce = 2 * hp.n_layer + 1
+    return TPPlan(
+        world=w,
+        n_head=(whole.n_head, hp.n_head),
+        n_head_kv=(whole.n_head_kv, hp.n_head_kv),
+        n_ff=(whole.n_ff, hp.n_ff),
+        n_vocab=(whole.n_vocab, m.shard.vocab_rows),
+        whole_bytes=sum(t.n_bytes for t in m.gguf.tensors.values()),
+        all_reduces=n_reduce,
+        all_reduce_bytes=n_reduce * hp.n_embd * 4,
+        gather_bytes=w * m.shard.vocab_rows * cp.n_outputs_max * 4,
+    )
+
+
+@dataclass(slots=True)
 class MemoryPlan:
     model_file: str
     arch: str
@@ -43,6 +82,7 @@ class MemoryPlan:
     peak: list[tuple[str, tuple[int, ...], int]]
     warnings: list[str] = field(default_factory=list)
     device: str = "cpu"  # where the weights, the KV cache and the compute buffer live (torch's name)
+    tp: TPPlan | None = None  # tensor parallelism: the plan above is one rank's
 
     @property
     def kv_bytes(self) -> int:
@@ -54,7 +94,8 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.model_bytes + self.backend_bytes + self.context_bytes + self.compute_bytes
+        gather = self.tp.gather_bytes if self.tp is not None else 0
+        return self.model_bytes + self.backend_bytes + self.context_bytes + self.compute_bytes + gather
 
     @property
     def bits_per_weight(self) -> float:
@@ -115,6 +156,7 @@ def _plan(
         peak=r.peak,
         warnings=[*cp.warnings, *ops.notices],
         device=str(m.device),
+        tp=tp_plan(m, cp),
     )
 
 

@@ -16,6 +16,7 @@ import torch
 
 from ubatch.engine.context.context import Context
 from ubatch.engine.context.state_file import ModelId, SeqState, StateError, differences, model_id
+from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.kv.cache import KVCache
 from ubatch.engine.params import context_holds
 
@@ -43,8 +44,20 @@ def _cells(c: KVCache, seq_id: int) -> tuple[np.ndarray, np.ndarray]:
     return idx, idx + st * c.size
 
 
+def _whole_cache(ctx: Context) -> None:
+    """A saved state is the whole of a sequence's K/V rows; under tensor parallelism each rank
+    holds only its heads' rows, so there is nothing whole to save or restore."""
+    if ctx.model.shard is not None:
+        raise EngineError(
+            ErrorKind.NOT_SUPPORTED,
+            "saving or restoring a sequence's KV state is not supported with tensor parallelism (-tp): "
+            "each rank holds only its heads' rows",
+        )
+
+
 def capture(ctx: Context, seq_id: int, tokens: list[int]) -> SeqState:
     """The state of sequence `seq_id`, whose cells hold `tokens` (by position)."""
+    _whole_cache(ctx)
     ctx.memory.update(ctx.model.hparams, ctx.ops, ctx.model.rope_freqs)  # queued copies and K-shifts first
     tensors: dict[str, torch.Tensor] = {}
     for ci, c in enumerate(ctx.memory.caches):
@@ -127,6 +140,7 @@ def _check(ctx: Context, state: SeqState, seq_id: int) -> list[tuple[np.ndarray,
 
 def restore(ctx: Context, state: SeqState, seq_id: int) -> int:
     """Replace sequence `seq_id`'s cells with the state's; returns the tokens restored."""
+    _whole_cache(ctx)
     plan = _check(ctx, state, seq_id)
     ctx.memory.update(ctx.model.hparams, ctx.ops, ctx.model.rope_freqs)
     ctx.memory.seq_rm(seq_id)

@@ -67,7 +67,8 @@ class StepInputs:
             else:
                 views[name].copy_(torch.from_numpy(np.ascontiguousarray(value)).view(views[name].shape))
 
-        put("inp_tokens", ub.token)
+        shard = self.model.shard
+        put("inp_tokens", ub.token if shard is None else shard.local_tokens(ub.token))
         for i, key in enumerate(self.rope):
             cos, sin = self.rope_rows(key, ub.pos)
             put(f"inp_cos_{i}", cos)

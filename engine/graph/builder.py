@@ -15,7 +15,10 @@ import torch
 from ubatch.engine.graph.graph import Graph, Node, Sym, lay_out_graph, node_inputs
 from ubatch.kernels.ops import (
     AddArgs,
+    AllReduceArgs,
     AttentionArgs,
+    Collective,
+    GatherColsArgs,
     GetRowsArgs,
     GluArgs,
     KVStoreArgs,
@@ -99,6 +102,13 @@ class GraphBuilder:
 
     def softcap(self, x: Sym, c: float, name: str) -> Sym:
         return self._op(SoftcapArgs(x, c), x.shape, name)
+
+    def all_reduce(self, x: Sym, comm: Collective, name: str) -> Sym:
+        return self._op(AllReduceArgs(x, comm), x.shape, name)
+
+    def gather_cols(self, x: Sym, comm: Collective, n: int, name: str) -> Sym:
+        """(rows, c) on each rank -> (rows, n) on rank 0: the vocabulary slices side by side."""
+        return self._op(GatherColsArgs(x, comm), (x.shape[0], n), name)
 
     def kv_store(self, store: KVTensor, slots: Sym, x: Sym, name: str) -> Sym:
         """Write rows into the cache; a half-precision cache gets a scratch for the cast."""

@@ -92,7 +92,10 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     visible = [b.input(f"kv_visible_{c}", (n_kv // KV_CHUNK,), torch.bool) for c, n_kv in enumerate(shape.n_kv)]
     out_ids = b.input("inp_out_ids", (n_out,), torch.int64) if n_out < n else None
 
+    tp = model.shard  # tensor parallelism: one all-reduce after each row-split product pair
     x = b.get_rows(model.tok_embd, tokens, "inp_embd")
+    if tp is not None:  # each rank looked up the ids of its vocabulary slice, zeros for the rest
+        x = b.all_reduce(x, tp.comm, "inp_embd_sum")
     if hp.embd_scale != 1.0:
         x = b.scale(x, hp.embd_scale, "inp_scaled")
     for il, L in enumerate(model.layers):
@@ -116,6 +119,8 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
         att = AttentionArgs(qg, cache.k[il], cache.v[il], starts[ci], n_kv, mask, 1.0, visible[ci], cells)
         a = b.attention(att, (ks, vs), f"kqv_out-{il}")
         a = b.linear(a, L.wo, f"attn_out-{il}")
+        if tp is not None:
+            a = b.all_reduce(a, tp.comm, f"attn_out_sum-{il}")
         if hp.sandwich_norm:
             a = b.rms_norm(a, _required(L.post_attn_norm), hp.rms_eps, f"attn_post_norm-{il}")
         if il == hp.n_layer - 1 and out_ids is not None:  # only output rows pay for the rest
@@ -130,6 +135,8 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
             f"ffn_glu-{il}",
         )
         f = b.linear(f, L.ffn_down, f"ffn_out-{il}")
+        if tp is not None:
+            f = b.all_reduce(f, tp.comm, f"ffn_out_sum-{il}")
         if hp.sandwich_norm:
             f = b.rms_norm(f, _required(L.post_ffn_norm), hp.rms_eps, f"ffn_post_norm-{il}")
         x = b.add(x, f, f"l_out-{il}")
@@ -141,4 +148,6 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     logits = b.linear(x, model.output, "result_output")
     if hp.final_logit_softcap:
         logits = b.softcap(logits, hp.final_logit_softcap, "result_softcap")
+    if tp is not None:  # this rank's vocabulary slice; rank 0 samples from all of them
+        logits = b.gather_cols(logits, tp.comm, hp.n_vocab, "result_gather")
     return b.finish(logits)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 D = TypeVar("D", bound="DataclassInstance")
 
 # ops whose output may take over the memory of their first input when that input dies there
-INPLACE_OPS = {"scale", "add", "glu", "softcap"}
+INPLACE_OPS = {"scale", "add", "glu", "softcap", "all_reduce"}
 
 
 def nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:

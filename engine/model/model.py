@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +17,18 @@ from ubatch.engine.model.arch import TensorSpec, expected_tensors, layer_tensors
 from ubatch.engine.model.code_pages import release_startup_code
 from ubatch.engine.model.hf.checkpoint import open_model_file
 from ubatch.engine.model.hparams import HParams, hparams_from_metadata
+from ubatch.engine.model.shard import Shard, check_split, head_split, shard_layer_matrices, vocab_slice
 from ubatch.engine.vocab.vocab import Vocab
 from ubatch.kernels.quant.dequant import UnsupportedTypeError, check_supported
 from ubatch.kernels.quant.weight import QWeight
 
 _MATRICES = ("wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down")  # LayerWeights' matrix fields
 _OPTIONAL_NORMS = ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # present per architecture
+
+
+def _vectors(L: LayerWeights) -> list[torch.Tensor]:
+    norms = (L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm)
+    return [L.attn_norm, L.ffn_norm, *(n for n in norms if n is not None)]
 
 
 @dataclass(slots=True)
@@ -83,14 +89,26 @@ class Model:
     rope_freqs: torch.Tensor | None
     device: torch.device
     load_ms: float
+    shard: Shard | None = None  # tensor parallelism: the part of the model this rank holds
+    whole: HParams | None = None  # with a shard: the model's own hparams (`hparams` are one rank's)
 
     @property
     def n_params(self) -> int:
-        return sum(int(np.prod(t.shape)) for t in self.gguf.tensors.values())
+        """The weights this process holds, counted in values (one rank's cut with a shard)."""
+        if self.shard is None:
+            return sum(int(np.prod(t.shape)) for t in self.gguf.tensors.values())
+        vecs = [self.output_norm, *(v for L in self.layers for v in _vectors(L))]
+        held = {w.raw.data_ptr(): int(np.prod(w.shape)) for w in self.matrices()}
+        return sum(held.values()) + sum(v.numel() for v in vecs)
 
     @property
     def size_bytes(self) -> int:
-        return sum(t.n_bytes for t in self.gguf.tensors.values())
+        """The weights this process holds: the file's tensors, or one rank's cut of them."""
+        if self.shard is None:
+            return sum(t.n_bytes for t in self.gguf.tensors.values())
+        vecs = [self.output_norm, *(v for L in self.layers for v in _vectors(L))]
+        held = {w.raw.data_ptr(): w.nbytes for w in self.matrices()}  # a tied head is a view of the embedding
+        return sum(held.values()) + sum(v.numel() * v.element_size() for v in vecs)
 
     @property
     def name(self) -> str:
@@ -145,6 +163,41 @@ class Model:
             rope_freqs=opt_vec(top["rope_freqs"]),
             device=dev,
             load_ms=(time.perf_counter() - t0) * 1e3,
+        )
+
+    def sharded(self, shard: Shard) -> Model:
+        """This model as rank `shard.rank` of `shard.world` holds it (engine/model/shard.py): the
+        heads, FFN rows and vocabulary slice it computes, and hparams that say so, so its KV
+        cache, graphs and memory plan are one rank's. Refused in one line where the shapes or the
+        quantisation blocks do not split."""
+        hp, r, w = self.hparams, shard.rank, shard.world
+        src = str(self.path)
+        check_split(hp.n_head, hp.n_head_kv, hp.n_ff, w, src)
+        split = head_split(hp.n_head, hp.n_head_kv, r, w)
+        layers = []
+        for L in self.layers:
+            mats = {"wq": L.wq, "wk": L.wk, "wv": L.wv, "wo": L.wo}
+            mats |= {"ffn_gate": L.ffn_gate, "ffn_up": L.ffn_up, "ffn_down": L.ffn_down}
+            cut = shard_layer_matrices(mats, split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w)
+            layers.append(
+                replace(L, wq=cut["wq"], wk=cut["wk"], wv=cut["wv"], wo=cut["wo"], ffn_gate=cut["ffn_gate"],
+                        ffn_up=cut["ffn_up"], ffn_down=cut["ffn_down"])
+            )  # fmt: skip
+        # one zero row past the slice: where the ids other ranks hold look up (Shard.local_tokens)
+        tok_embd = vocab_slice(self.tok_embd, shard.vocab_lo, shard.vocab_rows, 1)
+        if self.output is self.tok_embd:  # tied: the head is the slice without its zero row
+            output = QWeight(tok_embd.name, tok_embd.raw[: shard.vocab_rows * tok_embd.row_bytes], tok_embd.ggml_type,
+                             (shard.vocab_rows, hp.n_embd))  # fmt: skip
+        else:
+            output = vocab_slice(self.output, shard.vocab_lo, shard.vocab_rows, 0)
+        return replace(
+            self,
+            hparams=replace(hp, n_head=split.n_q, n_head_kv=split.n_kv, n_ff=hp.n_ff // w),
+            tok_embd=tok_embd,
+            output=output,
+            layers=layers,
+            shard=shard,
+            whole=hp,
         )
 
     def matrices(self) -> list[QWeight]:

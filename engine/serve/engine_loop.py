@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ubatch.engine.errors import EngineError, ErrorKind
+from ubatch.engine.errors import EngineDown, EngineError, ErrorKind
 from ubatch.engine.serve.scheduler import Scheduler
 from ubatch.engine.serve.task import Job
 
@@ -62,6 +62,9 @@ class EngineLoop:
         self._cv = threading.Condition()
         self._shutdown = False
         self._thread: threading.Thread | None = None
+        # the engine cannot go on (a tensor-parallel rank is gone): held tasks get 503, then this
+        self.down: EngineDown | None = None
+        self.on_down: Callable[[EngineDown], None] | None = None
 
     @property
     def shutting_down(self) -> bool:
@@ -112,6 +115,11 @@ class EngineLoop:
         for w in self.workers:
             try:
                 w.step()
+            except EngineDown as e:  # nothing can run any more: stop taking work, answer the rest
+                self.down = e
+                w.fail(EngineError(ErrorKind.UNAVAILABLE, str(e)))
+                self.shutdown()
+                return
             except Exception as e:
                 w.fail(_internal(e))
 
@@ -131,8 +139,13 @@ class EngineLoop:
                     break
             self.iterate()
         self._hand_out()  # nothing is submitted after shutdown: what came in is drained too
+        err = shutdown_error() if self.down is None else EngineError(ErrorKind.UNAVAILABLE, str(self.down))
         for w in self.workers:
             try:
-                w.drain(shutdown_error())
+                if self.down is not None:  # nothing ends "as if it reached n_predict": all get 503
+                    w.fail(err)
+                w.drain(err)
             except Exception as e:
                 w.fail(_internal(e))
+        if self.down is not None and self.on_down is not None:
+            self.on_down(self.down)

@@ -1,0 +1,169 @@
+"""One tensor-parallel rank's part of a model, cut Megatron-style from the stored blocks.
+
+Q, K, V, gate and up are split by output rows and attention output and FFN down by their input
+columns, so each rank computes whole heads and a slice of the FFN and one all-reduce per product
+pair makes the residual whole again; the token embedding and the output head are split over the
+vocabulary. Row cuts are views of the memory-mapped file (a rank touches only its rows' pages);
+column cuts copy each row's blocks of the rank's range. Nothing is requantised: a cut that does
+not fall on a block boundary is refused, naming the tensor.
+
+When there are fewer KV heads than ranks, each KV head is held by the ranks whose query heads
+read it (as vLLM replicates them), so a rank's KV cache then holds one head, not a fraction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from ubatch.engine.errors import ModelLoadError
+from ubatch.kernels.ops import Collective
+from ubatch.kernels.quant.weight import QWeight
+
+
+class Channel(Protocol):
+    """Where rank 0 announces what its contexts do, so that every other rank does the same
+    (engine/parallel implements it). Messages are tuples of plain, picklable data."""
+
+    def turn(self) -> AbstractContextManager[None]:
+        """Held while a message and the collectives it starts run: one context's step at a time."""
+
+    def send(self, msg: tuple[object, ...]) -> None: ...
+
+    def release(self, key: int) -> None:
+        """A context that rank 0 dropped: the others drop theirs with the next message (a
+        finalizer may run in the middle of a step, when nothing can be sent)."""
+
+
+class NoCollective:
+    """The collective of a shard made for planning only (`info -tp`, `explain -tp`): shapes and
+    sizes are real, running a graph is not."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+
+    def all_reduce(self, x: torch.Tensor) -> None:
+        raise RuntimeError("a planning shard cannot run: start the ranks (-tp N) to decode")
+
+    def gather_cols(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        raise RuntimeError("a planning shard cannot run: start the ranks (-tp N) to decode")
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Which part of the model this process holds and how it talks to the others."""
+
+    rank: int
+    world: int
+    comm: Collective
+    vocab_rows: int  # the vocabulary rows each rank holds: n_vocab / world, rounded up
+    channel: Channel | None = None  # rank 0 of a running group: announces its contexts' work
+
+    @property
+    def vocab_lo(self) -> int:
+        return self.rank * self.vocab_rows
+
+    def local_tokens(self, tokens: np.ndarray) -> np.ndarray:
+        """Token ids as rows of this rank's embedding slice; ids another rank holds point at the
+        slice's zero row (index vocab_rows), so the all-reduce after the lookup adds nothing."""
+        local = tokens.astype(np.int64) - self.vocab_lo
+        return np.where((local >= 0) & (local < self.vocab_rows), local, self.vocab_rows)
+
+
+@dataclass(frozen=True, slots=True)
+class HeadSplit:
+    """Rank r's query heads [q0, q0 + n_q) and KV heads [kv0, kv0 + n_kv)."""
+
+    q0: int
+    n_q: int
+    kv0: int
+    n_kv: int
+
+
+def head_split(n_head: int, n_head_kv: int, rank: int, world: int) -> HeadSplit:
+    n_q = n_head // world
+    q0 = rank * n_q
+    group = n_head // n_head_kv  # query heads per KV head
+    n_kv = max(1, n_head_kv // world)
+    return HeadSplit(q0, n_q, q0 // group, n_kv)
+
+
+def check_split(n_head: int, n_head_kv: int, n_ff: int, world: int, src: str) -> None:
+    """The head and FFN counts a world size must divide, each refusal naming the count."""
+    if world < 1:
+        raise ModelLoadError(f"--tensor-parallel {world}: the number of ranks must be at least 1")
+    if n_head % world:
+        raise ModelLoadError(
+            f"{src}: {n_head} attention heads do not split over {world} ranks; use a -tp that divides {n_head}"
+        )
+    if n_head_kv % world and world % n_head_kv:
+        raise ModelLoadError(
+            f"{src}: {n_head_kv} KV heads neither split over nor replicate evenly across {world} ranks; "
+            f"use a -tp that divides or is a multiple of {n_head_kv}"
+        )
+    if n_ff % world:
+        raise ModelLoadError(
+            f"{src}: feed_forward_length {n_ff} does not split over {world} ranks; use a -tp that divides {n_ff}"
+        )
+
+
+def row_slice(w: QWeight, r0: int, r1: int) -> QWeight:
+    """Rows [r0, r1) of a stored matrix: a view of its bytes (whole rows are whole blocks)."""
+    rb = w.row_bytes
+    return QWeight(w.name, w.raw[r0 * rb : r1 * rb], w.ggml_type, (r1 - r0, *w.shape[1:]))
+
+
+def col_slice(w: QWeight, c0: int, c1: int) -> QWeight:
+    """Columns [c0, c1) of a stored matrix: each row's blocks of that range, copied. Refused when
+    the range does not start and end on the type's block boundary."""
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(w.ggml_type)]
+    if c0 % block or c1 % block:
+        t = GGMLQuantizationType(w.ggml_type).name
+        raise ModelLoadError(
+            f"tensor {w.name!r} ({t}, blocks of {block}) cannot be split at column {c0 if c0 % block else c1} "
+            f"for tensor parallelism: its ranks' column ranges must fall on block boundaries; use a smaller -tp"
+        )
+    rows = w.raw.view(w.shape[0], w.row_bytes)
+    part = rows[:, c0 // block * size : c1 // block * size].contiguous().view(-1)
+    return QWeight(w.name, part, w.ggml_type, (w.shape[0], c1 - c0))
+
+
+def vocab_slice(w: QWeight, lo: int, n_rows: int, zero_rows: int) -> QWeight:
+    """n_rows rows of a [n_vocab, n_embd] matrix from lo, padded with all-zero rows (which every
+    ggml type decodes to 0.0) to n_rows + zero_rows: a view when no padding is needed."""
+    hi = min(lo + n_rows, w.shape[0])
+    have = max(0, hi - lo)
+    if have == n_rows and zero_rows == 0:
+        return row_slice(w, lo, hi)
+    rb = w.row_bytes
+    raw = torch.zeros((n_rows + zero_rows) * rb, dtype=torch.uint8, device=w.raw.device)
+    if have:
+        raw[: have * rb].copy_(w.raw[lo * rb : hi * rb])
+    return QWeight(w.name, raw, w.ggml_type, (n_rows + zero_rows, *w.shape[1:]))
+
+
+def shard_layer_matrices(
+    mats: dict[str, QWeight], split: HeadSplit, dk: int, dv: int, n_ff: int, rank: int, world: int
+) -> dict[str, QWeight]:
+    """One layer's matrices cut for rank `rank` (keys as LayerWeights' fields)."""
+    f = n_ff // world
+    q0, q1 = split.q0 * dk, (split.q0 + split.n_q) * dk
+    k0, k1 = split.kv0 * dk, (split.kv0 + split.n_kv) * dk
+    v0, v1 = split.kv0 * dv, (split.kv0 + split.n_kv) * dv
+    o0, o1 = split.q0 * dv, (split.q0 + split.n_q) * dv
+    cut: dict[str, Callable[[QWeight], QWeight]] = {
+        "wq": lambda w: row_slice(w, q0, q1),
+        "wk": lambda w: row_slice(w, k0, k1),
+        "wv": lambda w: row_slice(w, v0, v1),
+        "wo": lambda w: col_slice(w, o0, o1),
+        "ffn_gate": lambda w: row_slice(w, rank * f, (rank + 1) * f),
+        "ffn_up": lambda w: row_slice(w, rank * f, (rank + 1) * f),
+        "ffn_down": lambda w: col_slice(w, rank * f, (rank + 1) * f),
+    }
+    return {k: cut[k](w) for k, w in mats.items()}

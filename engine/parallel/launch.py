@@ -1,0 +1,112 @@
+"""Starting the ranks: under torchrun every process is started by the launcher and joins from
+its environment; otherwise rank 0 (this process) starts ranks 1..N-1 itself on this machine
+(torch.multiprocessing, spawned), and stops them when it ends."""
+
+from __future__ import annotations
+
+import atexit
+import socket
+import sys
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+
+import torch
+import torch.multiprocessing as mp
+
+from ubatch.engine.errors import ContextError, UbatchError
+from ubatch.engine.parallel.group import Rendezvous, TPGroup, from_torchrun, join, leave
+from ubatch.engine.parallel.worker import Worker
+
+DEFAULT_TIMEOUT_S = 60.0  # a collective or a rendezvous that waits longer is a fault
+
+
+@dataclass(eq=False)
+class Ranks:
+    """The group of a run, seen from one process: rank 0 stops the others at the end."""
+
+    group: TPGroup
+    procs: list[BaseProcess] = field(default_factory=list)
+    stopped: bool = False
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    def serve(self) -> None:
+        """Ranks 1..N-1 (torchrun): follow rank 0 until it stops, then leave."""
+        try:
+            Worker(self.group, self.group.rv.device if self.group.rv.cuda else "cpu").run()
+        finally:
+            leave()
+
+    def dead(self) -> str:
+        """The ranks this process started that have exited, for the one-line fault message."""
+        gone = [f"rank {i + 1} (exit code {p.exitcode})" for i, p in enumerate(self.procs) if p.exitcode is not None]
+        return ", ".join(gone)
+
+    def stop(self) -> None:
+        """Rank 0: tell the others to stop, wait for the ones it started, leave the group."""
+        if self.stopped or self.rank != 0:
+            return
+        self.stopped = True
+        try:
+            if not self.dead():
+                self.group.send(("stop",))
+        except UbatchError:
+            pass  # a rank is gone already: the processes below are ended either way
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.exitcode is None:
+                p.kill()
+                p.join(timeout=5)
+        leave()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rv: Rendezvous) -> None:
+    """A rank rank 0 started: join, follow, leave; a failure is one line on stderr."""
+    torch.set_num_threads(1)  # the contexts set their own -t
+    try:
+        Ranks(join(rv)).serve()
+    except UbatchError as e:
+        print(f"ubatch rank {rv.rank}: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def start(world: int, timeout_s: float = DEFAULT_TIMEOUT_S, cuda: bool = False) -> Ranks:
+    """Join or start a group of `world` ranks (torchrun's when its environment says so)."""
+    rv = from_torchrun(world, timeout_s, cuda)
+    if rv is not None:
+        return Ranks(join(rv))
+    if world < 2:
+        raise ContextError(f"--tensor-parallel {world}: tensor parallelism needs at least 2 ranks")
+    if cuda and torch.cuda.device_count() < world:
+        raise ContextError(
+            f"--tensor-parallel {world} needs {world} CUDA devices, one per rank; this machine has "
+            f"{torch.cuda.device_count()}"
+        )
+    port = _free_port()
+    spawn = mp.get_context("spawn")
+    procs: list[BaseProcess] = []
+    for r in range(1, world):
+        proc = spawn.Process(target=_rank_main, args=(Rendezvous(r, world, r, "127.0.0.1", port, timeout_s, cuda),))
+        proc.daemon = True
+        proc.start()
+        procs.append(proc)
+    try:
+        group = join(Rendezvous(0, world, 0, "127.0.0.1", port, timeout_s, cuda))
+    except ContextError:
+        for p in procs:
+            p.kill()
+        raise
+    ranks = Ranks(group, procs)
+    group.failed = ranks.dead
+    atexit.register(ranks.stop)
+    return ranks
