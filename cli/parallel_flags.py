@@ -33,6 +33,8 @@ SPLIT_MODES = ("none", "layer", "row")
 class Stoppable(Protocol):
     def stop(self) -> None: ...
 
+    def lines(self) -> list[str]: ...
+
 
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -117,7 +119,8 @@ class ParallelFlags:
         from ubatch.engine.parallel.launch import start
 
         cuda = torch.device(device).type == "cuda"
-        start(self.world(cuda), self.tp_timeout, cuda).serve()
+        n = self.world(cuda)
+        start(n if n > 1 else 0, self.tp_timeout, cuda).serve()  # 0: torchrun's world size
         raise typer.Exit(0)
 
     def load(self, path: str | Path, device: str | torch.device) -> Model:
@@ -135,7 +138,7 @@ class ParallelFlags:
         from ubatch.engine.parallel.launch import start
         from ubatch.engine.parallel.worker import load_shard
 
-        ranks = start(n, self.tp_timeout, cuda)
+        ranks = start(n if n > 1 else 0, self.tp_timeout, cuda)  # 0: torchrun's world size
         if ranks.rank != 0:
             ranks.serve()
             raise typer.Exit(0)
@@ -155,6 +158,10 @@ class ParallelFlags:
 
         rows = -(-model.hparams.n_vocab // n)
         return model.sharded(Shard(0, n, NoCollective(0, n), rows))
+
+    def lines(self) -> list[str]:
+        """The startup log's lines on the ranks (none without tensor parallelism)."""
+        return self.ranks.lines() if self.ranks is not None else []
 
     def stop(self) -> None:
         """End the other ranks (rank 0, at the end of the command)."""

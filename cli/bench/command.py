@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, List, Optional
 from ubatch.cli import validate
 from ubatch.cli.common import err_console, resolve_model, user_errors
 from ubatch.cli.options import in_panel, opt
+from ubatch.cli.parallel_flags import ParallelFlags, parallel_options
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -70,6 +71,7 @@ def _test_label(t: BenchTest) -> str:
 
 
 @user_errors
+@parallel_options
 def bench(
     model: Optional[List[Path]] = opt(
         "model", None, help="GGUF file(s) (default: Gemma 3 270M Q4_K_M, bundled)", panel=TESTS
@@ -114,6 +116,7 @@ def bench(
     plot: Optional[Path] = _out(
         None, "--plot", help="write a PNG/SVG/PDF: compute buffer and t/s against the varying parameter"
     ),
+    tp: ParallelFlags = ParallelFlags(),
 ) -> None:
     from ubatch.cli.bench.params import BenchError, BenchParams, check_params, expand, int_list, pair_list, str_list
 
@@ -151,6 +154,8 @@ def bench(
     from ubatch.cli.device import load_on, resolve_device
 
     dev, p.backend = resolve_device(device, backend)
+    tp.check()
+    tp.follow(dev)
     p.type_k = str_list(ctk, ["f16"], "-ctk", KV_TYPES)
     p.type_v = str_list(ctv, ["f16"], "-ctv", KV_TYPES)
     fmt, out_path = output_target(output, "-o")
@@ -184,7 +189,8 @@ def bench(
         show(e)
 
     with progress:
-        results = run_bench(p, on_event, load_on(p.models, dev))
+        loaded = {m: tp.load(m, dev) for m in p.models} if tp.active else load_on(p.models, dev)
+        results = run_bench(p, on_event, loaded)
     text = format_results(fmt, p, results, extras=profile)
     if out_path is not None:
         write_file(out_path, text, "-o")
@@ -207,6 +213,7 @@ def bench(
 
 
 @user_errors
+@parallel_options
 def batched_bench(
     model: Optional[Path] = opt("model", None, panel=TESTS),
     npp: Optional[List[str]] = _tests(None, "-npp", help="prompt lengths", show_default="128,256,512"),
@@ -224,6 +231,7 @@ def batched_bench(
     ctv: str = opt("ctv", "f16", panel=PARAMS),
     kvu: bool = opt("kv_unified", False, help="one KV stream shared by all sequences", panel=PARAMS),
     output_format: str = _out("md", "--output-format", help="md or jsonl"),
+    tp: ParallelFlags = ParallelFlags(),
 ) -> None:
     from ubatch.cli.bench.params import BenchError, int_list
 
@@ -240,6 +248,8 @@ def batched_bench(
     from ubatch.cli.device import load_on, resolve_device
 
     dev, backend = resolve_device(device, backend)
+    tp.check()
+    tp.follow(dev)
     from ubatch.cli.bench.batched_format import batched_header_line, batched_jsonl_row, batched_md_head, batched_md_row
 
     p = BatchedParams(
@@ -267,7 +277,7 @@ def batched_bench(
 
     progress, on_event = _progress(n_combos, step)
     with progress:
-        loaded = load_on([p.model], dev)
+        loaded = {p.model: tp.load(p.model, dev)} if tp.active else load_on([p.model], dev)
         header, results = run_batched_bench(p, on_event, loaded[p.model] if loaded else None)
     out = sys.stdout
     if output_format == "md":

@@ -140,7 +140,7 @@ def once(r: Run, ctx: Context, sampler: Sampler, t_start: float, speculator: Spe
     pc, n_past, cache = prompt_cache(r, ctx, ids)  # after the warmup, which clears the cache
     load_ms = (time.perf_counter() - t_start) * 1e3
     if not r.log_disable:
-        for line in startup_lines(ctx) + spec_startup_lines(speculator, ctx):
+        for line in startup_lines(ctx) + r.tp.lines() + spec_startup_lines(speculator, ctx):
             err_console.print(line, markup=False, highlight=False, soft_wrap=True)
         err_console.print(f"sampler seed: {sampler.seed}", markup=False, highlight=False)
     context_shift = r.context_shift

@@ -15,6 +15,7 @@ from ubatch.cli.common import check_text, err_console, process_escapes, resolve_
 from ubatch.cli.context_flags import ContextFlags, context_options
 from ubatch.cli.flag_group import refine
 from ubatch.cli.options import opt
+from ubatch.cli.parallel_flags import ParallelFlags, parallel_options
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
 from ubatch.cli.spec_flags import SpecFlags, spec_options
 
@@ -25,6 +26,7 @@ WHAT_IF_UBATCHES = (512, 256, 128, 64)
 @context_options({"parallel": refine(-1, help="slots, as llama-server's -np (-1 = one per -p)")})
 @sampling_options
 @spec_options
+@parallel_options
 def explain(
     model: Optional[Path] = opt("model", None),
     prompt: Optional[list[str]] = opt("prompt", None, help="a prompt; repeat -p for sequences decoded together"),
@@ -35,6 +37,7 @@ def explain(
     context: ContextFlags = ContextFlags(),
     sampling: SamplingFlags = SamplingFlags(),
     spec: SpecFlags = SpecFlags(),
+    tp: ParallelFlags = ParallelFlags(),
 ) -> None:
     if not prompt:
         raise typer.BadParameter("give at least one prompt to explain", param_hint="-p")
@@ -43,18 +46,19 @@ def explain(
     for note in spec.check():
         err_console.print(note, markup=False, soft_wrap=True)
     validate.n_parallel(len(prompt), flag="-p (one sequence each)")
+    tp.check()
     context.check(parallel_auto=True)  # last: it imports the engine's tables
     n_slots = context.parallel if context.parallel > 0 else len(prompt)
     from ubatch.cli.device import resolve_device
 
     dev, context.backend = resolve_device(device, context.backend)
+    tp.follow(dev)
     sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
     texts = [check_text(process_escapes(p) if escape else p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
     from ubatch.cli.explain.run import Request, explain_request
-    from ubatch.engine.model.model import Model
     from ubatch.engine.serve.task import TaskParams
 
-    m = Model.load(resolve_model(model), dev)
+    m = tp.load(resolve_model(model), dev)
     ids = [m.vocab.tokenize(t, add_special=True, parse_special=True) for t in texts]
     # as llama-server: one output row per slot, and with speculation one per drafted token
     params = context.params(parallel=n_slots, spec=spec.params())

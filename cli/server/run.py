@@ -214,7 +214,7 @@ def load_engine(o: EngineOptions) -> ServerEngine:
         speculator=speculator,
     )
     if not o.quiet:
-        for line in startup_lines(ctx) + spec_startup_lines(speculator, ctx):
+        for line in startup_lines(ctx) + o.tp.lines() + spec_startup_lines(speculator, ctx):
             log(line)
         for w in notes:
             log(f"srv    load_model: WARN {w}")

@@ -93,6 +93,9 @@ class Context:
         self.pooling = pooling or model.hparams.pooling_type
         if self.pooling not in POOLING_TYPES:
             raise ContextError(f"unknown pooling type {pooling!r}; use one of {', '.join(POOLING_TYPES)}")
+        if model.shard is not None and self.params.n_threads <= 0:  # ranks on one machine split its cores
+            cores = derive(self.params, model.hparams).n_threads
+            self.params = replace(self.params, n_threads=max(1, cores // model.shard.threads_share))
         self.cparams = derive(self.params, model.hparams)
         # tensor parallelism, rank 0: the other ranks build the same context from this message
         self.channel = model.shard.channel if model.shard is not None else None

@@ -64,6 +64,12 @@ class Shard:
     comm: Collective
     vocab_rows: int  # the vocabulary rows each rank holds: n_vocab / world, rounded up
     channel: Channel | None = None  # rank 0 of a running group: announces its contexts' work
+    local_ranks: int = 0  # ranks sharing this machine's cores (0: all `world`)
+
+    @property
+    def threads_share(self) -> int:
+        """How many ranks divide this machine's cores when -t is left to the default."""
+        return self.local_ranks or self.world
 
     @property
     def vocab_lo(self) -> int:

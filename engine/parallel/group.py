@@ -42,6 +42,7 @@ class Rendezvous:
     port: int
     timeout_s: float
     cuda: bool
+    local_world: int = 0  # ranks on this machine (they share its cores); 0: all of them
 
     @property
     def backend(self) -> str:
@@ -74,6 +75,7 @@ def from_torchrun(world: int, timeout_s: float, cuda: bool) -> Rendezvous | None
         int(env.get("MASTER_PORT", "29500")),
         timeout_s,
         cuda,
+        int(env.get("LOCAL_WORLD_SIZE", size)),
     )
 
 
@@ -163,7 +165,11 @@ class TPGroup:
     def receive(self) -> tuple[object, ...]:
         """The other ranks: the next message from rank 0 (waits as long as rank 0 lives)."""
         box: list[object] = [None]
-        dist.broadcast_object_list(box, src=0, group=self.control)
+        try:
+            dist.broadcast_object_list(box, src=0, group=self.control)
+        except (RuntimeError, dist.DistError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise RankLost(f"tensor parallelism: rank 0 is gone ({first}); rank {self.rank} stops") from None
         msg = box[0]
         if not isinstance(msg, tuple):
             raise RankLost(f"tensor parallelism: rank {self.rank} got {type(msg).__name__} from rank 0, not a message")

@@ -39,6 +39,14 @@ class Ranks:
         finally:
             leave()
 
+    def lines(self) -> list[str]:
+        """The startup log's word on the ranks: how they meet and which process each one is."""
+        rv = self.group.rv
+        head = f"ubatch: tensor parallel: {rv.world} ranks over {rv.backend}"
+        if not self.procs:
+            return [f"{head}, started by torchrun (rank 0 at {rv.addr}:{rv.port})"]
+        return [f"{head}, started here", *(f"ubatch:   rank {i + 1} pid {p.pid}" for i, p in enumerate(self.procs))]
+
     def dead(self) -> str:
         """The ranks this process started that have exited, for the one-line fault message."""
         gone = [f"rank {i + 1} (exit code {p.exitcode})" for i, p in enumerate(self.procs) if p.exitcode is not None]
@@ -84,7 +92,9 @@ def start(world: int, timeout_s: float = DEFAULT_TIMEOUT_S, cuda: bool = False) 
     """Join or start a group of `world` ranks (torchrun's when its environment says so)."""
     rv = from_torchrun(world, timeout_s, cuda)
     if rv is not None:
-        return Ranks(join(rv))
+        ranks = Ranks(join(rv))
+        atexit.register(ranks.stop)  # rank 0 tells the others to stop; the others only leave
+        return ranks
     if world < 2:
         raise ContextError(f"--tensor-parallel {world}: tensor parallelism needs at least 2 ranks")
     if cuda and torch.cuda.device_count() < world:
