@@ -24,3 +24,23 @@ if [ -n "${OUT:-}" ]; then
 else
   timeout "${GPU_CHECK_TIMEOUT:-470}" "$PY" scripts/gpu_check.py "$@"
 fi
+# tensor parallelism over NCCL: a tiny llama's greedy text on 2 GPUs against 1 (with 2 or more GPUs)
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+if [ "$NGPU" -ge 2 ]; then
+  echo "== -tp: 2 ranks over NCCL on $NGPU GPUs, greedy text against one GPU"
+  timeout 240 "$PY" - <<'PY'
+import subprocess, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, "tests")
+from tiny_models import TinySpec, write_tiny_model
+m = write_tiny_model(Path(tempfile.mkdtemp()) / "tiny-llama.gguf", TinySpec(arch="llama"))
+cmd = [sys.executable, "-m", "ubatch", "cli", "-m", str(m), "-p", "hello world", "-n", "32", "--temp", "0",
+       "-no-cnv", "--no-display-prompt", "--log-disable", "--device", "cuda"]
+one = subprocess.run(cmd, capture_output=True, text=True)
+two = subprocess.run([*cmd, "-tp", "2"], capture_output=True, text=True)
+print("one GPU rc", one.returncode, "| two ranks rc", two.returncode, "| same text:", one.stdout == two.stdout)
+print(two.stderr[-2000:])
+PY
+else
+  echo "== -tp: skipped: this machine has $NGPU GPU(s); tensor parallelism over NCCL needs two or more"
+fi

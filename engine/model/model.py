@@ -165,12 +165,14 @@ class Model:
             load_ms=(time.perf_counter() - t0) * 1e3,
         )
 
-    def sharded(self, shard: Shard) -> Model:
+    def sharded(self, shard: Shard, device: str | torch.device | None = None) -> Model:
         """This model as rank `shard.rank` of `shard.world` holds it (engine/model/shard.py): the
         heads, FFN rows and vocabulary slice it computes, and hparams that say so, so its KV
         cache, graphs and memory plan are one rank's. Refused in one line where the shapes or the
-        quantisation blocks do not split."""
+        quantisation blocks do not split. `device`: where the cut goes (load the model on the CPU,
+        where row cuts are views of the mapped file, then move only this rank's part)."""
         hp, r, w = self.hparams, shard.rank, shard.world
+        dev = torch.device(device) if device is not None else self.device
         src = str(self.path)
         check_split(hp.n_head, hp.n_head_kv, hp.n_ff, w, src)
         split = head_split(hp.n_head, hp.n_head_kv, r, w)
@@ -178,10 +180,10 @@ class Model:
         for L in self.layers:
             mats = {"wq": L.wq, "wk": L.wk, "wv": L.wv, "wo": L.wo}
             mats |= {"ffn_gate": L.ffn_gate, "ffn_up": L.ffn_up, "ffn_down": L.ffn_down}
-            cut = shard_layer_matrices(mats, split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w)
+            c = shard_layer_matrices(mats, split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w)
             layers.append(
-                replace(L, wq=cut["wq"], wk=cut["wk"], wv=cut["wv"], wo=cut["wo"], ffn_gate=cut["ffn_gate"],
-                        ffn_up=cut["ffn_up"], ffn_down=cut["ffn_down"])
+                replace(L, wq=c["wq"], wk=c["wk"], wv=c["wv"], wo=c["wo"], ffn_gate=c["ffn_gate"],
+                        ffn_up=c["ffn_up"], ffn_down=c["ffn_down"])
             )  # fmt: skip
         # one zero row past the slice: where the ids other ranks hold look up (Shard.local_tokens)
         tok_embd = vocab_slice(self.tok_embd, shard.vocab_lo, shard.vocab_rows, 1)
@@ -190,7 +192,7 @@ class Model:
                              (shard.vocab_rows, hp.n_embd))  # fmt: skip
         else:
             output = vocab_slice(self.output, shard.vocab_lo, shard.vocab_rows, 0)
-        return replace(
+        cut = replace(
             self,
             hparams=replace(hp, n_head=split.n_q, n_head_kv=split.n_kv, n_ff=hp.n_ff // w),
             tok_embd=tok_embd,
@@ -198,6 +200,40 @@ class Model:
             layers=layers,
             shard=shard,
             whole=hp,
+        )
+        return cut if dev == self.device else cut._moved(dev)
+
+    def _moved(self, dev: torch.device) -> Model:
+        """This model's tensors on `dev` (a tied head stays a view of the moved embedding)."""
+
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(dev)
+
+        def q(w: QWeight) -> QWeight:
+            return w.to(dev)
+
+        tok = q(self.tok_embd)
+        tied = self.output.raw.data_ptr() == self.tok_embd.raw.data_ptr()
+        out = (
+            QWeight(tok.name, tok.raw[: self.output.nbytes], tok.ggml_type, self.output.shape)
+            if tied
+            else q(self.output)
+        )
+        layers = [
+            LayerWeights(
+                L.attn_norm.to(dev), q(L.wq), q(L.wk), q(L.wv), q(L.wo), L.ffn_norm.to(dev), q(L.ffn_gate),
+                q(L.ffn_up), q(L.ffn_down), mv(L.q_norm), mv(L.k_norm), mv(L.post_attn_norm), mv(L.post_ffn_norm),
+            )
+            for L in self.layers
+        ]  # fmt: skip
+        return replace(
+            self,
+            tok_embd=tok,
+            output=out,
+            output_norm=self.output_norm.to(dev),
+            layers=layers,
+            rope_freqs=mv(self.rope_freqs),
+            device=dev,
         )
 
     def matrices(self) -> list[QWeight]:

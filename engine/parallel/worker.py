@@ -31,9 +31,9 @@ def shard_of(group: TPGroup, n_vocab: int, channel: bool) -> Shard:
 
 def load_shard(group: TPGroup, path: str, device: str) -> Model:
     """Rank 0: the model as it holds it; the other ranks are told to load and cut theirs."""
-    model = Model.load(path, device)
+    model = Model.load(path, "cpu")  # mapped: a row cut is a view; only the rank's part moves to `device`
     shard = shard_of(group, model.hparams.n_vocab, channel=True)
-    sharded = model.sharded(shard)  # refused here, before any other rank loads anything
+    sharded = model.sharded(shard, device)  # refused here, before any other rank loads anything
     with group.turn():
         group.send(("model", id(shard), path, device))
     return sharded
@@ -56,8 +56,9 @@ class Worker:
     def handle(self, msg: tuple[object, ...]) -> None:
         match msg:
             case ("model", int(key), str(path), str()):
-                model = Model.load(path, self.device)
-                self.models[key] = model.sharded(shard_of(self.group, model.hparams.n_vocab, channel=False))
+                model = Model.load(path, "cpu")
+                shard = shard_of(self.group, model.hparams.n_vocab, channel=False)
+                self.models[key] = model.sharded(shard, self.device)
             case ("context", int(key), int(model), params, bool(embeddings), pooling):
                 assert params is None or isinstance(params, ContextParams)
                 assert pooling is None or isinstance(pooling, str)
