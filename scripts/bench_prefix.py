@@ -12,7 +12,14 @@ Two parts, both on the same model (default: the bundled Gemma 3 270M):
    for ubatch from /metrics (ubatch:kv_cells_used, polled), for llama-server estimated (it does
    not report them: without cross-slot sharing each busy slot holds its whole prompt).
 
+With --index-only, neither: the lookup the prefix index makes for every new prompt, over the
+host tier's entries (--entries of --entry-tokens tokens each), as the linear scan it used to be
+and as the radix tree it is (engine/serve/radix_tree.py), in three layouts: every entry its own
+tokens after BOS, entries sharing 8 system prompts of half their length, and every entry sharing
+one prefix of all but 100 tokens (a scan's worst case).
+
 Usage: python scripts/bench_prefix.py [-m MODEL] [--clients 8] [--system 1500] [-n 16] [--skip-servers]
+       python scripts/bench_prefix.py --index-only [--entries 1000] [--entry-tokens 2000]
 """
 
 from __future__ import annotations
@@ -145,6 +152,63 @@ class Clock:
 
 def _greedy(task_params: Any, sampler_params: Any, n: int, stream: bool = False) -> Any:
     return task_params(n_predict=n, ignore_eos=True, stream=stream, sampling=sampler_params(temp=0.0))
+
+
+# -- the index alone ------------------------------------------------------------------------------
+def scan_longest(entries: list[list[int]], prompt: list[int]) -> tuple[int, int]:
+    """The lookup the radix tree replaced: every entry compared with the prompt while they agree."""
+    from ubatch.engine.batch import common_prefix
+
+    best, n_best = -1, 0
+    for i, e in enumerate(entries):
+        if e and prompt and e[0] == prompt[0]:
+            n = common_prefix(e, prompt)
+            if n > n_best:
+                best, n_best = i, n
+    return best, n_best
+
+
+def index_part(args: argparse.Namespace) -> None:
+    from ubatch.engine.serve.radix_tree import RadixTree
+
+    rng = np.random.default_rng(0)
+    n, size = args.entries, args.entry_tokens
+
+    def tail(k: int) -> list[int]:
+        return rng.integers(3, 32000, k).tolist()
+
+    systems = [tail(size // 2) for _ in range(8)]
+    common = tail(size - 100)
+    layouts = {
+        "distinct": [[1, *tail(size - 1)] for _ in range(n)],
+        "8 system prompts": [[1, *systems[i % 8], *tail(size - 1 - size // 2)] for i in range(n)],
+        "one shared prefix": [[1, *common[: size - 101], *tail(100)] for _ in range(n)],
+    }
+    print(f"{n} host entries of {size} tokens; each lookup a prompt of {size} tokens sharing 3/4 of one entry")
+    print(f"{'layout':<20} {'tree build ms':>13} {'scan us':>10} {'tree us':>10} {'speed-up':>9}")
+    for name, entries in layouts.items():
+        t0 = time.perf_counter()
+        tree: RadixTree[int] = RadixTree()
+        for i, e in enumerate(entries):
+            tree.insert(i, e)
+        build_ms = (time.perf_counter() - t0) * 1e3
+        prompts = []
+        for _ in range(args.lookups):
+            e = entries[int(rng.integers(n))]
+            prompts.append(e[: size * 3 // 4] + tail(size - size * 3 // 4))
+        for p in prompts:  # both find the same length
+            assert tree.longest(p)[1] == scan_longest(entries, p)[1]
+        t0 = time.perf_counter()
+        for p in prompts:
+            scan_longest(entries, p)
+        scan_us = (time.perf_counter() - t0) / len(prompts) * 1e6
+        reps = 20
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            for p in prompts:
+                tree.longest(p)
+        tree_us = (time.perf_counter() - t0) / (reps * len(prompts)) * 1e6
+        print(f"{name:<20} {build_ms:>13.1f} {scan_us:>10.0f} {tree_us:>10.1f} {scan_us / tree_us:>8.0f}x", flush=True)
 
 
 # -- 2. the servers over HTTP ---------------------------------------------------------------------
@@ -297,7 +361,14 @@ def main() -> None:
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-servers", action="store_true")
     ap.add_argument("--ubatch-only", action="store_true", help="no llama-server")
+    ap.add_argument("--index-only", action="store_true", help="time the prefix index's lookup alone")
+    ap.add_argument("--entries", type=int, default=1000, help="host entries (--index-only)")
+    ap.add_argument("--entry-tokens", type=int, default=2000, help="tokens per host entry (--index-only)")
+    ap.add_argument("--lookups", type=int, default=20, help="prompts looked up (--index-only)")
     args = ap.parse_args()
+    if args.index_only:
+        index_part(args)
+        return
     from ubatch.engine.model.default_model import default_model_path
 
     model_path = args.model or str(default_model_path())

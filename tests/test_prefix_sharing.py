@@ -2,14 +2,17 @@
 (cells shared with -kvu, rows copied between per-slot streams) or by host memory (--cache-ram),
 and the answers stay those of each request run alone.
 
-The randomised test drives the scheduler with rounds of requests that share system prompts,
-diverge, follow up on earlier answers, repeat, overflow the context (shift), get cancelled and
-land on reused slots, and checks after every iteration that each slot's tokens are exactly its
+The randomised test drives the scheduler with rounds of requests that share system prompts (or
+part of one), diverge, follow up on earlier answers, repeat, overflow the context (shift), get
+cancelled, ask for a given slot and land on reused slots, so that a slot often holds part of a
+prefix another sequence holds more of (it keeps its own cells and takes the rest), and checks after every iteration that each slot's tokens are exactly its
 cells, that shared cells hold the same token for every holder and that no cell is held by
 nobody; every answer is compared with the same request run alone on a fresh cache.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -114,7 +117,7 @@ class Solo:
         return self.memo[key]
 
 
-ROUNDS = 16  # each config also asserts that sharing, RAM restores and shifts happened in them
+ROUNDS, MAX_ROUNDS = 16, 48  # more rounds (up to MAX_ROUNDS) until every case below happened
 CONFIGS = [  # model, slots, n_ctx, unified, context shift
     pytest.param("llama", 3, 256, True, True, id="llama-kvu"),
     pytest.param("short_llama", 3, 512, True, True, id="llama-kvu-shift"),
@@ -135,23 +138,34 @@ def test_random_rounds_answer_as_solo_runs_and_account_for_every_cell(
     systems = [[2, *rng.integers(10, 250, int(rng.integers(16, 72))).tolist()] for _ in range(3)]
     systems.append([2, *rng.integers(10, 250, sch.n_ctx_slot * 6 // 10).tolist()])  # a shift moves its cells
     done: list[list[int]] = []  # prompt + answer of every finished request: follow-ups extend them
-    shifts, compared, next_id = 0, 0, 0
+    shifts, partial, compared, next_id = 0, 0, 0, 0
 
     def released(kind: str, s: Slot) -> None:
-        nonlocal shifts
+        nonlocal shifts, partial
         if kind == "release" and s.gen is not None:
             shifts += s.gen.n_shifts
+        if kind == "launch" and s.reuse.n_own and s.reuse.n_shared:  # kept its own, took the rest
+            partial += 1
 
     sch.listener = released
     n_failed = 0
-    for _ in range(ROUNDS):
+
+    def covered() -> bool:
+        """Sharing (a partial take among them), RAM restores and shifts all happened."""
+        st = sch.stats
+        return st.n_hits_shared > 0 and partial > 0 and st.n_hits_ram > 0 and (shifts > 0 or not shift)
+
+    rounds = 0
+    while rounds < MAX_ROUNDS and (rounds < ROUNDS or not covered()):
+        rounds += 1
         tasks, want, cancel = [], {}, {}
         for _ in range(int(rng.integers(1, n_slots + 3))):
             kind = rng.random()
             if kind < 0.5:
-                prompt = (
-                    systems[int(rng.integers(len(systems)))] + rng.integers(10, 250, int(rng.integers(0, 12))).tolist()
-                )
+                system = systems[int(rng.integers(len(systems)))]
+                if rng.random() < 0.25:  # part of a system prompt: a later full one keeps it, takes the rest
+                    system = system[: int(rng.integers(2, len(system)))]
+                prompt = system + rng.integers(10, 250, int(rng.integers(0, 12))).tolist()
             elif kind < 0.75 and done:
                 prompt = done[int(rng.integers(len(done)))] + rng.integers(10, 250, int(rng.integers(1, 8))).tolist()
             elif kind < 0.85 and done:
@@ -163,6 +177,8 @@ def test_random_rounds_answer_as_solo_runs_and_account_for_every_cell(
             if shift and rng.random() < 0.12:
                 n_predict = sch.n_ctx_slot  # runs past the context: shifts
             t = Task(next_id, prompt, greedy(n_predict), Sink())
+            if rng.random() < 0.3:  # on a given slot: its own prefix may be shorter than another's
+                t.params.id_slot = int(rng.integers(n_slots))
             next_id += 1
             if rng.random() < 0.12:
                 cancel[t.id] = int(rng.integers(0, 6))
@@ -181,13 +197,13 @@ def test_random_rounds_answer_as_solo_runs_and_account_for_every_cell(
                 done.append(t.prompt + r.tokens[:-1])
     st = sch.stats
     print(  # shown with -s: what the rounds exercised
-        f"{arch} unified={unified}: compared {compared}, failed {n_failed}, cancelled {st.n_cancelled}, "
+        f"{arch} unified={unified}: rounds {rounds}, compared {compared}, failed {n_failed}, cancelled {st.n_cancelled}, "
         f"hits own/shared/ram {st.n_hits_own}/{st.n_hits_shared}/{st.n_hits_ram}, tokens "
         f"{st.n_reused_own_total}/{st.n_reused_shared_total}/{st.n_reused_ram_total}, saved {sch.host.n_saved}, "
-        f"evictions {st.n_evictions}, waits {st.n_waited_prefix}, shifts {shifts}"
+        f"evictions {st.n_evictions}, waits {st.n_waited_prefix}, shifts {shifts}, partial takes {partial}"
     )
     assert compared >= 30
-    assert st.n_hits_shared > 0 and st.n_reused_shared_total > 0
+    assert st.n_hits_shared > 0 and st.n_reused_shared_total > 0 and partial > 0
     assert st.n_hits_ram > 0 and sch.host.n_saved > 0
     if shift:
         assert shifts > 0
@@ -266,3 +282,69 @@ def test_eviction_takes_idle_cells_nobody_else_holds_first(tiny_llama_model: Mod
     assert ev() and y.cache == [] and sch.ctx.memory.used == 0
     assert not ev()
     check_cells(sch)
+
+
+@pytest.mark.parametrize(
+    ("arch", "unified", "n_prefix"),
+    [("llama", True, 100), ("llama", False, 100), ("gemma", True, 300), ("gemma", False, 300)],
+    ids=["llama-kvu", "llama-streams", "gemma-swa-kvu", "gemma-swa-streams"],
+)
+def test_a_slot_keeps_its_own_prefix_and_takes_only_what_it_lacks(
+    arch: str, unified: bool, n_prefix: int, request: pytest.FixtureRequest
+) -> None:
+    """Slot 1 computed the first 40 tokens of a prefix on its own; slot 0 holds all of it. A
+    request on slot 1 keeps its 40 cells (the same cells: nothing freed and taken again) and
+    takes only the rest from slot 0. With gemma's window of 8 the prefix is long enough that
+    slot 0's window cells start past 40: the window cache takes those, and every sequence's
+    window cells stay one run (check_cells). The answer is the solo one."""
+    model: Model = request.getfixturevalue(f"tiny_{arch}_model")
+    sch = make(model, 2, 1024, unified)
+    mem = sch.ctx.memory
+    p = [2, *(100 + i % 150 for i in range(n_prefix - 1))]
+    on_1 = TaskParams(n_predict=3, ignore_eos=True, id_slot=1, cache_prompt=False, sampling=SamplerParams(temp=0.0))
+    run(sch, [Task(0, p + [20], replace(on_1, id_slot=0, cache_prompt=True), Sink())])
+    run(sch, [Task(1, p[:40] + [30], on_1, Sink())])  # no cache: slot 1 computes its 41 tokens itself
+    c0 = mem.caches[0]
+    full = c0.streams[c0.stream_of(1)]
+    own_cells = np.flatnonzero(full.seq[:, 1] & (full.pos < 40))
+    assert sch.n_cells_shared == 0 and own_cells.size == 40
+    if arch == "gemma":
+        assert mem.caches[1].seq_pos_min(0) > 40  # slot 0's window cells start past slot 1's prefix
+    on_1.cache_prompt = True
+    t = Task(2, p + [40], on_1, Sink())
+    run(sch, [t])
+    s1 = sch.slots[1]
+    assert (s1.reuse.n_own, s1.reuse.n_shared, s1.reuse.n_ram, s1.reuse.source) == (40, n_prefix - 40, 0, 0)
+    assert (full.pos[own_cells] == np.arange(40)).all() and full.seq[own_cells, 1].all()  # the same cells
+    if unified:
+        assert not full.seq[own_cells, 0].any()  # still its own, next to slot 0's copy
+        assert sch.n_cells_shared >= n_prefix - 40 - (8 + 64 if arch == "gemma" else 0)
+    r = t.sink.result(t)  # type: ignore[attr-defined]
+    assert isinstance(r, Final) and r.tokens == Solo(model, sch.n_ctx_slot, False).tokens(t.prompt, 3)
+
+
+def test_an_embedding_that_borrows_a_slot_saves_its_prompt_to_host_memory(tiny_llama_model: Model) -> None:
+    """A server with embeddings on also answers completions on the same slots: the embedding
+    runner borrowing the only slot sends the completion prompt it held to host memory, and the
+    next completion with that prefix restores it (with the solo answer). The embedding prompt
+    itself is not kept (it is stateless, as in llama-server)."""
+    from ubatch.engine.serve.embedding_task import EmbdTask, EmbeddingRunner
+
+    ctx = Context(tiny_llama_model, ContextParams(n_ctx=256, n_seq_max=1, n_batch=64), embeddings=True, pooling="mean")
+    sch = Scheduler(ctx, 1, cache_ram_mib=1)
+    a = [2, *range(100, 160)]
+    run(sch, [Task(0, a, greedy(3), Sink())])
+    held = list(sch.slots[0].cache)
+    assert sch.host.n_saved == 0
+    emb = EmbeddingRunner(ctx, sch.slots, sch.stats)
+    sink = Sink()
+    emb.accept(EmbdTask(1, [2, *range(30, 50)], sink))
+    emb.step()
+    assert any(getattr(e, "embedding", None) for e in sink.events)
+    assert sch.slots[0].cache == [] and ctx.memory.used == 0
+    assert sch.host.n_saved == 1 and sch.host.holds(held)
+    t = Task(2, a + [7], greedy(3), Sink())
+    run(sch, [t])
+    assert sch.slots[0].reuse.n_ram == len(a) and sch.host.n_saved == 1
+    r = t.sink.result(t)  # type: ignore[attr-defined]
+    assert isinstance(r, Final) and r.tokens == Solo(tiny_llama_model, 256, False).tokens(a + [7], 3)

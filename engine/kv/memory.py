@@ -228,6 +228,25 @@ class KVMemory:
         streams, enough free cells in dst's for a copy of the range."""
         return all(c.can_copy_range(src, dst, p0, p1) for c in self.caches)
 
+    def seq_cp_past(self, src: int, dst: int, n_past: int, p1: int) -> None:
+        """dst keeps its own first n_past positions and takes src's cells over [n_past, p1)
+        (seq_cp: shared in a unified cache, copied between streams). In a sliding-window cache
+        whose src cells begin above n_past, dst's cells below them go: no later window reaches
+        them, and a sequence's window cells stay one run (seq_pos_min says where they start)."""
+        for c in self.caches:
+            p0 = self._past_start(c, src, n_past)
+            if p0 < n_past:
+                c.seq_rm(dst, p0, n_past)
+            c.seq_cp(src, dst, p0, p1)
+
+    def can_seq_cp_past(self, src: int, dst: int, n_past: int, p1: int) -> bool:
+        """Whether `seq_cp_past` finds its cells (as `can_seq_cp`)."""
+        return all(c.can_copy_range(src, dst, self._past_start(c, src, n_past), p1) for c in self.caches)
+
+    @staticmethod
+    def _past_start(c: KVCache, src: int, n_past: int) -> int:
+        return 0 if c.n_swa > 0 and c.seq_pos_min(src) > n_past else n_past
+
     def separate(self, s: int, p0: int = -1, p1: int = -1) -> None:
         """Give s its own cells for whatever it shares in [p0, p1), in every cache, or raise
         NoCellsError having changed nothing."""

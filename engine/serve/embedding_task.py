@@ -4,8 +4,14 @@ An embedding task needs no generation: its whole prompt is evaluated with embedd
 result is sent at once. So it takes no part in the scheduler's continuous batching: it is a side
 runner's (engine/serve/side_runner.py). Once per iteration, before the generation batch,
 `EmbeddingRunner.run` packs the waiting tasks onto idle slots (a slot's sequence id is borrowed
-for one decode; its cached prompt is dropped, as llama-server reuses the slot) and runs them in
-one embedding decode (`embed_sequences`). A generation batch and an embedding batch never share
+for one decode) and runs them in one embedding decode (`embed_sequences`).
+
+A borrowed slot's cached completion prompt leaves the KV cache, so it goes to host memory first
+(`Slot.prompt_save`, with --cache-ram, when no other sequence holds it), as when a completion
+takes the slot; llama-server drops it. The embedding prompts themselves are never cached, as in
+llama-server (embedding and rerank tasks are stateless there): pooling needs every row's hidden
+state, which K/V do not give back, and with non-causal attention each row depends on the whole
+prompt, so a cached prefix would save nothing. A generation batch and an embedding batch never share
 a decode, as in llama-server, where a batch is either one or the other. The prompt limits
 llama-server applies to embedding inputs (`input_error`) live here too.
 """
@@ -121,8 +127,9 @@ class EmbeddingRunner(SideRunner[EmbdTask]):
 
     def _embed(self, pack: list[EmbdTask], slots: list[Slot]) -> None:
         """One embedding decode of `pack`, each task on a slot's sequence id (borrowed: the
-        slot's cached prompt is dropped, as llama-server reuses the slot)."""
+        slot's cached prompt goes to host memory if it can, then its cells are freed)."""
         for s in slots:
+            s.prompt_save()
             s.cache.clear()  # embed_sequences frees the cells
         t0 = time.perf_counter()
         hidden = embed_sequences(self.ctx, [(s.id, t.prompt) for s, t in zip(slots, pack)])

@@ -1,5 +1,6 @@
 """llama-server's host-memory prompt cache (`--cache-ram N`): prefixes that leave the KV cache
-kept in RAM as saved sequence states (engine/context/state.py), least recently used out first.
+kept in RAM as saved sequence states (engine/context/state.py), least recently used out first,
+found by longest common prefix through a radix tree of their tokens (engine/serve/radix_tree.py).
 
 A prompt whose longest cached prefix is here is restored (its K/V rows written back into cells)
 instead of prefilled. States are held as captured, cut to the tokens whose K/V a fresh prefill
@@ -13,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ubatch.engine.batch import common_prefix
 from ubatch.engine.context.state_file import SeqState
+from ubatch.engine.serve.radix_tree import RadixTree
 
 DEFAULT_CACHE_RAM_MIB = 8192  # llama.cpp's common_params.cache_ram_mib
 
@@ -42,34 +43,32 @@ class HostEntry:
     tokens: list[int]
     state: SeqState
     nbytes: int
+    key: int = 0  # the entry's holder key in the cache's radix tree
     t_used: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(slots=True)
 class HostCache:
-    """Saved prefixes up to `limit_mib` MiB (-1: no limit, 0: off)."""
+    """Saved prefixes up to `limit_mib` MiB (-1: no limit, 0: off). `entries` is in order of
+    use (least recent first); `index` holds every entry's tokens, so a lookup costs the prompt's
+    length, not the number of entries."""
 
     limit_mib: int = DEFAULT_CACHE_RAM_MIB
-    entries: list[HostEntry] = field(default_factory=list)
+    entries: dict[int, HostEntry] = field(default_factory=dict, init=False)
+    index: RadixTree[int] = field(default_factory=RadixTree, init=False, repr=False)
     n_saved: int = 0  # states put here over the server's life
     n_evicted: int = 0  # states dropped to stay under the limit
+    nbytes: int = field(default=0, init=False)  # of every entry's state
+    n_tokens: int = field(default=0, init=False)  # of every entry
+    next_key: int = field(default=0, init=False, repr=False)
 
     @property
     def enabled(self) -> bool:
         return self.limit_mib != 0
 
-    @property
-    def nbytes(self) -> int:
-        return sum(e.nbytes for e in self.entries)
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(len(e.tokens) for e in self.entries)
-
     def holds(self, tokens: list[int]) -> bool:
         """Whether an entry already starts with all of `tokens` (saving them again adds nothing)."""
-        n = len(tokens)
-        return any(len(e.tokens) >= n and e.tokens[:n] == tokens for e in self.entries)
+        return self.index.longest(tokens)[1] == len(tokens)
 
     def put(self, state: SeqState) -> bool:
         """Keep `state`; entries it extends go, then the least recently used until it fits."""
@@ -79,31 +78,38 @@ class HostCache:
         limit = self.limit_mib * 1024 * 1024
         if 0 < limit < nbytes:
             return False
-        toks = state.tokens
-        self.entries = [
-            e for e in self.entries if not (len(e.tokens) <= len(toks) and toks[: len(e.tokens)] == e.tokens)
-        ]
-        if limit > 0:
-            self.entries.sort(key=lambda e: e.t_used)
-            while self.entries and self.nbytes + nbytes > limit:
-                self.entries.pop(0)
-                self.n_evicted += 1
-        self.entries.append(HostEntry(list(toks), state, nbytes))
+        toks = list(state.tokens)
+        for key in self.index.within(toks):
+            self._drop(key)
+        while limit > 0 and self.entries and self.nbytes + nbytes > limit:
+            self._drop(next(iter(self.entries)))
+            self.n_evicted += 1
+        key, self.next_key = self.next_key, self.next_key + 1
+        self.entries[key] = HostEntry(toks, state, nbytes, key)
+        self.index.insert(key, toks)
+        self.nbytes += nbytes
+        self.n_tokens += len(toks)
         self.n_saved += 1
         return True
 
     def best(self, prompt: list[int]) -> tuple[HostEntry | None, int]:
-        """The entry sharing the longest prefix with `prompt`, and its length."""
-        best, n_best = None, 0
-        for e in self.entries:
-            if e.tokens and prompt and e.tokens[0] == prompt[0]:
-                n = common_prefix(e.tokens, prompt)
-                if n > n_best:
-                    best, n_best = e, n
-        return best, n_best
+        """An entry sharing the longest prefix with `prompt`, and its length."""
+        key, n = self.index.longest(prompt)
+        return (None, 0) if key is None else (self.entries[key], n)
 
     def touch(self, e: HostEntry) -> None:
+        """`e` was used: it becomes the last to be evicted (if a later put has not dropped it)."""
         e.t_used = time.perf_counter()
+        if self.entries.get(e.key) is e:
+            self.entries[e.key] = self.entries.pop(e.key)
 
     def clear(self) -> None:
         self.entries.clear()
+        self.index.clear()
+        self.nbytes = self.n_tokens = 0
+
+    def _drop(self, key: int) -> None:
+        e = self.entries.pop(key)
+        self.index.remove(key)
+        self.nbytes -= e.nbytes
+        self.n_tokens -= len(e.tokens)

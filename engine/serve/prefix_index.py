@@ -1,20 +1,28 @@
 """Shared prefixes: every token sequence the cache holds, found by longest common prefix, and
 reused from wherever it lives instead of being prefilled again.
 
-The index is each slot's `cache` (the tokens its sequence's cells hold, by position, kept true
-by the code that adds, removes and shifts those cells) plus the host tier's saved states
-(engine/serve/host_cache.py). It is read, never copied, so it cannot go stale; a lookup scans
-n_slots + host entries, each compared only while tokens agree. Only a slot's exact prefix
-(`Slot.n_exact`: cells that equal a fresh prefill) is offered, so a reused prefix never changes
-an answer.
+The index is two radix trees (engine/serve/radix_tree.py): one of the slots' cells, one of the
+host tier's saved states (engine/serve/host_cache.py, which keeps its own tree true as entries
+come and go). A lookup walks the prompt once down a tree: O(prompt length), however many slots
+and host entries there are. The slots' tree holds each slot's exact prefix (`Slot.n_exact`:
+cells that equal a fresh prefill), so a reused prefix never changes an answer. A slot's tokens
+(`SlotTokens`) are changed by whoever adds, removes or shifts its cells (prefill, decode, a
+context shift, seq_rm, slot reuse, a side runner); every change other than an append marks the
+first position it touched, and before each lookup the tree cuts that slot's path back to the
+mark (or to a shrunken exact prefix) and appends what is new: the work is what changed, and no
+lookup ever sees a stale path.
 
 Where a prefix is found decides what it costs:
 - the slot's own cells: kept (llama-server's prompt cache);
 - another sequence's cells in a unified cache (-kvu): `seq_cp`, the slot's sequence id joins
-  those cells; nothing is computed or copied. A change to one sequence alone (context shift)
-  separates it first (engine/kv/cache.py `separate`), and a cell is free when nobody holds it;
-- another sequence's stream (per-slot streams): its K/V rows copied on the device;
+  those cells past the ones it already has (its own matching cells stay); nothing is computed
+  or copied. A change to one sequence alone (context shift) separates it first
+  (engine/kv/cache.py `separate`), and a cell is free when nobody holds it;
+- another sequence's stream (per-slot streams): its K/V rows past the slot's own copied on the
+  device;
 - host memory (--cache-ram): the saved state restored into the slot's cells.
+With a sliding window the take is partial too: the window cache takes the other sequence's
+window cells (`KVMemory.seq_cp_past`), the full cache only the positions the slot lacks.
 
 Under KV pressure (unified cache) idle sequences give up cells: first those only one idle
 sequence holds, least recently used first, saved to host memory before they go; then idle
@@ -33,6 +41,7 @@ from ubatch.engine.context.state_file import StateError
 from ubatch.engine.kv.cache import NoCellsError
 from ubatch.engine.serve.host_cache import HostCache, HostEntry, cut_state
 from ubatch.engine.serve.prompt_cache import reuse_chunks
+from ubatch.engine.serve.radix_tree import RadixTree
 from ubatch.engine.serve.slot import Slot, SlotState
 from ubatch.engine.serve.stats import PrefixReuse
 
@@ -49,20 +58,43 @@ class PrefixIndex:
         self.n_swa = ctx.model.hparams.n_swa
         self.n_seq = ctx.cparams.n_seq_max
         self.min_shared = MIN_SHARED
+        self.cells: RadixTree[int] = RadixTree()  # slot id -> the slot's exact prefix
+        for sl in slots:
+            sl.saver = self.save  # side runners that take a slot's cells save its prefix first
+
+    def sync(self) -> None:
+        """Bring the slots' tree up to their tokens: each path cut back to the first position
+        changed in place (or to the exact prefix, when it shrank), then extended with the new
+        tokens."""
+        for sl in self.slots:
+            n, have = sl.n_exact, self.cells.length(sl.id)
+            keep = min(have, sl.cache.take_changed(), n)
+            if keep < have:
+                self.cells.truncate(sl.id, keep)
+            if n > keep:
+                self.cells.extend(sl.id, sl.cache[keep:n])
 
     # -- lookups --------------------------------------------------------------------------------
     def _window_ok(self, seq_id: int, n: int) -> bool:
         """A sliding-window cache still holds the cells a token at position n must see."""
         return not (n > 0 and self.n_swa > 0 and self.ctx.memory.seq_pos_min(seq_id) > max(0, n - self.n_swa))
 
-    def in_cells(self, prompt: list[int], exclude: Slot | None = None) -> tuple[Slot | None, int]:
-        """The sequence whose exact cells share the longest prefix with `prompt`."""
+    def matches(self, prompt: list[int]) -> dict[int, int]:
+        """Slot id -> the tokens of `prompt` that slot's exact cells hold (slots sharing none
+        are left out)."""
+        self.sync()
+        return self.cells.match_each(prompt)
+
+    def in_cells(
+        self, prompt: list[int], exclude: Slot | None = None, m: dict[int, int] | None = None
+    ) -> tuple[Slot | None, int]:
+        """The sequence whose exact cells share the longest prefix with `prompt` (`m`: its
+        `matches`, when the caller has them)."""
+        m = self.matches(prompt) if m is None else m
         best, n_best = None, 0
         for o in self.slots:
-            if o is exclude or not o.cache or not prompt or o.cache[0] != prompt[0]:
-                continue
-            n = common_prefix(o.cache[: o.n_exact], prompt)
-            if n > n_best and self._window_ok(o.id, n):
+            n = m.get(o.id, 0)
+            if o is not exclude and n > n_best and self._window_ok(o.id, n):
                 best, n_best = o, n
         return best, n_best
 
@@ -104,8 +136,9 @@ class PrefixIndex:
             return None
         if similarity > 0 and prompt:
             best, best_sim = None, similarity
+            m = self.matches(prompt)
             for s in idle:
-                sim = common_prefix(s.cache[: s.n_exact], prompt) / len(prompt)
+                sim = m.get(s.id, 0) / len(prompt)
                 if s.cache and sim > best_sim:
                     best, best_sim = s, sim
             if best is not None:
@@ -126,27 +159,26 @@ class PrefixIndex:
             self.save(s, 0)
             s.forget(mem)
             return PrefixReuse()
-        n_own = min(common_prefix(s.cache[: s.n_exact], prompt), limit)
+        m = self.matches(prompt)
+        n_own = min(m.get(s.id, 0), limit)
         if not self._window_ok(s.id, n_own):
             n_own = 0
         src, n_seq, entry, n_ram = None, 0, None, 0
         if self.share:
-            src, n_seq = self.in_cells(prompt, exclude=s)
+            src, n_seq = self.in_cells(prompt, exclude=s, m=m)
             n_seq = min(n_seq, limit)
             entry, n_ram = self.in_ram(prompt)
             n_ram = min(n_ram, limit)
         if src is not None and n_seq >= n_own + self.min_shared and n_seq >= n_ram:
-            # unified: the whole prefix joins src's cells (the slot's own copy is freed); between
-            # streams only what the slot lacks is copied, unless a window cache makes it whole
-            start = 0 if self.unified or self.n_swa > 0 else n_own
-            self.save(s, start)
-            mem.seq_rm(s.id, start, -1)
-            s.cut(start)
-            if mem.can_seq_cp(src.id, s.id, start, n_seq):
-                mem.seq_cp(src.id, s.id, start, n_seq)
-                s.cache.extend(src.cache[start:n_seq])
+            # the slot keeps its own n_own cells and takes only what it lacks: src's cells over
+            # [n_own, n_seq) (in a window cache, src's window cells: KVMemory.seq_cp_past)
+            self.save(s, n_own)
+            mem.seq_rm(s.id, n_own, -1)
+            s.cut(n_own)
+            if mem.can_seq_cp_past(src.id, s.id, n_own, n_seq):
+                mem.seq_cp_past(src.id, s.id, n_own, n_seq)
+                s.cache.extend(src.cache[n_own:n_seq])
                 return PrefixReuse(n_own, n_seq - n_own, 0, src.id)
-            n_own = min(n_own, start)
         if entry is not None and n_ram >= n_own + self.min_shared:
             got = self._restore(s, entry, n_ram)
             if got > n_own:

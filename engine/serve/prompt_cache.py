@@ -35,11 +35,14 @@ def pick_slot(slots: Sequence[Slot], prompt: list[int], id_slot: int, similarity
 
 def purge_idle(slots: Sequence[Slot], memory: KVMemory, unified: bool) -> bool:
     """No room left in a unified KV cache: drop the largest idle slot's cached prompt, as
-    llama-server does; False when there is none (or every slot has a stream of its own)."""
+    llama-server does (saved to host memory first, when it can be); False when there is none
+    (or every slot has a stream of its own)."""
     idle = [s for s in slots if not s.busy and s.cache] if unified else []
     if not idle:
         return False
-    max(idle, key=lambda s: len(s.cache)).forget(memory)
+    s = max(idle, key=lambda s: len(s.cache))
+    s.prompt_save()
+    s.forget(memory)
     return True
 
 
