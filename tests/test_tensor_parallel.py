@@ -220,6 +220,35 @@ def test_server_concurrent_requests_and_a_killed_rank(tiny_llama: Path) -> None:
         srv.close()
 
 
+HANG = """
+import os, signal, sys
+from ubatch.engine.batch import Batch
+from ubatch.engine.context.context import Context
+from ubatch.engine.params import ContextParams
+from ubatch.engine.parallel.launch import start
+from ubatch.engine.parallel.worker import load_shard
+if __name__ == "__main__":
+    r = start(2, timeout_s=3)
+    ctx = Context(load_shard(r.group, sys.argv[1], "cpu"), ContextParams(n_ctx=256, n_threads=1))
+    ctx.decode(Batch.from_tokens([1, 2, 3], 0, 0, True))
+    os.kill(r.procs[0].pid, signal.SIGSTOP)  # rank 1 hangs
+    try:
+        ctx.decode(Batch.from_tokens([4], 3, 0, True))
+    except Exception as e:
+        print(type(e).__name__, e)
+    os.kill(r.procs[0].pid, signal.SIGKILL)
+"""
+
+
+def test_a_hung_rank_stops_rank_0_within_the_timeout(tiny_llama: Path, tmp_path: Path) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    r = run([sys.executable, str(script), str(tiny_llama)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("RankLost tensor parallelism: rank 1 (alive, not answering) stopped answering"), r.stdout
+    assert "Timed out waiting 3000ms" in r.stdout
+
+
 def test_info_answers_per_rank_and_how_many_ranks(default_model_path: Path) -> None:
     r = run([*CLI, "info", "-m", str(default_model_path), "-c", "8192", "-tp", "2", "--json"])
     assert r.returncode == 0, r.stderr

@@ -3,9 +3,9 @@
 Two process groups: the compute group carries the graphs' all-reduces and the logits gather
 (NCCL between CUDA devices, gloo between CPU processes); the control group (always gloo, on the
 host) carries rank 0's messages: which model, which context, which batch, which cell operation.
-The control group waits for rank 0 as long as rank 0 lives, so an idle server's ranks do not time
-out; the compute group's timeout is the fault timeout: a rank that dies or hangs makes the others'
-next collective fail within it, and that failure names the rank (`RankLost`).
+The other ranks wait for rank 0's next message as long as rank 0 lives, so an idle server's ranks
+do not time out; everything else has the fault timeout: a rank that dies or hangs makes rank 0's
+next message or collective fail within it, and that failure names the rank (`RankLost`).
 """
 
 from __future__ import annotations
@@ -195,7 +195,11 @@ def join(rv: Rendezvous) -> TPGroup:
             world_size=rv.world,
             timeout=timedelta(seconds=rv.timeout_s),
         )
-        control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        # each process sets its own side's timeout: rank 0's messages must arrive within the
+        # fault timeout; the others wait for the next one as long as rank 0 lives
+        control = dist.new_group(
+            backend="gloo", timeout=timedelta(seconds=rv.timeout_s) if rv.rank == 0 else CONTROL_TIMEOUT
+        )
     except (RuntimeError, dist.DistError, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ContextError(

@@ -52,6 +52,13 @@ class Ranks:
         gone = [f"rank {i + 1} (exit code {p.exitcode})" for i, p in enumerate(self.procs) if p.exitcode is not None]
         return ", ".join(gone)
 
+    def culprit(self) -> str:
+        """Who failed: the ranks that exited, else the silent one(s) (a hang: alive, not answering)."""
+        if gone := self.dead():
+            return gone
+        w = self.group.world
+        return "rank 1 (alive, not answering)" if w == 2 else f"one of ranks 1-{w - 1} (alive, not answering)"
+
     def stop(self) -> None:
         """Rank 0: tell the others to stop, wait for the ones it started, leave the group."""
         if self.stopped or self.rank != 0:
@@ -117,6 +124,6 @@ def start(world: int, timeout_s: float = DEFAULT_TIMEOUT_S, cuda: bool = False) 
             p.kill()
         raise
     ranks = Ranks(group, procs)
-    group.failed = ranks.dead
+    group.failed = ranks.culprit
     atexit.register(ranks.stop)
     return ranks
