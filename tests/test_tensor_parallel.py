@@ -78,6 +78,19 @@ def test_each_rank_holds_about_half_the_weights_and_kv(tiny_llama_model: Model, 
         assert b.tp.kv_replicated is not kv_half
 
 
+def test_every_cell_operation_is_announced_to_the_other_ranks() -> None:
+    """A KV memory method that changes cells from outside a decode must be mirrored, or the ranks'
+    cells drift apart; the ones a decode calls itself run on every rank anyway."""
+    from ubatch.engine.context.mirror import MEMORY_OPS, MirroredMemory
+    from ubatch.engine.kv.memory import KVMemory
+
+    public = {n for n, v in vars(KVMemory).items() if callable(v) and not n.startswith("_")}
+    in_decode = {"build", "init_batch", "prepare", "place", "update"}
+    reads = {"seq_pos_max", "seq_pos_min", "n_to_separate", "can_seq_cp", "can_seq_cp_past", "positions_apart"}
+    assert public - in_decode - reads == set(MEMORY_OPS)
+    assert all(n in vars(MirroredMemory) for n in MEMORY_OPS)
+
+
 # -- real ranks ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ranks() -> Iterator[Ranks]:

@@ -14,6 +14,7 @@ from ubatch.engine.model.shard import Channel
 MEMORY_OPS: dict[str, Callable[..., None]] = {
     "seq_rm": KVMemory.seq_rm,
     "seq_cp": KVMemory.seq_cp,
+    "seq_cp_past": KVMemory.seq_cp_past,
     "seq_keep": KVMemory.seq_keep,
     "seq_add": KVMemory.seq_add,
     "seq_div": KVMemory.seq_div,
@@ -52,6 +53,10 @@ class MirroredMemory(KVMemory):
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         with self._announced("seq_cp", src, dst, p0, p1):
             super().seq_cp(src, dst, p0, p1)
+
+    def seq_cp_past(self, src: int, dst: int, n_past: int, p1: int) -> None:
+        with self._announced("seq_cp_past", src, dst, n_past, p1):
+            super().seq_cp_past(src, dst, n_past, p1)
 
     def seq_keep(self, s: int) -> None:
         with self._announced("seq_keep", s):
