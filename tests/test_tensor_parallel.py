@@ -190,27 +190,33 @@ def test_a_rendezvous_nobody_joins_is_one_line(tiny_gemma: Path) -> None:
     assert "tensor parallelism: rank 0 of 2 could not meet the others" in r.stderr, r.stderr
 
 
-def ask(url: str, prompt: str) -> str:
-    body = {"prompt": prompt, "n_predict": 16, "temperature": 0, "cache_prompt": False}
+def ask(url: str, prompt: str, cached: list[int] | None = None) -> str:
+    body = {"prompt": prompt, "n_predict": 16, "temperature": 0}
     r = httpx.post(url + "/completion", json=body, timeout=120)
     assert r.status_code == 200, r.text
+    if cached is not None:
+        cached.append(int(r.json()["tokens_cached"]))
     return str(r.json()["content"])
 
 
 def test_server_concurrent_requests_and_a_killed_rank(tiny_llama: Path) -> None:
-    prompts = [f"story number {i} begins" for i in range(4)]
-    srv = Server(tiny_llama, "-np", "2")
+    # a long common prefix: the unified cache shares its cells between the slots (seq_cp), which
+    # rank 0 must announce like every other cell operation
+    common = "once upon a time there was a little town by the sea where " * 4
+    prompts = [f"{common}story number {i} begins" for i in range(4)]
+    srv = Server(tiny_llama, "-np", "2", "-kvu")
     try:
         want = [ask(srv.url, p) for p in prompts]
     finally:
         srv.close()
-    srv = Server(tiny_llama, "-np", "2", "-tp", "2", "--tp-timeout", "10")
+    srv = Server(tiny_llama, "-np", "2", "-kvu", "-tp", "2", "--tp-timeout", "10")
     try:
         assert "tensor parallel = 2 ranks" in srv.log
         got: list[str] = [""] * len(prompts)
+        cached: list[int] = []
 
         def one(i: int) -> None:
-            got[i] = ask(srv.url, prompts[i])
+            got[i] = ask(srv.url, prompts[i], cached)
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
         for t in threads:
@@ -218,6 +224,7 @@ def test_server_concurrent_requests_and_a_killed_rank(tiny_llama: Path) -> None:
         for t in threads:
             t.join(180)
         assert got == want
+        assert max(cached) > 16  # a later request took the common prefix from cached cells
         # kill rank 1: what is asked next is answered 503 and the server exits with one line
         pid = int(srv.wait_line(r"rank 1 pid (\d+)").group(1))
         os.kill(pid, signal.SIGKILL)
