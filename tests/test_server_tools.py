@@ -4,7 +4,7 @@ client, unchanged, against a real loopback server on a tiny model whose template
 model's call valid for the tool's schema), streamed calls reassembled by the client, the tool
 messages of a round trip rendered, llama-server's refusals, and reasoning_content read out of a
 thinking template's `<think>` block (--reasoning-format, the per-request reasoning_format,
---reasoning-budget 0).
+-rea off; a reasoning budget, even of 0, leaves the template alone).
 """
 
 from __future__ import annotations
@@ -122,14 +122,14 @@ def template_file(tmp: Path, name: str, text: str) -> str:
 @pytest.fixture(scope="module")
 def urls(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
     """One engine behind three apps: Qwen 2.5's template; a thinking template; and that one
-    with --reasoning-budget 0."""
+    with -rea off."""
     tmp = tmp_path_factory.mktemp("templates")
     qwen, think = template_file(tmp, "qwen25.jinja", QWEN25), template_file(tmp, "think.jinja", THINKING)
     eng = start_server_engine(tiny_gemma, 2, 6144)
     apps = [
         Live(create_app(eng, ServerOptions(alias="tiny", chat_template=qwen))),
         Live(create_app(eng, ServerOptions(alias="tiny", chat_template=think))),
-        Live(create_app(eng, ServerOptions(alias="tiny", chat_template=think, reasoning_budget=0))),
+        Live(create_app(eng, ServerOptions(alias="tiny", chat_template=think, reasoning="off"))),
     ]
     yield apps[0].url, apps[1].url, apps[2].url
     for a in apps:
@@ -242,9 +242,12 @@ def test_reasoning_content(urls: tuple[str, str, str]) -> None:
     assert "".join(d.content or "" for d in deltas) == "Hello there"
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, extra_body={"reasoning_format": "x"})
-    # thinking off: --reasoning-budget 0, or the request's enable_thinking
+    # thinking off: -rea off, or the request's enable_thinking; a budget of 0 is not "off" (as in
+    # llama-server it leaves the template alone: the sampler ends a block the model opens)
     off = httpx.post(urls[2] + "/apply-template", json={"messages": ASK}, timeout=60).json()["prompt"]
     on = httpx.post(urls[1] + "/apply-template", json={"messages": ASK}, timeout=60).json()["prompt"]
     assert off.endswith("<think>\n\n</think>\n\n") and on.endswith("assistant\n")
     body = {"messages": ASK, "chat_template_kwargs": {"enable_thinking": False}}
     assert httpx.post(urls[1] + "/apply-template", json=body, timeout=60).json()["prompt"] == off
+    zero = {"messages": ASK, "reasoning_budget_tokens": 0, "thinking_budget_tokens": 0}
+    assert httpx.post(urls[1] + "/apply-template", json=zero, timeout=60).json()["prompt"] == on

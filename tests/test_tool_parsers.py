@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ubatch.engine.chat.tools import ChatStreamParser, ToolFormat, detect_tool_format, parse_chat_output
+from ubatch.engine.chat.tools import ChatStreamParser, Tool, ToolFormat, detect_tool_format, parse_chat_output
 from ubatch.engine.chat.tools.types import ChatMessageOut
 
 QWEN_ONE = (
@@ -32,6 +32,40 @@ GENERIC_CALLS = (
     '{"tool_calls": [{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": [1, 2, {"y": null}]}}]}'
 )
 GENERIC_RESPONSE = '{"response": "Hello! \\"Quoted\\" and\\nnew line \\u00e9t\\u00e9"}'
+FUNCTIONARY_CALL = 'get_weather\n{"location": "Paris"}'
+FUNCTIONARY_MIXED = 'all\nLet me look both up.>>>get_weather\n{"location": "Paris"}>>>get_time\n{"tz": "CET"}'
+FUNCTIONARY_TEXT = "all\nIt is sunny in Paris.\nEnjoy!"
+QWEN3_CODER = (
+    'I will check.\n<tool_call>\n<function=get_weather>\n<parameter=location>\nParis, "FR"\n</parameter>\n'
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=run>\n"
+    "<parameter=code>\ndef f(x):\n    return {'a': [x, 1]}\n\nprint(f(2))\n</parameter>\n</function>\n</tool_call>"
+)
+QWEN3_CODER_BARE = "<function=get_time>\n<parameter=tz>\n123\n</parameter>\n</function>\n</tool_call>"
+QWEN35_THINK = (
+    "Paris first.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=location>\nParis\n"
+    "</parameter>\n</function>\n</tool_call>"
+)
+HARMONY_CALL = (
+    "<|channel|>analysis<|message|>I need the weather.<|end|><|start|>assistant<|channel|>commentary"
+    ' to=functions.get_weather <|constrain|>json<|message|>{"location": "Paris"}'
+)
+HARMONY_ROLE_CALL = '<|channel|>analysis<|message|>Time.<|end|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"tz": "CET"}'
+HARMONY_FINAL = (
+    "<|channel|>analysis<|message|>Simple: greet.<|end|><|start|>assistant<|channel|>final<|message|>Hello there!"
+)
+HARMONY_PREAMBLE = (
+    "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>commentary"
+    ' to=functions.get_weather<|message|>{"location": "Oslo"}'
+)
+SCHEMA_TOOLS = [
+    Tool(
+        "get_weather",
+        "",
+        {"type": "object", "properties": {"location": {"type": "string"}, "days": {"type": "integer"}}},
+    ),
+    Tool("get_time", "", {"type": "object", "properties": {"tz": {"type": "string"}}}),
+    Tool("run", "", {"type": "object", "properties": {"code": {"type": "string"}}}),
+]
 DS_R1 = (
     "I need the weather.\n</think>\n\n"
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
@@ -90,6 +124,44 @@ CASES = [
     (GENERIC_CALLS, ToolFormat.GENERIC, {}, "", [("a", {}), ("b", {"x": [1, 2, {"y": None}]})]),
     (GENERIC_RESPONSE, ToolFormat.GENERIC, {}, 'Hello! "Quoted" and\nnew line été', []),
     (DS_R1, ToolFormat.DEEPSEEK_R1, {"thinking_forced_open": True}, "", [("get_weather", {"location": "Oslo"})]),
+    (FUNCTIONARY_CALL, ToolFormat.FUNCTIONARY_V3_2, {}, "", [("get_weather", {"location": "Paris"})]),
+    (HARMONY_CALL, ToolFormat.GPT_OSS, {"tools": SCHEMA_TOOLS}, "", [("get_weather", {"location": "Paris"})]),
+    (HARMONY_ROLE_CALL, ToolFormat.GPT_OSS, {"tools": SCHEMA_TOOLS}, "", [("get_time", {"tz": "CET"})]),
+    (HARMONY_FINAL, ToolFormat.GPT_OSS, {}, "Hello there!", []),
+    (
+        HARMONY_PREAMBLE,
+        ToolFormat.GPT_OSS,
+        {"tools": SCHEMA_TOOLS},
+        "Let me check.",
+        [("get_weather", {"location": "Oslo"})],
+    ),
+    (
+        FUNCTIONARY_MIXED,
+        ToolFormat.FUNCTIONARY_V3_2,
+        {},
+        "Let me look both up.",
+        [("get_weather", {"location": "Paris"}), ("get_time", {"tz": "CET"})],
+    ),
+    (FUNCTIONARY_TEXT, ToolFormat.FUNCTIONARY_V3_2, {}, "It is sunny in Paris.\nEnjoy!", []),
+    (
+        QWEN3_CODER,
+        ToolFormat.QWEN3_CODER,
+        {"tools": SCHEMA_TOOLS},
+        "I will check.",
+        [
+            ("get_weather", {"location": 'Paris, "FR"', "days": 3}),
+            ("run", {"code": "def f(x):\n    return {'a': [x, 1]}\n\nprint(f(2))"}),
+        ],
+    ),
+    (QWEN3_CODER_BARE, ToolFormat.QWEN3_CODER, {"tools": SCHEMA_TOOLS}, "", [("get_time", {"tz": "123"})]),
+    (QWEN3_CODER_BARE, ToolFormat.QWEN3_CODER, {}, "", [("get_time", {"tz": 123})]),  # no schema: JSON if it parses
+    (
+        QWEN35_THINK,
+        ToolFormat.QWEN3_CODER,
+        {"thinking_forced_open": True, "tools": SCHEMA_TOOLS},
+        "",
+        [("get_weather", {"location": "Paris"})],
+    ),
     ("Just text, no calls at all.", ToolFormat.HERMES, {}, "Just text, no calls at all.", []),
     ("The weather is nice.", ToolFormat.LLAMA3, {}, "The weather is nice.", []),
 ]
@@ -185,3 +257,94 @@ def test_detect_from_real_templates() -> None:
     assert detect_tool_format(t["google-gemma-2-2b-it"]) is ToolFormat.GENERIC
     assert detect_tool_format(t["deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"]) is ToolFormat.DEEPSEEK_R1
     assert detect_tool_format(None) is ToolFormat.GENERIC
+    assert detect_tool_format(t["meetkai-functionary-medium-v3.2"]) is ToolFormat.FUNCTIONARY_V3_2
+    assert detect_tool_format(t["Qwen3-Coder"]) is ToolFormat.QWEN3_CODER
+    assert detect_tool_format(t["Qwen3.5-4B"]) is ToolFormat.QWEN3_CODER
+    assert detect_tool_format(t["Qwen-Qwen3-0.6B"]) is ToolFormat.HERMES
+    assert detect_tool_format(t["openai-gpt-oss-120b"]) is ToolFormat.GPT_OSS
+
+
+def test_functionary_and_qwen3_coder_malformed_and_cut() -> None:
+    # a model that wrote plain lines is content; so is one that never finished its recipient
+    for text in ("Hello there\nHow are you?", "Sure thing"):
+        assert parse_chat_output(text, ToolFormat.FUNCTIONARY_V3_2).content == text
+    # a string parameter streams as it is written; a number waits until it is whole
+    p = ChatStreamParser(ToolFormat.QWEN3_CODER, tools=SCHEMA_TOOLS)
+    d = p.feed("<tool_call>\n<function=get_weather>\n<parameter=location>\nPar")
+    assert (d.tool_calls[0].name, d.tool_calls[0].arguments) == ("get_weather", '{"location": "Par')
+    assert p.feed("is\n").tool_calls[0].arguments == "is"  # the newline may end the value: held back
+    assert p.feed("</parameter>\n<parameter=days>\n1").tool_calls[0].arguments == '"'
+    assert p.feed("2\n</parameter>\n</function>").tool_calls[0].arguments == ', "days": 12}'
+    p.finish()
+    assert calls(p.message) == [("get_weather", {"location": "Paris", "days": 12})]
+    # cut inside the value: the call as far as it went
+    cut = parse_chat_output(QWEN3_CODER[: QWEN3_CODER.index("Par") + 3], ToolFormat.QWEN3_CODER, tools=SCHEMA_TOOLS)
+    assert cut.content == "I will check." and [(c.name, c.arguments) for c in cut.tool_calls] == [
+        ("get_weather", '{"location": "Par')
+    ]
+
+
+def test_generic_call_cut_by_the_end_of_generation() -> None:
+    """n_predict ends the answer inside the arguments: the final message keeps the call with the
+    arguments written so far (llama.cpp's lenient parse), as the stream already showed it, and
+    sends nothing more as content."""
+    cut = GENERIC_CALL[:-7]  # '{"tool_call": {"name": "get_weather", "arguments": {"location": "R'
+    m = parse_chat_output(cut, ToolFormat.GENERIC)
+    assert m.content == "" and [(c.name, c.arguments) for c in m.tool_calls] == [("get_weather", '{"location": "R')]
+    for seed in range(8):
+        summed, final = stream(cut, ToolFormat.GENERIC, seed)
+        assert summed.content == final.content == ""
+        assert [(c.name, c.arguments) for c in summed.tool_calls] == [(c.name, c.arguments) for c in final.tool_calls]
+    # a response cut short is the text so far; a call whose name never finished is the raw text
+    assert parse_chat_output(GENERIC_RESPONSE[:20], ToolFormat.GENERIC).content == "Hello!"
+    head = '{"tool_call": {"name": "get_w'
+    assert parse_chat_output(head, ToolFormat.GENERIC).content == head
+
+
+@pytest.mark.parametrize("text,fmt,kw", [(t, f, k) for t, f, k, _, _ in CASES])
+def test_every_cut_streams_what_it_parses_to(text: str, fmt: ToolFormat, kw: dict) -> None:
+    """Wherever generation stops, the streamed deltas add up to the final message: nothing the
+    stream sent as a call comes back as content."""
+    for n in range(1, len(text) + 1):
+        cut = text[:n]
+        whole = parse_chat_output(cut, fmt, **kw)
+        summed, final = stream(cut, fmt, n, **kw)
+        assert (summed.content, summed.reasoning_content) == (final.content, final.reasoning_content), cut
+        assert (final.content, final.reasoning_content) == (whole.content, whole.reasoning_content), cut
+        got = [(c.name, c.arguments) for c in summed.tool_calls]
+        assert (
+            got
+            == [(c.name, c.arguments) for c in final.tool_calls]
+            == [(c.name, c.arguments) for c in whole.tool_calls]
+        ), cut
+
+
+def test_harmony_channels() -> None:
+    """GPT-OSS: analysis is the reasoning (several blocks join), a call to a tool not offered
+    is dropped (a built-in tool's, or any with tool_choice none), reasoning_format none keeps
+    the analysis in the content as written, text that is not harmony is content."""
+    m = parse_chat_output(HARMONY_CALL, ToolFormat.GPT_OSS, tools=SCHEMA_TOOLS)
+    assert m.reasoning_content == "I need the weather."
+    two = "<|channel|>analysis<|message|>One. <|end|><|start|>assistant<|channel|>analysis<|message|>Two.<|end|>"
+    assert (
+        parse_chat_output(
+            two + HARMONY_FINAL[len("<|channel|>analysis<|message|>Simple: greet.<|end|>") :], ToolFormat.GPT_OSS
+        ).reasoning_content
+        == "One. Two."
+    )
+    assert parse_chat_output(HARMONY_CALL, ToolFormat.GPT_OSS).tool_calls == []  # nothing offered
+    browse = '<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>commentary to=browser.search<|message|>{"q": 1}'
+    assert parse_chat_output(browse, ToolFormat.GPT_OSS, tools=SCHEMA_TOOLS).tool_calls == []
+    none = parse_chat_output(HARMONY_FINAL, ToolFormat.GPT_OSS, reasoning_format="none")
+    assert (
+        none.reasoning_content == ""
+        and none.content == "<|channel|>analysis<|message|>Simple: greet.<|end|>Hello there!"
+    )
+    assert parse_chat_output("Just words.", ToolFormat.GPT_OSS).content == "Just words."
+    for seed in range(6):
+        summed, final = stream(HARMONY_FINAL, ToolFormat.GPT_OSS, seed)
+        assert (
+            (summed.reasoning_content, summed.content)
+            == ("Simple: greet.", "Hello there!")
+            == (final.reasoning_content, final.content)
+        )

@@ -112,3 +112,57 @@ def test_deepseek_r1_forced_open() -> None:
     assert p.prompt.endswith("<｜Assistant｜><think>\n") and p.thinking_forced_open
     m = p.parse("Two plus two.\n</think>\n\n4")
     assert (m.reasoning_content, m.content) == ("Two plus two.", "4")
+
+
+def test_functionary_v32_round_trip_and_generation_prompt() -> None:
+    """Functionary v3.2 writes calls as `>>>name` then the arguments, concatenated as strings (so
+    they reach it as the JSON text they are); the prompt ends at `>>>`, where the model names
+    the recipient."""
+    p = prepare_chat(
+        template("meetkai-functionary-medium-v3.2"), ROUND_TRIP, tools=[WEATHER], with_generation_prompt=True
+    )
+    assert p.format is ToolFormat.FUNCTIONARY_V3_2 and p.preserved_tokens == (">>>all",)
+    assert '>>>get_weather\n{"location": "Paris"}<|eot_id|>' in p.prompt
+    assert "// Current weather\ntype get_weather = (_: {\nlocation: string,\n}) => any;" in p.prompt
+    assert p.prompt.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n>>>")
+    assert p.generation_prompt == "<|start_header_id|>assistant<|end_header_id|>\n\n>>>"
+    m = p.parse('all\nChecking.>>>get_weather\n{"location": "Oslo"}')
+    assert m.content == "Checking." and [(c.name, c.arguments) for c in m.tool_calls] == [
+        ("get_weather", '{"location": "Oslo"}')
+    ]
+    assert p.grammar is not None and p.grammar.lazy
+
+
+def test_qwen3_coder_and_qwen35_xml_calls() -> None:
+    p = prepare_chat(template("Qwen3-Coder"), ROUND_TRIP, tools=[WEATHER])
+    assert p.format is ToolFormat.QWEN3_CODER and not p.thinking_end_tags
+    assert "<tool_call>\n<function=get_weather>\n<parameter=location>\nParis\n</parameter>\n</function>" in p.prompt
+    assert p.grammar is not None and p.grammar.trigger_words == ("<tool_call>", "<function=get_weather>")
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    q = prepare_chat(template("Qwen3.5-4B"), msgs, tools=[WEATHER], with_generation_prompt=True)
+    assert q.format is ToolFormat.QWEN3_CODER and q.thinking_forced_open
+    assert q.generation_prompt == "<|im_start|>assistant\n<think>\n"
+    # a reasoning budget closes the block as the template writes it; a call also ends it
+    assert (q.thinking_start_tag, q.thinking_end_tags) == ("<think>", ("\n</think>", "</think>", "<tool_call>"))
+    text = "Look it up.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=location>\nParis\n</parameter>\n</function>\n</tool_call>"
+    m = q.parse(text)
+    assert m.reasoning_content == "Look it up." and json.loads(m.tool_calls[0].arguments) == {"location": "Paris"}
+
+
+def test_gpt_oss_history_and_channels() -> None:
+    """GPT-OSS reads an assistant's reasoning from `thinking` (moved there from reasoning_content);
+    its replies are read by channel, tools or not; a reasoning budget watches the analysis channel."""
+    history = [ROUND_TRIP[0], {**ROUND_TRIP[1], "reasoning_content": "Look it up."}, ROUND_TRIP[2]]
+    p = prepare_chat(template("openai-gpt-oss-120b"), history, tools=[WEATHER])
+    assert p.format is ToolFormat.GPT_OSS and p.prompt.endswith("<|start|>assistant")
+    assert "<|start|>assistant<|channel|>analysis<|message|>Look it up.<|end|>" in p.prompt
+    assert (
+        '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"location": "Paris"}<|call|>'
+        in p.prompt
+    )
+    assert (p.thinking_start_tag, p.thinking_end_tags) == ("<|channel|>analysis<|message|>", ("<|end|>",))
+    assert "<|channel|>" in p.preserved_tokens and p.grammar is not None and p.grammar.lazy
+    plain = prepare_chat(template("openai-gpt-oss-120b"), [{"role": "user", "content": "hi"}])
+    assert plain.format is ToolFormat.GPT_OSS and plain.grammar is None
+    m = plain.parse("<|channel|>analysis<|message|>Greet.<|end|><|start|>assistant<|channel|>final<|message|>Hi!")
+    assert (m.reasoning_content, m.content) == ("Greet.", "Hi!")

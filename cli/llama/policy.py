@@ -35,17 +35,10 @@ _TOOLS = "no tool runtime or agent is bundled with ubatch"
 _REASON = (
     "the output is not parsed for reasoning or tool calls; text is returned as generated (ubatch server parses them)"
 )
-# the server parses replies (--reasoning-format, --reasoning-budget 0 and -rea are implemented); these stay unread
-_SERVER_REASON = (
-    "the server's templates get no reasoning_effort / preserve_reasoning and thinking has no token budget;"
-    " replies are always parsed"
-)
-_SERVER_REASON_FLAGS = {
-    "--reasoning-effort",
-    "--reasoning-budget-message",
-    "--reasoning-preserve",
-    "--skip-chat-parsing",
-}
+# the server parses replies and budgets thinking (--reasoning-format, -rea, --reasoning-budget and
+# --reasoning-budget-message are implemented); these stay unread
+_SERVER_REASON = "the server's templates get no reasoning_effort / preserve_reasoning; replies are always parsed"
+_SERVER_REASON_FLAGS = {"--reasoning-effort", "--reasoning-preserve", "--skip-chat-parsing"}
 _CKPT = "ubatch keeps no context checkpoints and needs no defragmentation; the server keeps prompts that leave the KV cache in --cache-ram"
 _PRESET = "presets download models; ubatch never downloads: give a local GGUF with -m"
 _DOWNLOAD = "ubatch never downloads: give a local GGUF file with -m"

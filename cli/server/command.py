@@ -18,6 +18,7 @@ from ubatch.cli.common import err_console, process_escapes, read_text_file, user
 from ubatch.cli.context_flags import ContextFlags, context_options
 from ubatch.cli.flag_group import Refine, refine
 from ubatch.cli.options import BATCH, CTX, MODEL, SERVER, opt
+from ubatch.cli.parallel_flags import ParallelFlags, parallel_options
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
 from ubatch.cli.server.defaults import (
     DEFAULT_MAX_BODY_SIZE,
@@ -55,6 +56,7 @@ def _csv(v: str | None) -> tuple[str, ...]:
 )
 @sampling_options
 @spec_options
+@parallel_options
 def server(
     model: Optional[Path] = opt("model", None),
     alias: Optional[str] = _flag(
@@ -83,7 +85,13 @@ def server(
     reasoning_budget: int = _flag(
         -1,
         "--reasoning-budget",
-        help="thinking budget: -1 unrestricted, 0 thinking disabled (the template's enable_thinking=false)",
+        help="token budget for thinking: -1 unrestricted, 0 end it at once, N > 0 force its end after N tokens",
+        panel=MODEL,
+    ),
+    reasoning_budget_message: str = _flag(
+        "",
+        "--reasoning-budget-message",
+        help="text written before the forced end-of-thinking tag when the budget runs out",
         panel=MODEL,
     ),
     host: str = _flag("127.0.0.1", "--host", help="addresses to listen on, comma-separated (IPv4, IPv6, *.sock)"),
@@ -197,6 +205,7 @@ def server(
     context: ContextFlags = ContextFlags(),
     sampling: SamplingFlags = SamplingFlags(),
     spec: SpecFlags = SpecFlags(),
+    tp: ParallelFlags = ParallelFlags(),
 ) -> None:
     validate.in_range("--port", port, "port", 0, 65535)
     validate.positive("-to", timeout, "timeout")
@@ -208,10 +217,7 @@ def server(
     validate.generation_flags(n_predict, keep)
     validate.choice("--reasoning-format", reasoning_format, "reasoning_format", REASONING_FORMATS)
     reasoning = _on_off_auto("--reasoning", reasoning)
-    if reasoning_budget not in (-1, 0):  # a budget of N > 0 tokens would need the sampler to end thinking
-        raise validate.invalid(
-            "--reasoning-budget", reasoning_budget, "reasoning_budget", "use -1 (unrestricted) or 0 (thinking disabled)"
-        )
+    validate.at_least("--reasoning-budget", reasoning_budget, "reasoning_budget", 0, sentinel=(-1, "unrestricted"))
     if pooling is not None:
         validate.choice("--pooling", pooling, "pooling", ("none", "mean", "cls", "last", "rank"))
     if not _csv(host):
@@ -219,11 +225,13 @@ def server(
     sampling.check()
     for note in spec.check():
         err_console.print(note, markup=False, soft_wrap=True)
+    tp.check()
     context.check(parallel_auto=True)  # last: it imports the engine's tables
     from ubatch.cli.device import resolve_device
 
     # --device cuda without a GPU: one line, exit 1
     dev, context.backend = resolve_device(device, context.backend)
+    tp.follow(dev)
     if context.parallel < 0:  # llama-server's auto: 4 slots and a unified KV cache, whatever -no-kvu says
         context.parallel, context.kv_unified = 4, True
     if chat_template is None and chat_template_file is not None:
@@ -275,6 +283,7 @@ def server(
         timeout=timeout,
         reasoning_format=reasoning_format,
         reasoning_budget=reasoning_budget,
+        reasoning_budget_message=reasoning_budget_message,
         reasoning=reasoning,
     )
     engine = EngineOptions(
@@ -291,6 +300,7 @@ def server(
         pooling=pooling,
         reranking=reranking,
         spec=spec,
+        tp=tp,
         quiet=log_disable,
     )
     serve(

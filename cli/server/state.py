@@ -7,7 +7,7 @@ that wires them together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ubatch.cli.server.defaults import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_JSON_DEPTH, DEFAULT_TIMEOUT_S
@@ -57,15 +57,17 @@ class ServerOptions:
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH  # --max-json-depth: deeper JSON is a 400
     timeout: int = DEFAULT_TIMEOUT_S  # -to: seconds a body may take between chunks (408)
     reasoning_format: str = "auto"  # --reasoning-format: none | deepseek | deepseek-legacy | auto
-    reasoning_budget: int = -1  # --reasoning-budget: -1 unlimited, 0 thinking disabled
+    reasoning_budget: int = -1  # --reasoning-budget: tokens a thinking block may take (-1 unlimited)
+    reasoning_budget_message: str = ""  # --reasoning-budget-message: written before the forced end tag
     reasoning: str = "auto"  # -rea on|off|auto
     webui: bool = True  # --webui/--no-webui: the chat page at / and /engine (cli/server/routes/webui.py)
     webui_path: Path | None = None  # --path DIR: serve this folder at / instead of the bundled chat page
 
     @property
     def enable_thinking(self) -> bool:
-        """The templates' enable_thinking: off with --reasoning-budget 0 or -rea off, as llama-server."""
-        return self.reasoning_budget != 0 and self.reasoning != "off"
+        """The templates' enable_thinking: off with -rea off, as llama-server (a budget, even of
+        0, leaves the template alone: the sampler ends the block instead)."""
+        return self.reasoning != "off"
 
     def model_aliases(self) -> list[str]:
         """`--alias` names as llama-server keeps them: a set, so sorted and without repeats."""
@@ -106,8 +108,11 @@ class ServerState:
         scheduler = engine.scheduler
         o, m = self.options, scheduler.ctx.model
         self.chat = ChatTemplate.for_model(m, o.chat_template, o.jinja)  # a bad --chat-template fails here
+        sampling = replace(
+            o.sampling, reasoning_budget_tokens=o.reasoning_budget, reasoning_budget_message=o.reasoning_budget_message
+        )
         self.defaults = ServerDefaults(
-            sampling=o.sampling,
+            sampling=sampling,
             n_predict=o.n_predict,
             n_ctx_slot=scheduler.n_ctx_slot,
             n_parallel=len(scheduler.slots),
@@ -118,6 +123,7 @@ class ServerState:
             grammar=o.grammar,
             n_keep=o.n_keep,
             special=o.special,
+            vocab=scheduler.vocab,
         )
         self.model_id = o.model_name(m.path)  # llama-server's: the first alias, else the path
         v = scheduler.vocab

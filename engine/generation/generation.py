@@ -1,12 +1,13 @@
 """One sequence's generation, written once for every way ubatch generates.
 
 One-shot completion, chat turns, the server's slots and the `Llama` API all turn logits into
-tokens with the same rules, so they live here and nowhere else: the sampler (with logit biases
-and --ignore-eos), the end-of-generation check, stop strings with llama-server's holdback (text
-that might still become a stop string is not shown yet), the n_predict and context limits,
-top-n log-probabilities, and the context shift. A `Generation` never decodes: the caller does
-(one row per step for a completion, one row among many for a server slot), which is what lets a
-scheduler batch several sequences and, later, speculative decoding add several rows per step.
+tokens with the same rules, so they live here and nowhere else: the sampler (with logit biases,
+--ignore-eos and the reasoning budget's forced tokens), the end-of-generation check, stop
+strings with llama-server's holdback (text that might still become a stop string is not shown
+yet), the n_predict and context limits, top-n log-probabilities, and the context shift. A
+`Generation` never decodes: the caller does (one row per step for a completion, one row among
+many for a server slot), which is what lets a scheduler batch several sequences and, later,
+speculative decoding add several rows per step.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class Generation:
     def accept_prompt(self, tokens: list[int]) -> None:
         """Feed the prompt into the sampler's penalty history."""
         for t in tokens:
-            self.sampler.accept(t)
+            self.sampler.accept(t, generated=False)
         if self.grammar is not None:  # the prompt does not advance the grammar, only penalties
             self.grammar.seen.update(tokens)
 
@@ -157,6 +158,7 @@ class Generation:
         lp = torch.log_softmax(x, -1) if p.n_probs > 0 else None
         if self._bias is not None:
             x = x.index_put(self._bias[:1], self._bias[1], accumulate=True)
+        x = self.sampler.constrain(x)  # the reasoning budget's forced token, if it forces one now
         tok = self.sampler.sample(x) if choose is None else choose(x)
         if self.grammar is not None:  # llama.cpp: check the chain's pick, resample only if refused
             tok = self.grammar.choose(x, tok, self.sampler)

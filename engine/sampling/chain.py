@@ -26,6 +26,7 @@ from ubatch.engine.sampling import stages as S
 from ubatch.engine.sampling.dry import Dry, breaker_table
 from ubatch.engine.sampling.mirostat import Mirostat
 from ubatch.engine.sampling.names import DEFAULT_SAMPLERS, SAMPLER_CHARS, UNSUPPORTED_SAMPLERS
+from ubatch.engine.sampling.reasoning_budget import ReasoningBudget
 from ubatch.engine.sampling.rng import LLAMA_DEFAULT_SEED, Mt19937, resolve_seed
 from ubatch.engine.sampling.stages import Cands, f32
 
@@ -68,6 +69,31 @@ class SamplerParams:
     dry_penalty_last_n: int = 64  # 0 disables DRY; -1: the context size (the Sampler's n_ctx)
     dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    # the reasoning budget (engine/sampling/reasoning_budget.py): -1 unlimited, else the tokens
+    # a thinking block may take before its end is forced; the message is text (the server's
+    # default), the rest token ids the HTTP layer tokenized from the template's tags
+    reasoning_budget_tokens: int = -1
+    reasoning_budget_message: str = ""
+    reasoning_budget_start: tuple[int, ...] = ()  # the thinking start tag
+    reasoning_budget_end: tuple[tuple[int, ...], ...] = ()  # the end tags (the first is forced)
+    reasoning_budget_forced: tuple[int, ...] = ()  # the message, then the first end tag
+    reasoning_budget_prefill: tuple[int, ...] = ()  # the generation prompt, fed before generating
+
+    def reasoning_budget(self, vocab: Vocab | None = None) -> ReasoningBudget | None:
+        """The budget stage these parameters ask for, primed with the generation prompt (None:
+        no budget, or no tags to watch for, as common_sampler_init decides)."""
+        if self.reasoning_budget_tokens < 0 or not self.reasoning_budget_start or not self.reasoning_budget_end:
+            return None
+        budget = ReasoningBudget(
+            self.reasoning_budget_tokens,
+            self.reasoning_budget_start,
+            self.reasoning_budget_end,
+            self.reasoning_budget_forced,
+            vocab,
+        )
+        for t in self.reasoning_budget_prefill:
+            budget.accept(t)
+        return budget
 
 
 class Sampler:
@@ -95,6 +121,9 @@ class Sampler:
         else:
             raise UbatchError(f"mirostat must be 0 (off), 1 or 2, not {p.mirostat}")
         self._greedy = self._greedy_stages()
+        # applied before everything else, as common_sampler_sample applies it (its forced token
+        # goes through the chain, the grammar and every draw like any other)
+        self.budget = p.reasoning_budget(vocab)
 
     def _add(self, name: str, n_ctx: int, vocab: Vocab | None) -> None:
         p = self.params
@@ -162,10 +191,18 @@ class Sampler:
                 return None
         return None  # no temperature stage: llama.cpp draws at temperature 1
 
-    def accept(self, token: int) -> None:
-        """Feed a token into the penalty and DRY histories (prompt tokens and each sampled one)."""
+    def accept(self, token: int, generated: bool = True) -> None:
+        """Feed a token into the penalty and DRY histories (prompt tokens and each sampled one);
+        only generated tokens move the reasoning budget."""
         for accept in self._accept:
             accept(token)
+        if generated and self.budget is not None:
+            self.budget.accept(token)
+
+    def constrain(self, logits: torch.Tensor) -> torch.Tensor:
+        """The row with the reasoning budget applied: while it forces a token, that token alone
+        keeps a finite logit. Callers apply it once per row, before the draw (and the grammar)."""
+        return logits if self.budget is None else self.budget.apply(logits)
 
     def sample(self, logits: torch.Tensor) -> int:
         c = Cands(logits.float())

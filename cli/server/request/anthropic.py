@@ -146,13 +146,14 @@ def _tool_choice(v: Any, out: dict[str, Any]) -> None:
 
 def _thinking(v: Any, out: dict[str, Any]) -> None:
     """thinking {"type": "enabled" | "disabled", "budget_tokens"?}: "disabled" turns the
-    template's thinking off (chat_template_kwargs.enable_thinking); a budget is passed on as
-    llama-server's thinking_budget_tokens."""
+    template's thinking off (chat_template_kwargs.enable_thinking); "enabled" passes its budget
+    on as llama-server's thinking_budget_tokens (10000 when it gives none, as llama-server),
+    which the reasoning budget then enforces."""
     if not isinstance(v, dict) or v.get("type") not in ("enabled", "disabled", "adaptive"):
         raise bad_request("thinking: expected an object with 'type' 'enabled' or 'disabled'")
     budget = v.get("budget_tokens")
-    if v["type"] == "enabled" and isinstance(budget, int) and not isinstance(budget, bool):
-        out["thinking_budget_tokens"] = budget
+    if v["type"] == "enabled":
+        out["thinking_budget_tokens"] = budget if isinstance(budget, int) and not isinstance(budget, bool) else 10000
     if v["type"] == "disabled":
         kwargs = out.get("chat_template_kwargs")
         out["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, dict) else {}), "enable_thinking": False}

@@ -19,6 +19,7 @@ from ubatch.engine.generation.generation import N_PROBS_MAX
 from ubatch.engine.grammar import Grammar
 from ubatch.engine.sampling.chain import LLAMA_DEFAULT_SEED, SamplerParams
 from ubatch.engine.serve.task import INT32_MAX, TaskParams
+from ubatch.engine.vocab.vocab import Vocab
 
 
 def _present(body: dict[str, Any], *keys: str) -> tuple[str, Any] | None:
@@ -100,6 +101,7 @@ class ServerDefaults:
     grammar: Grammar | None = None  # --grammar / --json-schema, compiled once
     n_keep: int = 0  # --keep
     special: bool = False  # -sp: control tokens appear in the text
+    vocab: Vocab | None = None  # the model's: a reasoning budget's tags are tokenized with it
 
 
 def parse_params(
@@ -144,6 +146,7 @@ def parse_params(
         dry_sequence_breakers=get_breakers(body, ds.dry_sequence_breakers),
         samplers=get_samplers(body, ds.samplers),
     )
+    _reasoning_budget(body, sp, ds, d.vocab)
     n_probs = get_int(body, "n_probs", 0, 0, INT32_MAX)
     if n_probs == 0 and isinstance(body.get("logprobs"), int) and not isinstance(body["logprobs"], bool):
         n_probs = get_int(body, "logprobs", 0, 0, INT32_MAX)
@@ -177,6 +180,49 @@ def parse_params(
         p.logit_bias += [(t, -math.inf) for t in sorted(eog)]
     p.grammar = request_grammar(body, d.grammar)
     return p
+
+
+def _str(body: dict[str, Any], key: str) -> str | None:
+    v = body.get(key)
+    if v is not None and not isinstance(v, str):
+        raise bad_request(f"Field '{key}': expected a string, got {type_name(v)}")
+    return v
+
+
+def _reasoning_budget(body: dict[str, Any], sp: SamplerParams, ds: SamplerParams, vocab: Vocab | None) -> None:
+    """server-schema.cpp's reasoning budget fields: the budget, the thinking start tag, the end
+    tags (the first is forced), the message forced before it, and the generation prompt the
+    budget is primed with. A chat writes them from its template (cli/server/request/chat.py);
+    a native body may send them itself."""
+    sp.reasoning_budget_tokens = get_int(body, "reasoning_budget_tokens", ds.reasoning_budget_tokens, -1, INT32_MAX)
+    sp.reasoning_budget_message = ds.reasoning_budget_message
+    if vocab is None:
+        return
+
+    def tokens(text: str) -> tuple[int, ...]:
+        return tuple(vocab.tokenize(text, False, True))
+
+    start = _str(body, "reasoning_budget_start_tag")
+    if start is not None:
+        sp.reasoning_budget_start = tokens(start)
+    ends = body.get("reasoning_budget_end_tags")
+    if ends is None and body.get("reasoning_budget_end_tag") is not None:
+        ends = [_str(body, "reasoning_budget_end_tag")]
+    if ends is not None:
+        if not isinstance(ends, list) or not all(isinstance(t, str) for t in ends):
+            raise bad_request("Field 'reasoning_budget_end_tags': expected an array of strings")
+        sp.reasoning_budget_end = tuple(tokens(t) for t in ends if t)
+    message = _str(body, "reasoning_budget_message")
+    if message is not None and sp.reasoning_budget_end:  # forced: the message, then the first end tag
+        sp.reasoning_budget_message = message
+        sp.reasoning_budget_forced = (tokens(message) if message else ()) + sp.reasoning_budget_end[0]
+    prompt = _str(body, "generation_prompt")
+    if prompt:
+        ids = tokens(prompt)
+        # a tokenizer that puts a space before the first token: that token is not the prompt's
+        if ids and vocab.token_to_piece(ids[0], True)[:1].isspace() and not prompt[:1].isspace():
+            ids = ids[1:]
+        sp.reasoning_budget_prefill = ids
 
 
 def _logit_bias(v: Any, n_vocab: int, tokenize: Callable[[str], list[int]] | None) -> list[tuple[int, float]]:

@@ -72,7 +72,7 @@ class ChatPlan:
 
 def _thinking(body: dict[str, Any], kwargs: dict[str, object], default: bool) -> bool:
     """enable_thinking as llama-server reads it: chat_template_kwargs.enable_thinking, then
-    reasoning_effort "none", then a request's thinking budget of 0."""
+    reasoning_effort "none" (a thinking budget, even of 0, is the sampler's business)."""
     on = default
     v = kwargs.get("enable_thinking")
     if isinstance(v, str):
@@ -81,14 +81,12 @@ def _thinking(body: dict[str, Any], kwargs: dict[str, object], default: bool) ->
         on = v
     if body.get("reasoning_effort") == "none":
         on = False
-    if any(body.get(k) == 0 for k in ("thinking_budget_tokens", "reasoning_budget_tokens")):
-        on = False
     return on
 
 
 def chat_request(body: dict[str, Any], jinja: bool, enable_thinking: bool) -> ChatRequest:
     """The tool and reasoning fields of an OpenAI chat body, with llama-server's refusals.
-    `jinja` and `enable_thinking` are the server's (--jinja, --reasoning-budget 0)."""
+    `jinja` and `enable_thinking` are the server's (--jinja, -rea)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     has_tools = isinstance(tools, list) and bool(tools)
     if not jinja:
@@ -124,9 +122,11 @@ def render_chat(
     req: ChatRequest,
     add_gen: bool,
     default_reasoning_format: str,
+    with_generation_prompt: bool = False,
 ) -> PreparedChat:
     """The prompt rendered with the request's tools and thinking switch, and its plan; a bad
-    tools / tool_choice / reasoning_format is the client's 400."""
+    tools / tool_choice / reasoning_format is the client's 400. `with_generation_prompt`: a
+    reasoning budget will need the generation prompt."""
     kwargs = {k: v for k, v in req.template_kwargs.items() if k != "enable_thinking"}
     try:
         return prepare_chat(
@@ -140,6 +140,7 @@ def render_chat(
             enable_thinking=req.enable_thinking,
             chat_template_kwargs=kwargs or None,
             add_generation_prompt=add_gen,
+            with_generation_prompt=with_generation_prompt,
         )
     except ToolRequestError as e:
         raise bad_request(str(e)) from None

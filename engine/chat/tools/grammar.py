@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ubatch.engine.chat.tools import formats as F
+from ubatch.engine.chat.tools import harmony as H
+from ubatch.engine.chat.tools import parse_tagged as T
 from ubatch.engine.chat.tools.formats import ToolFormat
 from ubatch.engine.chat.tools.parse import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, PYTHON_TAG, THINK_CLOSE, THINK_OPEN
 from ubatch.engine.chat.tools.request import ToolRequestError
@@ -99,14 +101,98 @@ def _repeat(item: str, parallel: bool, sep: str = "space") -> str:
     return f"{item} ( {sep} {item} )*" if parallel else item
 
 
+def _not(c: str) -> str:
+    """A character class of everything but `c`."""
+    esc = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\", "]": "\\]", "^": "\\^", "-": "\\-"}
+    return "[^" + esc.get(c, c) + "]"
+
+
+def _until(b: _Builder, name: str, close: str) -> str:
+    """Text that does not contain `close` (what comes before it)."""
+    alts = [_not(close[0])] + [_lit(close[:i]) + " " + _not(close[i]) for i in range(1, len(close))]
+    return b.rule(name, "( " + " | ".join(alts) + " )*")
+
+
 def _think_rule(b: _Builder, forced_open: bool) -> str:
     """A thinking block: any text without `</think>`, then `</think>` (opened by the prompt
     when forced open)."""
-    close = THINK_CLOSE
-    alts = ["[^" + close[0] + "]"] + [_lit(close[:i]) + " [^" + close[i] + "]" for i in range(1, len(close))]
-    body = b.rule("think-text", "( " + " | ".join(alts) + " )*")
+    body = _until(b, "think-text", THINK_CLOSE)
     open_ = "" if forced_open else _lit(THINK_OPEN) + " "
-    return b.rule("think", f"{open_}{body} {_lit(close)} space")
+    return b.rule("think", f"{open_}{body} {_lit(THINK_CLOSE)} space")
+
+
+def _functionary(b: _Builder, tools: Sequence[Tool], parallel: bool, required: bool) -> tuple[str, tuple[str, ...]]:
+    """`name\n{arguments}` after the prompt's `>>>`, more calls each after `>>>`; a required call may
+    follow a text segment (`all\n...`). Lazily: the first line naming something but `all`, or a
+    later `>>>` not followed by `all`, engages the grammar."""
+    call = b.rule("tool-call", _one_of([f"{_lit(t.name + chr(10))} {b.args_rule(t)}" for t in tools]))
+    calls = f"{call} ( {_lit(T.RECIPIENT)} {call} )*" if parallel else call
+    if required:
+        text = _until(b, "content-text", T.RECIPIENT)
+        return f"( {_lit(T.ALL + chr(10))} {text} {_lit(T.RECIPIENT)} )? {calls}", ()
+    return f"( {_lit(T.RECIPIENT)} )? {calls}", (">>>(?!all)", r"^(?!all\n)[^\n]*\n")
+
+
+def _harmony(b: _Builder, tools: Sequence[Tool], required: bool) -> tuple[str, tuple[str, ...]]:
+    """GPT-OSS: a message to `functions.NAME` (named in the channel's header or, before it, in the
+    role's) with a content type, then the JSON arguments; a required call may follow analysis
+    and preamble messages. Lazily: a recipient right after the prompt, or after a later
+    `<|start|>assistant`, engages it."""
+    kinds = f"( {_lit('commentary')} | {_lit('analysis')} )"
+    channel = b.rule("harmony-channel", f"{_lit(H.CHANNEL)} {kinds}")
+    constraint = b.rule("harmony-constraint", f"( [ \\t\\n]* {_lit(H.CONSTRAIN)}? [A-Za-z0-9_-]+ )?")
+    alts = []
+    for t in tools:
+        to = _lit(" to=functions." + t.name)
+        alts.append(f"( {channel} {to} | {to} {channel} ) {constraint} {_lit(H.MESSAGE)} {b.args_rule(t)}")
+    call = b.rule("tool-call", _one_of(alts))
+    if required:
+        text = _until(b, "message-text", H.END)
+        message = b.rule("message", f"{channel} {_lit(H.MESSAGE)} {text} {_lit(H.END)} {_lit(H.START)}")
+        return f"{message}* {call}", ()
+    patterns = (
+        r"^(\s+to=)",
+        r"^(<\|channel\|>(?:commentary|analysis)\s+to=)",
+        r"<\|start\|>assistant(\s+to=)",
+        r"<\|start\|>assistant(<\|channel\|>(?:commentary|analysis)\s+to=)",
+    )
+    return call, patterns
+
+
+def _qwen3_coder(b: _Builder, tools: Sequence[Tool], parallel: bool, bare_first: bool) -> str:
+    """`<tool_call>\n<function=name>\n`, each parameter as `<parameter=key>\nvalue\n</parameter>\n`
+    (a string as text, anything else as JSON of its schema), `</function>\n</tool_call>`. The
+    parameters come in the schema's order, each once, the optional ones optional (llama.cpp takes
+    the required ones in any order and repeats optional ones at will, which lets a model loop).
+    `bare_first`: the first call may leave out `<tool_call>` (Qwen3-Coder)."""
+    close = "\n" + T.PARAM_CLOSE + "\n"
+    funcs = []
+    for t in tools:
+        props = t.parameters.get("properties")
+        props = props if isinstance(props, dict) else {}
+        req = t.parameters.get("required")
+        required = {k for k in props if isinstance(req, list) and k in req}
+        params: dict[str, str] = {}
+        for key, schema in props.items():
+            head = _lit(f"{T.PARAM_OPEN}{key}>\n")
+            if T.param_kind(schema) == T.JSON:
+                try:
+                    value = b.conv.visit(read_schema(schema), f"{t.name}-arg-{key}")
+                except SchemaError as e:
+                    raise ToolRequestError(f"tool {t.name!r}: {e}") from None
+            else:
+                value = _until(b, "xml-arg-string", close)
+            params[key] = b.rule(f"{t.name}-param-{key}", f"{head} {value} {_lit(close)}")
+        if b.conv.errors:
+            raise ToolRequestError(f"tool {t.name!r}: " + "; ".join(b.conv.errors))
+        parts = [params[k] if k in required else params[k] + "?" for k in props]
+        body = " ".join([_lit(f"{T.FUNCTION_OPEN}{t.name}>\n"), *parts, _lit(T.FUNCTION_CLOSE + "\n")])
+        funcs.append(b.rule(f"{t.name}-function", body))
+    func = b.rule("tool-function", _one_of(funcs))
+    tail = f"{func} {_lit(T.CALL_CLOSE)} space"
+    call = b.rule("tool-call", f"{_lit(T.CALL_OPEN + chr(10))} {tail}")
+    first = b.rule("tool-call-first", f"( {_lit(T.CALL_OPEN + chr(10))} )? {tail}") if bare_first else call
+    return f"{first} ( {call} )*" if parallel else first
 
 
 def build_tool_grammar(
@@ -165,6 +251,13 @@ def build_tool_grammar(
         call = b.rule("tool-call", _one_of(alts))
         body = f"{_lit(F.DS_CALLS_BEGIN)} {_repeat(call, parallel, '')} {_lit(F.DS_CALLS_END)} space"
         words = (F.DS_CALLS_BEGIN,)
+    elif fmt is ToolFormat.FUNCTIONARY_V3_2:
+        body, patterns = _functionary(b, tools, parallel, required)
+    elif fmt is ToolFormat.GPT_OSS:
+        body, patterns = _harmony(b, tools, required)
+    elif fmt is ToolFormat.QWEN3_CODER:
+        body = _qwen3_coder(b, tools, parallel, bare_first=not thinking)
+        words = (T.CALL_OPEN,) if thinking else (T.CALL_OPEN, *(f"{T.FUNCTION_OPEN}{t.name}>" for t in tools))
     else:
         raise ToolRequestError(f"no tool grammar for the {fmt.value} format")
     if required:

@@ -4,45 +4,29 @@ Every parser also reads text cut short (`partial=True`, a stream mid-way): marke
 the start of a tag are held back, a call appears once its name is whole, and its arguments are
 the JSON text written so far. Whatever a partial parse returns is a prefix of what the whole
 text parses to (the stream's deltas rely on it). A call that is not well-formed makes the whole
-answer content, as llama.cpp falls back.
+answer content, as llama.cpp falls back. A whole text that ends inside a call (generation cut by
+n_predict) keeps it as far as it goes, arguments and all, as llama.cpp's lenient parse does:
+the final message is what the stream already showed, never the calls taken back as content.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial as partial_fn
 
 from ubatch.engine.chat.tools import formats as F
+from ubatch.engine.chat.tools.calls import CutShort, Malformed, RawCall, cut_partial_marker, expect
 from ubatch.engine.chat.tools.formats import ToolFormat
+from ubatch.engine.chat.tools.harmony import Harmony, parse_harmony
 from ubatch.engine.chat.tools.jsonscan import partial_string, scan_value, skip_ws
-from ubatch.engine.chat.tools.types import ChatMessageOut, ToolCall, new_call_id
+from ubatch.engine.chat.tools.parse_tagged import functionary_v3_2, param_kinds, qwen3_coder
+from ubatch.engine.chat.tools.types import ChatMessageOut, Tool, ToolCall, new_call_id
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TAG = "[TOOL_CALLS]"
-
-
-class _Malformed(Exception):
-    """The calls are not in the format: the text is content."""
-
-
-@dataclass(slots=True)
-class RawCall:
-    name: str
-    args: str  # JSON text as written (so far, when partial)
-    id: str | None = None
-
-
-def cut_partial_marker(text: str, markers: tuple[str, ...]) -> str:
-    """`text` without a tail that may still grow into one of `markers` (held back)."""
-    cut = len(text)
-    for m in markers:
-        for n in range(min(len(m) - 1, len(text)), 0, -1):
-            if text.endswith(m[:n]):
-                cut = min(cut, len(text) - n)
-                break
-    return text[:cut]
 
 
 # -- reasoning --------------------------------------------------------------------------------
@@ -81,12 +65,12 @@ class _Obj:
 def scan_call_object(
     text: str, pos: int, name_keys: tuple[str, ...] = ("name",), args_keys: tuple[str, ...] = ("arguments",)
 ) -> _Obj:
-    """Read a call object at `pos` (raises _Malformed); partial objects give what is whole."""
+    """Read a call object at `pos` (raises Malformed); partial objects give what is whole."""
     n = len(text)
     if pos >= n:
         return _Obj(None, n, False)
     if text[pos] != "{":
-        raise _Malformed
+        raise Malformed
     pos += 1
     name: str | None = None
     args: str | None = None
@@ -96,7 +80,7 @@ def scan_call_object(
     def result(complete: bool, end: int) -> _Obj:
         if name is None:
             if complete:
-                raise _Malformed
+                raise Malformed
             return _Obj(None, end, False)
         if complete and args is None:
             return _Obj(RawCall(name, "{}", call_id), end, True)
@@ -110,7 +94,7 @@ def scan_call_object(
             return result(True, pos + 1)
         key = partial_string(text, pos)
         if key is None:
-            raise _Malformed
+            raise Malformed
         k, closed = key
         if not closed:
             return result(False, n)
@@ -118,14 +102,14 @@ def scan_call_object(
         if pos >= n:
             return result(False, n)
         if text[pos] != ":":
-            raise _Malformed
+            raise Malformed
         pos = skip_ws(text, pos + 1)
         if pos >= n:
             return result(False, n)
         if k in name_keys or k == "id":
             s = partial_string(text, pos)
             if s is None:
-                raise _Malformed
+                raise Malformed
             if not s[1]:
                 return result(False, n)
             if k == "id":
@@ -136,7 +120,7 @@ def scan_call_object(
         else:
             v = scan_value(text, pos)
             if not v.ok:
-                raise _Malformed
+                raise Malformed
             if k in args_keys:
                 if not v.complete:
                     args = text[pos:].rstrip()
@@ -152,18 +136,8 @@ def scan_call_object(
         if text[pos] == "}":
             return result(True, pos + 1)
         if text[pos] != ",":
-            raise _Malformed
+            raise Malformed
         pos += 1
-
-
-def _expect(text: str, pos: int, word: str) -> int | None:
-    """Position after `word` at `pos`; -1 when the text ends inside it; None if something else."""
-    tail = text[pos : pos + len(word)]
-    if tail == word:
-        return pos + len(word)
-    if len(tail) < len(word) and word.startswith(tail):
-        return -1
-    return None
 
 
 # -- the formats ------------------------------------------------------------------------------
@@ -183,30 +157,24 @@ def _hermes(text: str, partial: bool) -> Parsed:
         if obj.call is not None:
             calls.append(obj.call)
         if not obj.complete:
-            if not partial and obj.call is not None and _whole_args(obj.call):
-                return content, calls  # no closing brace: keep what parses
             if not partial:
-                raise _Malformed
+                raise CutShort
             return content, calls
         pos = skip_ws(text, obj.end)
-        after = _expect(text, pos, HERMES_CLOSE)
+        after = expect(text, pos, HERMES_CLOSE)
         if after is None:
             if pos >= len(text):  # the model stopped before </tool_call>
                 return content, calls
-            raise _Malformed
+            raise Malformed
         if after < 0:
             return content, calls
         pos = skip_ws(text, after)
-        nxt = _expect(text, pos, HERMES_OPEN)
+        nxt = expect(text, pos, HERMES_OPEN)
         if pos >= len(text) or nxt == -1:
             return content, calls
         if nxt is None:
             return content, calls  # trailing text after the calls is dropped, as llama.cpp
         pos = nxt - len(HERMES_OPEN)
-
-
-def _whole_args(call: RawCall) -> bool:
-    return bool(call.args) and scan_value(call.args, 0).complete
 
 
 def _llama3(text: str, partial: bool) -> Parsed:
@@ -218,7 +186,7 @@ def _llama3(text: str, partial: bool) -> Parsed:
             return content, [RawCall("python", _json_str({"code": code}) if not partial else "")]
         obj = scan_call_object(text, pos, args_keys=("parameters", "arguments"))
         if not partial and not obj.complete:
-            raise _Malformed
+            raise CutShort
         return content, [obj.call] if obj.call else []
     start = skip_ws(text, 0)
     if start >= len(text):
@@ -227,11 +195,13 @@ def _llama3(text: str, partial: bool) -> Parsed:
         return (cut_partial_marker(text, (PYTHON_TAG,)) if partial else text), []
     try:
         obj = scan_call_object(text, start, args_keys=("parameters", "arguments"))
-    except _Malformed:
+    except Malformed:
         return text, []
     if not obj.complete:
         if partial:
             return "", [obj.call] if obj.call else []
+        if obj.call is not None:
+            raise CutShort
         return text, []  # a cut-off object that never became a call: text
     if obj.call is None:
         return text, []
@@ -258,7 +228,7 @@ def _call_array(text: str, pos: int, partial: bool) -> list[RawCall]:
     """The calls of a JSON array of call objects starting at `text[pos]` (`[{...}, {...}]`), as
     far as they go: a partial text may end inside the array, a whole one may not."""
     if text[pos] != "[":
-        raise _Malformed
+        raise Malformed
     calls: list[RawCall] = []
     pos += 1
     while True:
@@ -270,13 +240,13 @@ def _call_array(text: str, pos: int, partial: bool) -> list[RawCall]:
             calls.append(obj.call)
         if not obj.complete:
             if not partial:
-                raise _Malformed
+                raise CutShort
             return calls
         pos = skip_ws(text, obj.end)
         if pos >= len(text) or text[pos] == "]":
             return calls
         if text[pos] != ",":
-            raise _Malformed
+            raise Malformed
         pos += 1
 
 
@@ -285,38 +255,40 @@ def _generic(text: str, partial: bool) -> Parsed:
     if start >= len(text):
         return "", []
     if text[start] != "{":
-        raise _Malformed
+        raise Malformed
     pos = skip_ws(text, start + 1)
+    if pos >= len(text):
+        return "", []
     key = partial_string(text, pos)
     if key is None:
-        raise _Malformed
+        raise Malformed
     if not key[1]:
         return "", []
     pos = skip_ws(text, scan_value(text, pos).end)
     if pos >= len(text):
         return "", []
     if text[pos] != ":":
-        raise _Malformed
+        raise Malformed
     pos = skip_ws(text, pos + 1)
     if key[0] == "response":
         s = partial_string(text, pos)
         if s is None:
             if pos >= len(text):
                 return "", []
-            raise _Malformed
+            raise Malformed
         if not partial and not s[1]:
-            raise _Malformed
+            raise CutShort
         return s[0], []
     if key[0] == "tool_call":
         obj = scan_call_object(text, pos)
         if not partial and not obj.complete:
-            raise _Malformed
+            raise CutShort
         return "", [obj.call] if obj.call else []
     if key[0] == "tool_calls":
         if pos >= len(text):
             return "", []
         return "", _call_array(text, pos, partial)
-    raise _Malformed
+    raise Malformed
 
 
 def _deepseek_r1(text: str, partial: bool) -> Parsed:
@@ -335,48 +307,48 @@ def _deepseek_r1(text: str, partial: bool) -> Parsed:
         pos = skip_ws(text, pos)
         if pos >= len(text) or text.startswith(F.DS_CALLS_END, pos):
             return content, calls
-        after = _expect(text, pos, F.DS_CALL_BEGIN)
+        after = expect(text, pos, F.DS_CALL_BEGIN)
         if after is None:
-            if partial and F.DS_CALLS_END.startswith(text[pos:]):
+            if F.DS_CALLS_END.startswith(text[pos:]):  # the closing marker, cut or whole
                 return content, calls
-            raise _Malformed
+            raise Malformed
         if after < 0:
             return content, calls
         sep = text.find(F.DS_SEP, after)
         if sep < 0:
             if partial:
                 return content, calls
-            raise _Malformed
+            raise CutShort
         nl = text.find("\n", sep)
         if nl < 0:
             if partial:
                 return content, calls
-            raise _Malformed
+            raise CutShort
         name = text[sep + len(F.DS_SEP) : nl].strip()
         pos = nl + 1
-        fence = _expect(text, pos, "```json")
+        fence = expect(text, pos, "```json")
         if fence is None:
-            raise _Malformed
+            raise Malformed
         if fence < 0:
             calls.append(RawCall(name, ""))
             return content, calls
         pos = skip_ws(text, fence)
         v = scan_value(text, pos)
         if not v.ok:
-            raise _Malformed
+            raise Malformed
         if not v.complete:
             if not partial:
-                raise _Malformed
+                raise CutShort
             calls.append(RawCall(name, text[pos:].rstrip()))
             return content, calls
         calls.append(RawCall(name, text[pos : v.end]))
         pos = skip_ws(text, v.end)
         for word in ("```", F.DS_CALL_END):
-            nxt = _expect(text, pos, word)
+            nxt = expect(text, pos, word)
             if nxt is None:
                 if pos >= len(text):
                     return content, calls
-                raise _Malformed
+                raise Malformed
             if nxt < 0:
                 return content, calls
             pos = skip_ws(text, nxt)
@@ -388,6 +360,7 @@ _PARSERS: dict[ToolFormat, Callable[[str, bool], Parsed]] = {
     ToolFormat.MISTRAL_NEMO: _mistral,
     ToolFormat.GENERIC: _generic,
     ToolFormat.DEEPSEEK_R1: _deepseek_r1,
+    ToolFormat.FUNCTIONARY_V3_2: functionary_v3_2,
 }
 
 
@@ -399,26 +372,34 @@ def parse_chat_output(
     reasoning_format: str = "auto",
     thinking_forced_open: bool = False,
     call_id: Callable[[int], str] | None = None,
+    tools: Sequence[Tool] = (),
 ) -> ChatMessageOut:
     """Parse the generated text. `reasoning_format` "none" leaves thinking in the content;
     `thinking_forced_open`: the prompt ended inside `<think>` (the text starts in thinking).
-    `call_id(i)` names the i-th call (default: a fresh `call_...` id) unless the model gave one."""
+    `call_id(i)` names the i-th call (default: a fresh `call_...` id) unless the model gave one.
+    `tools`: the request's, for formats whose arguments are typed by their schemas (Qwen3-Coder)."""
+    if fmt is ToolFormat.GPT_OSS:
+        return _harmony(text, partial, reasoning_format == "none", call_id, tools)
     reasoning, rest = "", text
     if reasoning_format != "none":
         reasoning, rest, thinking = split_reasoning(text, thinking_forced_open, partial)
         if thinking:
             return ChatMessageOut("", reasoning)
     parser = _PARSERS.get(fmt)
+    if fmt is ToolFormat.QWEN3_CODER:
+        parser = partial_fn(qwen3_coder, kinds=param_kinds(tools))
     raw: list[RawCall] = []
     if parser is None:
         content = rest
     else:
         try:
             content, raw = parser(rest, partial)
-        except _Malformed:
+        except CutShort:  # the end of generation inside a call: kept as the stream showed it
+            content, raw = parser(rest, True)
+            if not raw and not content:  # nothing was recognised: the text is the answer
+                content = rest
+        except Malformed:
             content, raw = rest, []
-        if fmt is ToolFormat.GENERIC and not raw and content == rest and not partial:
-            pass  # a model that answered without the JSON wrapper: its text is the answer
     if raw:
         content = content.rstrip()
     if partial:
@@ -426,3 +407,22 @@ def parse_chat_output(
     name = call_id or (lambda _i: new_call_id())
     calls = [ToolCall(c.name, c.args, c.id or name(i)) for i, c in enumerate(raw)]
     return ChatMessageOut(content, reasoning, calls)
+
+
+def _harmony(
+    text: str, partial: bool, in_content: bool, call_id: Callable[[int], str] | None, tools: Sequence[Tool]
+) -> ChatMessageOut:
+    """GPT-OSS: the channels say what is reasoning, content and calls (engine/chat/tools/harmony.py);
+    only the offered tools' calls are kept."""
+    names = {t.name for t in tools}
+    try:
+        h = parse_harmony(text, partial, reasoning_in_content=in_content, tools=names)
+    except CutShort:  # the end of generation inside a call: kept as the stream showed it
+        h = parse_harmony(text, True, reasoning_in_content=in_content, tools=names)
+    except Malformed:
+        h = Harmony(content=text)
+    content = h.content.rstrip() if partial or h.calls else h.content
+    name = call_id or (lambda _i: new_call_id())
+    return ChatMessageOut(
+        content, h.reasoning, [ToolCall(c.name, c.args, c.id or name(i)) for i, c in enumerate(h.calls)]
+    )

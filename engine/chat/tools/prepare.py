@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ubatch.engine.chat.tools import formats as F
+from ubatch.engine.chat.tools import harmony as H
+from ubatch.engine.chat.tools import parse_tagged as T
 from ubatch.engine.chat.tools.formats import ToolFormat, detect_tool_format, supports_thinking
 from ubatch.engine.chat.tools.grammar import ToolGrammar, build_tool_grammar
 from ubatch.engine.chat.tools.parse import (
@@ -36,6 +38,9 @@ _PRESERVED: dict[ToolFormat, tuple[str, ...]] = {
     ToolFormat.LLAMA3: (PYTHON_TAG,),
     ToolFormat.MISTRAL_NEMO: (MISTRAL_TAG,),
     ToolFormat.DEEPSEEK_R1: (F.DS_CALLS_BEGIN, F.DS_CALLS_END, F.DS_CALL_BEGIN, F.DS_CALL_END, F.DS_SEP),
+    ToolFormat.FUNCTIONARY_V3_2: (T.RECIPIENT + T.ALL,),
+    ToolFormat.QWEN3_CODER: (T.CALL_OPEN, T.CALL_CLOSE),
+    ToolFormat.GPT_OSS: (H.CHANNEL, H.CONSTRAIN, H.MESSAGE, "<|start|>", H.END),
 }
 
 
@@ -52,6 +57,12 @@ class PreparedChat:
     reasoning_format: str = "auto"
     thinking_forced_open: bool = False  # the prompt ends inside <think>: the answer starts thinking
     preserved_tokens: tuple[str, ...] = ()  # generate these as text (the parser needs them)
+    # the template's thinking tags (none: it does not think), what a reasoning budget watches for
+    thinking_start_tag: str = ""
+    thinking_end_tags: tuple[str, ...] = ()
+    # what add_generation_prompt adds to the prompt (the assistant's header, an opened <think>),
+    # computed when asked for: a reasoning budget is primed with it
+    generation_prompt: str = ""
 
     def compile_grammar(self, tokenize: Callable[[str], list[int]] | None = None) -> Grammar | None:
         """The compiled grammar (lazy ones carry their triggers), or None."""
@@ -60,12 +71,21 @@ class PreparedChat:
     def parse(self, text: str) -> ChatMessageOut:
         """The whole generated text parsed (a non-streaming answer)."""
         return parse_chat_output(
-            text, self.format, reasoning_format=self.reasoning_format, thinking_forced_open=self.thinking_forced_open
+            text,
+            self.format,
+            reasoning_format=self.reasoning_format,
+            thinking_forced_open=self.thinking_forced_open,
+            tools=self.callable_tools,
         )
+
+    @property
+    def callable_tools(self) -> list[Tool]:
+        """The tools a call may name (none with tool_choice none, though the template saw them)."""
+        return self.tools if self.tool_choice.mode != "none" else []
 
     def stream_parser(self) -> ChatStreamParser:
         """A parser for a streamed answer (feed it each piece of text)."""
-        return ChatStreamParser(self.format, self.reasoning_format, self.thinking_forced_open)
+        return ChatStreamParser(self.format, self.reasoning_format, self.thinking_forced_open, self.callable_tools)
 
 
 def _args_object(args: object) -> object:
@@ -78,9 +98,10 @@ def _args_object(args: object) -> object:
     return args
 
 
-def _template_messages(messages: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+def _template_messages(messages: Sequence[Mapping[str, object]], object_args: bool = True) -> list[dict[str, object]]:
     """The messages as llama.cpp hands them to a Jinja template: tool calls' arguments as
-    objects, null content as "" where calls are."""
+    objects (unless the template writes them as strings, as Functionary's concatenates them),
+    null content as "" where calls are."""
     out = []
     for m in messages:
         d = dict(m)
@@ -91,7 +112,7 @@ def _template_messages(messages: Sequence[Mapping[str, object]]) -> list[dict[st
                 if isinstance(c, Mapping):
                     c = dict(c)
                     fn = c.get("function")
-                    if isinstance(fn, Mapping):
+                    if isinstance(fn, Mapping) and object_args:
                         c["function"] = {**fn, "arguments": _args_object(fn.get("arguments"))}
                 fixed.append(c)
             d["tool_calls"] = fixed
@@ -173,11 +194,13 @@ def prepare_chat(
     enable_thinking: bool = True,
     chat_template_kwargs: Mapping[str, object] | None = None,
     add_generation_prompt: bool = True,
+    with_generation_prompt: bool = False,
 ) -> PreparedChat:
     """Render and plan one chat request. `tools` / `tool_choice` / `reasoning_format` are the
     request's JSON values (or parsed Tools / a ToolChoice); ToolRequestError for bad ones,
-    ChatTemplateError from the template. `enable_thinking=False` (--reasoning-budget 0) tells
-    the template so, as llama-server does."""
+    ChatTemplateError from the template. `enable_thinking=False` (-rea off) tells the template
+    so, as llama-server does. `with_generation_prompt`: also find the generation prompt (the
+    template rendered once more, or twice without add_generation_prompt)."""
     tool_list = (
         list(tools) if isinstance(tools, list) and all(isinstance(t, Tool) for t in tools) else parse_tools(tools)
     )
@@ -185,8 +208,12 @@ def prepare_chat(
     rfmt = parse_reasoning_format(reasoning_format, default_reasoning_format)
     source = template.source or ""
     use_tools = bool(tool_list) and choice.mode != "none"
-    fmt = detect_tool_format(template.source) if use_tools else ToolFormat.CONTENT_ONLY
-    msgs = _template_messages(messages)
+    family = detect_tool_format(template.source)
+    harmony = family is ToolFormat.GPT_OSS  # its channels carry the reasoning, tools or not
+    fmt = family if use_tools or harmony else ToolFormat.CONTENT_ONLY
+    msgs = _template_messages(messages, object_args=family is not ToolFormat.FUNCTIONARY_V3_2)
+    if harmony:
+        msgs = _harmony_history(msgs)
     if fmt is ToolFormat.GENERIC:
         msgs = _generic_history(msgs, source)
         msgs = _add_system(
@@ -213,6 +240,55 @@ def prepare_chat(
             thinking_forced_open=forced_open,
         )
     preserved = _PRESERVED.get(fmt, ())
-    if supports_thinking(template.source):
+    thinks = supports_thinking(template.source)
+    if thinks:
         preserved += (THINK_OPEN, THINK_CLOSE)
-    return PreparedChat(prompt, fmt, tool_list, choice, parallel_tool_calls, grammar, rfmt, forced_open, preserved)
+    out = PreparedChat(prompt, fmt, tool_list, choice, parallel_tool_calls, grammar, rfmt, forced_open, preserved)
+    if thinks or forced_open:
+        out.thinking_start_tag, out.thinking_end_tags = THINK_OPEN, _thinking_end_tags(source, family)
+    if harmony:
+        out.thinking_start_tag, out.thinking_end_tags = H.ANALYSIS, (H.END,)
+    if with_generation_prompt:
+        with_gen = (
+            prompt if add_generation_prompt else template.apply(msgs, True, tools=openai_tools, extra_context=extra)
+        )
+        out.generation_prompt = generation_suffix(
+            template.apply(msgs, False, tools=openai_tools, extra_context=extra), with_gen
+        )
+    return out
+
+
+def _harmony_history(messages: list[dict[str, object]]) -> list[dict[str, object]]:
+    """GPT-OSS's template reads an assistant's reasoning from `thinking`, and refuses content
+    beside it in a message with calls (llama.cpp moves it the same way)."""
+    out = []
+    for m in messages:
+        if isinstance(m.get("reasoning_content"), str):
+            m = {**m, "thinking": m["reasoning_content"]}
+            if m.get("tool_calls"):
+                m.pop("content", None)
+        out.append(m)
+    return out
+
+
+def _thinking_end_tags(source: str, family: ToolFormat) -> tuple[str, ...]:
+    """The end tags a reasoning budget watches for, the forced one first: a template that writes
+    a newline before `</think>` (Qwen 3's '\\n</think>\\n\\n') is closed the way it writes it, as
+    llama.cpp's template analysis finds; the bare tag still ends the block when the model writes
+    it, and in Qwen3-Coder's format (Qwen 3.5) so does a call, as llama.cpp's parser for it has."""
+    if family is ToolFormat.QWEN3_CODER:
+        return ("\n" + THINK_CLOSE, THINK_CLOSE, T.CALL_OPEN)
+    if "\\n" + THINK_CLOSE in source or "\n" + THINK_CLOSE in source:
+        return ("\n" + THINK_CLOSE, THINK_CLOSE)
+    return (THINK_CLOSE,)
+
+
+def generation_suffix(without: str, with_gen: str) -> str:
+    """What the generation prompt adds: the rendering with it past the common prefix of both
+    (common_chat_template_generation_prompt)."""
+    n = 0
+    for a, b in zip(without, with_gen):
+        if a != b:
+            break
+        n += 1
+    return with_gen[n:]

@@ -4,11 +4,12 @@ parse has beyond what was sent, so the deltas always concatenate to the final me
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ubatch.engine.chat.tools.formats import ToolFormat
 from ubatch.engine.chat.tools.parse import parse_chat_output
-from ubatch.engine.chat.tools.types import ChatDelta, ChatMessageOut, ToolCallDelta, new_call_id
+from ubatch.engine.chat.tools.types import ChatDelta, ChatMessageOut, Tool, ToolCallDelta, new_call_id
 
 
 @dataclass(slots=True)
@@ -27,8 +28,10 @@ class ChatStreamParser:
         fmt: ToolFormat = ToolFormat.CONTENT_ONLY,
         reasoning_format: str = "auto",
         thinking_forced_open: bool = False,
+        tools: Sequence[Tool] = (),
     ) -> None:
         self.fmt, self.reasoning_format, self.thinking_forced_open = fmt, reasoning_format, thinking_forced_open
+        self.tools = tuple(tools)
         self.text = ""
         self._sent = _Sent()
         self._ids: list[str] = []
@@ -48,6 +51,7 @@ class ChatStreamParser:
             reasoning_format=self.reasoning_format,
             thinking_forced_open=self.thinking_forced_open,
             call_id=self._id,
+            tools=self.tools,
         )
 
     def feed(self, piece: str) -> ChatDelta:
