@@ -22,7 +22,10 @@ class Policy:
     reason: str
 
 
-_GPU = "ubatch runs a whole model on one device (--device cuda|cpu): no per-layer, per-tensor or split offload"
+_GPU = (
+    "ubatch runs each rank's part of the model on one device (--device cuda|cpu), the whole model or with "
+    "-tp N one cut per rank: no per-layer, per-tensor or partial offload"
+)
 _LOAD = "weights are read from the GGUF file into ubatch's own buffers (no mmap/mlock/direct-I/O choice)"
 _THREADS = "one pool of -t threads runs prompt and generation; affinity and priority are left to the OS"
 _FA = "ubatch has one attention implementation over the KV cells (no separate flash-attention path)"
