@@ -23,18 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # ranks sharing cores must not spin at barriers
-
-from ubatch.engine.batch import Batch  # noqa: E402
-from ubatch.engine.context.context import Context, make_backend  # noqa: E402
-from ubatch.engine.context.report import memory_plan  # noqa: E402
-from ubatch.engine.model.default_model import default_model_path  # noqa: E402
-from ubatch.engine.model.model import Model  # noqa: E402
-from ubatch.engine.parallel.launch import Ranks, start  # noqa: E402
-from ubatch.engine.parallel.worker import load_shard  # noqa: E402
-from ubatch.engine.params import ContextParams  # noqa: E402
-from ubatch.kernels.cpu.build import cpu_model  # noqa: E402
-from ubatch.kernels.profiling import ProfilingOps  # noqa: E402
+from ubatch.engine.batch import Batch
+from ubatch.engine.context.context import Context, make_backend
+from ubatch.engine.context.report import memory_plan
+from ubatch.engine.model.default_model import default_model_path
+from ubatch.engine.model.model import Model
+from ubatch.engine.parallel.launch import Ranks, start
+from ubatch.engine.parallel.worker import load_shard
+from ubatch.engine.params import ContextParams
+from ubatch.kernels.cpu.build import cpu_model
+from ubatch.kernels.profiling import ProfilingOps
 
 MIB = 1 << 20
 
@@ -75,7 +73,7 @@ def best(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
 def measure(model: Model, threads: int, reps: int, npl: list[int], backend: str) -> Row:
     rng = np.random.default_rng(0)
     n_vocab = model.hparams.n_vocab
-    params = ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads, backend=backend)
+    params = ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512, n_outputs_max=1, n_threads=threads, backend=backend)
     ctx = Context(model, params)
     row = Row(model.shard.world if model.shard is not None else 1)
     plan = memory_plan(ctx)
@@ -109,7 +107,8 @@ def measure(model: Model, threads: int, reps: int, npl: list[int], backend: str)
     comp = sum(v for k, v in ops.ns.items() if k != "collective") / 1e6 / 128
     row.tg_ms = {"total": wall, "compute": comp, "collective": coll, "python": max(0.0, wall - comp - coll)}
     for n in npl:
-        c = Context(model, ContextParams(n_ctx=max(1024, n * 128), n_seq_max=n, n_threads=threads, backend=backend))
+        cp = ContextParams(n_ctx=max(1024, n * 128), n_seq_max=n, n_outputs_max=n, n_threads=threads, backend=backend)
+        c = Context(model, cp)
         for s in range(n):
             c.decode(Batch.from_tokens(rng.integers(0, n_vocab, 64).tolist(), 0, s))
 
