@@ -1,9 +1,15 @@
-"""ubatch against llama.cpp on this CPU, side by side in one run.
+"""ubatch against llama.cpp on this CPU, side by side in one run: the native builds, then the AVX2 ones.
 
-    python scripts/bench_cpu.py [--llama-bin DIR] [-m MODEL] [-t THREADS] [-r 3] [--npl 1,2,4,8,16]
+    python scripts/bench_cpu.py [--llama-bin DIR] [--llama-bin-avx2 DIR] [--isa native,avx2]
+                                [-m MODEL] [-t THREADS] [-r 3] [--npl 1,2,4,8,16]
 
-Builds nothing: DIR holds llama.cpp's llama-bench, llama-batched-bench and llama-completion (from
-`../shared/tools/llama-cpp.sh` or any build; default: $LLAMA_BIN or ~/.cache/ubatch-yardstick).
+Builds nothing. DIR holds llama.cpp's llama-bench, llama-batched-bench and llama-completion:
+- native: llama.cpp built for this CPU (`../shared/tools/llama-cpp.sh`; default $LLAMA_BIN or
+  ~/.cache/ubatch-yardstick/build/bin) against ubatch's `cpu` backend;
+- avx2: llama.cpp restricted to AVX2/FMA/F16C (`LLAMA_CPP_ISA=avx2 ../shared/tools/llama-cpp.sh`;
+  default $LLAMA_BIN_AVX2 or ~/.cache/ubatch-yardstick/build-avx2/bin) against `--backend
+  cpu-avx2` (ubatch's 256-bit kernels, even on an AVX-512 CPU). Most desktops have AVX2 and no
+  AVX-512, so this is the comparison that holds for them.
 Each measurement runs ubatch and llama.cpp one after the other on the same model, threads and
 flags, alternating over -r rounds so that load elsewhere on the machine hits both alike:
 - pp512 and tg128 t/s (llama-bench vs `ubatch bench`) and their ratio; for tg the weight bytes a
@@ -11,11 +17,11 @@ flags, alternating over -r rounds so that load elsewhere on the machine hits bot
   with ubatch's repacks for ubatch) times t/s, i.e. achieved GB/s;
 - aggregate decode S_TG at each -npl (llama-batched-bench vs `ubatch batched-bench`, -npp 64
   -ntg 32);
-- peak RSS of a 16-token completion at -c 4096 (llama-completion vs `ubatch cli`).
+- (native only) peak RSS of a 16-token completion at -c 4096 (llama-completion vs `ubatch cli`).
 If llama.cpp's repacked weights (its AMX or interleaved-block kernels) kill it on this CPU, as
 its AMX path does with SIGILL on some virtual machines, every llama.cpp tool runs with repacking
 off (`--repack 0` / `-nr`), and the header says so.
-The CPU model, its SIMD flags and the kernel path ubatch took are printed with the table.
+The CPU model, its SIMD flags and the kernel path ubatch took are printed with each table.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ubatch.cli.bench.batched import BatchedParams, run_batched_bench
@@ -83,8 +90,8 @@ def llama_bench(bin_dir: Path, model: Path, threads: int, reps: int, no_repack: 
     return {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out)}
 
 
-def ubatch_bench(model: Model, threads: int, reps: int) -> dict[str, float]:
-    p = BenchParams(models=[model.path], n_threads=[threads], reps=reps)
+def ubatch_bench(model: Model, threads: int, reps: int, backend: str = "auto") -> dict[str, float]:
+    p = BenchParams(models=[model.path], n_threads=[threads], reps=reps, backend=backend)
     return {r.test: r.avg_ts for r in run_bench(p, models={model.path: model})}
 
 
@@ -116,8 +123,8 @@ def llama_batched(bin_dir: Path, model: Path, threads: int, npl: list[int], no_r
     return {r["pl"]: r["speed_tg"] for r in rows}
 
 
-def ubatch_batched(model: Model, threads: int, npl: list[int]) -> dict[int, float]:
-    p = BatchedParams(model=model.path, n_ctx=4096, n_threads=threads, n_pp=[64], n_tg=[32], n_pl=npl)
+def ubatch_batched(model: Model, threads: int, npl: list[int], backend: str = "auto") -> dict[int, float]:
+    p = BatchedParams(model=model.path, n_ctx=4096, n_threads=threads, n_pp=[64], n_tg=[32], n_pl=npl, backend=backend)
     _, rows = run_batched_bench(p, model=model)
     return {r.pl: r.speed_tg for r in rows}
 
@@ -138,45 +145,42 @@ def peak_rss_mib(cmd: list[str]) -> float:
     return int(r.stdout.strip().splitlines()[-1]) / 1024
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument(
-        "--llama-bin", default=os.environ.get("LLAMA_BIN", str(Path.home() / ".cache/ubatch-yardstick/build/bin"))
-    )
-    ap.add_argument("-m", "--model")
-    ap.add_argument("-t", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("-r", type=int, default=3)
-    ap.add_argument("--npl", default="1,2,4,8,16")
-    a = ap.parse_args()
-    bin_dir = Path(a.llama_bin)
-    if not (bin_dir / "llama-bench").exists():
-        sys.exit(f"{bin_dir}: no llama-bench; build it with ../shared/tools/llama-cpp.sh or pass --llama-bin")
-    path = Path(a.model) if a.model else default_model_path()
-    model = Model.load(path)
-    npl = [int(x) for x in a.npl.split(",")]
-    lib = load()
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One comparison: a llama.cpp build and the ubatch backend that matches its instruction set."""
+
+    isa: str  # "native" or "avx2"
+    bin_dir: Path
+    backend: str  # ubatch's --backend
+
+
+def compare(side: Side, model: Model, path: Path, threads: int, reps: int, npl: list[int]) -> None:
+    """pp512/tg128 and batched S_TG of one side, alternating ubatch and llama.cpp, as tables."""
+    lib = load(no_avx512=side.backend == "cpu-avx2")
     simd = sorted(
         f
         for f in cpu_flags()
         if re.fullmatch(r"avx2|fma|f16c|avx512(f|bw|vl|_bf16|_fp16|_vnni|vnni)|amx_(bf16|int8)", f)
     )
     tiles = " + AMX tiles (prefill GEMM)" if lib.amx else ""
+    built = "built for this CPU" if side.isa == "native" else "restricted to AVX2/FMA/F16C"
     print(
-        f"CPU: {cpu_model()} ({os.cpu_count()} CPUs; {' '.join(simd)}), threads {a.t}; "
+        f"\n## {side.isa}: ubatch --backend {side.backend} against llama.cpp {built} ({side.bin_dir})\n\n"
+        f"CPU: {cpu_model()} ({os.cpu_count()} CPUs; {' '.join(simd)}), threads {threads}; "
         f"ubatch kernels: C {lib.simd}{tiles}; model {path.name}"
     )
-    no_repack, line = llama_repack(bin_dir, path, a.t)
+    no_repack, line = llama_repack(side.bin_dir, path, threads)
     print(line)
 
     lc: dict[str, list[float]] = {"pp512": [], "tg128": []}
     ub: dict[str, list[float]] = {"pp512": [], "tg128": []}
-    for _ in range(a.r):  # alternate, one rep each, so drift hits both
-        for k, v in llama_bench(bin_dir, path, a.t, 1, no_repack).items():
+    for _ in range(reps):  # alternate, one rep each, so drift hits both
+        for k, v in llama_bench(side.bin_dir, path, threads, 1, no_repack).items():
             lc[k].append(v)
-        for k, v in ubatch_bench(model, a.t, 1).items():
+        for k, v in ubatch_bench(model, threads, 1, side.backend).items():
             ub[k].append(v)
     weight_bytes = sum(w.nbytes for w in model.matrices())  # tied head counted once
-    ops = make_backend("auto", a.t)  # what ubatch's kernels read: its repacks (kernels/repack.py) included
+    ops = make_backend(side.backend, threads)  # what ubatch's kernels read: its repacks included
     ops.prepare_weights(model.matrices())
     ub_bytes = weight_bytes + repack_bytes(ops)
     print("\n| test | ubatch t/s | llama.cpp t/s | ratio | ubatch GB/s | llama.cpp GB/s |")
@@ -186,16 +190,16 @@ def main() -> None:
         gb = f"{ub_bytes * u / 1e9:.1f} | {weight_bytes * lv / 1e9:.1f}" if k == "tg128" else "- | -"
         print(f"| {k} | {u:.1f} | {lv:.1f} | {u / lv:.2f}x | {gb} |")
     print(
-        f"(best of {a.r}; a tg token streams {weight_bytes / 2**20:.0f} MiB of stored weights in llama.cpp, "
+        f"(best of {reps}; a tg token streams {weight_bytes / 2**20:.0f} MiB of stored weights in llama.cpp, "
         f"{ub_bytes / 2**20:.0f} MiB with ubatch's repacks)"
     )
 
     lb: dict[int, float] = {}
     ubb: dict[int, float] = {}
-    for _ in range(a.r):  # alternate as above; each side keeps its best S_TG per stream count
+    for _ in range(reps):  # alternate as above; each side keeps its best S_TG per stream count
         for best, run in (
-            (lb, lambda: llama_batched(bin_dir, path, a.t, npl, no_repack)),
-            (ubb, lambda: ubatch_batched(model, a.t, npl)),
+            (lb, lambda: llama_batched(side.bin_dir, path, threads, npl, no_repack)),
+            (ubb, lambda: ubatch_batched(model, threads, npl, side.backend)),
         ):
             for n, v in run().items():
                 best[n] = max(best.get(n, 0.0), v)
@@ -203,16 +207,55 @@ def main() -> None:
     print("|---:|---:|---:|---:|")
     for n in npl:
         print(f"| {n} | {ubb[n]:.1f} | {lb[n]:.1f} | {ubb[n] / lb[n]:.2f}x |")
-    print(f"(best of {a.r} runs each, -npp 64 -ntg 32 -c 4096)")
+    print(f"(best of {reps} runs each, -npp 64 -ntg 32 -c 4096)")
 
-    # the same completion for both: 16 greedy tokens at -c 4096
-    args = ["-m", str(path), "-c", "4096", "-n", "16", "--temp", "0", "-p", PROMPT, "-t", str(a.t)]
+
+def peak_rss(bin_dir: Path, path: Path, threads: int) -> None:
+    """The same completion for both: 16 greedy tokens at -c 4096."""
+    no_repack, _ = llama_repack(bin_dir, path, threads)
+    args = ["-m", str(path), "-c", "4096", "-n", "16", "--temp", "0", "-p", PROMPT, "-t", str(threads)]
     cli = [sys.executable, "-m", "ubatch.cli.main", "cli", *args]
     lcc = [str(bin_dir / "llama-completion"), *args, "-no-cnv", *(["-nr"] if no_repack else [])]
     ru, rl = peak_rss_mib(cli), peak_rss_mib(lcc)
     print(
         f"\npeak RSS, 16-token completion at -c 4096: ubatch {ru:.0f} MiB, llama-completion {rl:.0f} MiB (difference {ru - rl:+.0f} MiB)"
     )
+
+
+def main() -> None:
+    cache = Path.home() / ".cache/ubatch-yardstick"
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN", str(cache / "build/bin")))
+    ap.add_argument("--llama-bin-avx2", default=os.environ.get("LLAMA_BIN_AVX2", str(cache / "build-avx2/bin")))
+    ap.add_argument("--isa", default="native,avx2", help="the comparisons to run: native, avx2 or both")
+    ap.add_argument("-m", "--model")
+    ap.add_argument("-t", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("--npl", default="1,2,4,8,16")
+    a = ap.parse_args()
+    isas = [x.strip() for x in a.isa.split(",") if x.strip()]
+    if not isas or any(x not in ("native", "avx2") for x in isas):
+        sys.exit(f"--isa {a.isa!r}: use native, avx2 or native,avx2")
+    sides = [
+        Side("native", Path(a.llama_bin), "cpu") if x == "native" else Side("avx2", Path(a.llama_bin_avx2), "cpu-avx2")
+        for x in isas
+    ]
+    for side in sides:
+        if not (side.bin_dir / "llama-bench").exists():
+            how = (
+                "../shared/tools/llama-cpp.sh"
+                if side.isa == "native"
+                else "LLAMA_CPP_ISA=avx2 ../shared/tools/llama-cpp.sh"
+            )
+            flag = "--llama-bin" if side.isa == "native" else "--llama-bin-avx2"
+            sys.exit(f"{side.bin_dir}: no llama-bench; build it with {how} or pass {flag}")
+    path = Path(a.model) if a.model else default_model_path()
+    model = Model.load(path)
+    npl = [int(x) for x in a.npl.split(",")]
+    for side in sides:
+        compare(side, model, path, a.t, a.r, npl)
+    if sides[0].isa == "native":
+        peak_rss(sides[0].bin_dir, path, a.t)
 
 
 if __name__ == "__main__":

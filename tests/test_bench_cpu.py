@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ def test_cpu_model_names_bare_cloud_cpus() -> None:
 def _bench_cpu():
     spec = importlib.util.spec_from_file_location("bench_cpu", ROOT / "scripts" / "bench_cpu.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -55,3 +57,22 @@ def test_a_yardstick_that_always_crashes_stops_the_run(tmp_path: Path) -> None:
     mod = _bench_cpu()
     with pytest.raises(SystemExit, match=r"fails \(signal 4\), with and without --repack 0: broken"):
         mod.llama_repack(_fake_llama_bench(tmp_path, "echo broken >&2\nkill -ILL $$\n"), tmp_path / "m.gguf", 2)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "native"])
+def test_a_missing_build_names_the_command_that_makes_it(tmp_path: Path, monkeypatch, isa: str) -> None:
+    """The AVX2 comparison needs llama.cpp built for AVX2 alone: without it the run stops at once
+    with the line that builds it (no model is loaded first)."""
+    mod = _bench_cpu()
+    argv = ["bench_cpu.py", "--isa", isa, "--llama-bin", str(tmp_path / "n"), "--llama-bin-avx2", str(tmp_path / "a")]
+    monkeypatch.setattr(sys, "argv", argv)
+    want = "LLAMA_CPP_ISA=avx2 ../shared/tools/llama-cpp.sh" if isa == "avx2" else "with ../shared/tools/llama-cpp.sh"
+    with pytest.raises(SystemExit, match=want):
+        mod.main()
+
+
+def test_an_unknown_isa_is_refused(monkeypatch) -> None:
+    mod = _bench_cpu()
+    monkeypatch.setattr(sys, "argv", ["bench_cpu.py", "--isa", "avx512"])
+    with pytest.raises(SystemExit, match="use native, avx2 or native,avx2"):
+        mod.main()

@@ -12,6 +12,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from test_kernels import FLOATS, QUANT, run_linear, weight
 
+from ubatch.kernels import backends
 from ubatch.kernels.cpu.ops import CpuOps
 
 
@@ -54,11 +55,16 @@ def test_a_fused_program_computes_what_its_calls_compute_one_by_one() -> None:
         assert torch.equal(a, b)
 
 
+BUILDS = ["cpu", "cpu-avx2", "cpu-portable"]  # the native (AVX-512 here if the CPU has it), AVX2 and portable kernels
+
+
+@pytest.mark.parametrize("backend", BUILDS)
 @pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
-def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(t: T) -> None:
+def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(t: T, backend: str) -> None:
     """Speculative verification relies on it: a drafted batch of 1 + k rows must give each row
-    exactly what a one-row decode gives (else a greedy tie can flip between the two)."""
-    ops = CpuOps(2)
+    exactly what a one-row decode gives (else a greedy tie can flip between the two); on AVX2 each
+    row's x is rounded to 16-bit integers on its own, so the same holds."""
+    ops = backends.create(backend, 2)
     k = 256 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 96
     w = weight(t, 40, k)
     x = torch.randn(16, k, generator=torch.Generator().manual_seed(7))
@@ -68,21 +74,23 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(t: T) -> None:
         assert torch.equal(part, whole[rows]), rows
 
 
-@pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
+@pytest.mark.parametrize("backend", BUILDS)
 @pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
-def test_the_gemv_scratch_is_planned_and_its_contents_do_not_matter(t: T, portable: bool) -> None:
-    """The GEMV's scratch (x reordered for the AVX2 decoders, 32-value sums of x) comes from the
-    plan: linear_scratch asks for exactly what the kernel uses, a planned buffer full of NaN,
-    the kernel's own allocation (a direct call) and a strided x all give the same bits."""
-    ops = CpuOps(2, portable=portable)
+def test_the_gemv_scratch_is_planned_and_its_contents_do_not_matter(t: T, backend: str) -> None:
+    """The GEMV's scratch (AVX2: x as 16-bit integers with its scales and sums for block types,
+    x in the decoders' lane order for none now; AVX-512: nothing) comes from the plan:
+    linear_scratch asks for exactly what the kernel uses, a planned buffer full of NaN, the
+    kernel's own allocation (a direct call) and a strided x all give the same bits."""
+    ops = backends.create(backend, 2)
+    assert isinstance(ops, CpuOps)
     k = 512 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 160
     w = weight(t, 40, k)
     for m in (1, 5, 16):
         need = ops.kernels.gemv_scratch(m, w)
         spec = ops.linear_scratch(m, w)
         assert spec == ([((need,), torch.float32)] if need else [])
-        lanes = ops.kernels.library.simd == "avx2" and t not in (T.Q8_0, *FLOATS)
-        assert (need >= m * k) == lanes  # x reordered only where the decoders read lanes
+        x16 = ops.kernels.x16 and t not in FLOATS  # int16 x (half a float a value), scales, sums
+        assert need == ((m * k // 2 + 15) // 16 * 16 + 2 * m * (k // 32) if x16 else 0)
         wide = torch.randn(m, k + 24, generator=torch.Generator().manual_seed(m))
         x = wide[:, :k]  # rows k + 24 floats apart
         planned = ops.linear(x, w, torch.empty(m, 40), [torch.full((max(need, 1),), float("nan"))])

@@ -3,7 +3,9 @@
 Random blocks of every type with a kernel, real tensors of the default model, the row counts
 that select each path (1 and 3: GEMV tiles, 16: the last GEMV size, 512: the C GEMM on AVX2,
 dequantised tiles + BLAS on the portable build), the GEMM's block edges, odd column counts for
-the float types. Tolerance: max |error| / max |reference| <= 1e-5.
+the float types. Tolerance: max |error| / max |reference| <= 1e-5, where the AVX2 build's
+block-type products read x as 16-bit integers (csrc/quant_i16.h) against x rounded the same way,
+and that rounding is checked on its own.
 """
 
 from __future__ import annotations
@@ -46,6 +48,27 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want.double()).abs().max() / want.double().abs().max())
 
 
+def x16_round(x: torch.Tensor) -> torch.Tensor:
+    """x as the AVX2 build's integer products read it: per 32 values, the nearest multiple (ties
+    to even) of max|x| / 32767, every step in f32 as csrc/quant_i16.h computes it."""
+    v = x.float().reshape(x.shape[0], -1, 32)
+    amax = v.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 32767.0 / amax, torch.zeros_like(amax))
+    return (torch.round(v * inv).double() * (amax / 32767.0).double()).reshape(x.shape)
+
+
+def reads_x16(ops, t: T) -> bool:
+    """Does this backend multiply t's codes with x as 16-bit integers (the AVX2 build)?"""
+    return isinstance(ops, CpuOps) and ops.kernels.x16 and t not in FLOATS and int(t) in KERNEL_TYPES
+
+
+def reference(ops, w: QWeight, x: torch.Tensor) -> torch.Tensor:
+    """Dequantise then matmul in f64, with x as the backend reads it."""
+    t = T(w.ggml_type)
+    xr = x16_round(x) if reads_x16(ops, t) else x.double()
+    return xr @ dequantize(w.raw, t, w.shape).double().t()
+
+
 def run_linear(ops, w: QWeight, x: torch.Tensor) -> torch.Tensor:
     """The op as a graph runs it: output and any scratch the backend asks for, preallocated."""
     out = torch.full((x.shape[0], w.shape[0]), float("nan"))
@@ -65,8 +88,29 @@ def test_linear_matches_dequantise_then_matmul(ops, t: T, m: int) -> None:
     k = 512 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 160
     w = weight(t, 200, k, seed=m)  # 200 rows: several GEMM tiles when m > 64
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-    want = x.double() @ dequantize(w.raw, t, w.shape).double().t()
-    assert rel_err(run_linear(ops, w, x), want) <= 1e-5
+    assert rel_err(run_linear(ops, w, x), reference(ops, w, x)) <= 1e-5
+
+
+def test_x16_rounding_is_within_its_bound_and_is_what_the_kernels_multiply() -> None:
+    """The 16-bit x of the AVX2 build: each value within half a step (max|x| / 65534) of its
+    32-value chunk's largest, and a product against it nearer the rounded x than the f32 one
+    (outliers of 1000 in a few chunks, as hidden states have)."""
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(3))
+    x[:, 7], x[2, 100] = 1000.0, -333.0
+    xr = x16_round(x)
+    step = x.abs().reshape(4, -1, 32).amax(-1, keepdim=True).double() / 32767
+    assert ((xr - x.double()).reshape(4, -1, 32).abs() <= step / 2 * (1 + 1e-6)).all()
+    assert not torch.equal(xr, x.double())
+    ops = CpuOps(2, no_avx512=True)
+    assert ops.kernels.x16 == (ops.kernels.library.simd == "avx2")
+    if not ops.kernels.x16:
+        pytest.skip("no AVX2 build here")
+    w = weight(T.Q8_0, 64, 256)
+    dense = dequantize(w.raw, T.Q8_0, w.shape).double()
+    for xs in (x[:1], x.repeat(10, 1)):  # the GEMV and the GEMM
+        got = run_linear(ops, w, xs)
+        assert rel_err(got, x16_round(xs) @ dense.t()) <= 1e-6
+        assert rel_err(got, xs.double() @ dense.t()) > 1e-6
 
 
 @pytest.mark.parametrize("k", [33, 67, 1])
@@ -88,8 +132,7 @@ def test_gemm_block_edges(ops, t: T, m: int, n: int, k: int) -> None:
     block, _ = GGML_QUANT_SIZES[t]
     w = weight(t, n, k // block * block if t != T.F16 else k, seed=n)
     x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(k))
-    want = x.double() @ dequantize(w.raw, t, w.shape).double().t()
-    assert rel_err(run_linear(ops, w, x), want) <= 1e-5
+    assert rel_err(run_linear(ops, w, x), reference(ops, w, x)) <= 1e-5
 
 
 def test_strided_activations_and_output_rows(ops) -> None:
@@ -97,8 +140,7 @@ def test_strided_activations_and_output_rows(ops) -> None:
     w = weight(T.Q8_0, 64, 96)
     big = torch.randn(4, 200)
     x = big[:, 8:104]
-    want = x.double() @ dequantize(w.raw, T.Q8_0, w.shape).double().t()
-    assert rel_err(run_linear(ops, w, x), want) <= 1e-5
+    assert rel_err(run_linear(ops, w, x), reference(ops, w, x)) <= 1e-5
 
 
 @pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
@@ -162,10 +204,9 @@ def test_real_tensors_of_the_default_model(default_model, ops, name: str) -> Non
     assert w.ggml_type == info.ggml_type
     n = min(w.shape[0], 4096)  # a row slice keeps the 262144-row head quick
     sub = QWeight(name, w.raw[: n * w.row_bytes], w.ggml_type, (n, w.shape[1]))
-    dense = dequantize(sub.raw, sub.ggml_type, sub.shape).double()
     for m in (1, 3, 16, 512):
         x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
-        assert rel_err(run_linear(ops, sub, x), x.double() @ dense.t()) <= 1e-5, m
+        assert rel_err(run_linear(ops, sub, x), reference(ops, sub, x)) <= 1e-5, m
 
 
 def test_rms_norm_and_rope_match_the_reference(ops) -> None:
@@ -238,7 +279,9 @@ def test_every_backend_runs_the_tiny_models_like_the_reference(
                 ctx.decode(Batch.from_tokens([60 + i], 41 + i))
                 got.append(ctx.logits.clone())
             rows[name] = torch.cat(got)
-        assert rel_err(rows[backend], rows["torch"]) <= 1e-4
+        # x read as 16-bit integers (the AVX2 build): ~1.5e-5 per product, through every layer
+        tol = 5e-4 if ctx.ops.kernels.x16 else 1e-4
+        assert rel_err(rows[backend], rows["torch"]) <= tol
 
 
 def test_without_a_compiler_auto_falls_back_to_the_reference(monkeypatch, tmp_path) -> None:

@@ -55,16 +55,22 @@ class CpuKernels:
         # above MKL's f32 GEMM on Zen 3 (107-125 against 78-121 GFLOP/s) and on Zen 5 (383-413
         # against 176-185); the portable build has none
         self.has_gemm = library.simd != "portable"
-        self.gemm_scratch = int(self.lib.ub_gemm_scratch(self.n_threads))  # floats, per call
         # AMX tiles for prefill's GEMM where the library has them (build.py); `cpu-noamx` keeps the
         # f32 FMA kernel for comparison
         self.amx = library.amx and not no_amx
         self.repacks = Repacks(library.simd == "avx2")  # Q5_0 as Q8_0 for the AVX2 GEMV
+        # the AVX2 build multiplies block types' codes with x as 16-bit integers (csrc/quant_i16.h)
+        self.x16 = library.simd == "avx2"
 
     def amx_scratch(self, m: int) -> int:
         """Floats of scratch the AMX GEMM needs for m rows (0: an m-row product skips the tiles):
         x split into tiles, per-thread panels."""
         return int(self.lib.ub_gemm_amx_scratch(m, self.n_threads)) if self.amx and m >= AMX_MIN_ROWS else 0
+
+    def gemm_scratch(self, m: int, w: QWeight) -> int:
+        """Floats of scratch the GEMM needs for m rows: per-thread weight panels, and on AVX2 x as
+        16-bit integers (csrc/quant_i16.h)."""
+        return int(self.lib.ub_gemm_scratch(self.repacks.kernel_type(w), m, w.shape[1], self.n_threads))
 
     def gemv_scratch(self, m: int, w: QWeight) -> int:
         """Floats of scratch the fused GEMV needs for m rows (x reordered for the AVX2 decoders)."""
@@ -137,7 +143,7 @@ class CpuKernels:
         (n, k), m = w.shape, x.shape[0]
         if not self.has_gemm or w.ggml_type == T.F32 or not scratch:
             return None
-        op, fn, need = "gemm", self.lib.ub_gemm, self.gemm_scratch
+        op, fn, need = "gemm", self.lib.ub_gemm, self.gemm_scratch(m, w)
         if self.amx_scratch(m):
             op, fn, need = "gemm_amx", self.lib.ub_gemm_amx, self.amx_scratch(m)
         if scratch[0].numel() < need:

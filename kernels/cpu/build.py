@@ -31,7 +31,7 @@ from pathlib import Path
 from ubatch.kernels.cpu.program import check_arities
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 14
+ABI_VERSION = 15
 FAST_FLAGS = ("avx2", "fma", "f16c")
 # About how long a cold build takes, for the line a front end shows. The SIMD builds wait for
 # their slowest file (matmul.c, 2.4 s alone on a 2-core AVX-512 Xeon; the whole build 4 s there,
@@ -197,7 +197,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_attn.restype = None
     lib.ub_gemm.argtypes = [c_i, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_p, c_i]
     lib.ub_gemm.restype = c_i
-    lib.ub_gemm_scratch.argtypes = [c_i]
+    lib.ub_gemm_scratch.argtypes = [c_i, c_l, c_l, c_i]
     lib.ub_gemm_scratch.restype = c_l
     lib.ub_gemm_amx.argtypes = lib.ub_gemm.argtypes
     lib.ub_gemm_amx.restype = c_i

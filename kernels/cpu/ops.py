@@ -1,10 +1,11 @@
 """The fast CPU backend: matmuls and the embedding lookup read the GGUF blocks directly.
 
 Few rows (decode, up to GEMV_MAX_ROWS): the C matrix-vector kernel streams each weight row
-once for every activation row, dequantising in registers (on AVX2 it reads x reordered into
-planned scratch, `gemv_scratch`). More rows (prefill): on AVX2 the C
-GEMM dequantises weight panels into per-thread planned scratch as it consumes them
-(csrc/gemm.c); on a CPU with AMX, from AMX_MIN_ROWS rows, the same on AMX tiles with
+once for every activation row, decoding in registers (the AVX2 build multiplies a block type's
+integer codes with x rounded to 16-bit integers in planned scratch, `gemv_scratch`;
+csrc/quant_i16.h). More rows (prefill): the C GEMM decodes weight panels into per-thread
+planned scratch as it consumes them (csrc/gemm.c: f32 panels with AVX-512, 16-bit codes with
+AVX2); on a CPU with AMX, from AMX_MIN_ROWS rows, the same on AMX tiles with
 f32 values split into three bf16 parts (csrc/amx.c, as accurate); elsewhere tiles of
 the weight are dequantised into planned scratch for the BLAS GEMM. No dense copy of any matrix
 outlives the call. Norms, RoPE, the gated activation, residual adds, KV writes and
@@ -165,6 +166,8 @@ class CpuOps(Ops):
             return f"{gemv}, BLAS GEMM (more rows)"
         if self.kernels.has_gemm:
             tiles = f"; AMX tiles from {AMX_MIN_ROWS} rows, f32 values as three bf16 parts" if self.kernels.amx else ""
+            if self.kernels.x16 and ggml_type not in (T.F16, T.BF16):  # block types: csrc/quant_i16.h
+                return f"{gemv}, register-blocked GEMM on 16-bit code panels (more rows); x as 16-bit integers"
             return f"{gemv}, register-blocked GEMM dequantising weight panels (more rows{tiles})"
         return f"{gemv}, dequantised tiles + BLAS GEMM (more rows)"
 
@@ -178,7 +181,7 @@ class CpuOps(Ops):
         if kn.amx_scratch(m):  # x split into tiles, and a block of weight tiles a thread
             return [((kn.amx_scratch(m),), torch.float32)]
         if kn.has_gemm:  # per thread: one block of weight panels, dequantised as the GEMM reads them
-            return [((kn.gemm_scratch,), torch.float32)]
+            return [((kn.gemm_scratch(m, w),), torch.float32)]
         return [((tile_rows(m, w.shape[0]), w.shape[1]), torch.float32)]
 
     def attention_scratch(self, q: tuple[int, ...], k: KVTensor, v: KVTensor, n_kv: int) -> ScratchSpec:
