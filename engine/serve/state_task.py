@@ -88,10 +88,12 @@ class StateRunner(SideRunner[SlotTask]):
             }
         try:  # the file's kind and size are checked before its body is read (state_file.read_file)
             st, n_read = read_file(t.path, t.filename)
+            slot.prompt_save()  # the prompt the file replaces goes to host memory, as any prefix that leaves
             n = state.restore(self.ctx, st, slot.id)
         except StateError as e:
             raise EngineError(ErrorKind.INVALID_REQUEST, f"Unable to restore slot: {e}") from None
         slot.cache[:] = st.tokens
+        slot.taint = -1  # the cells are the file's, as saved: no earlier shift marks them any more
         ms = (time.perf_counter() - t0) * 1e3
         return {
             "id_slot": slot.id,
