@@ -5,6 +5,7 @@ its environment; otherwise rank 0 (this process) starts ranks 1..N-1 itself on t
 from __future__ import annotations
 
 import atexit
+import os
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -110,6 +111,8 @@ def start(world: int, timeout_s: float = DEFAULT_TIMEOUT_S, cuda: bool = False) 
             f"{torch.cuda.device_count()}"
         )
     port = _free_port()
+    if not cuda and sys.platform == "linux":  # every rank is on this machine: gloo talks over loopback,
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # whatever the host name resolves to
     spawn = mp.get_context("spawn")
     procs: list[BaseProcess] = []
     for r in range(1, world):
