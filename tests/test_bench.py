@@ -8,14 +8,12 @@ import csv
 import io
 import json
 import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from bench_sample import SAMPLE
+from cli_inproc import Ran, run_cli
 
 from ubatch.cli.bench.batched import BatchedParams, BatchedResult, n_ctx_required, run_batched_bench
 from ubatch.cli.bench.batched_format import batched_md_head, batched_md_row
@@ -330,14 +328,13 @@ def test_batched_bench_api(tiny_gemma: Path) -> None:
     assert shared[0].speed_pp == pytest.approx(32 / shared[0].t_pp)
 
 
-# -- the CLI, in subprocesses ---------------------------------------------------------------------
+# -- the CLI ----------------------------------------------------------------------------------------
 
 
-def ubatch(*args: object) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [sys.executable, "-m", "ubatch.cli.main", *map(str, args)], capture_output=True, text=True, timeout=300, env=env
-    )
+def ubatch(*args: object) -> Ran:
+    """`ubatch ARGS` through the real CLI in this process (tests/cli_inproc.py): a fresh process
+    would spend seconds importing torch for a tiny model's milliseconds."""
+    return run_cli([str(a) for a in args], {"COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")
@@ -411,8 +408,7 @@ def runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
         "bad_range": ["bench", "-m", m, "-ub", "512-64"],
         "no_model": ["bench", "-m", tmp / "missing.gguf"],
     }
-    with ThreadPoolExecutor(4) as pool:
-        out = dict(zip(cmds, pool.map(lambda a: ubatch(*a), cmds.values())))
+    out: dict = {name: ubatch(*args) for name, args in cmds.items()}
     out["tmp"] = tmp
     return out
 

@@ -7,6 +7,7 @@
 * The real chat driven through a pseudo-terminal (pexpect): two turns with KV reuse checked from
   /stats against token counts computed here from the reference's gemma format, /clear, bad input,
   Ctrl-C during an answer, a system prompt, single turn.
+* The command line with piped input (no terminal), through the real CLI in this process.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from __future__ import annotations
 import io
 import os
 import re
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import cli_inproc
 import pytest
 
 from ubatch.engine.chat.template import ChatTemplate
@@ -513,21 +513,15 @@ def test_line_editing_multiline_and_history(tiny_gemma: Path, term) -> None:  # 
 # -- the command line without a terminal (tiny model) ---------------------------------------------
 
 
-def run_cli(*args: object, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [sys.executable, "-m", "ubatch.cli.main", "cli", *map(str, args)],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+def run_cli(*args: object, stdin: str = "") -> cli_inproc.Ran:
+    """`ubatch cli ARGS` with piped input, through the real CLI in this process (tests/cli_inproc.py):
+    a fresh process would spend seconds importing torch for the tiny model's milliseconds."""
+    return cli_inproc.run_cli(["cli", *map(str, args)], {"COLUMNS": "200"}, stdin)
 
 
 @pytest.fixture(scope="module")
-def piped(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
-    """The runs below, started together (each process pays for importing torch)."""
+def piped(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, cli_inproc.Ran]:
+    """The runs below, once for the module."""
     bad = tmp_path_factory.mktemp("chat") / "t.jinja"
     bad.write_text("{% if %}")
     m = ["-m", tiny_gemma, "-c", 256, "--temp", 0]
@@ -542,9 +536,7 @@ def piped(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         ),
         "help": (["--help"], ""),
     }
-    with ThreadPoolExecutor(max_workers=max(2, min(5, os.cpu_count() or 2))) as pool:
-        futures = {k: pool.submit(run_cli, *args, stdin=stdin) for k, (args, stdin) in runs.items()}
-        return {k: f.result() for k, f in futures.items()}
+    return {k: run_cli(*args, stdin=stdin) for k, (args, stdin) in runs.items()}
 
 
 def test_piped_conversation(piped) -> None:  # type: ignore[no-untyped-def]

@@ -1,7 +1,8 @@
-"""The `ubatch` command line, run for real in subprocesses (`python -m ubatch.cli.main ...`).
-
-Each process pays for importing torch, so independent runs are started together in a thread pool
-(module fixtures) and the tests then check their results one by one.
+"""The `ubatch` command line: the real Typer app, mostly run in this process (tests/cli_inproc.py),
+since each fresh process pays seconds for importing torch against milliseconds of work on the tiny
+model. One run with the bundled default model and the console script still start real processes,
+so a fresh interpreter is covered too. Module fixtures run the commands once; the tests then check
+their results one by one.
 """
 
 from __future__ import annotations
@@ -40,22 +41,9 @@ def ubatch(*args: object, stdin: str | None = None, timeout: float = 300) -> Run
     )
 
 
-def ubatch_many(cmds: dict[str, Sequence[object] | tuple[Sequence[object], str]]) -> dict[str, Run]:
-    """Run several commands at once: {name: args} or {name: (args, stdin)}."""
-
-    def one(spec: Sequence[object] | tuple[Sequence[object], str]) -> Run:
-        if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], str):
-            return ubatch(*spec[0], stdin=spec[1])
-        return ubatch(*spec)
-
-    with ThreadPoolExecutor(max_workers=max(2, min(6, os.cpu_count() or 2))) as pool:
-        futures = {name: pool.submit(one, spec) for name, spec in cmds.items()}
-        return {name: f.result() for name, f in futures.items()}
-
-
 def ubatch_inproc(cmds: dict[str, Sequence[object] | tuple[Sequence[object], str]]) -> dict[str, Ran]:
-    """The same, through the real CLI in this process (tests/cli_inproc.py), one after another:
-    for command lines that fail before any compute, where starting Python is most of the cost."""
+    """Several commands through the real CLI in this process (tests/cli_inproc.py), one after
+    another: {name: args} or {name: (args, stdin)}."""
     out = {}
     for name, spec in cmds.items():
         args, stdin = spec if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], str) else (spec, "")
@@ -84,26 +72,31 @@ def assert_user_error(r: Run | Ran, *needles: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def default_runs(default_model_path: Path) -> dict[str, Run]:
+def default_runs(default_model_path: Path) -> dict[str, Run | Ran]:
     refs = [json.loads(x) for x in (REFDATA / "tokenize.jsonl").read_text().splitlines()]
     texts = [r["text"] for r in refs] + ["x<end_of_turn>y"]
     jsonl = "".join(json.dumps(t) + "\n" for t in texts)
     m = ["-m", default_model_path]
-    return ubatch_many(
-        {
-            # no -m: the bundled default model
-            "greedy": ["cli", "-p", PROMPT, "-n", 8, "--temp", 0, "-c", 512],
-            "ids": ["tokenize", *m, "-p", "Hello world", "--ids"],
-            "list": ["tokenize", *m, "-p", "Hello world", "--show-count"],
-            "jsonl": (["tokenize", *m, "--jsonl"], jsonl),
-            "jsonl_plain": (["tokenize", *m, "--jsonl", "--no-parse-special"], jsonl),
-            "jsonl_nobos": (["tokenize", *m, "--jsonl", "--no-parse-special", "--no-bos"], jsonl),
-        }
-    )
+    with ThreadPoolExecutor(1) as pool:
+        # no -m: the bundled default model, in a real process while the tokenizer runs here
+        greedy = pool.submit(ubatch, "cli", "-p", PROMPT, "-n", 8, "--temp", 0, "-c", 512)
+        runs: dict[str, Run | Ran] = dict(
+            ubatch_inproc(
+                {
+                    "ids": ["tokenize", *m, "-p", "Hello world", "--ids"],
+                    "list": ["tokenize", *m, "-p", "Hello world", "--show-count"],
+                    "jsonl": (["tokenize", *m, "--jsonl"], jsonl),
+                    "jsonl_plain": (["tokenize", *m, "--jsonl", "--no-parse-special"], jsonl),
+                    "jsonl_nobos": (["tokenize", *m, "--jsonl", "--no-parse-special", "--no-bos"], jsonl),
+                }
+            )
+        )
+        runs["greedy"] = greedy.result()
+    return runs
 
 
 @pytest.mark.slow
-def test_cli_greedy_default_model(default_runs: dict[str, Run]) -> None:
+def test_cli_greedy_default_model(default_runs: dict[str, Run | Ran]) -> None:
     r = default_runs["greedy"]
     assert r.returncode == 0, r.stderr
     assert r.stdout == PROMPT + GREEDY8 + "\n"
@@ -130,14 +123,14 @@ def test_cli_greedy_default_model(default_runs: dict[str, Run]) -> None:
 
 
 @pytest.mark.slow
-def test_tokenize_ids(default_runs: dict[str, Run]) -> None:
+def test_tokenize_ids(default_runs: dict[str, Run | Ran]) -> None:
     r = default_runs["ids"]
     assert r.returncode == 0, r.stderr
     assert r.stdout == "[2, 9259, 1902]\n"
 
 
 @pytest.mark.slow
-def test_tokenize_listing_and_count(default_runs: dict[str, Run]) -> None:
+def test_tokenize_listing_and_count(default_runs: dict[str, Run | Ran]) -> None:
     r = default_runs["list"]
     assert r.returncode == 0, r.stderr
     assert r.stdout == ("     2 -> '<bos>'\n  9259 -> 'Hello'\n  1902 -> ' world'\nTotal number of tokens: 3\n")
@@ -147,7 +140,7 @@ def test_tokenize_listing_and_count(default_runs: dict[str, Run]) -> None:
 @pytest.mark.parametrize(
     "run, key", [("jsonl", "ids_special"), ("jsonl_plain", "ids_plain"), ("jsonl_nobos", "ids_nobos")]
 )
-def test_tokenize_jsonl_matches_llama_cpp(default_runs: dict[str, Run], run: str, key: str) -> None:
+def test_tokenize_jsonl_matches_llama_cpp(default_runs: dict[str, Run | Ran], run: str, key: str) -> None:
     r = default_runs[run]
     assert r.returncode == 0, r.stderr
     refs = [json.loads(x) for x in (REFDATA / "tokenize.jsonl").read_text().splitlines()]
@@ -167,15 +160,15 @@ def test_tokenize_jsonl_matches_llama_cpp(default_runs: dict[str, Run], run: str
 
 
 @pytest.fixture(scope="module")
-def tiny_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+def tiny_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
     d = tmp_path_factory.mktemp("cli")
     (d / "prompt.txt").write_text("Hello world\n")  # llama.cpp drops one trailing newline
     m = ["-m", tiny_gemma]
     base = ["cli", *m, "-c", 256]
     hot = ["--temp", 50, "--top-k", 0, "--top-p", 1, "--min-p", 0, "-n", 24]  # nearly uniform
-    # every run pays for importing torch: where one run can check several things it does
-    # (the batch clamps are read from the logs of the EOS runs, --backend cpu from "plain")
-    return ubatch_many(
+    # where one run can check several things it does (the batch clamps are read from the logs of
+    # the EOS runs, --backend cpu from "plain")
+    return ubatch_inproc(
         {
             "plain": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--backend", "cpu"],
             "no_prompt": [*base, "-p", "Hello world", "-n", 4, "--temp", 0, "--log-disable", "--no-display-prompt"],
@@ -218,7 +211,7 @@ def tiny_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     )
 
 
-def test_cli_prompt_then_continuation(tiny_runs: dict[str, Run]) -> None:
+def test_cli_prompt_then_continuation(tiny_runs: dict[str, Ran]) -> None:
     r = tiny_runs["plain"]
     assert r.returncode == 0, r.stderr
     # the tiny model's tied embeddings make it repeat the last token
@@ -227,25 +220,25 @@ def test_cli_prompt_then_continuation(tiny_runs: dict[str, Run]) -> None:
     assert "/     5 tokens" in r.stderr and "/     3 runs" in r.stderr
 
 
-def test_cli_log_disable(tiny_runs: dict[str, Run]) -> None:
+def test_cli_log_disable(tiny_runs: dict[str, Ran]) -> None:
     for name in ("file", "no_prompt", "hot42_b"):  # -f and -p, each with --log-disable
         assert tiny_runs[name].returncode == 0 and tiny_runs[name].stderr == "", name
     assert tiny_runs["file"].stdout == tiny_runs["plain"].stdout  # the same text as with the logs
 
 
-def test_cli_no_display_prompt(tiny_runs: dict[str, Run]) -> None:
+def test_cli_no_display_prompt(tiny_runs: dict[str, Ran]) -> None:
     r = tiny_runs["no_prompt"]
     assert r.returncode == 0
     assert r.stdout == " world world world world\n"
 
 
-def test_cli_prompt_file(tiny_runs: dict[str, Run]) -> None:
+def test_cli_prompt_file(tiny_runs: dict[str, Ran]) -> None:
     r = tiny_runs["file"]
     assert r.returncode == 0, r.stderr
     assert r.stdout == tiny_runs["plain"].stdout
 
 
-def test_cli_seed_reproducible(tiny_runs: dict[str, Run]) -> None:
+def test_cli_seed_reproducible(tiny_runs: dict[str, Ran]) -> None:
     h1, h2, h3 = tiny_runs["hot42_a"], tiny_runs["hot42_b"], tiny_runs["hot43"]
     assert h1.returncode == h2.returncode == h3.returncode == 0
     assert "sampler seed: 42" in h1.stderr
@@ -261,7 +254,7 @@ def log_value(err: str, key: str) -> int:
     raise AssertionError(f"no {key} line in:\n{err}")
 
 
-def test_cli_batch_clamps(tiny_runs: dict[str, Run]) -> None:
+def test_cli_batch_clamps(tiny_runs: dict[str, Ran]) -> None:
     r = tiny_runs["eos"]  # -c 64 -b 128 -ub 256
     assert r.returncode == 0, r.stderr
     assert log_value(r.stderr, "n_ctx") == 256  # padded to a multiple of 256
@@ -274,7 +267,7 @@ def test_cli_batch_clamps(tiny_runs: dict[str, Run]) -> None:
     assert log_value(r.stderr, "n_ubatch") == 64
 
 
-def test_cli_escapes_like_llama_cpp(tiny_runs: dict[str, Run]) -> None:
+def test_cli_escapes_like_llama_cpp(tiny_runs: dict[str, Ran]) -> None:
     r = tiny_runs["escapes"]
     assert r.returncode == 0, r.stderr
     # \t -> tab, \\ -> \, \x41 -> A; unknown (\q) and incomplete (\x4) escapes are kept
@@ -284,7 +277,7 @@ def test_cli_escapes_like_llama_cpp(tiny_runs: dict[str, Run]) -> None:
     assert r.stdout == "a\\tb\\x41\n"
 
 
-def test_cli_stops_at_eos_unless_ignored(tiny_runs: dict[str, Run]) -> None:
+def test_cli_stops_at_eos_unless_ignored(tiny_runs: dict[str, Ran]) -> None:
     r = tiny_runs["eos"]  # the tiny model repeats its last token: here <eos>, so it stops at once
     assert r.returncode == 0, r.stderr
     assert r.stdout == "Hello<eos>\n"
@@ -294,7 +287,7 @@ def test_cli_stops_at_eos_unless_ignored(tiny_runs: dict[str, Run]) -> None:
     assert "/     4 runs" in r.stderr  # 5 tokens sampled, 4 decoded
 
 
-def test_cli_help(tiny_runs: dict[str, Run]) -> None:
+def test_cli_help(tiny_runs: dict[str, Ran]) -> None:
     r = tiny_runs["help"]
     assert r.returncode == 0
     for opt in ("--ctx-size", "--batch-size", "--ubatch-size", "--temp", "--seed", "--log-disable"):
@@ -434,7 +427,7 @@ def test_too_long_prompt_fails_before_any_output(bad_runs: dict[str, Ran]) -> No
     assert "llama_context" not in r.stderr  # nor is the model run (warm-up) or logged
 
 
-def test_backend_flag_same_text_and_the_memory_each_holds(tiny_runs: dict[str, Run]) -> None:
+def test_backend_flag_same_text_and_the_memory_each_holds(tiny_runs: dict[str, Ran]) -> None:
     """--backend through the real CLI: the same greedy text from the C kernels and the torch
     reference, each backend's weight memory in `info --json`, and a bad name as one line."""
     runs = dict(tiny_runs, cpu=tiny_runs["plain"], bad=tiny_runs["bad_backend"])

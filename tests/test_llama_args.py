@@ -2,7 +2,8 @@
 (implemented, or answered in one line: no effect here and why, or refused and why), multi-letter
 flags are whole flags (`-ngl 99` is never `-n gl`), other spellings and `--snake_case` map to
 ours, LLAMA_ARG_* variables set what the command line does not, and usage errors are one line
-with exit code 1. The real CLI runs in subprocesses, in a pool, on a missing or tiny model.
+with exit code 1. The real CLI runs on a missing or tiny model, in this process (tests/cli_inproc.py)
+or, where a process of its own is the point (the server binds its socket), in subprocesses.
 """
 
 from __future__ import annotations
@@ -182,8 +183,8 @@ def test_environment_variables_set_flags_and_the_flag_wins(tiny_llama: Path) -> 
 
 
 def test_version_usage_and_help_epilog() -> None:
-    with ThreadPoolExecutor(3) as pool:
-        v, u, h = pool.map(run, [["cli", "--version"], ["server", "--usage"], ["server", "--help"]])
+    v = run(["cli", "--version"])  # a real process, compared with the CLI in this process below
+    u, h = run_cli(["server", "--usage"]), run_cli(["server", "--help"])
     assert v.returncode == 0 and v.stdout.startswith("ubatch ")
     top = run_cli(["--version"])
     assert top.returncode == 0 and top.stdout == v.stdout

@@ -8,12 +8,10 @@ one row per slot: our figure must not exceed its measured one.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli
 
 from ubatch.engine.context.context import Context
 from ubatch.engine.context.report import fit, memory_plan, plan_for
@@ -85,17 +83,12 @@ def test_fit_picks_the_largest_context_and_trades_ubatch_for_it(model: Model) ->
 
 
 def test_info_command_json_and_fit(default_model_path: Path) -> None:
-    def run(*a: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "ubatch.cli.main", "info", *a], capture_output=True, text=True, timeout=120
-        )
-
+    # the real CLI in this process (tests/cli_inproc.py): a fresh process would pay for importing torch
     m = str(default_model_path)
-    with ThreadPoolExecutor(3) as pool:  # three processes at once: each pays for importing torch
-        json_run, fit_run, too_small = pool.map(
-            lambda a: run(*a),
-            [("-m", m, "-c", "4096", "--json"), ("-m", m, "--fit", "1.3G"), ("-m", m, "--fit", "10M")],
-        )
+    json_run, fit_run, too_small = [
+        run_cli(["info", *a])
+        for a in (("-m", m, "-c", "4096", "--json"), ("-m", m, "--fit", "1.3G"), ("-m", m, "--fit", "10M"))
+    ]
     r = json_run
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)

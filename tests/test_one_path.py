@@ -4,13 +4,12 @@ server (real HTTP on loopback) gives the same text, the same stop reason and the
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from cli_inproc import run_cli
 from test_server import Live
 
 from ubatch import Llama
@@ -25,9 +24,10 @@ FINISH = {"length": "length", "context": "length", "eog": "stop", "word": "stop"
 
 
 def via_cli(model: Path, prompt: str, n_predict: int, n_ctx: int) -> dict[str, Any]:
+    """The real `ubatch cli` in this process (tests/cli_inproc.py): a fresh process would pay
+    seconds for importing torch."""
     flags = ["-m", str(model), "-p", prompt, "-n", str(n_predict), "-c", str(n_ctx), "--temp", "0", "-t", "1"]
-    cmd = [sys.executable, "-m", "ubatch.cli.main", "cli", *flags, "--no-display-prompt"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = run_cli(["cli", *flags, "--no-display-prompt"])
     assert r.returncode == 0, r.stderr
     m = re.search(r"generation stopped: (\w+), (\d+) tokens sampled", r.stderr)
     assert m, r.stderr

@@ -22,6 +22,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from cli_inproc import run_cli
 from starlette.testclient import TestClient
 
 from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
@@ -614,9 +615,7 @@ def test_cli_server_subprocess(tiny_gemma: Path) -> None:
 
 
 def test_cli_rejects_zero_slots() -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "ubatch.cli.main", "server", "-np", "0"], capture_output=True, text=True, timeout=60
-    )
+    r = run_cli(["server", "-np", "0"])  # refused before anything binds or loads: the CLI in this process
     assert r.returncode == 1 and "invalid value for n_parallel" in r.stderr
 
 

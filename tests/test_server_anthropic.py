@@ -199,9 +199,11 @@ def test_errors_in_anthropic_shape(url: str) -> None:
         assert err["error"]["type"] == "invalid_request_error" and err["error"]["message"], err
     r = httpx.post(url + "/v1/messages", json={"max_tokens": 4}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["message"] == "'messages' is required"
-    # max_tokens may be left out, as llama-server allows (4096)
-    r = httpx.post(url + "/v1/messages", json={"messages": HELLO, "stop_sequences": ["o"]}, timeout=60)
+    # max_tokens may be left out, as llama-server allows (4096); the tiny model's first token is a
+    # newline, so stopping there spares it generating until the context is full
+    r = httpx.post(url + "/v1/messages", json={"messages": HELLO, "stop_sequences": ["\n"]}, timeout=60)
     assert r.status_code == 200 and r.json()["type"] == "message"
+    assert r.json()["stop_reason"] == "stop_sequence"
     # a prompt longer than the context: llama-server's 400, in Anthropic's shape
     r = httpx.post(url + "/v1/messages", json={"messages": [{"role": "user", "content": "a " * 3000}]}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"

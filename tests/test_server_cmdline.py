@@ -60,8 +60,11 @@ class Server:
             assert time.time() < deadline and self.proc.poll() is None, "".join(self.lines)
             time.sleep(0.05)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Ask it to stop (SIGTERM); `wait` for it after asking the others too."""
         self.proc.terminate()
+
+    def wait(self) -> None:
         self.proc.wait(timeout=30)
 
 
@@ -87,8 +90,10 @@ def servers(default_model_path: Path, tiny_llama: Path) -> Iterator[dict[str, Se
     with ThreadPoolExecutor(len(lines)) as pool:
         started = dict(zip(lines, pool.map(Server, lines.values())))
     yield started
+    for s in started.values():  # the graceful shutdowns run at the same time
+        s.stop()
     for s in started.values():
-        s.close()
+        s.wait()
 
 
 def test_documented_command_lines_start_with_notices(servers: dict[str, Server]) -> None:

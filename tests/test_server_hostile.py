@@ -1,9 +1,10 @@
 """`ubatch server` against a hostile client (issue 32: no request can stall the server).
 
-One `ubatch server` subprocess (a tiny model, -to 2, a 4 MiB body limit) takes each attack while
-a normal completion runs beside it and another process polls /health: the attack is refused or
-bounded within seconds, the normal request completes within twice its usual time, /health keeps
-answering, and the server's RSS stays within 100 MiB of where it started.
+One `ubatch server` subprocess (a tiny model, -to 2, a 4 MiB body limit, a chat template that
+would run for minutes if rendering were not bounded) takes each attack while a normal completion
+runs beside it and another process polls /health: the attack is refused or bounded within
+seconds, the normal request completes within twice its usual time, /health keeps answering, and
+the server's RSS stays within 100 MiB of where it started.
 """
 
 from __future__ import annotations
@@ -31,17 +32,21 @@ SLACK_S = 1.0  # scheduling noise added to "twice the usual time" on a loaded 2-
 RSS_GROWTH_MIB = 100
 NORMAL = {"prompt": "hello there", "n_predict": 8, "temperature": 0, "ignore_eos": True}
 
-# /health, polled from another process: this one's GIL is busy building attack bodies
+# /health, polled from another process (this one's GIL is busy building attack bodies): it says
+# "ready" after its first answer, then polls until its stdin closes, when the attack is over
 PROBE = r"""
-import sys, time, httpx
-url, seconds = sys.argv[1], float(sys.argv[2])
-end, worst, n = time.time() + seconds, 0.0, 0
+import sys, threading, time, httpx
+url, over, worst, n = sys.argv[1], threading.Event(), 0.0, 0
+threading.Thread(target=lambda: (sys.stdin.read(), over.set()), daemon=True).start()
 with httpx.Client(timeout=30) as c:
-    while time.time() < end:
+    while True:
         t = time.perf_counter()
         ok = c.get(url + "/health").status_code == 200
         worst, n = max(worst, time.perf_counter() - t if ok else 99.0), n + 1
-        time.sleep(0.02)
+        if n == 1:
+            print("ready", flush=True)
+        if over.wait(0.02):
+            break
 print(worst, n)
 """
 
@@ -91,8 +96,12 @@ def _started(model: Path, *extra: str) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_gemma: Path) -> Iterator[Server]:
-    with _started(tiny_gemma) as srv:
+def server(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The one server every attack meets; its chat template is HOSTILE_TEMPLATE (below), which only
+    chat requests render."""
+    tmpl = tmp_path_factory.mktemp("hostile") / "hostile.jinja"
+    tmpl.write_text(HOSTILE_TEMPLATE)
+    with _started(tiny_gemma, "--chat-template-file", str(tmpl)) as srv:
         yield srv
 
 
@@ -113,7 +122,10 @@ def usual(server: Server) -> float:
 def _under_attack(server: Server, usual: float, attack: Callable[[], Any]) -> Any:
     """Run `attack` while a normal request and a /health poller run beside it; check the bounds
     and return what the attack returned."""
-    probe = subprocess.Popen([sys.executable, "-c", PROBE, server.url, "3"], stdout=subprocess.PIPE, text=True)
+    probe = subprocess.Popen(
+        [sys.executable, "-c", PROBE, server.url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert probe.stdout is not None and probe.stdout.readline() == "ready\n"  # polling from before the attack
     out: list[Any] = []
     t0 = time.perf_counter()
     th = threading.Thread(target=lambda: out.append(attack()), daemon=True)
@@ -123,7 +135,7 @@ def _under_attack(server: Server, usual: float, attack: Callable[[], Any]) -> An
     th.join(ATTACK_BOUND_S)
     assert not th.is_alive(), f"the attack still runs after {ATTACK_BOUND_S} s"
     took = time.perf_counter() - t0
-    worst, n = probe.communicate(timeout=30)[0].split()
+    worst, n = probe.communicate(timeout=30)[0].split()  # closes its stdin: the attack is over
     assert normal <= 2 * usual + SLACK_S, f"normal request {normal:.3f} s under attack, usually {usual:.3f} s"
     assert float(worst) <= HEALTH_BOUND_S, f"/health took {float(worst):.3f} s at worst ({n} polls)"
     assert took <= ATTACK_BOUND_S
@@ -236,25 +248,21 @@ HOSTILE_TEMPLATE = (
 )
 
 
-def test_hostile_chat_template_fails_the_request_not_the_server(tiny_gemma: Path, tmp_path: Path) -> None:
+def test_hostile_chat_template_fails_the_request_not_the_server(server: Server, usual: float) -> None:
     """The template the server renders for chat requests is bounded: /apply-template and a chat
     request fail in one JSON error naming the template, while a plain completion and /health go on."""
-    tmpl = tmp_path / "hostile.jinja"
-    tmpl.write_text(HOSTILE_TEMPLATE)
-    with _started(tiny_gemma, "--chat-template-file", str(tmpl)) as srv:
-        rss = _rss_mib(srv.proc.pid)
-        usual_s = max(_normal(srv.url) for _ in range(2))
-        for which in ("loops", "bomb", "indent"):
-            chat = {"messages": [{"role": "user", "content": which}]}
+    rss = _rss_mib(server.proc.pid)
+    for which in ("loops", "bomb", "indent"):
+        chat = {"messages": [{"role": "user", "content": which}]}
 
-            def attack(chat: dict[str, Any] = chat) -> list[httpx.Response]:
-                return [
-                    httpx.post(srv.url + "/apply-template", json=chat, timeout=60),
-                    httpx.post(srv.url + "/v1/chat/completions", json={**chat, "max_tokens": 4}, timeout=60),
-                ]
+        def attack(chat: dict[str, Any] = chat) -> list[httpx.Response]:
+            return [
+                httpx.post(server.url + "/apply-template", json=chat, timeout=60),
+                httpx.post(server.url + "/v1/chat/completions", json={**chat, "max_tokens": 4}, timeout=60),
+            ]
 
-            for r in _under_attack(srv, usual_s, attack):
-                assert r.status_code in (400, 500), (which, r.text[:300])
-                assert "chat template" in r.json()["error"]["message"], which
-        assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
-        assert _rss_mib(srv.proc.pid) - rss < RSS_GROWTH_MIB
+        for r in _under_attack(server, usual, attack):
+            assert r.status_code in (400, 500), (which, r.text[:300])
+            assert "chat template" in r.json()["error"]["message"], which
+    assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+    assert _rss_mib(server.proc.pid) - rss < RSS_GROWTH_MIB

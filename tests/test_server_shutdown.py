@@ -1,8 +1,9 @@
 """`ubatch server` stopping on SIGTERM / SIGINT, and its access/error log, through the real CLI.
 
-Each test starts the server as a subprocess on the tiny model and talks to it over loopback.
-`ignore_eos` with `n_predict` -1 makes a request that only a shutdown ends before the context
-fills, and the slot's log line says which ended it (`stop = shutdown`).
+Each test has its own server, a subprocess on the tiny model (all started together, each stopped
+by its test), and talks to it over loopback. `ignore_eos` with `n_predict` -1 makes a request
+that only a shutdown ends before the context fills, and the slot's log line says which ended it
+(`stop = shutdown`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from starlette.testclient import TestClient
 
 from ubatch.cli.server.log import AccessLog
@@ -80,13 +82,23 @@ class Server:
         self._reader.join(5)
 
 
-@contextmanager
-def server(model: Path, *flags: str) -> Iterator[Server]:
-    s = Server(model, *flags)
+FLAGS = {"sigterm": ("-np", "1", "--metrics"), "sigint": ("-np", "1", "-lv", "4"), "second_signal": ("-np", "1")}
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_gemma: Path) -> Iterator[dict[str, Server]]:
+    """A server for each test below (each test stops its own), all started at once: a start is
+    mostly a fresh Python importing torch, which a second core does beside the first."""
+    with ThreadPoolExecutor(len(FLAGS)) as pool:
+        futures = {k: pool.submit(Server, tiny_gemma, *flags) for k, flags in FLAGS.items()}
+    started = {k: f.result() for k, f in futures.items() if f.exception() is None}
     try:
-        yield s
+        for f in futures.values():
+            f.result()  # one that did not start fails the tests
+        yield started
     finally:
-        s.close()
+        for s in started.values():
+            s.close()
 
 
 def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
@@ -103,41 +115,41 @@ def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return t, out
 
 
-def test_sigterm_ends_a_stream_answers_the_queue_503_and_logs_failures(tiny_gemma: Path) -> None:
-    with server(tiny_gemma, "-np", "1", "--metrics") as srv:
-        bad = httpx.post(srv.url + "/completion", content=b"{not json", headers={"Content-Type": "application/json"})
-        missing = httpx.get(srv.url + "/no/such/route")
-        ok = httpx.post(srv.url + "/completion", json={"prompt": "a", "n_predict": 2})
-        assert (bad.status_code, missing.status_code, ok.status_code) == (400, 404, 200)
-        events: list[dict[str, Any]] = []
+def test_sigterm_ends_a_stream_answers_the_queue_503_and_logs_failures(servers: dict[str, Server]) -> None:
+    srv = servers["sigterm"]
+    bad = httpx.post(srv.url + "/completion", content=b"{not json", headers={"Content-Type": "application/json"})
+    missing = httpx.get(srv.url + "/no/such/route")
+    ok = httpx.post(srv.url + "/completion", json={"prompt": "a", "n_predict": 2})
+    assert (bad.status_code, missing.status_code, ok.status_code) == (400, 404, 200)
+    events: list[dict[str, Any]] = []
 
-        def stream() -> None:
-            body = {"prompt": "Once upon a time", "stream": True, **ENDLESS}
-            with httpx.stream("POST", srv.url + "/completion", json=body, timeout=30) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        events.append(json.loads(line[6:]))
+    def stream() -> None:
+        body = {"prompt": "Once upon a time", "stream": True, **ENDLESS}
+        with httpx.stream("POST", srv.url + "/completion", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
 
-        streaming, s_out = in_thread(stream)
-        srv.slot_decoded(3)
-        # a second request waits for the only slot
-        queued, q_out = in_thread(lambda: httpx.post(srv.url + "/completion", json={"prompt": "x"}, timeout=30))
-        deadline = time.time() + 30
-        while "llamacpp:requests_deferred 1" not in httpx.get(srv.url + "/metrics").text:
-            assert time.time() < deadline, srv.log
-            time.sleep(0.02)
-        rc = srv.signal_and_wait(signal.SIGTERM)
-        streaming.join(10)
-        queued.join(10)
-        assert rc == 0, srv.log
-        assert "error" not in s_out and "error" not in q_out, (s_out, q_out)
-        last = events[-1]
-        assert last["stop"] is True and last["stop_type"] == "limit", last
-        assert all(not e["stop"] for e in events[:-1]) and len(events) > 3
-        assert "stop = shutdown" in srv.log  # the slot was ended by the shutdown, not by its context
-        r = q_out["result"]
-        assert (r.status_code, r.json()) == (503, {"error": SHUTDOWN_503})
-        assert "Traceback" not in srv.log
+    streaming, s_out = in_thread(stream)
+    srv.slot_decoded(3)
+    # a second request waits for the only slot
+    queued, q_out = in_thread(lambda: httpx.post(srv.url + "/completion", json={"prompt": "x"}, timeout=30))
+    deadline = time.time() + 30
+    while "llamacpp:requests_deferred 1" not in httpx.get(srv.url + "/metrics").text:
+        assert time.time() < deadline, srv.log
+        time.sleep(0.02)
+    rc = srv.signal_and_wait(signal.SIGTERM)
+    streaming.join(10)
+    queued.join(10)
+    assert rc == 0, srv.log
+    assert "error" not in s_out and "error" not in q_out, (s_out, q_out)
+    last = events[-1]
+    assert last["stop"] is True and last["stop_type"] == "limit", last
+    assert all(not e["stop"] for e in events[:-1]) and len(events) > 3
+    assert "stop = shutdown" in srv.log  # the slot was ended by the shutdown, not by its context
+    r = q_out["result"]
+    assert (r.status_code, r.json()) == (503, {"error": SHUTDOWN_503})
+    assert "Traceback" not in srv.log
     # quiet by default: the 200s have no access line; each failure has one, with its cause
     access = [x for x in srv.lines if "log_server_r" in x]
     assert len(access) == 3, access
@@ -147,39 +159,39 @@ def test_sigterm_ends_a_stream_answers_the_queue_503_and_logs_failures(tiny_gemm
     assert "POST /completion 127.0.0.1 503 | " in queued_line and "error: Server is shutting down" in queued_line
 
 
-def test_sigint_gives_a_non_streaming_request_its_partial_result(tiny_gemma: Path) -> None:
-    with server(tiny_gemma, "-np", "1", "-lv", "4") as srv:
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1, **ENDLESS}
-        request, out = in_thread(lambda: httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30))
-        srv.slot_decoded(3)
-        rc = srv.signal_and_wait(signal.SIGINT)
-        request.join(10)
-        assert rc == 0, srv.log
-        r = out["result"]
-        assert r.status_code == 200, r.text
-        res = r.json()
-        assert res["choices"][0]["finish_reason"] == "length"
-        assert 3 <= res["usage"]["completion_tokens"] < 2000
-        assert "stop = shutdown" in srv.log and "Traceback" not in srv.log
-        # -lv 4: the successful request has its line, with its tokens
-        line = next(x for x in srv.lines if "POST /v1/chat/completions" in x)
-        n_prompt, n_predicted = res["usage"]["prompt_tokens"], res["usage"]["completion_tokens"]
-        assert f" 200 | n_prompt = {n_prompt}, n_predicted = {n_predicted} | " in line, line
+def test_sigint_gives_a_non_streaming_request_its_partial_result(servers: dict[str, Server]) -> None:
+    srv = servers["sigint"]
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1, **ENDLESS}
+    request, out = in_thread(lambda: httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30))
+    srv.slot_decoded(3)
+    rc = srv.signal_and_wait(signal.SIGINT)
+    request.join(10)
+    assert rc == 0, srv.log
+    r = out["result"]
+    assert r.status_code == 200, r.text
+    res = r.json()
+    assert res["choices"][0]["finish_reason"] == "length"
+    assert 3 <= res["usage"]["completion_tokens"] < 2000
+    assert "stop = shutdown" in srv.log and "Traceback" not in srv.log
+    # -lv 4: the successful request has its line, with its tokens
+    line = next(x for x in srv.lines if "POST /v1/chat/completions" in x)
+    n_prompt, n_predicted = res["usage"]["prompt_tokens"], res["usage"]["completion_tokens"]
+    assert f" 200 | n_prompt = {n_prompt}, n_predicted = {n_predicted} | " in line, line
 
 
-def test_a_second_signal_exits_at_once(tiny_gemma: Path) -> None:
-    with server(tiny_gemma, "-np", "1") as srv:
-        # a client that never finishes its request body holds the graceful shutdown open
-        port = int(srv.url.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-            time.sleep(0.3)  # let the server read the headers: the request is then in flight
-            srv.proc.send_signal(signal.SIGTERM)
-            srv.wait_line("cleaning up before exit")
-            assert srv.proc.poll() is None  # still waiting for the slow client
-            rc = srv.signal_and_wait(signal.SIGTERM)
-        assert rc == 1 and "terminating immediately" in srv.log, srv.log
-        assert "Traceback" not in srv.log
+def test_a_second_signal_exits_at_once(servers: dict[str, Server]) -> None:
+    srv = servers["second_signal"]
+    # a client that never finishes its request body holds the graceful shutdown open
+    port = int(srv.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        time.sleep(0.3)  # let the server read the headers: the request is then in flight
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.wait_line("cleaning up before exit")
+        assert srv.proc.poll() is None  # still waiting for the slow client
+        rc = srv.signal_and_wait(signal.SIGTERM)
+    assert rc == 1 and "terminating immediately" in srv.log, srv.log
+    assert "Traceback" not in srv.log
 
 
 def test_an_exception_in_a_route_is_one_line_and_an_answer() -> None:

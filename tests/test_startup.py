@@ -1,7 +1,8 @@
 """The first seconds of every command (issue 33): --help, --version and a mistyped command line
 answer without loading torch, numpy, FastAPI or the engine; a first run says that it is
 compiling the CPU kernels instead of waiting in silence; --help reads in order; `-ub 0` means
-n_batch, as in llama.cpp. The real CLI runs in subprocesses; nothing here measures time.
+n_batch, as in llama.cpp. The real CLI runs in fresh processes (the --help and usage-error probes
+share one), but for the `-ub 0` check; nothing here measures time.
 """
 
 from __future__ import annotations
@@ -11,26 +12,63 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_inproc import run_cli
 
 from ubatch.cli.options import PANEL_ORDER, PROMPT_CACHE
 
 HEAVY = ("torch", "numpy", "gguf", "fastapi", "uvicorn", "starlette", "ubatch.engine.params")
-# Runs the `ubatch` app on argv, then reports which heavy modules the process imported.
+# Runs the `ubatch` app on each argv of a JSON list, one after another in one fresh process, and
+# reports per run its exit code, its output and which heavy modules the process had imported by
+# then (once imported a module stays, so a run that loads one fails every later run too).
 PROBE = """
-import sys
+import contextlib, io, json, sys
 from ubatch.cli.main import app
-try:
-    app(sys.argv[1:], prog_name="ubatch")
-    code = 0
-except SystemExit as e:
-    code = e.code
-loaded = [m for m in HEAVY if m in sys.modules]
-sys.stderr.write(f"\\nLOADED {' '.join(loaded)}\\n")
-sys.exit(code)
+runs = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            app(argv, prog_name="ubatch")
+            code = 0
+        except SystemExit as e:
+            code = 0 if e.code is None else e.code
+    loaded = [m for m in HEAVY if m in sys.modules]
+    runs.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "loaded": loaded})
+sys.stdout.write(json.dumps(runs))
 """
+
+HELP = [
+    ["--help"],
+    ["--version"],
+    ["cli", "--help"],
+    ["cli", "--version"],
+    ["explain", "--help"],
+    ["info", "--help"],
+    ["bench", "--help"],
+    ["batched-bench", "--help"],
+    ["tokenize", "--help"],
+    ["convert", "--help"],
+    ["server", "--help"],
+]
+USAGE_ERRORS = [
+    (["cli", "-c", "abc"], "'-c' / '--ctx-size'"),  # a type error (Typer's)
+    (["cli", "--no-such-flag"], "invalid argument: --no-such-flag"),
+    (["nosuchcommand"], "No such command"),
+    (["cli", "-np", "0"], "-np 0: invalid value for n_parallel"),  # a value error (cli/validate.py)
+    (["cli", "-ub", "-1"], "-ub -1: invalid value for n_ubatch"),
+    (["cli", "--temp", "nan"], "--temp nan: invalid value for temp"),
+    (["cli", "--device", "tpu"], "--device tpu: unknown device"),  # every check before torch's own
+    (["explain", "-np", "0", "-p", "x"], "-np 0: invalid value for n_parallel"),
+    (["server", "-np", "0"], "-np 0: invalid value for n_parallel"),
+    (["server", "--port", "70000"], "--port 70000: invalid value for port"),
+    (["info", "--fit", "0"], "invalid value for the memory budget"),
+    (["bench", "-r", "0"], "-r 0: invalid value for reps"),
+    (["convert", "/nonexistent", "-o", "x.gguf", "--outtype", "q9"], "--outtype 'q9'"),
+]
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -38,75 +76,54 @@ def env(**extra: str) -> dict[str, str]:
     return clean | {"COLUMNS": "200", "NO_COLOR": "1"} | extra
 
 
-def probe(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+@dataclass
+class Probed:
+    code: int
+    stdout: str
+    stderr: str
+    loaded: list[str]
+
+
+@pytest.fixture(scope="module")
+def probed() -> dict[tuple[str, ...], Probed]:
+    """Every command line below, in one fresh process that starts Python once, not once each."""
+    argvs = [[], *HELP, *(a for a, _ in USAGE_ERRORS)]
     code = f"HEAVY = {HEAVY!r}\n{PROBE}"
     r = subprocess.run(
-        [sys.executable, "-c", code, *args],
+        [sys.executable, "-c", code, json.dumps(argvs)],
         capture_output=True,
         text=True,
         timeout=120,
         env=env(),
         stdin=subprocess.DEVNULL,
     )
-    line = [ln for ln in r.stderr.splitlines() if ln.startswith("LOADED")][-1]
-    return r, line.split()[1:]
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["--help"],
-        ["--version"],
-        ["cli", "--help"],
-        ["cli", "--version"],
-        ["explain", "--help"],
-        ["info", "--help"],
-        ["bench", "--help"],
-        ["batched-bench", "--help"],
-        ["tokenize", "--help"],
-        ["convert", "--help"],
-        ["server", "--help"],
-    ],
-    ids=" ".join,
-)
-def test_help_and_version_load_nothing_heavy(args: list[str]) -> None:
-    r, loaded = probe(*args)
     assert r.returncode == 0, r.stderr
-    assert loaded == []
+    return {tuple(a): Probed(**run) for a, run in zip(argvs, json.loads(r.stdout))}
+
+
+@pytest.mark.parametrize("args", HELP, ids=" ".join)
+def test_help_and_version_load_nothing_heavy(probed: dict[tuple[str, ...], Probed], args: list[str]) -> None:
+    r = probed[tuple(args)]
+    assert r.code == 0, r.stderr
+    assert r.loaded == []
     assert r.stdout.strip()
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["cli", "-c", "abc"], "'-c' / '--ctx-size'"),  # a type error (Typer's)
-        (["cli", "--no-such-flag"], "invalid argument: --no-such-flag"),
-        (["nosuchcommand"], "No such command"),
-        (["cli", "-np", "0"], "-np 0: invalid value for n_parallel"),  # a value error (cli/validate.py)
-        (["cli", "-ub", "-1"], "-ub -1: invalid value for n_ubatch"),
-        (["cli", "--temp", "nan"], "--temp nan: invalid value for temp"),
-        (["cli", "--device", "tpu"], "--device tpu: unknown device"),  # every check before torch's own
-        (["explain", "-np", "0", "-p", "x"], "-np 0: invalid value for n_parallel"),
-        (["server", "-np", "0"], "-np 0: invalid value for n_parallel"),
-        (["server", "--port", "70000"], "--port 70000: invalid value for port"),
-        (["info", "--fit", "0"], "invalid value for the memory budget"),
-        (["bench", "-r", "0"], "-r 0: invalid value for reps"),
-        (["convert", "/nonexistent", "-o", "x.gguf", "--outtype", "q9"], "--outtype 'q9'"),
-    ],
-    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
-)
-def test_usage_errors_answer_before_anything_heavy_loads(args: list[str], needle: str) -> None:
-    r, loaded = probe(*args)
-    assert r.returncode == 1
-    errors = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("LOADED")]
+@pytest.mark.parametrize(("args", "needle"), USAGE_ERRORS, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_usage_errors_answer_before_anything_heavy_loads(
+    probed: dict[tuple[str, ...], Probed], args: list[str], needle: str
+) -> None:
+    r = probed[tuple(args)]
+    assert r.code == 1
+    errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(errors) == 1 and needle in errors[0], r.stderr
-    assert loaded == []
+    assert r.loaded == []
 
 
-def test_no_command_is_the_help_alone() -> None:
-    r, loaded = probe()
-    assert r.returncode == 1 and "Usage: ubatch [OPTIONS] COMMAND" in r.stdout and loaded == []
-    assert r.stderr.strip() == "LOADED"  # no empty "error:" line
+def test_no_command_is_the_help_alone(probed: dict[tuple[str, ...], Probed]) -> None:
+    r = probed[()]
+    assert r.code == 1 and "Usage: ubatch [OPTIONS] COMMAND" in r.stdout and r.loaded == []
+    assert r.stderr.strip() == ""  # no empty "error:" line
 
 
 def test_top_level_help_imports_no_command_module() -> None:
@@ -176,13 +193,14 @@ def test_convert_names_the_engine_s_outtypes() -> None:
 
 
 def test_ub_0_is_n_batch_as_in_llama_cpp(tiny_gemma: Path) -> None:
-    """llama_context: n_ubatch = min(n_batch, n_ubatch ? n_ubatch : n_batch)."""
-    base = [sys.executable, "-m", "ubatch", "info", "-m", str(tiny_gemma), "-c", "256", "-b", "64", "-ub", "0"]
-    r = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=120, env=env())
+    """llama_context: n_ubatch = min(n_batch, n_ubatch ? n_ubatch : n_batch). Not about startup:
+    the real CLI in this process (tests/cli_inproc.py) saves two imports of torch."""
+    base = ["info", "-m", str(tiny_gemma), "-c", "256", "-b", "64", "-ub", "0"]
+    r = run_cli([*base, "--json"], {"COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert (d["n_batch"], d["n_ubatch"]) == (64, 64)
-    r = subprocess.run([*base, "-v"], capture_output=True, text=True, timeout=120, env=env())
+    r = run_cli([*base, "-v"], {"COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     assert re.search(r"^llama_context: n_ubatch += 64$", r.stdout, re.M), r.stdout
 

@@ -1,5 +1,5 @@
 """Saved sequence state (engine/context/state.py, engine/context/state_file.py) through every door: the engine,
-`Llama.save_state` / `load_state`, llama-completion's `--prompt-cache` in fresh processes, and
+`Llama.save_state` / `load_state`, llama-completion's `--prompt-cache` (restored in a fresh process), and
 llama-server's POST /slots/{id}?action=save|restore|erase over HTTP. A restored sequence must
 continue exactly as the uninterrupted run; every bad state is refused in one line (or
 llama-server's error JSON) before the cache changes."""
@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from cli_inproc import Ran, run_cli
 from test_server import GREEDY, Live, start_server_engine
 
 from ubatch import Llama
@@ -32,8 +33,15 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def ubatch_cli(*args: object) -> subprocess.CompletedProcess[str]:
+    """`ubatch cli ARGS` in a fresh process: nothing of an earlier run is left in memory."""
     cmd = [sys.executable, "-m", "ubatch.cli.main", "cli", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=ENV)
+
+
+def ubatch_cli_here(*args: object) -> Ran:
+    """`ubatch cli ARGS` through the real CLI in this process (tests/cli_inproc.py), where a fresh
+    process is not the point: starting one costs seconds of importing torch."""
+    return run_cli(["cli", *map(str, args)])
 
 
 def greedy(ctx: Context, n_past: int, logits: torch.Tensor, n: int, seq_id: int = 0) -> list[int]:
@@ -59,13 +67,13 @@ def tiny_state(tiny_llama_model) -> state_file.SeqState:  # type: ignore[no-unty
 def test_prompt_cache_fresh_process_equals_uninterrupted_run(
     default_model_path: Path, tmp_path: Path, tiny_state: state_file.SeqState
 ) -> None:
-    """Run 1 processes a ~600-token prompt, saves the state and generates; run 2, a new process,
-    restores the file instead of processing the prompt and must print the same tokens."""
+    """Run 1 (in this process) processes a ~600-token prompt, saves the state and generates; run 2,
+    a new process, restores the file instead of processing the prompt and must print the same tokens."""
     prompt = " ".join(f"Line {i}: the value {i * 7 % 13} follows." for i in range(55))
     cache = tmp_path / "prompt.state"
     args = ("-m", default_model_path, "-no-cnv", "-p", prompt, "-n", 12, "--temp", 0, "-c", 1024)
     args += ("--no-display-prompt", "--no-warmup", "--prompt-cache", cache)
-    first = ubatch_cli(*args)
+    first = ubatch_cli_here(*args)
     assert first.returncode == 0, first.stderr
     assert "session file does not exist, will create." in first.stderr and cache.stat().st_size > 0
     n_prompt, prompt_ms = re.search(r"prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens", first.stderr).group(2, 1)
@@ -85,7 +93,7 @@ def test_prompt_cache_fresh_process_equals_uninterrupted_run(
     # another model's state: one line, exit 1, before anything is generated
     other = tmp_path / "other.state"
     state_file.write_file(other, tiny_state)
-    bad = ubatch_cli("-m", default_model_path, "-no-cnv", "-p", "hi", "-n", 2, "--prompt-cache", other)
+    bad = ubatch_cli_here("-m", default_model_path, "-no-cnv", "-p", "hi", "-n", 2, "--prompt-cache", other)
     assert bad.returncode == 1 and bad.stdout == ""
     last = bad.stderr.strip().splitlines()[-1]
     assert "another model" in last and "Traceback" not in bad.stderr
@@ -95,14 +103,14 @@ def test_prompt_cache_reuses_the_matching_prefix(tiny_gemma: Path, tmp_path: Pat
     """A longer prompt keeps the saved prefix and processes only the rest; -ro leaves the file."""
     cache = tmp_path / "p.state"
     base = ("-m", tiny_gemma, "-no-cnv", "-n", 4, "--temp", 0, "-c", 256, "--no-warmup", "--prompt-cache", cache)
-    assert ubatch_cli(*base, "-p", "hello world the hello world how").returncode == 0
+    assert ubatch_cli_here(*base, "-p", "hello world the hello world how").returncode == 0
     saved = cache.read_bytes()
-    b = ubatch_cli(*base, "-p", "hello world the hello world how are you", "--prompt-cache-ro")
+    b = ubatch_cli_here(*base, "-p", "hello world the hello world how are you", "--prompt-cache-ro")
     assert b.returncode == 0, b.stderr
     kept = int(re.search(r"prompt cache: restored (\d+) tokens", b.stderr).group(1))
     n_b = int(re.search(r"prompt eval time =.*/\s+(\d+) tokens", b.stderr).group(1))
     assert cache.read_bytes() == saved  # read-only
-    full = ubatch_cli(*base[:-2], "-p", "hello world the hello world how are you")
+    full = ubatch_cli_here(*base[:-2], "-p", "hello world the hello world how are you")
     n_full = int(re.search(r"prompt eval time =.*/\s+(\d+) tokens", full.stderr).group(1))
     assert kept > 0 and n_b == n_full - kept and b.stdout == full.stdout
 
@@ -269,8 +277,7 @@ def test_slot_action_errors(slot_server: tuple[str, Scheduler, Path], tiny_state
 
 
 def test_slot_save_path_must_be_a_directory(tiny_gemma: Path, tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "ubatch.cli.main", "server", "-m", tiny_gemma, "--slot-save-path", tmp_path / "no"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV)
+    r = run_cli(["server", "-m", str(tiny_gemma), "--slot-save-path", str(tmp_path / "no")])
     assert r.returncode == 1 and r.stderr.strip().endswith(f"not a directory: {tmp_path / 'no'}")
 
 
