@@ -91,6 +91,21 @@ def test_linear_matches_dequantise_then_matmul(ops, t: T, m: int) -> None:
     assert rel_err(run_linear(ops, w, x), reference(ops, w, x)) <= 1e-5
 
 
+@pytest.mark.parametrize("m", [1, 5, 8, 16])
+@pytest.mark.parametrize("nc", [1, 2, 3, 4, 6, 7])
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_1], ids=lambda t: t.name)
+def test_gemv_every_chunk_count(ops, t: T, nc: int, m: int) -> None:
+    """The AVX2 GEMV takes Q8_0/Q4_0/Q4_1 chunks four at a time, then in pairs, then one (Q5_1:
+    pairs): every remainder of the chunk count, at one row, a partial tile, a full tile of 8 and
+    two tiles."""
+    w = weight(t, 37, 32 * nc, seed=nc)
+    x = torch.randn(m, 32 * nc, generator=torch.Generator().manual_seed(m))
+    got = run_linear(ops, w, x)
+    assert rel_err(got, reference(ops, w, x)) <= 1e-5
+    if isinstance(ops, CpuOps):  # the C kernels: a row's bits whatever rows share its call
+        assert torch.equal(got[:1], run_linear(ops, w, x[:1]))
+
+
 def test_x16_rounding_is_within_its_bound_and_is_what_the_kernels_multiply() -> None:
     """The 16-bit x of the AVX2 build: each value within half a step (max|x| / 65534) of its
     32-value chunk's largest, and a product against it nearer the rounded x than the f32 one

@@ -122,6 +122,14 @@ static inline __attribute__((always_inline)) void bytes_i16(__m256i y, int sign,
         *o = _mm256_srli_epi16(y, 8);
     }
 }
+
+/* a Q8_0 block's 32 codes as 16-bit lanes straight from memory, in order (e: values 0..15, o:
+ * 16..31; x is then rounded in order too): two widening loads, where the byte form costs a load
+ * and three shifts */
+static inline __attribute__((always_inline)) void q8_i16(const uint8_t *b, __m256i *e, __m256i *o) {
+    *e = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 2)));
+    *o = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 18)));
+}
 #else
 #define UB_X16 0
 #endif
