@@ -234,19 +234,33 @@ def test_truncation_inside_every_section_is_refused(source: Gguf, tmp_path: Path
         assert "truncated" in msg or "not a GGUF" in msg, (cut, msg)
 
 
+# A child started straight from this process inherits its peak RSS: Linux carries the old memory's
+# high-water mark across exec into the child's rusage, and the pytest process is large by now. A
+# small wrapper forks the command (its fresh memory is the wrapper's few MiB), waits for it and
+# writes the command's own peak.
+_MEASURE = """import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+open(sys.argv[1], "w").write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_measured(argv: list[str], timeout: float = 90) -> tuple[int, str, int]:
     """(exit code, stderr, peak RSS in bytes) of one child process, from its own rusage."""
-    with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    with tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile("r") as rss:
+        wrapped = [sys.executable, "-S", "-c", _MEASURE, rss.name, *argv]
+        p = subprocess.Popen(wrapped, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         killer = threading.Timer(timeout, lambda: os.killpg(p.pid, signal.SIGKILL))
         killer.start()
         try:
-            _, status, usage = os.wait4(p.pid, 0)
+            p.wait()
         finally:
             killer.cancel()
-        p.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
-        return p.returncode, err.read().decode(errors="replace"), usage.ru_maxrss * 1024
+        return p.returncode, err.read().decode(errors="replace"), int(rss.read() or 0) * 1024
 
 
 CLI_CASES = ["block_count_1e9"]  # the rest in-process above: each child costs seconds of torch import

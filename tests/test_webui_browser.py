@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from test_server import Live
-from test_webui import generate_in_both_slots, pages_public, webui_app, webui_options
+from test_webui import pages_public, webui_app, webui_options
 
 from ubatch.cli.server.app import ServerEngine
 from ubatch.cli.server.run import start_engine
@@ -193,13 +194,30 @@ def test_engine_page_shows_two_sequences(served: str, browser: Any) -> None:
         page.wait_for_selector("#membar .seg")  # the hello event: the memory plan
         assert "weights" in page.inner_text("#memlegend") and "compute buffer" in page.inner_text("#memlegend")
         page.wait_for_function("() => document.getElementById('conn').textContent === 'live'")
-        body = {"prompt": "tell me a story about two sequences", "n_predict": 900, "temperature": 0, "ignore_eos": True}
-        threads = generate_in_both_slots(served, body)
+        prompt = "tell me a story about two sequences, " * 4  # long enough to be worth sharing
+        body = {"prompt": prompt, "n_predict": 900, "temperature": 0, "ignore_eos": True}
+        # slot 1 starts once slot 0's prompt is in the cells, so it takes them instead of
+        # prefilling its own copy in the same iteration (which a busy machine can make happen)
+        threads = [
+            threading.Thread(
+                target=httpx.post,
+                args=(served + "/completion",),
+                kwargs={"json": {**body, "id_slot": i}, "timeout": 60},
+            )
+            for i in (0, 1)
+        ]
+        threads[0].start()
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('#slots *')].some(e => e.textContent.includes('generating'))",
+            timeout=30_000,
+        )
+        threads[1].start()
         # both sequences' rows in one decode, and both in the cells' legend
         page.wait_for_selector('li.decode[data-seqs="0,1"]', timeout=30_000)
         page.wait_for_function("() => document.getElementById('kv-legend').textContent.includes('seq 1')")
         legend = page.inner_text("#kv-legend")
         assert "seq 0" in legend and "seq 1" in legend
+        page.wait_for_function("() => document.querySelector('#kv figcaption').textContent.includes('shared')")
         caption = page.inner_text("#kv figcaption")
         assert "padding to 256" in caption and "shared" in caption  # one unified stream: the prompt's cells shared
         assert "generating" in page.inner_text("#slots") or "processing" in page.inner_text("#slots")
