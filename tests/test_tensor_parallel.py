@@ -38,7 +38,7 @@ from ubatch.engine.params import ContextParams
 from ubatch.kernels.quant.weight import QWeight
 
 CLI = [sys.executable, "-m", "ubatch"]
-ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "GLOO_SOCKET_IFNAME": "lo"}  # every rank on this machine
 
 
 def plan_shard(model: Model, world: int = 2) -> Model:
