@@ -30,7 +30,7 @@ _flag = functools.partial(flag, panel=PANEL)
 SPLIT_MODES = ("none", "layer", "row")
 
 
-class Stoppable(Protocol):
+class Ranks(Protocol):  # engine/parallel/launch.py's, named here without importing torch
     def stop(self) -> None: ...
 
     def lines(self) -> list[str]: ...
@@ -60,10 +60,11 @@ class ParallelFlags:
     tp_timeout: float = _flag(
         60.0, "--tp-timeout", help="seconds the ranks may take to meet, or a rank may stay silent, before the run stops"
     )
-    ranks: Optional[Stoppable] = field(default=None)  # not a flag: the group `load` started
+    ranks: Optional[Ranks] = field(default=None)  # not a flag: the group `load` started
 
-    def world(self, cuda: bool) -> int:
-        """The number of ranks the flags ask for (1: no tensor parallelism), checked in one line."""
+    def requested(self) -> int | None:
+        """The ranks the flags ask for (1: no tensor parallelism; None: -sm row alone, one per
+        GPU), every value checked in one line before anything loads."""
         if self.tensor_parallel < 1:
             raise UbatchError(f"-tp {self.tensor_parallel}: the number of ranks must be at least 1")
         if self.tp_timeout <= 0:
@@ -71,43 +72,45 @@ class ParallelFlags:
         if self.split_mode not in SPLIT_MODES:
             raise UbatchError(f"-sm {self.split_mode}: invalid value, must be one of: {', '.join(SPLIT_MODES)}")
         n = self.tensor_parallel
-        if self.tensor_split is not None:
-            try:
-                parts = [float(x) for x in self.tensor_split.replace("/", ",").split(",") if x.strip()]
-            except ValueError:
-                raise UbatchError(f"-ts {self.tensor_split}: give comma-separated proportions, e.g. 1,1") from None
-            parts = [p for p in parts if p > 0] if any(p > 0 for p in parts) else parts
-            if self.split_mode != "row":
-                raise UbatchError(
-                    f"-ts {self.tensor_split}: proportions split layers over devices in llama.cpp; ubatch splits "
-                    "rows: add -sm row (or use -tp N)"
-                )
-            if len(set(parts)) > 1:
-                raise UbatchError(
-                    f"-ts {self.tensor_split}: unequal proportions cannot be honoured: each rank holds an "
-                    "equal share of every layer's heads and rows; use equal ones (e.g. 1,1) or -tp N"
-                )
-            if n not in (1, len(parts)):
-                raise UbatchError(f"-ts {self.tensor_split} names {len(parts)} devices but -tp is {n}")
-            n = len(parts)
-        elif self.split_mode == "row" and n == 1:
-            if not cuda:
-                raise UbatchError("-sm row splits rows over GPUs; on CPUs give the number of ranks with -tp N")
-            import torch
+        if self.tensor_split is None:
+            return None if self.split_mode == "row" and n == 1 else n
+        try:
+            parts = [float(x) for x in self.tensor_split.replace("/", ",").split(",") if x.strip()]
+        except ValueError:
+            raise UbatchError(f"-ts {self.tensor_split}: give comma-separated proportions, e.g. 1,1") from None
+        parts = [p for p in parts if p > 0] if any(p > 0 for p in parts) else parts
+        if self.split_mode != "row":
+            raise UbatchError(
+                f"-ts {self.tensor_split}: proportions split layers over devices in llama.cpp; ubatch splits "
+                "rows: add -sm row (or use -tp N)"
+            )
+        if len(set(parts)) > 1:
+            raise UbatchError(
+                f"-ts {self.tensor_split}: unequal proportions cannot be honoured: each rank holds an "
+                "equal share of every layer's heads and rows; use equal ones (e.g. 1,1) or -tp N"
+            )
+        if n not in (1, len(parts)):
+            raise UbatchError(f"-ts {self.tensor_split} names {len(parts)} devices but -tp is {n}")
+        return len(parts)
 
-            n = torch.cuda.device_count()
-        return n
+    def check(self) -> None:
+        """The values, before anything loads."""
+        self.requested()
+
+    def world(self, cuda: bool) -> int:
+        """The number of ranks: as requested, or with -sm row alone one per CUDA device."""
+        n = self.requested()
+        if n is not None:
+            return n
+        if not cuda:
+            raise UbatchError("-sm row splits rows over GPUs; on CPUs give the number of ranks with -tp N")
+        import torch
+
+        return torch.cuda.device_count()
 
     @property
     def active(self) -> bool:
-        return self.tensor_parallel != 1 or self.split_mode == "row" or under_torchrun()
-
-    def check(self) -> None:
-        """The values, before anything loads (the CUDA device count only with -sm row on CUDA)."""
-        if self.tensor_parallel < 1 or self.tp_timeout <= 0 or self.split_mode not in SPLIT_MODES:
-            self.world(cuda=False)
-        if self.tensor_split is not None:
-            self.world(cuda=True)
+        return self.requested() != 1 or under_torchrun()
 
     def follow(self, device: str | torch.device) -> None:
         """Under torchrun, a rank other than 0 joins the group here, before the command binds a
@@ -125,12 +128,12 @@ class ParallelFlags:
 
     def load(self, path: str | Path, device: str | torch.device) -> Model:
         """The model this process computes with: whole, or rank 0's shard with the other ranks
-        started (or joined under torchrun). On a torchrun rank other than 0 this serves rank 0
-        until it stops, then ends the command."""
+        started (or joined under torchrun, whose other ranks `follow`)."""
         import torch
 
         from ubatch.engine.model.model import Model
 
+        self.follow(device)
         cuda = torch.device(device).type == "cuda"
         n = self.world(cuda)
         if n == 1 and not under_torchrun():
@@ -138,11 +141,7 @@ class ParallelFlags:
         from ubatch.engine.parallel.launch import start
         from ubatch.engine.parallel.worker import load_shard
 
-        ranks = start(n if n > 1 else 0, self.tp_timeout, cuda)  # 0: torchrun's world size
-        if ranks.rank != 0:
-            ranks.serve()
-            raise typer.Exit(0)
-        self.ranks = ranks
+        ranks = self.ranks = start(n if n > 1 else 0, self.tp_timeout, cuda)  # 0: torchrun's world size
         try:
             return load_shard(ranks.group, str(path), str(ranks.group.rv.device) if cuda else "cpu")
         except BaseException:
@@ -154,19 +153,13 @@ class ParallelFlags:
         n = self.world(cuda)
         if n == 1:
             return model
-        from ubatch.engine.model.shard import NoCollective, Shard
+        from ubatch.engine.model.shard import Shard
 
-        rows = -(-model.hparams.n_vocab // n)
-        return model.sharded(Shard(0, n, NoCollective(0, n), rows))
+        return model.sharded(Shard.for_plan(n, model.hparams.n_vocab))
 
     def lines(self) -> list[str]:
         """The startup log's lines on the ranks (none without tensor parallelism)."""
         return self.ranks.lines() if self.ranks is not None else []
-
-    def stop(self) -> None:
-        """End the other ranks (rank 0, at the end of the command)."""
-        if self.ranks is not None:
-            self.ranks.stop()
 
 
 def ranks_for(model: Model, params: ContextParams, budget: int) -> tuple[int, MemoryPlan]:
@@ -174,12 +167,12 @@ def ranks_for(model: Model, params: ContextParams, budget: int) -> tuple[int, Me
     rank count the model's heads or blocks do not split into is skipped."""
     from ubatch.engine.context.report import plan_for
     from ubatch.engine.errors import ModelLoadError
-    from ubatch.engine.model.shard import NoCollective, Shard
+    from ubatch.engine.model.shard import Shard
 
     tried: list[str] = []
     for n in range(1, model.hparams.n_head + 1):
         try:
-            m = model if n == 1 else model.sharded(Shard(0, n, NoCollective(0, n), -(-model.hparams.n_vocab // n)))
+            m = model if n == 1 else model.sharded(Shard.for_plan(n, model.hparams.n_vocab))
         except ModelLoadError:
             continue
         plan = plan_for(m, params)

@@ -31,7 +31,7 @@ from ubatch.engine.context.context import Context
 from ubatch.engine.context.report import memory_plan
 from ubatch.engine.errors import EngineError, ModelLoadError
 from ubatch.engine.model.model import Model
-from ubatch.engine.model.shard import NoCollective, Shard, col_slice, row_slice
+from ubatch.engine.model.shard import Shard, col_slice, row_slice
 from ubatch.engine.parallel.launch import Ranks, start
 from ubatch.engine.parallel.worker import load_shard
 from ubatch.engine.params import ContextParams
@@ -42,7 +42,7 @@ ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "GLOO_SOCKET_IFNAME": "lo"}  
 
 
 def plan_shard(model: Model, world: int = 2) -> Model:
-    return model.sharded(Shard(0, world, NoCollective(0, world), -(-model.hparams.n_vocab // world)))
+    return model.sharded(Shard.for_plan(world, model.hparams.n_vocab))
 
 
 # -- the cuts, without any process --------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import test_webui
 from test_server import Live
 from test_webui import pages_public, webui_app, webui_options
 
@@ -54,11 +55,7 @@ def engine(tiny_gemma: Path) -> Iterator[ServerEngine]:
     eng.stop()
 
 
-@pytest.fixture(scope="module")
-def served(engine: ServerEngine) -> Iterator[str]:
-    live = Live(webui_app(engine, webui_options()))
-    yield live.url
-    live.close()
+served = test_webui.served  # the same fixture, run on this module's engine
 
 
 @pytest.fixture

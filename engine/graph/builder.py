@@ -126,5 +126,6 @@ class GraphBuilder:
 
     def finish(self, output: Sym) -> Graph:
         g = Graph(self.nodes, dict(self.inputs), output.id)
+        g.talks = any(isinstance(n.args, (AllReduceArgs, GatherColsArgs)) for n in self.nodes)
         g.layout, g.scratch_keys = lay_out_graph(g)
         return g

@@ -20,15 +20,12 @@ def counters(ops: Ops) -> GraphCounters | None:
     return r.counters if r is not None else None
 
 
-# a graph that talks to other ranks runs launch by launch: a collective captured into a CUDA
-# graph has not been tried on a device yet (no GPU was lent), so tensor parallelism stays eager
-COLLECTIVES = frozenset({"all_reduce", "gather_cols"})
-
-
 def run_step(g: Graph, ops: Ops, workspace: Tensor, inputs: dict[str, Tensor]) -> Tensor:
     """One ubatch's forward pass: the backend's runner runs the bound calls where it has one."""
     r = ops.graph_runner
-    if r is None or any(n.op in COLLECTIVES for n in g.nodes):
+    # a graph that talks to other ranks runs launch by launch: collectives captured into a CUDA
+    # graph have not been tried on a device yet (no GPU was lent)
+    if r is None or g.talks:
         return run_graph(g, ops, workspace, inputs)
     b = bind_inputs(g, ops, workspace, inputs)
     r.run(g, workspace.data_ptr(), b.inputs["inp_tokens"].shape[0], b.steps)

@@ -76,6 +76,7 @@ class Graph:
     output: int
     layout: Layout | None = None
     scratch_keys: dict[tuple[int, int], int] = field(default_factory=dict)
+    talks: bool = False  # it has collectives (tensor parallelism): run launch by launch, never captured
     _bound: tuple[tuple[int, int], Bound] | None = None  # ((workspace ptr, ops id), what bind made)
     _out_call: tuple[int, NodeArgs[Tensor], list[Tensor]] | None = None  # (step index, args, scratch) of the output
     _raw: list[Step] = field(default_factory=list)  # the bound calls before fusing

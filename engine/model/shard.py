@@ -71,6 +71,16 @@ class Shard:
         """How many ranks divide this machine's cores when -t is left to the default."""
         return self.local_ranks or self.world
 
+    @staticmethod
+    def rows_of(n_vocab: int, world: int) -> int:
+        """The vocabulary rows each rank holds: equal slices (the last padded with zero rows)."""
+        return -(-n_vocab // world)
+
+    @classmethod
+    def for_plan(cls, world: int, n_vocab: int) -> Shard:
+        """Rank 0's part for sizing only (`info -tp N`): no rank is started, nothing can run."""
+        return cls(0, world, NoCollective(0, world), cls.rows_of(n_vocab, world))
+
     @property
     def vocab_lo(self) -> int:
         return self.rank * self.vocab_rows

@@ -25,7 +25,7 @@ from ubatch.engine.params import ContextParams
 
 def shard_of(group: TPGroup, n_vocab: int, channel: bool) -> Shard:
     """This rank's Shard: the group as its collective, the vocabulary split in equal slices."""
-    rows = -(-n_vocab // group.world)
+    rows = Shard.rows_of(n_vocab, group.world)
     return Shard(group.rank, group.world, group, rows, group if channel else None, group.rv.local_world)
 
 
