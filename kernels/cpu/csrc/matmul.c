@@ -262,6 +262,177 @@ static inline __attribute__((always_inline)) void x16_dot_m(const int type, cons
 #undef X16_PAIR
 #undef X16_SCALE
 #undef X16_SUM
+
+/* Rows in lanes: the AVX2 GEMV from X16_ROWS_MIN to 16 rows of x.
+ *
+ * x16_dot_m holds one row of x per accumulator and folds its four chunks' sums with two rounds
+ * of vphaddd per row; above eight rows it runs as two tiles, each decoding the weight row again.
+ * Here the rows of x sit in the lanes instead: x is laid out once per call as a panel (for each
+ * 32-bit word of a chunk's codes, the matching pair of x values of four rows, twice: the word
+ * w of the low 128 bits, then w + 4 of the high), so one in-lane broadcast of a code word
+ * (vpshufd) meets four rows in one vpmaddwd, and a chunk's codes are decoded once for all rows.
+ *
+ * It computes the same bits as x16_dot_m. Lane h of a row's pair of lanes in the panel is the
+ * half h of x16_quad's sums (low: the words of the codes' low 128 bits), so each lane holds the
+ * exact integer x16_quad folds into its lane q + 4h for chunk c = 4i + q. The f32 steps per lane
+ * are x16_quad's: the same scale product, the same FMA, chunk after chunk in the same order
+ * (a pass per q, so every accumulator stays in a register), then the same min terms where the
+ * type has them, and a 4 x 4 transpose gives each row x16_dot_m's eight lanes for its hsum. So
+ * a row's result still does not depend on how many rows share the call. It covers the types and
+ * shapes that x16_dot_m takes in quads only (chunk counts divisible by 4; not Q5_1, whose pairs
+ * sum differently). */
+enum { X16_ROWS_MIN = 10, X16_ROWS_MAX = 16 }; /* at 9 rows, 12 rows of work: no faster than tiles of 8 and 1 */
+
+static inline int x16_rows_type(int type, int64_t nc) {
+    return nc % 4 == 0 && (type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K));
+}
+
+/* floats of panel for m rows (groups of four) of nc chunks: codes' x pairs, scales, scaled sums */
+static int64_t x16_rows_scratch(int64_t m, int64_t nc) {
+    int64_t g = (m + 3) / 4;
+    return nc * g * (64 + 8 + 8);
+}
+
+/* the panel from x16_chunk's output (xq: rows nc * 32 int16 apart; xd, xs: nc floats apart);
+ * the rows of the last group past m are zero */
+static void x16_rows_panel(const int16_t *xq, const float *xd, const float *xs, int64_t m, int64_t nc,
+                           __m256i *xp, __m256 *xdp, __m256 *xsp) {
+    const int64_t G = (m + 3) / 4;
+    for (int64_t c = 0; c < nc; c++)
+        for (int64_t g = 0; g < G; g++) {
+            for (int v = 0; v < 2; v++) {
+                __m256 R[4];
+                for (int p = 0; p < 4; p++) {
+                    int64_t r = 4 * g + p;
+                    R[p] = r < m ? _mm256_loadu_ps((const float *)(xq + (r * nc + c) * 32 + v * 16)) : _mm256_setzero_ps();
+                }
+                __m256 t0 = _mm256_unpacklo_ps(R[0], R[1]), t1 = _mm256_unpackhi_ps(R[0], R[1]);
+                __m256 t2 = _mm256_unpacklo_ps(R[2], R[3]), t3 = _mm256_unpackhi_ps(R[2], R[3]);
+                __m256i *dst = xp + (c * 2 + v) * 4 * G + g; /* word i of the pair: dst[i * G] */
+                dst[0] = _mm256_castps_si256(_mm256_shuffle_ps(t0, t2, 0x44));
+                dst[G] = _mm256_castps_si256(_mm256_shuffle_ps(t0, t2, 0xEE));
+                dst[2 * G] = _mm256_castps_si256(_mm256_shuffle_ps(t1, t3, 0x44));
+                dst[3 * G] = _mm256_castps_si256(_mm256_shuffle_ps(t1, t3, 0xEE));
+            }
+            float d[4], s[4];
+            for (int p = 0; p < 4; p++) {
+                int64_t r = 4 * g + p;
+                d[p] = r < m ? xd[r * nc + c] : 0.0f;
+                s[p] = r < m ? xs[r * nc + c] : 0.0f;
+            }
+            __m128 d4 = _mm_loadu_ps(d), s4 = _mm_loadu_ps(s);
+            xdp[c * G + g] = _mm256_set_m128(d4, d4);
+            xsp[c * G + g] = _mm256_set_m128(s4, s4);
+        }
+}
+
+/* chunk c's codes (e, o) against every group's x: the exact sums, in group order, into ia */
+#define X16_ROWS_WORD(V, v, i)                                                                             \
+    {                                                                                                      \
+        const __m256i s = _mm256_shuffle_epi32(V, (i) * 0x55);                                             \
+        const __m256i *xv = xp + ((c * 2 + (v)) * 4 + (i)) * G;                                            \
+        for (int g = 0; g < G; g++) {                                                                      \
+            __m256i t = _mm256_madd_epi16(s, xv[g]);                                                       \
+            ia[g] = (v) + (i) ? _mm256_add_epi32(ia[g], t) : t; /* the first word starts the sum */        \
+            __asm__("" : "+x"(ia[g])); /* running sums: no reassociated trees, no spills */                \
+        }                                                                                                  \
+    }
+#define X16_ROWS_CHUNK(E, O, DW)                                                                            \
+    {                                                                                                      \
+        __m256i ia[4];                                                                                     \
+        X16_ROWS_WORD(E, 0, 0) X16_ROWS_WORD(E, 0, 1) X16_ROWS_WORD(E, 0, 2) X16_ROWS_WORD(E, 0, 3)        \
+        X16_ROWS_WORD(O, 1, 0) X16_ROWS_WORD(O, 1, 1) X16_ROWS_WORD(O, 1, 2) X16_ROWS_WORD(O, 1, 3)        \
+        for (int g = 0; g < G; g++)                                                                        \
+            a[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[g]), _mm256_mul_ps(DW, xdp[c * G + g]), a[g]);    \
+    }
+
+/* one weight row against G groups of four rows: res[0 .. 4G) (rows past m hold junk) */
+static inline __attribute__((always_inline)) void x16_rows_dot(const int type, const int G, const uint8_t *row,
+        int64_t nc, const __m256i *xp, const __m256 *xdp, const __m256 *xsp, float *res) {
+    __m256 acc[4][4];
+    const int kq = (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
+    const int bs = type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210;
+    float da[kq ? nc : 1], db[kq ? nc : 1], mn[kq ? nc : 1]; /* the row's scales, decoded once for the four passes */
+    if (kq)
+        for (int64_t sb = 0; sb < nc / 8; sb++) k_scales(type, row + sb * bs, da + sb * 8, db + sb * 8, mn + sb * 8);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        __m256 a[4];
+        for (int g = 0; g < G; g++) a[g] = _mm256_setzero_ps();
+        if (kq) {
+            for (int64_t sb = 0; sb < nc / 8; sb++) {
+                const uint8_t *b = row + sb * bs;
+                for (int j = q; j < 8; j += 4) { /* x16_dot_m's quads: chunk q, then 4 + q */
+                    const int64_t c = sb * 8 + j;
+                    __m256i e, o;
+                    bytes_i16(k_bytes(type, b, j), type == T_Q6_K, &e, &o);
+                    const __m256 dw = _mm256_setr_m128(_mm_set1_ps(da[c]), _mm_set1_ps(db[c]));
+                    X16_ROWS_CHUNK(e, o, dw)
+                }
+                if (x16_has_min(type)) { /* lane h: the min of chunk q + 4h, as x16_dot_m's one FMA */
+                    const __m256 mv = _mm256_setr_m128(_mm_set1_ps(mn[sb * 8 + q]), _mm_set1_ps(mn[sb * 8 + q + 4]));
+                    for (int g = 0; g < G; g++) {
+                        __m256 s = _mm256_blend_ps(xsp[(sb * 8 + q) * G + g], xsp[(sb * 8 + q + 4) * G + g], 0xF0);
+                        a[g] = _mm256_fmadd_ps(mv, s, a[g]);
+                    }
+                }
+            }
+        } else {
+            for (int64_t c = q; c < nc; c += 4) {
+                __m256i e, o;
+                float d, m = 0;
+                if (type == T_Q8_0) {
+                    q8_i16(row + c * 34, &e, &o);
+                    d = h2f(rd16(row + c * 34));
+                } else {
+                    __m256i y;
+                    int sign = block_bytes(type, row, c, &y, &d, &m);
+                    bytes_i16(y, sign, &e, &o);
+                }
+                const __m256 dw = _mm256_set1_ps(d);
+                X16_ROWS_CHUNK(e, o, dw)
+                if (type == T_Q4_1) { /* the low lanes' min term, as x16_dot_m's quad adds it */
+                    const __m256 mv = _mm256_setr_m128(_mm_set1_ps(m), _mm_setzero_ps());
+                    for (int g = 0; g < G; g++)
+                        a[g] = _mm256_fmadd_ps(mv, _mm256_blend_ps(xsp[c * G + g], _mm256_setzero_ps(), 0xF0), a[g]);
+                }
+            }
+        }
+        for (int g = 0; g < G; g++) acc[q][g] = a[g];
+    }
+    for (int g = 0; g < G; g++) { /* per row: lanes [q0 q1 q2 q3 | the same, high half], as x16_quad's */
+        __m256 t0 = _mm256_unpacklo_ps(acc[0][g], acc[1][g]), t1 = _mm256_unpackhi_ps(acc[0][g], acc[1][g]);
+        __m256 t2 = _mm256_unpacklo_ps(acc[2][g], acc[3][g]), t3 = _mm256_unpackhi_ps(acc[2][g], acc[3][g]);
+        res[4 * g] = hsum(_mm256_shuffle_ps(t0, t2, 0x44)) + 0.0f; /* + x16_dot_m's (zero) pair mins */
+        res[4 * g + 1] = hsum(_mm256_shuffle_ps(t0, t2, 0xEE)) + 0.0f;
+        res[4 * g + 2] = hsum(_mm256_shuffle_ps(t1, t3, 0x44)) + 0.0f;
+        res[4 * g + 3] = hsum(_mm256_shuffle_ps(t1, t3, 0xEE)) + 0.0f;
+    }
+}
+#undef X16_ROWS_CHUNK
+#undef X16_ROWS_WORD
+
+#define X16_ROWS_CASE(T, g) case g: x16_rows_dot(T, g, row, nc, xp, xdp, xsp, res); break;
+#define X16_ROWS(T)                                                                                 \
+    static void x16_rows_##T(const uint8_t *row, int64_t nc, const __m256i *xp, const __m256 *xdp, \
+                             const __m256 *xsp, int groups, float *res) {                          \
+        switch (groups) {                                                                           \
+        X16_ROWS_CASE(T, 3)                                                                         \
+        default: x16_rows_dot(T, 4, row, nc, xp, xdp, xsp, res); break;                             \
+        }                                                                                           \
+    }
+X16_ROWS(T_Q8_0) X16_ROWS(T_Q4_0) X16_ROWS(T_Q4_1) X16_ROWS(T_Q4_K) X16_ROWS(T_Q5_K) X16_ROWS(T_Q6_K)
+
+typedef void (*x16_rows_fn)(const uint8_t *, int64_t, const __m256i *, const __m256 *, const __m256 *, int, float *);
+
+static x16_rows_fn x16_rows_for(int type) {
+    switch (type) {
+    case T_Q8_0: return x16_rows_T_Q8_0; case T_Q4_0: return x16_rows_T_Q4_0;
+    case T_Q4_1: return x16_rows_T_Q4_1; case T_Q4_K: return x16_rows_T_Q4_K;
+    case T_Q5_K: return x16_rows_T_Q5_K; case T_Q6_K: return x16_rows_T_Q6_K;
+    }
+    return 0;
+}
 #endif
 
 /* row_dot_m instantiated per row count: tiles of 8 rows for block types, 4 for float weights
@@ -345,18 +516,20 @@ enum { GEMV_RB = 16 };
 
 #if UB_X16
 /* floats of scratch the integer GEMV needs: x as 16-bit integers, then its scales, then its
- * scaled sums (64-byte aligned parts) */
-static int64_t x16_scratch(int64_t m, int64_t k, int64_t *scales_at) {
-    int64_t q = round_up(m * (k / 32) * 16, 16);
+ * scaled sums (64-byte aligned parts), then from X16_ROWS_MIN rows x16_rows_panel's panel */
+static int64_t x16_scratch(int type, int64_t m, int64_t k, int64_t *scales_at) {
+    int64_t q = round_up(m * (k / 32) * 16, 16), n = q + 2 * m * (k / 32);
     if (scales_at) *scales_at = q;
-    return q + 2 * m * (k / 32);
+    if (m >= X16_ROWS_MIN && m <= X16_ROWS_MAX && x16_rows_type(type, k / 32)) /* 8: its 32-byte alignment */
+        n += 8 + x16_rows_scratch(m, k / 32);
+    return n;
 }
 
 /* the AVX2 build's GEMV for block types: x rounded to 16-bit integers once per call, in the
  * decoders' order (x16_chunk's eo; Q8_0's codes widen in order), then as ub_gemv */
 static void x16_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k, const float *x,
                      int64_t m, int64_t ldx, float *y, int64_t ldy, float *scratch, int nth) {
-    int64_t nc = k / 32, at = 0, need = x16_scratch(m, k, &at);
+    int64_t nc = k / 32, at = 0, need = x16_scratch(type, m, k, &at);
     float *own = scratch ? 0 : (float *)malloc(sizeof(float) * need);
     if (own) scratch = own;
     int16_t *xq = (int16_t *)scratch;
@@ -366,6 +539,28 @@ static void x16_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_ro
         for (int64_t c = 0; c < nc; c++)
             x16_chunk(x + r * ldx + 32 * c, type != T_Q8_0, xq + (r * nc + c) * 32, xd + r * nc + c, xs + r * nc + c);
     int64_t n_blocks = (n_rows + GEMV_RB - 1) / GEMV_RB;
+    if (m >= X16_ROWS_MIN && m <= X16_ROWS_MAX && x16_rows_type(type, nc)) {
+        const int groups = (int)((m + 3) / 4);
+        float *pan = (float *)(((uintptr_t)(xs + m * nc) + 31) & ~(uintptr_t)31); /* 32-byte aligned */
+        __m256i *xp = (__m256i *)pan;
+        __m256 *xdp = (__m256 *)(pan + nc * groups * 64), *xsp = xdp + nc * groups;
+        x16_rows_panel(xq, xd, xs, m, nc, xp, xdp, xsp);
+        x16_rows_fn rows = x16_rows_for(type);
+#pragma omp parallel for num_threads(nth) schedule(static)
+        for (int64_t nb = 0; nb < n_blocks; nb++) {
+            int64_t n1 = (nb + 1) * GEMV_RB < n_rows ? (nb + 1) * GEMV_RB : n_rows;
+            for (int64_t n = nb * GEMV_RB; n < n1; n++) {
+                const uint8_t *row = w + n * row_bytes;
+                float res[16];
+                for (int64_t o = 0; o < row_bytes; o += 64)
+                    _mm_prefetch((const char *)row + 8 * row_bytes + o, _MM_HINT_T0);
+                rows(row, nc, xp, xdp, xsp, groups, res);
+                for (int r = 0; r < m; r++) y[r * ldy + n] = res[r];
+            }
+        }
+        free(own);
+        return;
+    }
 #pragma omp parallel for num_threads(nth) schedule(static)
     for (int64_t nb = 0; nb < n_blocks; nb++) {
         int64_t n1 = (nb + 1) * GEMV_RB < n_rows ? (nb + 1) * GEMV_RB : n_rows;
@@ -392,7 +587,7 @@ static void x16_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_ro
  * integers with its scales and sums; otherwise none) */
 int64_t ub_gemv_scratch(int type, int64_t m, int64_t k) {
 #if UB_X16
-    if (x16_type(type)) return x16_scratch(m, k, 0);
+    if (x16_type(type)) return x16_scratch(type, m, k, 0);
 #endif
     (void)type, (void)m, (void)k;
     return 0;
