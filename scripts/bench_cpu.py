@@ -16,7 +16,7 @@ flags, alternating over -r rounds so that load elsewhere on the machine hits bot
   token streams (every matrix as the kernels read it once per decode: as stored for llama.cpp,
   with ubatch's repacks for ubatch) times t/s, i.e. achieved GB/s;
 - aggregate decode S_TG at each -npl (llama-batched-bench vs `ubatch batched-bench`, -npp 64
-  -ntg 32);
+  -ntg 32), one stream count a run, the two sides in turn;
 - (native only) peak RSS of a 16-token completion at -c 4096 (llama-completion vs `ubatch cli`).
 If llama.cpp's repacked weights (its AMX or interleaved-block kernels) kill it on this CPU, as
 its AMX path does with SIGILL on some virtual machines, every llama.cpp tool runs with repacking
@@ -196,18 +196,22 @@ def compare(side: Side, model: Model, path: Path, threads: int, reps: int, npl: 
 
     lb: dict[int, float] = {}
     ubb: dict[int, float] = {}
-    for _ in range(reps):  # alternate as above; each side keeps its best S_TG per stream count
-        for best, run in (
-            (lb, lambda: llama_batched(side.bin_dir, path, threads, npl, no_repack)),
-            (ubb, lambda: ubatch_batched(model, threads, npl, side.backend)),
-        ):
-            for n, v in run().items():
-                best[n] = max(best.get(n, 0.0), v)
+    # one stream count at a time (-npl N: n_seq_max = N on both sides), the two sides in turn and
+    # in alternating order, so each pair of runs is seconds apart; each side keeps its best
+    for n in npl:
+        for i in range(reps):
+            for who in ("llama", "ubatch") if i % 2 == 0 else ("ubatch", "llama"):
+                if who == "llama":
+                    best, got = lb, llama_batched(side.bin_dir, path, threads, [n], no_repack)
+                else:
+                    best, got = ubb, ubatch_batched(model, threads, [n], side.backend)
+                for pl, v in got.items():
+                    best[pl] = max(best.get(pl, 0.0), v)
     print("\n| streams | ubatch S_TG t/s | llama.cpp S_TG t/s | ratio |")
     print("|---:|---:|---:|---:|")
     for n in npl:
         print(f"| {n} | {ubb[n]:.1f} | {lb[n]:.1f} | {ubb[n] / lb[n]:.2f}x |")
-    print(f"(best of {reps} runs each, -npp 64 -ntg 32 -c 4096)")
+    print(f"(best of {reps} runs each, one stream count a run, -npp 64 -ntg 32 -c 4096)")
 
 
 def peak_rss(bin_dir: Path, path: Path, threads: int) -> None:
