@@ -263,11 +263,12 @@ static inline __attribute__((always_inline)) void x16_dot_m(const int type, cons
 #undef X16_SCALE
 #undef X16_SUM
 
-/* Rows in lanes: the AVX2 GEMV from X16_ROWS_MIN to 16 rows of x.
+/* Rows in lanes: the AVX2 GEMV from X16_ROWS_MIN (7) to 16 rows of x.
  *
  * x16_dot_m holds one row of x per accumulator and folds its four chunks' sums with two rounds
- * of vphaddd per row; above eight rows it runs as two tiles, each decoding the weight row again.
- * Here the rows of x sit in the lanes instead: x is laid out once per call as a panel (for each
+ * of vphaddd per row (their shuffles, not the products, set its pace from a few rows on); above
+ * eight rows it runs as two tiles, each decoding the weight row again. Here the rows of x sit in
+ * the lanes instead: x is laid out once per call as a panel (for each
  * 32-bit word of a chunk's codes, the matching pair of x values of four rows, twice: the word
  * w of the low 128 bits, then w + 4 of the high), so one in-lane broadcast of a code word
  * (vpshufd) meets four rows in one vpmaddwd, and a chunk's codes are decoded once for all rows.
@@ -280,11 +281,13 @@ static inline __attribute__((always_inline)) void x16_dot_m(const int type, cons
  * type has them, and a 4 x 4 transpose gives each row x16_dot_m's eight lanes for its hsum. So
  * a row's result still does not depend on how many rows share the call. It covers the types and
  * shapes that x16_dot_m takes in quads only (chunk counts divisible by 4; not Q5_1, whose pairs
- * sum differently). */
-enum { X16_ROWS_MIN = 10, X16_ROWS_MAX = 16 }; /* at 9 rows, 12 rows of work: no faster than tiles of 8 and 1 */
+ * sum differently). From 7 rows: at 5 and 6 a group of four is half empty, and the tiles did
+ * better (measurements in docs/backends.md). */
+enum { X16_ROWS_MIN = 7, X16_ROWS_MAX = 16 };
 
 static inline int x16_rows_type(int type, int64_t nc) {
-    return nc % 4 == 0 && (type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K));
+    return nc % 4 == 0 && (type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K || type == T_Q5_K ||
+                           type == T_Q6_K);
 }
 
 /* floats of panel for m rows (groups of four) of nc chunks: codes' x pairs, scales, scaled sums */
@@ -428,10 +431,12 @@ static inline __attribute__((always_inline)) void x16_rows_span(const int type, 
     static void x16_rows_##T(const uint8_t *w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t nc,      \
                              const __m256i *xp, const __m256 *xdp, const __m256 *xsp, int m, float *y,      \
                              int64_t ldy) {                                                               \
-        if (m <= 12)                                                                                      \
-            x16_rows_span(T, 3, w, row_bytes, n0, n1, nc, xp, xdp, xsp, m, y, ldy);                       \
-        else                                                                                              \
-            x16_rows_span(T, 4, w, row_bytes, n0, n1, nc, xp, xdp, xsp, m, y, ldy);                       \
+        switch ((m + 3) / 4) {                                                                            \
+        case 1: x16_rows_span(T, 1, w, row_bytes, n0, n1, nc, xp, xdp, xsp, m, y, ldy); break;            \
+        case 2: x16_rows_span(T, 2, w, row_bytes, n0, n1, nc, xp, xdp, xsp, m, y, ldy); break;            \
+        case 3: x16_rows_span(T, 3, w, row_bytes, n0, n1, nc, xp, xdp, xsp, m, y, ldy); break;            \
+        default: x16_rows_span(T, 4, w, row_bytes, n0, n1, nc, xp, xdp, xsp, m, y, ldy); break;           \
+        }                                                                                                 \
     }
 X16_ROWS(T_Q8_0) X16_ROWS(T_Q4_0) X16_ROWS(T_Q4_1) X16_ROWS(T_Q4_K) X16_ROWS(T_Q5_K) X16_ROWS(T_Q6_K)
 
