@@ -65,9 +65,9 @@ BUILDS = ["cpu", "cpu-avx2", "cpu-portable"]  # the native (AVX-512 here if the 
 def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(t: T, backend: str) -> None:
     """Speculative verification relies on it: a drafted batch of 1 + k rows must give each row
     exactly what a one-row decode gives (else a greedy tie can flip between the two); on AVX2 each
-    row's x is rounded to 16-bit integers on its own, so the same holds. On AVX2, 7 to 16 rows
-    of a chunk count divisible by 4 take the rows-in-lanes kernel (the 256 wide rows here), the
-    others tiles of 8 rows: each must give a row the bits of the one-row call."""
+    row's x is rounded to 16-bit integers on its own, so the same holds. On AVX2, 7 (K-quants:
+    10) to 16 rows of a chunk count divisible by 4 take the rows-in-lanes kernel (the 256 wide
+    rows here), the others tiles of 8 rows: each must give a row the bits of the one-row call."""
     ops = backends.create(backend, 2)
     kq = t in (T.Q4_K, T.Q5_K, T.Q6_K)
     for k in (256,) if kq else (96, 256):
@@ -105,11 +105,11 @@ def test_the_gemv_scratch_is_planned_and_its_contents_do_not_matter(t: T, backen
         spec = ops.linear_scratch(m, w)
         assert spec == ([((need,), torch.float32)] if need else [])
         x16 = ops.kernels.x16 and t not in FLOATS  # int16 x (half a float a value), scales, sums
-        # from 7 rows, where the chunks go in fours (not Q5_0/Q5_1 unless repacked to Q8_0): the
-        # rows-in-lanes panel, per group of four rows and chunk 64 floats of x pairs, 8 of scales,
-        # 8 of sums (+ 8 to align)
+        # from 7 rows (K-quants: 10), where the chunks go in fours (not Q5_0/Q5_1 unless repacked
+        # to Q8_0): the rows-in-lanes panel, per group of four rows and chunk 64 floats of x
+        # pairs, 8 of scales, 8 of sums (+ 8 to align)
         fours = ops.kernels.repacks.kernel_type(w) not in (T.Q5_0, T.Q5_1)
-        rows = x16 and m >= 7 and k % 128 == 0 and fours
+        rows = x16 and m >= (10 if kq else 7) and k % 128 == 0 and fours
         panel = 8 + (m + 3) // 4 * (k // 32) * 80 if rows else 0
         assert need == ((m * k // 2 + 15) // 16 * 16 + 2 * m * (k // 32) + panel if x16 else 0)
         wide = torch.randn(m, k + 24, generator=torch.Generator().manual_seed(m))

@@ -263,7 +263,7 @@ static inline __attribute__((always_inline)) void x16_dot_m(const int type, cons
 #undef X16_SCALE
 #undef X16_SUM
 
-/* Rows in lanes: the AVX2 GEMV from X16_ROWS_MIN (7) to 16 rows of x.
+/* Rows in lanes: the AVX2 GEMV for 7 (K-quants: 10) to 16 rows of x.
  *
  * x16_dot_m holds one row of x per accumulator and folds its four chunks' sums with two rounds
  * of vphaddd per row (their shuffles, not the products, set its pace from a few rows on); above
@@ -281,13 +281,20 @@ static inline __attribute__((always_inline)) void x16_dot_m(const int type, cons
  * type has them, and a 4 x 4 transpose gives each row x16_dot_m's eight lanes for its hsum. So
  * a row's result still does not depend on how many rows share the call. It covers the types and
  * shapes that x16_dot_m takes in quads only (chunk counts divisible by 4; not Q5_1, whose pairs
- * sum differently). From 7 rows: at 5 and 6 a group of four is half empty, and the tiles did
- * better (measurements in docs/backends.md). */
-enum { X16_ROWS_MIN = 7, X16_ROWS_MAX = 16 };
+ * sum differently). It starts at 7 rows for the 32-value types (at 5 and 6 a group of four is
+ * half empty, and the tiles did better) and at 10 for the K-quants, whose longer decode the
+ * tiles' folds hid better at 7 to 9 (measurements in docs/backends.md). */
+enum { X16_ROWS_MAX = 16 };
 
 static inline int x16_rows_type(int type, int64_t nc) {
     return nc % 4 == 0 && (type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K || type == T_Q5_K ||
                            type == T_Q6_K);
+}
+
+/* whether m rows of x against a weight of this type and chunk count take x16_rows_dot */
+static inline int x16_rows_for_m(int type, int64_t nc, int64_t m) {
+    const int64_t lo = type == T_Q4_K || type == T_Q5_K || type == T_Q6_K ? 10 : 7;
+    return m >= lo && m <= X16_ROWS_MAX && x16_rows_type(type, nc);
 }
 
 /* floats of panel for m rows (groups of four) of nc chunks: codes' x pairs, scales, scaled sums */
@@ -563,11 +570,11 @@ enum { GEMV_RB = 16 };
 
 #if UB_X16
 /* floats of scratch the integer GEMV needs: x as 16-bit integers, then its scales, then its
- * scaled sums (64-byte aligned parts), then from X16_ROWS_MIN rows x16_rows_panel's panel */
+ * scaled sums (64-byte aligned parts), then where x16_rows_dot takes the rows its panel */
 static int64_t x16_scratch(int type, int64_t m, int64_t k, int64_t *scales_at) {
     int64_t q = round_up(m * (k / 32) * 16, 16), n = q + 2 * m * (k / 32);
     if (scales_at) *scales_at = q;
-    if (m >= X16_ROWS_MIN && m <= X16_ROWS_MAX && x16_rows_type(type, k / 32)) /* 8: its 32-byte alignment */
+    if (x16_rows_for_m(type, k / 32, m)) /* 8: its 32-byte alignment */
         n += 8 + x16_rows_scratch(m, k / 32);
     return n;
 }
@@ -586,7 +593,7 @@ static void x16_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_ro
         for (int64_t c = 0; c < nc; c++)
             x16_chunk(x + r * ldx + 32 * c, type != T_Q8_0, xq + (r * nc + c) * 32, xd + r * nc + c, xs + r * nc + c);
     int64_t n_blocks = (n_rows + GEMV_RB - 1) / GEMV_RB;
-    if (m >= X16_ROWS_MIN && m <= X16_ROWS_MAX && x16_rows_type(type, nc)) {
+    if (x16_rows_for_m(type, nc, m)) {
         const int64_t groups = (m + 3) / 4;
         float *pan = (float *)(((uintptr_t)(xs + m * nc) + 31) & ~(uintptr_t)31); /* 32-byte aligned */
         __m256i *xp = (__m256i *)pan;
