@@ -44,7 +44,10 @@ class CtrlC:
     the session's bookkeeping (the token list grown, the counts not yet) it left a conversation
     whose cache could not be trusted, so it was emptied and the next turn prefilled everything.
     A flag is read only where the cells and the token list agree. It is cleared when a message
-    is read, so a Ctrl-C between Enter and the start of the turn still stops that turn."""
+    is read, so a Ctrl-C between Enter and the start of the turn still stops that turn. A Ctrl-C
+    that lands while the reader is finishing (the terminal already back in cooked mode) sets it
+    too: the line editor may swallow that KeyboardInterrupt and return the message, and the turn
+    must still stop (it ran on otherwise, seen once in the randomised interrupt test)."""
 
     def __init__(self) -> None:
         self.pressed = False
@@ -54,9 +57,9 @@ class CtrlC:
         return self.pressed
 
     def _handler(self, signum: int, frame: object) -> None:
+        self.pressed = True
         if self.reading:
             raise KeyboardInterrupt
-        self.pressed = True
 
     @contextmanager
     def installed(self) -> Iterator[None]:
