@@ -401,6 +401,10 @@ def runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
             "--output-format",
             "jsonl",
         ],
+        "batched_profile": ["batched-bench", "-m", m, "-c", "512", "-npp", "8", "-ntg", "4", "-npl", "1,3"]
+        + ["-t", "1", "--profile"],
+        "batched_profile_jsonl": ["batched-bench", "-m", m, "-c", "512", "-npp", "8", "-ntg", "2", "-npl", "2"]
+        + ["-t", "1", "--profile", "--output-format", "jsonl"],
         "depth": ["bench", "-m", m, "-p", "16", "-n", "0", "-d", "4096", "-r", "1"],
         "bad_out": ["bench", "-m", m, "-p", "16", "-n", "0", "-r", "1", "-o", tmp / "nodir" / "x.json"],
         "bad_plot_dir": ["bench", "-m", m, "-p", "16", "-n", "0", "-r", "1", "--plot", tmp / "afile" / "x.png"],
@@ -456,6 +460,31 @@ def test_cli_batched_bench(runs: dict) -> None:
     js = [json.loads(ln) for ln in runs["batched_jsonl"].stdout.splitlines()]
     assert len(js) == 1 and js[0]["pl"] == 2 and js[0]["n_kv"] == 36 and js[0]["speed"] > 0
     assert {"t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed", "n_kv_max"} <= set(js[0])
+    assert "profile_ms" not in js[0]  # only on request
+
+
+def test_cli_batched_bench_profile(runs: dict) -> None:
+    """--profile: after llama's table, one row per combination saying where a generation step
+    went; the categories and the rest add up to the step time the table implies."""
+    r = runs["batched_profile"]
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert "where a generation step's time goes" in text
+    rows = [ln.split("|")[1:-1] for ln in text.splitlines() if ln.startswith("|")]
+    table = [x for x in rows if len(x) == 10 and x[0].strip().isdigit()]
+    prof = [x for x in rows if len(x) == 14 and x[0].strip().isdigit()]
+    assert [int(x[2]) for x in table] == [1, 3] and [int(x[2]) for x in prof] == [1, 3]
+    for t, p in zip(table, prof, strict=True):
+        step_ms = 1e3 * float(t[6]) / int(t[1])  # T_TG s / TG, T_TG printed to the millisecond
+        parts = [float(c.split()[0]) for c in p[4:]]
+        assert float(p[3]) == pytest.approx(sum(parts), abs=0.06)  # ten cells rounded to 0.01
+        assert float(p[3]) == pytest.approx(step_ms, rel=0.05, abs=0.5 / int(t[1]) + 0.02)
+        assert parts[0] > 0  # the layers' matmuls (the tiny model's head rounds to 0.00 ms here)
+    js = [json.loads(ln) for ln in runs["batched_profile_jsonl"].stdout.splitlines()]
+    assert len(js) == 1 and js[0]["pl"] == 2
+    prof_ms = js[0]["profile_ms"]
+    assert prof_ms["matmul"] > 0 and prof_ms["lm_head"] > 0 and "overhead" in prof_ms
+    assert sum(prof_ms.values()) == pytest.approx(1e3 * js[0]["t_tg"] / 2, rel=0.05)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@
 Where llama-bench times one sequence per test, this fills the KV cache with `pl` parallel
 sequences (`-npl`) of `pp` prompt tokens and then generates `tg` tokens for each, the way a
 server with `pl` busy slots works; it reports the prompt, generation and total speed per
-combination of -npp x -ntg x -npl, with llama-batched-bench's header line and table.
+combination of -npp x -ntg x -npl, with llama-batched-bench's header line and table, and on
+request (--profile) where a generation step's time went, op category by category.
 It serves `ubatch batched-bench` alone, so it sits in cli/bench/, above the engine.
 """
 
@@ -21,9 +22,11 @@ from ubatch.cli.bench.result import BenchEvent
 from ubatch.cli.bench.run import kv_bytes, random_tokens
 from ubatch.cli.context_flags import context_params
 from ubatch.engine.batch import Batch
-from ubatch.engine.context.context import Context
+from ubatch.engine.context.context import Context, make_backend
 from ubatch.engine.model.model import Model
+from ubatch.engine.params import derive
 from ubatch.engine.units import mib
+from ubatch.kernels.profiling import CATEGORIES, ProfilingOps
 
 
 @dataclass(slots=True)
@@ -46,6 +49,7 @@ class BatchedParams:
     kvu: bool = False  # one unified KV stream
     backend: str = "auto"
     seed: int = 1
+    profile: bool = False  # time every op of the generation steps (ubatch's own, not llama.cpp's)
 
 
 @dataclass(slots=True)
@@ -79,6 +83,8 @@ class BatchedResult:
     speed_tg: float
     t: float
     speed: float
+    # --profile: ms per generation step (all pl sequences) by op category, the rest as "overhead"
+    profile_ms: dict[str, float] = field(default_factory=dict)
 
 
 def n_ctx_required(pp: int, tg: int, pl: int, pps: bool, kvu: bool) -> int:
@@ -126,21 +132,20 @@ def run_batched_bench(
     if model is None:
         emit(BenchEvent("load", text=str(p.model)))
         model = Model.load(p.model)
-    ctx = Context(
-        model,
-        context_params(
-            ctx_size=p.n_ctx,
-            batch_size=p.n_batch,
-            ubatch_size=p.n_ubatch,
-            parallel=max(p.n_pl),
-            kv_unified=p.kvu,
-            ctk=p.type_k,
-            ctv=p.type_v,
-            threads=p.n_threads,
-            backend=p.backend,
-            n_outputs_max=0,  # n_batch, as llama-batched-bench
-        ),
+    params = context_params(
+        ctx_size=p.n_ctx,
+        batch_size=p.n_batch,
+        ubatch_size=p.n_ubatch,
+        parallel=max(p.n_pl),
+        kv_unified=p.kvu,
+        ctk=p.type_k,
+        ctv=p.type_v,
+        threads=p.n_threads,
+        backend=p.backend,
+        n_outputs_max=0,  # n_batch, as llama-batched-bench
     )
+    ops = ProfilingOps(make_backend(p.backend, derive(params, model.hparams).n_threads)) if p.profile else None
+    ctx = Context(model, params, ops=ops)
     cp = ctx.cparams
     header = batched_header(ctx, p)
     rng = np.random.default_rng(p.seed)
@@ -194,6 +199,9 @@ def run_batched_bench(
                 ctx.decode(Batch.from_tokens([int(rng.integers(0, n_vocab))], pp, 0))
                 ctx.memory.seq_rm(0, pp, -1)
         t_pp = time.perf_counter() - t0
+        if ops is not None:
+            ops.reset()
+            ops.active = True
         for i in range(tg):
             if p.tgs:
                 for s in range(pl):
@@ -204,6 +212,11 @@ def run_batched_bench(
                     b.add(int(rng.integers(0, n_vocab)), pp + i, s, True)
                 _decode_chunks(ctx, b)
         t_tg = time.perf_counter() - t_pp - t0
+        profile: dict[str, float] = {}
+        if ops is not None and tg:
+            ops.active = False
+            profile = {c: ops.ns.get(c, 0) / 1e6 / tg for c in CATEGORIES if c != "overhead"}
+            profile["overhead"] = max(0.0, 1e3 * t_tg / tg - sum(profile.values()))
         n_pp_tok = pp if p.pps else pl * pp
         total = t_pp + t_tg
         res = BatchedResult(
@@ -217,6 +230,7 @@ def run_batched_bench(
             pl * tg / t_tg if t_tg > 0 else 0.0,
             total,
             (n_pp_tok + pl * tg) / total if total > 0 else 0.0,
+            profile,
         )
         results.append(res)
         emit(BenchEvent("done", ci, len(combos), 1, 1, text=f"PP {pp} TG {tg} B {pl}"))

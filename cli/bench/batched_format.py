@@ -2,7 +2,7 @@
 
 They are copied format string for format string so scripts that parse llama.cpp's
 batched-bench output read ubatch's unchanged; the jsonl rows then add ubatch's buffer and KV
-sizes. llama-bench's formats are a different tool's and live in cli/bench/format.py.
+sizes, and --profile's table comes after llama's, in ubatch's own format. llama-bench's formats are a different tool's and live in cli/bench/format.py.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, astuple
 
 from ubatch.cli.bench.batched import BatchedHeader, BatchedResult
+from ubatch.kernels.profiling import CATEGORIES, CATEGORY_TITLES
 
 
 def batched_header_line(h: BatchedHeader) -> str:
@@ -48,13 +49,37 @@ def batched_md_head() -> str:
 
 
 def batched_md_row(r: BatchedResult) -> str:
-    return _md_line(f"{v:{w}{fmt}}" for v, (_, w, fmt) in zip(astuple(r), _COLUMNS, strict=True))
+    cells = astuple(r)[: len(_COLUMNS)]  # the profile is not a column of llama's table
+    return _md_line(f"{v:{w}{fmt}}" for v, (_, w, fmt) in zip(cells, _COLUMNS, strict=True))
 
 
 def batched_jsonl_row(h: BatchedHeader, r: BatchedResult) -> str:
     """llama-batched-bench's jsonl fields (its header's but is_tg_separate, then the row's), then
-    ubatch's buffer and KV sizes."""
+    ubatch's buffer and KV sizes, and with --profile the generation step's ms per op category."""
     head = asdict(h)
     sizes = {k: head.pop(k) for k in ("compute_buffer_mib", "kv_mib")}
     del head["is_tg_separate"]
-    return json.dumps(head | asdict(r) | sizes) + "\n"
+    row = asdict(r)
+    prof = row.pop("profile_ms")
+    return json.dumps(head | row | sizes | ({"profile_ms": prof} if prof else {})) + "\n"
+
+
+def batched_profile_md(results: Iterable[BatchedResult]) -> str:
+    """--profile: where one generation step's time went (all B sequences decoded together), by
+    op category, in ms and as a share of the step; the categories are `ubatch bench --profile`'s."""
+    prof = [r for r in results if r.profile_ms]
+    if not prof:
+        return ""
+    head = ["PP", "TG", "B", "ms/step"] + [CATEGORY_TITLES[c] for c in CATEGORIES]
+    lines = [
+        "where a generation step's time goes (ms per step of all B sequences, share of the step):",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---:"] * len(head)) + "|",
+    ]
+    for r in prof:
+        total = sum(r.profile_ms.values()) or 1.0
+        cells = [str(r.pp), str(r.tg), str(r.pl), f"{total:.2f}"]
+        cells += [f"{r.profile_ms.get(c, 0.0):.2f} ({100 * r.profile_ms.get(c, 0.0) / total:.0f}%)" for c in CATEGORIES]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -231,6 +231,9 @@ def batched_bench(
     ctv: str = opt("ctv", "f16", panel=PARAMS),
     kvu: bool = opt("kv_unified", False, help="one KV stream shared by all sequences", panel=PARAMS),
     output_format: str = _out("md", "--output-format", help="md or jsonl"),
+    profile: bool = _run(
+        False, "--profile", help="time every op of the generation steps: where a step of B sequences goes"
+    ),
     tp: ParallelFlags = ParallelFlags(),
 ) -> None:
     from ubatch.cli.bench.params import BenchError, int_list
@@ -250,7 +253,13 @@ def batched_bench(
     dev, backend = resolve_device(device, backend)
     tp.check()
     tp.follow(dev)
-    from ubatch.cli.bench.batched_format import batched_header_line, batched_jsonl_row, batched_md_head, batched_md_row
+    from ubatch.cli.bench.batched_format import (
+        batched_header_line,
+        batched_jsonl_row,
+        batched_md_head,
+        batched_md_row,
+        batched_profile_md,
+    )
 
     p = BatchedParams(
         model=resolve_model(model),
@@ -267,6 +276,7 @@ def batched_bench(
         tgs=tgs,
         kvu=kvu,
         backend=backend,
+        profile=profile,
     )
     if not p.model.exists():
         raise BenchError(f"{p.model}: model file not found")
@@ -288,6 +298,8 @@ def batched_bench(
         out.write(batched_md_head())
         for r in results:
             out.write(batched_md_row(r))
+        if prof := batched_profile_md(results):
+            out.write("\n" + prof)
     else:
         for r in results:
             out.write(batched_jsonl_row(header, r))
