@@ -284,7 +284,7 @@ static inline __attribute__((always_inline)) void x16_dot_m(const int type, cons
  * sum differently). It starts at 7 rows for the 32-value types (at 5 and 6 a group of four is
  * half empty, and the tiles did better) and at 10 for the K-quants, whose longer decode the
  * tiles' folds hid better at 7 to 9 (measurements in docs/backends.md). */
-enum { X16_ROWS_MAX = 16 };
+enum { X16_ROWS_MAX = 16, X16_ROWS_NC = 1024 }; /* rows of x; K-quant chunks a row (k <= 32768) */
 
 static inline int x16_rows_type(int type, int64_t nc) {
     return nc % 4 == 0 && (type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K || type == T_Q5_K ||
@@ -293,8 +293,8 @@ static inline int x16_rows_type(int type, int64_t nc) {
 
 /* whether m rows of x against a weight of this type and chunk count take x16_rows_dot */
 static inline int x16_rows_for_m(int type, int64_t nc, int64_t m) {
-    const int64_t lo = type == T_Q4_K || type == T_Q5_K || type == T_Q6_K ? 10 : 7;
-    return m >= lo && m <= X16_ROWS_MAX && x16_rows_type(type, nc);
+    const int kq = type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
+    return m >= (kq ? 10 : 7) && m <= X16_ROWS_MAX && (!kq || nc <= X16_ROWS_NC) && x16_rows_type(type, nc);
 }
 
 /* floats of panel for m rows (groups of four) of nc chunks: codes' x pairs, scales, scaled sums */
@@ -362,7 +362,7 @@ static inline __attribute__((always_inline)) void x16_rows_dot(const int type, c
     __m256 acc[4][4];
     const int kq = (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K);
     const int bs = type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210;
-    float da[kq ? nc : 1], db[kq ? nc : 1], mn[kq ? nc : 1]; /* the row's scales, decoded once for the four passes */
+    float da[X16_ROWS_NC], db[X16_ROWS_NC], mn[X16_ROWS_NC]; /* the row's scales, decoded once for the four passes */
     if (kq)
         for (int64_t sb = 0; sb < nc / 8; sb++) k_scales(type, row + sb * bs, da + sb * 8, db + sb * 8, mn + sb * 8);
 #pragma GCC unroll 4
