@@ -89,6 +89,26 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(t: T, backend: st
             assert torch.equal(part, whole[rows]), (k, rows)
 
 
+def test_a_k_quant_row_longer_than_the_rows_in_lanes_buffer_takes_the_tiles() -> None:
+    """The rows-in-lanes GEMV keeps a K-quant row's scales in a fixed buffer of 1024 chunks: a
+    row of 1024 chunks takes it (its scratch holds the panel), a row of 1032 the tiles of 8 (no
+    panel), and each row still gets the one-row call's bits."""
+    ops = backends.create("cpu-avx2", 2)
+    assert isinstance(ops, CpuOps)
+
+    def base(m: int, k: int) -> int:  # x as 16-bit integers, its scales and sums
+        return (m * k // 2 + 15) // 16 * 16 + 2 * m * (k // 32)
+
+    for nc, panel in ((1024, True), (1032, False)):
+        k = nc * 32
+        w = weight(T.Q4_K, 8, k, seed=nc)
+        x = torch.randn(12, k, generator=torch.Generator().manual_seed(nc))
+        if ops.kernels.x16:
+            assert ops.kernels.gemv_scratch(12, w) == base(12, k) + (8 + 3 * nc * 80 if panel else 0)
+        whole = run_linear(ops, w, x)
+        assert torch.equal(run_linear(ops, w, x[5:6].contiguous()), whole[5:6])
+
+
 @pytest.mark.parametrize("backend", BUILDS)
 @pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
 def test_the_gemv_scratch_is_planned_and_its_contents_do_not_matter(t: T, backend: str) -> None:
