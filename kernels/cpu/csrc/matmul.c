@@ -266,12 +266,12 @@ static inline __attribute__((always_inline)) void x16_dot_m(const int type, cons
 /* Rows in lanes: the AVX2 GEMV for 7 (K-quants: 10) to 16 rows of x.
  *
  * x16_dot_m holds one row of x per accumulator and folds its four chunks' sums with two rounds
- * of vphaddd per row (their shuffles, not the products, set its pace from a few rows on); above
- * eight rows it runs as two tiles, each decoding the weight row again. Here the rows of x sit in
- * the lanes instead: x is laid out once per call as a panel (for each
- * 32-bit word of a chunk's codes, the matching pair of x values of four rows, twice: the word
- * w of the low 128 bits, then w + 4 of the high), so one in-lane broadcast of a code word
- * (vpshufd) meets four rows in one vpmaddwd, and a chunk's codes are decoded once for all rows.
+ * of vphaddd, a horizontal step per row; above eight rows it runs as two tiles, each decoding
+ * the weight row again. Here the rows of x sit in the lanes instead: x is laid out once per call
+ * as a panel (for each 32-bit word of a chunk's codes, the matching pair of x values of four
+ * rows, twice: the word w of the low 128 bits, then w + 4 of the high), so one in-lane broadcast
+ * of a code word (vpshufd) meets four rows in one vpmaddwd, and a chunk's codes are decoded once
+ * for all rows.
  *
  * It computes the same bits as x16_dot_m. Lane h of a row's pair of lanes in the panel is the
  * half h of x16_quad's sums (low: the words of the codes' low 128 bits), so each lane holds the
@@ -438,8 +438,7 @@ static inline __attribute__((always_inline)) void x16_rows_span(const int type, 
     static void x16_rows_##T(const uint8_t *w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t nc,      \
                              const __m256i *xp, const __m256 *xdp, const __m256 *xsp, int m, float *y,      \
                              int64_t ldy) {                                                               \
-        switch ((m + 3) / 4) {                                                                            \
-        case 1: x16_rows_span(T, 1, w, row_bytes, n0, n1, nc, xp, xdp, xsp, m, y, ldy); break;            \
+        switch ((m + 3) / 4) { /* 7 to 16 rows: two to four groups of four */                             \
         case 2: x16_rows_span(T, 2, w, row_bytes, n0, n1, nc, xp, xdp, xsp, m, y, ldy); break;            \
         case 3: x16_rows_span(T, 3, w, row_bytes, n0, n1, nc, xp, xdp, xsp, m, y, ldy); break;            \
         default: x16_rows_span(T, 4, w, row_bytes, n0, n1, nc, xp, xdp, xsp, m, y, ldy); break;           \
