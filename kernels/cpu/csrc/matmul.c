@@ -11,6 +11,11 @@ int ub_abi_version(void) { return 15; }
 int ub_simd(void) { return UB_AVX512 ? 3 : UB_AVX2 ? 2 : 0; } /* 3: AVX-512F, 2: AVX2+FMA+F16C, 0: portable */
 
 #if UB_AVX2
+/* a weight row, a few rows ahead of the one being read, into L1 (the output head streams 170 MiB
+ * a token; software prefetch measured faster than the hardware's alone, docs/backends.md) */
+static inline void prefetch_row(const uint8_t *row, int64_t row_bytes) {
+    for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)row + o, _MM_HINT_T0);
+}
 static inline int is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
 
 #if UB_AVX512
@@ -286,15 +291,11 @@ static inline __attribute__((always_inline)) void x16_dot_m(const int type, cons
  * tiles' folds hid better at 7 to 9 (measurements in docs/backends.md). */
 enum { X16_ROWS_MAX = 16, X16_ROWS_NC = 1024 }; /* rows of x; K-quant chunks a row (k <= 32768) */
 
-static inline int x16_rows_type(int type, int64_t nc) {
-    return nc % 4 == 0 && (type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K || type == T_Q5_K ||
-                           type == T_Q6_K);
-}
-
 /* whether m rows of x against a weight of this type and chunk count take x16_rows_dot */
 static inline int x16_rows_for_m(int type, int64_t nc, int64_t m) {
     const int kq = type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
-    return m >= (kq ? 10 : 7) && m <= X16_ROWS_MAX && (!kq || nc <= X16_ROWS_NC) && x16_rows_type(type, nc);
+    const int quads = kq || type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1;
+    return quads && nc % 4 == 0 && m >= (kq ? 10 : 7) && m <= X16_ROWS_MAX && (!kq || nc <= X16_ROWS_NC);
 }
 
 /* floats of panel for m rows (groups of four) of nc chunks: codes' x pairs, scales, scaled sums */
@@ -429,7 +430,7 @@ static inline __attribute__((always_inline)) void x16_rows_span(const int type, 
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = w + n * row_bytes;
         float res[16];
-        for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)row + 8 * row_bytes + o, _MM_HINT_T0);
+        prefetch_row(row + 8 * row_bytes, row_bytes);
         x16_rows_dot(type, G, row, nc, xp, xdp, xsp, res);
         for (int r = 0; r < m; r++) y[r * ldy + n] = res[r];
     }
@@ -527,8 +528,7 @@ static inline __attribute__((always_inline)) void x16_span_m(const int type, con
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = w + n * row_bytes;
         float res[8];
-        if (first)
-            for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)row + 8 * row_bytes + o, _MM_HINT_T0);
+        if (first) prefetch_row(row + 8 * row_bytes, row_bytes);
         x16_dot_m(type, M, row, nc, xq, nc * 32, xd, xs, res);
         for (int r = 0; r < M; r++) y[r * ldy + n] = res[r];
     }
@@ -656,9 +656,7 @@ void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int6
                 const uint8_t *row = w + n * row_bytes;
                 float res[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #if UB_AVX2 /* the row four ahead into L1: measured +20% tg128 (the head streams 170 MiB a token) */
-                if (r0 == 0)
-                    for (int64_t o = 0; o < row_bytes; o += 64)
-                        _mm_prefetch((const char *)row + 4 * row_bytes + o, _MM_HINT_T0);
+                if (r0 == 0) prefetch_row(row + 4 * row_bytes, row_bytes);
                 dot(row, nc, xr, ldx, mt, res);
 #else
                 float buf[32];

@@ -21,8 +21,6 @@ static inline int x16_type(int type) {
     return type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1 ||
            type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
 }
-/* values per weight scale: Q6_K's scales cover 16 values, every other type's 32 */
-static inline int x16_sub(int type) { return type == T_Q6_K ? 16 : 32; }
 static inline int x16_has_min(int type) {
     return type == T_Q4_1 || type == T_Q5_1 || type == T_Q4_K || type == T_Q5_K;
 }
