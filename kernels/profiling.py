@@ -95,6 +95,13 @@ class ProfilingOps(Ops):
     def reset(self) -> None:
         self.ns.clear()
 
+    def split_ms(self, runs: int, wall_ms: float) -> dict[str, float]:
+        """ms per run by category over `runs` timed runs that took `wall_ms` each on average; what
+        no op accounts for is "overhead" (Python and the graph between the ops)."""
+        out = {c: self.ns.get(c, 0) / 1e6 / runs for c in CATEGORIES if c != "overhead"}
+        out["overhead"] = max(0.0, wall_ms - sum(out.values()))
+        return out
+
     def _timed(self, category: str, call: Callable[[], R]) -> R:
         if not self.active:
             return call()

@@ -19,14 +19,12 @@ import numpy as np
 
 from ubatch.cli.bench.params import BenchError
 from ubatch.cli.bench.result import BenchEvent
-from ubatch.cli.bench.run import kv_bytes, random_tokens
+from ubatch.cli.bench.run import kv_bytes, profiling_ops, random_tokens
 from ubatch.cli.context_flags import context_params
 from ubatch.engine.batch import Batch
-from ubatch.engine.context.context import Context, make_backend
+from ubatch.engine.context.context import Context
 from ubatch.engine.model.model import Model
-from ubatch.engine.params import derive
 from ubatch.engine.units import mib
-from ubatch.kernels.profiling import CATEGORIES, ProfilingOps
 
 
 @dataclass(slots=True)
@@ -144,7 +142,7 @@ def run_batched_bench(
         backend=p.backend,
         n_outputs_max=0,  # n_batch, as llama-batched-bench
     )
-    ops = ProfilingOps(make_backend(p.backend, derive(params, model.hparams).n_threads)) if p.profile else None
+    ops = profiling_ops(p.backend, params, model) if p.profile else None
     ctx = Context(model, params, ops=ops)
     cp = ctx.cparams
     header = batched_header(ctx, p)
@@ -215,8 +213,7 @@ def run_batched_bench(
         profile: dict[str, float] = {}
         if ops is not None and tg:
             ops.active = False
-            profile = {c: ops.ns.get(c, 0) / 1e6 / tg for c in CATEGORIES if c != "overhead"}
-            profile["overhead"] = max(0.0, 1e3 * t_tg / tg - sum(profile.values()))
+            profile = ops.split_ms(tg, 1e3 * t_tg / tg)
         n_pp_tok = pp if p.pps else pl * pp
         total = t_pp + t_tg
         res = BatchedResult(

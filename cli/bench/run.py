@@ -30,7 +30,7 @@ from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams, derive
 from ubatch.engine.units import mib
 from ubatch.kernels.ops import Ops
-from ubatch.kernels.profiling import CATEGORIES, ProfilingOps
+from ubatch.kernels.profiling import ProfilingOps
 
 
 class BenchContext(Context):
@@ -74,6 +74,11 @@ def run_prompt(ctx: Context, n_prompt: int, rng: np.random.Generator) -> None:
             toks[0] = v.bos
         ctx.decode(Batch.from_tokens(toks, pos + done))
         done += n
+
+
+def profiling_ops(backend: str, cparams: ContextParams, model: Model) -> ProfilingOps:
+    """The backend a context of these parameters would take, with a timer around every op (--profile)."""
+    return ProfilingOps(make_backend(backend, derive(cparams, model.hparams).n_threads))
 
 
 def run_gen(ctx: Context, n_gen: int, rng: np.random.Generator) -> None:
@@ -124,7 +129,7 @@ def run_bench(
         if ctx is None or ctx_key != t.context_key:
             ctx = ops = None  # free the previous context's KV cache and workspace first
             cparams = t.context_params()
-            ops = ProfilingOps(make_backend(t.backend, derive(cparams, model.hparams).n_threads)) if p.profile else None
+            ops = profiling_ops(t.backend, cparams, model) if p.profile else None
             ctx = BenchContext(model, cparams, ops=ops)
             ctx_key = t.context_key
             emit(BenchEvent("context", ti, len(tests), test=t))
@@ -167,8 +172,7 @@ def run_bench(
         avg_ts, sd_ts = _stats(ts)
         profile: dict[str, float] = {}
         if ops is not None:
-            profile = {c: ops.ns.get(c, 0) / 1e6 / p.reps for c in CATEGORIES if c != "overhead"}
-            profile["overhead"] = max(0.0, avg_ns / 1e6 - sum(profile.values()))
+            profile = ops.split_ms(p.reps, avg_ns / 1e6)
         cp = ctx.cparams
         kv = kv_bytes(ctx)
         used = ctx.largest
