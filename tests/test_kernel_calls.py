@@ -137,3 +137,32 @@ def test_the_gemv_scratch_is_planned_and_its_contents_do_not_matter(t: T, backen
         planned = ops.linear(x, w, torch.empty(m, 40), [torch.full((max(need, 1),), float("nan"))])
         own = ops.linear(x.contiguous(), w, torch.empty(m, 40))
         assert torch.equal(planned, own), m
+
+
+@pytest.mark.parametrize("n_seq", [8, 16])
+def test_a_batch_of_the_default_model_gives_each_sequence_its_one_sequence_logits(default_model, n_seq: int) -> None:
+    """The real model on the AVX2 build: 8 and 16 sequences decoded together take the
+    rows-in-lanes GEMV (8: the head and the Q8_0 layers; 16: the K-quants too) and each must get,
+    bit for bit, the logits of its own one-sequence decode, which takes the one-row path."""
+    from ubatch.engine.batch import Batch
+    from ubatch.engine.context.context import Context
+    from ubatch.engine.params import ContextParams
+
+    ctx = Context(
+        default_model, ContextParams(n_ctx=64 * n_seq, n_seq_max=n_seq, n_outputs_max=n_seq, backend="cpu-avx2")
+    )
+    tokens = [int(t) for t in torch.randint(0, 262144, (n_seq,), generator=torch.Generator().manual_seed(n_seq))]
+    prompt = default_model.vocab.tokenize("The history of the printing press", add_special=True)
+
+    def prefill(s: int) -> None:
+        ctx.decode(Batch([*prompt], list(range(len(prompt))), [[s]] * len(prompt), [False] * len(prompt)))
+
+    for s in range(n_seq):
+        prefill(s)
+    ctx.decode(Batch(tokens, [len(prompt)] * n_seq, [[s] for s in range(n_seq)], [True] * n_seq))
+    together = ctx.logits.clone()
+    for s in range(n_seq):
+        ctx.memory.clear()
+        prefill(s)
+        ctx.decode(Batch([tokens[s]], [len(prompt)], [[s]], [True]))
+        assert torch.equal(ctx.logits[0], together[s]), s

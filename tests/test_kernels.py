@@ -219,7 +219,7 @@ def test_real_tensors_of_the_default_model(default_model, ops, name: str) -> Non
     assert w.ggml_type == info.ggml_type
     n = min(w.shape[0], 4096)  # a row slice keeps the 262144-row head quick
     sub = QWeight(name, w.raw[: n * w.row_bytes], w.ggml_type, (n, w.shape[1]))
-    for m in (1, 3, 16, 512):
+    for m in (1, 3, 8, 12, 16, 512):  # 8 and 12: the AVX2 rows-in-lanes GEMV (Q8_0; 12: K-quants too)
         x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
         assert rel_err(run_linear(ops, sub, x), reference(ops, sub, x)) <= 1e-5, m
 
