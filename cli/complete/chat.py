@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from rich.text import Text
 
-from ubatch.cli.complete.chat_input import Reader, make_reader
+from ubatch.cli.complete.chat_input import LineEditor, Reader, make_reader
 from ubatch.cli.complete.chat_view import COMMANDS, HINT, ChatUI, PrefillProgress, startup_rows, stats_rows
 from ubatch.engine.chat.template import ChatTemplate, ChatTemplateError
 from ubatch.engine.completion.conversation import ChatInputError, ChatSession, looks_like_base_model
@@ -44,21 +44,22 @@ class CtrlC:
     the session's bookkeeping (the token list grown, the counts not yet) it left a conversation
     whose cache could not be trusted, so it was emptied and the next turn prefilled everything.
     A flag is read only where the cells and the token list agree. It is cleared when a message
-    is read, so a Ctrl-C between Enter and the start of the turn still stops that turn. A Ctrl-C
-    that lands while the reader is finishing (the terminal already back in cooked mode) sets it
-    too: the line editor may swallow that KeyboardInterrupt and return the message, and the turn
-    must still stop (it ran on otherwise, seen once in the randomised interrupt test)."""
+    is read, so a Ctrl-C between Enter and the start of the turn still stops that turn. With the
+    line editor (LineEditor) a SIGINT while reading only sets the flag: the editor takes Ctrl-C as
+    a key in raw mode, so a SIGINT comes in the cooked moments around it, mostly just after Enter,
+    where raising would drop the message that was just sent. With plain input() it raises."""
 
     def __init__(self) -> None:
         self.pressed = False
         self.reading = False
+        self.raise_when_reading = True
 
     def __call__(self) -> bool:
         return self.pressed
 
     def _handler(self, signum: int, frame: object) -> None:
         self.pressed = True
-        if self.reading:
+        if self.reading and self.raise_when_reading:
             raise KeyboardInterrupt
 
     @contextmanager
@@ -77,6 +78,7 @@ class CtrlC:
     def read(self, read: Reader) -> str:
         """The next message; Ctrl-C while waiting for it raises KeyboardInterrupt."""
         self.pressed, self.reading = False, True
+        self.raise_when_reading = not isinstance(read, LineEditor)
         try:
             return read()
         finally:

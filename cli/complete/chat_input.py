@@ -55,7 +55,21 @@ def prompt_toolkit_reader() -> Reader:
         multiline=True,
         prompt_continuation=lambda width, line, wrap: "." * (width - 1) + " ",
     )
-    return lambda: session.prompt("> ")
+    return LineEditor(session)
+
+
+class LineEditor:
+    """prompt_toolkit's prompt as a Reader. It runs without prompt_toolkit's own SIGINT handler:
+    in raw mode Ctrl-C is a key (the editor raises KeyboardInterrupt itself), and a SIGINT can only
+    come in the cooked moments around it, just after Enter above all. There prompt_toolkit's
+    handler, still installed while the finished prompt tears down, swallowed it and the turn that
+    followed ran on; the chat's own handler (chat.CtrlC) now sees it and stops that turn."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def __call__(self) -> str:
+        return str(self.session.prompt("> ", handle_sigint=False))
 
 
 def plain_reader(echo: bool) -> Reader:
