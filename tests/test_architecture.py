@@ -12,20 +12,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPS = ("cli", "engine", "kernels")  # reached as ubatch.cli, ubatch.engine, ubatch.kernels
+TOPS = ("cli", "engine", "kernels")  # the three layers, folders of ubatch/
+PKG = ROOT / "ubatch"
 
 
 def project_modules() -> dict[str, Path]:
-    """Every module of the package by its import name, read from the top-level folders."""
-    files = [(("ubatch", top), p) for top in TOPS for p in sorted((ROOT / top).rglob("*.py"))]
-    files += [(("ubatch",), p) for p in sorted((ROOT / "ubatch").glob("*.py"))]
+    """Every module of the package by its import name."""
     mods: dict[str, Path] = {}
-    for prefix, path in files:
-        base = ROOT / prefix[-1] if len(prefix) > 1 else ROOT / "ubatch"
-        parts = list(path.relative_to(base).with_suffix("").parts)
+    for path in sorted(PKG.rglob("*.py")):
+        parts = ["ubatch", *path.relative_to(PKG).with_suffix("").parts]
         if parts[-1] == "__init__":
             parts.pop()
-        mods[".".join((*prefix, *parts))] = path
+        mods[".".join(parts)] = path
     return mods
 
 
@@ -124,9 +122,9 @@ def test_types_mean_something() -> None:
     """At most 20 explicit `Any` in engine/ and kernels/ (values that truly are arbitrary), and no
     `type: ignore` without an error code and a reason."""
     bare: list[str] = []
-    paths = [*sorted((ROOT / "engine").rglob("*.py")), *sorted((ROOT / "kernels").rglob("*.py"))]
+    paths = [*sorted((PKG / "engine").rglob("*.py")), *sorted((PKG / "kernels").rglob("*.py"))]
     n_any = sum(len(re.findall(r"\bAny\b", p.read_text())) for p in paths)
-    for path in [*paths, *sorted((ROOT / "ubatch").glob("*.py"))]:
+    for path in [*paths, *sorted(PKG.glob("*.py"))]:
         for i, line in enumerate(path.read_text().splitlines(), 1):
             m = re.search(r"#\s*type:\s*ignore(\[[^\]]+\])?(.*)", line)
             if m and (not m.group(1) or not m.group(2).strip().lstrip("#").strip()):
@@ -140,5 +138,23 @@ def test_architecture_doc_names_files_that_exist() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text()
     named = set(re.findall(r"`((?:cli|engine|kernels|ubatch|scripts|tests)/[\w./]*)`", doc))
     assert len(named) > 40
-    missing = sorted(p for p in named if not (ROOT / p).exists())
+    # paths of the three layers are written from ubatch/ (`engine/kv/cells.py` is ubatch/engine/kv/cells.py)
+    missing = sorted(p for p in named if not (PKG / p if p.split("/")[0] in TOPS else ROOT / p).exists())
     assert missing == []
+
+
+def test_the_root_shadows_no_third_party_package(tmp_path: Path) -> None:
+    """Python started from the repository's root puts the root first on sys.path: the only package
+    found there is `ubatch`, so `import kernels` (transformers' kernel hub), `import engine` or
+    `import cli` reach whatever is installed under that name, never a folder of ours."""
+    shadowing = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert shadowing == ["ubatch"]
+    code = (
+        "import importlib.util as u, sys\n"
+        "for n in ('kernels', 'engine', 'cli'):\n"
+        "    s = u.find_spec(n)\n"
+        "    print(n, s.origin if s else None)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    found = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert len(found) == 3 and not any(o.startswith(str(ROOT) + "/") for o in found.values()), found
