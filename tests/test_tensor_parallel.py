@@ -240,6 +240,60 @@ def test_server_concurrent_requests_and_a_killed_rank(tiny_llama: Path) -> None:
         srv.close()
 
 
+def listening_sockets(pids: list[int]) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp writes them) of the listening TCP sockets the
+    processes `pids` hold: their socket inodes matched against the namespace's socket tables."""
+    inodes: set[str] = set()
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue  # closed meanwhile
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                found.append(cols[1].split(":")[0])
+    return found
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, ::1
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net/tcp")
+def test_ranks_started_here_listen_on_loopback_only_and_a_rank_killed_mid_generation_stops_the_server(
+    tiny_llama: Path,
+) -> None:
+    srv = Server(tiny_llama, "-np", "2", "-tp", "2", "--tp-timeout", "10", "--host", "127.0.0.1")
+    try:
+        pid = int(srv.wait_line(r"rank 1 pid (\d+)").group(1))
+        addrs = listening_sockets([srv.proc.pid, pid])
+        assert addrs and set(addrs) <= LOOPBACK, addrs  # no port on the machine's other addresses
+        got: dict[str, httpx.Response] = {}
+        long = {"prompt": "hello", "n_predict": 4000, "ignore_eos": True}
+        gen = threading.Thread(target=lambda: got.update(r=httpx.post(srv.url + "/completion", json=long, timeout=120)))
+        gen.start()
+        srv.wait_line(r"processing task")
+        time.sleep(0.5)  # well inside the 4000 tokens
+        os.kill(pid, signal.SIGKILL)
+        gen.join(60)
+        r = got["r"]
+        assert r.status_code == 503 and "rank 1 (exit code -9)" in r.json()["error"]["message"], r.text
+        t0 = time.time()
+        assert srv.proc.wait(timeout=30) == 1  # no healthy-looking server left behind
+        assert time.time() - t0 < 30
+        srv._reader.join(5)
+        assert "Traceback" not in srv.log
+        last = [x for x in srv.lines if x.strip()][-1]
+        assert last.startswith("error: tensor parallelism: rank 1 (exit code -9) stopped answering"), srv.log[-2000:]
+    finally:
+        srv.close()
+
+
 HANG = """
 import os, signal, sys
 from ubatch.engine.batch import Batch

@@ -43,6 +43,12 @@ class Rendezvous:
     timeout_s: float
     cuda: bool
     local_world: int = 0  # ranks on this machine (they share its cores); 0: all of them
+    store: str = ""  # a FileStore's file (ranks rank 0 started here); empty: TCP at addr:port
+
+    @property
+    def where(self) -> str:
+        """Where the ranks meet, for the log and the errors."""
+        return f"the file store {self.store}" if self.store else f"{self.addr}:{self.port}"
 
     @property
     def backend(self) -> str:
@@ -187,10 +193,15 @@ def join(rv: Rendezvous) -> TPGroup:
     timeout is one line naming where it waited."""
     if rv.cuda:
         torch.cuda.set_device(rv.local_rank)
+    # torch's TCP rendezvous store listens on every interface, whatever address it is given: ranks
+    # started on this machine meet through a file in a private folder instead, so nothing but
+    # torchrun's own rendezvous (which the user configured) ever opens a port beyond loopback
     try:
+        store = dist.FileStore(rv.store, rv.world) if rv.store else None
         dist.init_process_group(
             rv.backend,
-            init_method=f"tcp://{rv.addr}:{rv.port}",
+            init_method=None if store is not None else f"tcp://{rv.addr}:{rv.port}",
+            store=store,
             rank=rv.rank,
             world_size=rv.world,
             timeout=timedelta(seconds=rv.timeout_s),
@@ -204,7 +215,7 @@ def join(rv: Rendezvous) -> TPGroup:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ContextError(
             f"tensor parallelism: rank {rv.rank} of {rv.world} could not meet the others at "
-            f"{rv.addr}:{rv.port} within {rv.timeout_s:g} s ({first}); check that every rank was started "
+            f"{rv.where} within {rv.timeout_s:g} s ({first}); check that every rank was started "
             f"with the same --rdzv-endpoint / MASTER_ADDR and that the port is reachable"
         ) from None
     assert control is not None

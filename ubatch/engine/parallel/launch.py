@@ -1,13 +1,20 @@
 """Starting the ranks: under torchrun every process is started by the launcher and joins from
 its environment; otherwise rank 0 (this process) starts ranks 1..N-1 itself on this machine
-(torch.multiprocessing, spawned), and stops them when it ends."""
+(torch.multiprocessing, spawned), and stops them when it ends.
+
+Ranks started here expose nothing to the network: they meet through a file store in a folder only
+this user can read (torch's TCP store would listen on every interface), and gloo's and NCCL's
+sockets are bound to the loopback interface. Under torchrun the rendezvous is the one the user
+configured (`--rdzv-endpoint` / MASTER_ADDR:MASTER_PORT), and torch's store listens there."""
 
 from __future__ import annotations
 
 import atexit
 import os
-import socket
+import shutil
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
@@ -28,6 +35,7 @@ class Ranks:
     group: TPGroup
     procs: list[BaseProcess] = field(default_factory=list)
     stopped: bool = False
+    private_dir: str = ""  # the store's folder (ranks started here), removed at the end
 
     @property
     def rank(self) -> int:
@@ -46,7 +54,10 @@ class Ranks:
         head = f"ubatch: tensor parallel: {rv.world} ranks over {rv.backend}"
         if not self.procs:
             return [f"{head}, started by torchrun (rank 0 at {rv.addr}:{rv.port})"]
-        return [f"{head}, started here", *(f"ubatch:   rank {i + 1} pid {p.pid}" for i, p in enumerate(self.procs))]
+        return [
+            f"{head}, started here (meeting through a private file store, sockets on loopback only)",
+            *(f"ubatch:   rank {i + 1} pid {p.pid}" for i, p in enumerate(self.procs)),
+        ]
 
     def dead(self) -> str:
         """The ranks this process started that have exited, for the one-line fault message."""
@@ -54,7 +65,12 @@ class Ranks:
         return ", ".join(gone)
 
     def culprit(self) -> str:
-        """Who failed: the ranks that exited, else the silent one(s) (a hang: alive, not answering)."""
+        """Who failed: the ranks that exited, else the silent one(s) (a hang: alive, not answering).
+        A killed rank's sockets can close before its exit is reaped: give the exits a second."""
+        deadline = time.monotonic() + 1.0
+        for p in self.procs:
+            if not self.dead():
+                p.join(max(0.0, deadline - time.monotonic()))
         if gone := self.dead():
             return gone
         w = self.group.world
@@ -76,12 +92,8 @@ class Ranks:
                 p.kill()
                 p.join(timeout=5)
         leave()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        if self.private_dir:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
 def _rank_main(rv: Rendezvous) -> None:
@@ -110,23 +122,28 @@ def start(world: int, timeout_s: float = DEFAULT_TIMEOUT_S, cuda: bool = False) 
             f"--tensor-parallel {world} needs {world} CUDA devices, one per rank; this machine has "
             f"{torch.cuda.device_count()}"
         )
-    port = _free_port()
-    if not cuda and sys.platform == "linux":  # every rank is on this machine: gloo talks over loopback,
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # whatever the host name resolves to
+    if sys.platform == "linux":  # every rank is on this machine: gloo and NCCL talk over loopback
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # (and never on the host's own addresses)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    private = tempfile.mkdtemp(prefix="ubatch-tp-")  # mode 0700: no other user reads or writes the store
+    store = os.path.join(private, "store")
     spawn = mp.get_context("spawn")
     procs: list[BaseProcess] = []
     for r in range(1, world):
-        proc = spawn.Process(target=_rank_main, args=(Rendezvous(r, world, r, "127.0.0.1", port, timeout_s, cuda),))
+        proc = spawn.Process(
+            target=_rank_main, args=(Rendezvous(r, world, r, "127.0.0.1", 0, timeout_s, cuda, store=store),)
+        )
         proc.daemon = True
         proc.start()
         procs.append(proc)
     try:
-        group = join(Rendezvous(0, world, 0, "127.0.0.1", port, timeout_s, cuda))
+        group = join(Rendezvous(0, world, 0, "127.0.0.1", 0, timeout_s, cuda, store=store))
     except ContextError:
         for p in procs:
             p.kill()
+        shutil.rmtree(private, ignore_errors=True)
         raise
-    ranks = Ranks(group, procs)
+    ranks = Ranks(group, procs, private_dir=private)
     group.failed = ranks.culprit
     atexit.register(ranks.stop)
     return ranks

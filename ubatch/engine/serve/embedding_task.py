@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ubatch.engine.context.context import Context
-from ubatch.engine.errors import ContextError, EngineError, ErrorKind
+from ubatch.engine.errors import ContextError, EngineDown, EngineError, ErrorKind
 from ubatch.engine.generation.embedding import RankHead, can_split, embed_sequences, fits_together, normalize, pool
 from ubatch.engine.kv.memory import DecodeError
 from ubatch.engine.serve.prompt_cache import purge_idle
@@ -119,6 +119,8 @@ class EmbeddingRunner(SideRunner[EmbdTask]):
                     del pack[len(pack) // 2 :]
                     continue
                 err = decode_failure(e)
+            except EngineDown:  # a lost rank: the engine loop answers every request 503 and stops
+                raise
             except Exception as e:  # a bug fails these requests, never the engine thread
                 err = decode_failure(e)
             for t in pack:

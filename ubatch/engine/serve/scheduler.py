@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context
-from ubatch.engine.errors import EngineError, ErrorKind
+from ubatch.engine.errors import EngineDown, EngineError, ErrorKind
 from ubatch.engine.generation.generation import Generation, GenerationParams, Step
 from ubatch.engine.grammar import GrammarError
 from ubatch.engine.kv.memory import DecodeError
@@ -168,6 +168,8 @@ class Scheduler:
                 for s, _, _ in parts:
                     self._fail(s, decode_failure(e))
                 return None
+            except EngineDown:  # a lost rank: nothing can run any more; the engine loop answers 503 and stops
+                raise
             except Exception as e:
                 for s, _, _ in parts:
                     self._fail(s, decode_failure(e))
@@ -208,6 +210,8 @@ class Scheduler:
                     self._emit(s, gen.sample(self.ctx.logits[out_row[out]]))
             except GrammarError as e:  # too ambiguous to follow, or no way left: the request's grammar
                 self._fail(s, EngineError(ErrorKind.INVALID_REQUEST, f"the grammar could not be followed: {e}"))
+            except EngineDown:  # a rejected draft's cells are removed on every rank: one may be gone
+                raise
             except Exception as e:
                 self._fail(s, EngineError(ErrorKind.INTERNAL, f"sampling failed: {e}"))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ubatch.engine.context import state
 from ubatch.engine.context.context import Context
 from ubatch.engine.context.state_file import StateError, read_file, write_file
-from ubatch.engine.errors import EngineError, ErrorKind
+from ubatch.engine.errors import EngineDown, EngineError, ErrorKind
 from ubatch.engine.serve.side_runner import SideRunner
 from ubatch.engine.serve.slot import Slot
 from ubatch.engine.serve.stats import SchedulerStats
@@ -61,6 +61,8 @@ class StateRunner(SideRunner[SlotTask]):
                 t.emit(SlotResult(t, self._act(t, slot)))
             except EngineError as e:
                 t.fail(e)
+            except EngineDown:  # a lost rank (erasing cells is announced to every rank): the loop stops
+                raise
             except Exception as e:  # a bug fails this request, never the engine thread
                 t.fail(EngineError(ErrorKind.INTERNAL, f"Unable to {t.action} slot: {e}"))
         self.pending = later
