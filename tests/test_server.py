@@ -415,7 +415,8 @@ def test_api_key_and_disabled_endpoints(tiny: tuple[str, ServerEngine]) -> None:
     try:
         url = live.url
         assert httpx.get(url + "/health").status_code == 200  # public
-        assert httpx.get(url + "/v1/models").status_code == 200  # public
+        assert httpx.get(url + "/v1/models").status_code == 401  # llama-server: only /health and the page are public
+        assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
         for headers in ({}, {"Authorization": "Bearer nope"}, {"X-Api-Key": "nope"}):
             r = post(url, "/completion", {"prompt": "x", "n_predict": 1}, headers=headers)
             assert r.status_code == 401
@@ -602,7 +603,7 @@ def test_cli_server_subprocess(tiny_gemma: Path) -> None:
             extra_body={"ignore_eos": True},
         )
         assert r.usage.completion_tokens == 3 and r.model == "tiny"
-        assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "tiny"
+        assert httpx.get(url + "/v1/models", headers=auth).json()["data"][0]["id"] == "tiny"
         assert "llamacpp:n_decode_total" in httpx.get(url + "/metrics", headers=auth).text
         assert httpx.post(url + "/completion", json={"prompt": "x"}).status_code == 401
     finally:

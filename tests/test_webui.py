@@ -20,10 +20,9 @@ import pytest
 from fastapi import FastAPI
 from test_server import Live, start_server_engine
 
-from ubatch.cli.server import app as app_module
 from ubatch.cli.server.app import ServerEngine, ServerOptions, create_app
 from ubatch.cli.server.engine_view import cell_owners, row_runs
-from ubatch.cli.server.routes.webui import WEBUI_DIR, add_webui_routes, is_public_page
+from ubatch.cli.server.routes.webui import WEBUI_DIR, add_webui_routes, public_pages
 from ubatch.engine.batch import Batch
 from ubatch.engine.kv.cells import KVCells
 
@@ -44,19 +43,6 @@ def webui_app(eng: ServerEngine, o: ServerOptions, path: Path | None = None, web
     if app.state.webui_added_here:
         add_webui_routes(app, app.state.server, path)
     return app
-
-
-def pages_public(monkeypatch: pytest.MonkeyPatch, app: FastAPI, path: Path | None = None) -> None:
-    """Until cli/server/app.py registers the pages (and its Gate knows them), tell the Gate for
-    this test only."""
-    if not app.state.webui_added_here:
-        return
-
-    class Public(frozenset[str]):
-        def __contains__(self, p: object) -> bool:
-            return isinstance(p, str) and (frozenset.__contains__(self, p) or is_public_page(p, path))
-
-    monkeypatch.setattr(app_module, "PUBLIC_PATHS", Public(app_module.PUBLIC_PATHS))
 
 
 @pytest.fixture(scope="module")
@@ -235,9 +221,8 @@ def test_path_serves_another_folder(engine: ServerEngine, tmp_path: Path) -> Non
         assert httpx.get(live.url + "/../state.py").status_code == 404
         assert httpx.get(live.url + "/health").json() == {"status": "ok"}  # API routes first
         assert httpx.get(live.url + "/engine").status_code == 200  # ubatch's own page stays
-        assert is_public_page("/assets/app.js", tmp_path) and is_public_page("/", tmp_path)
-        (tmp_path / "props").write_text("{}")
-        assert not is_public_page("/props", tmp_path)  # a file named like a route opens nothing
+        assert "/" in public_pages(tmp_path)  # llama-server: only `/` of the folder is public
+        assert "/assets/app.js" not in public_pages(tmp_path) and "/props" not in public_pages(tmp_path)
     finally:
         live.close()
 
@@ -253,9 +238,8 @@ def test_no_webui(engine: ServerEngine) -> None:
         live.close()
 
 
-def test_api_key_pages_public_stream_not(engine: ServerEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_key_pages_public_stream_not(engine: ServerEngine) -> None:
     app = webui_app(engine, webui_options(api_keys=("sekret",)))
-    pages_public(monkeypatch, app)
     live = Live(app)
     try:
         assert httpx.get(live.url + "/").status_code == 200

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import test_webui
 from test_server import Live
-from test_webui import pages_public, webui_app, webui_options
+from test_webui import webui_app, webui_options
 
 from ubatch.cli.server.app import ServerEngine
 from ubatch.cli.server.run import start_engine
@@ -241,9 +241,8 @@ def test_phone_width_has_no_sideways_scroll(served: str, browser: Any) -> None:
         ctx.close()
 
 
-def test_api_key(engine: ServerEngine, browser: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_key(engine: ServerEngine, browser: Any) -> None:
     app = webui_app(engine, webui_options(api_keys=("sekret",)))
-    pages_public(monkeypatch, app)
     live = Live(app)
     ctx = browser.new_context()
     page = ctx.new_page()

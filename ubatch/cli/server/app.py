@@ -32,14 +32,14 @@ from ubatch.cli.server.routes.info import add_info_routes
 from ubatch.cli.server.routes.responses import add_responses_routes
 from ubatch.cli.server.routes.slots import add_slot_routes
 from ubatch.cli.server.routes.tokens import add_token_routes
-from ubatch.cli.server.routes.webui import add_webui_routes, is_public_page
+from ubatch.cli.server.routes.webui import add_webui_routes, public_pages
 from ubatch.cli.server.state import ServerEngine, ServerOptions, ServerState
 from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.serve.engine_loop import shutdown_error
 
 __all__ = ["PUBLIC_PATHS", "Gate", "ServerEngine", "ServerOptions", "ServerState", "create_app"]
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/api/tags"})
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # llama-server's, before its page's assets
 
 
 class Gate:
@@ -47,16 +47,21 @@ class Gate:
 
     def __init__(self, app: Any, state: ServerState) -> None:
         self.app, self.state = app, state
+        o = state.options
+        self.public = PUBLIC_PATHS | (public_pages(o.webui_path) if o.webui else frozenset())
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             err = None
             eng = self.state.engine
+            path = scope["path"]
             if eng is None:
                 err = EngineError(ErrorKind.UNAVAILABLE, "Loading model")
             elif eng.loop.shutting_down:  # a keep-alive connection after SIGTERM: no new work
                 err = shutdown_error()
-            elif self.state.options.api_keys and not self.public(scope["path"]):
+            elif not is_normal(path):  # `/webui/../x`, `/a//b`, `%2e%2e`: no route or file has such a name
+                err = EngineError(ErrorKind.NOT_FOUND, "File Not Found")
+            elif self.state.options.api_keys and path not in self.public:
                 h = {k.lower(): v.decode("latin-1") for k, v in scope["headers"]}
                 auth = h.get(b"authorization", "")
                 key = auth[7:].strip() if auth.lower().startswith("bearer ") else h.get(b"x-api-key", "")
@@ -67,10 +72,15 @@ class Gate:
                 return
         await self.app(scope, receive, send)
 
-    def public(self, path: str) -> bool:
-        """No key needed: llama-server's public routes, and the web pages (they ask for the key)."""
-        o = self.state.options
-        return path in PUBLIC_PATHS or (o.webui and is_public_page(path, o.webui_path))
+
+def is_normal(path: str) -> bool:
+    """Whether `path` (percent-decoded, as the server receives it) names itself: no `.` or `..`
+    segment, no empty segment, no backslash. The Gate's public set is matched on exact names, and
+    a path that normalises to another must not reach a catch-all that serves files."""
+    if not path.startswith("/") or "\\" in path or "\0" in path:
+        return False
+    segments = path[1:].split("/")
+    return all(seg not in (".", "..") for seg in segments) and all(segments[:-1])
 
 
 def create_app(

@@ -101,7 +101,7 @@ def server(
         None,
         "--api-key",
         envvar="LLAMA_API_KEY",
-        help="API key(s), comma-separated; required on every route but /health and /models",
+        help="API key(s), comma-separated; required on every route but /health and the web page",
     ),
     api_key_file: Optional[Path] = _flag(None, "--api-key-file", help="file with one API key per line"),
     cors_origins: str = _flag(
@@ -241,9 +241,7 @@ def server(
 
         load_template(chat_template)
     grammar = sampling.compiled_grammar()  # a grammar that does not parse fails before the model loads
-    keys = [k.strip() for k in (api_key or "").split(",") if k.strip()]
-    if api_key_file is not None:
-        keys += [k.strip() for k in read_text_file(api_key_file, "API key file").splitlines() if k.strip()]
+    keys = _api_keys(api_key, api_key_file)
 
     from ubatch.cli.server.run import EngineOptions, load_engine, serve
     from ubatch.cli.server.state import ServerOptions
@@ -323,6 +321,28 @@ def _on_off_auto(flag: str, v: str) -> str:
     if w in ("auto", "-1"):
         return "auto"
     raise validate.invalid(flag, v, "reasoning", "use on, off or auto")
+
+
+def _api_keys(api_key: str | None, api_key_file: Path | None) -> list[str]:
+    """The keys of --api-key (comma-separated) and --api-key-file (one a line, `#` comments, as
+    llama-server reads it). A flag given but holding no key is refused: `--api-key " "` or an empty
+    file would otherwise serve every route without authentication, the opposite of what was asked."""
+    keys = [k.strip() for k in (api_key or "").split(",") if k.strip()]
+    if api_key is not None and not keys:
+        raise typer.BadParameter(
+            "holds no key (only spaces or commas); give a key, or leave the flag out to serve without one",
+            param_hint="--api-key",
+        )
+    if api_key_file is not None:
+        lines = read_text_file(api_key_file, "API key file").splitlines()
+        found = [k.strip() for k in lines if k.strip() and not k.startswith("#")]
+        if not found:
+            raise typer.BadParameter(
+                f"{api_key_file} holds no key (every line is empty or a # comment); write one key a line",
+                param_hint="--api-key-file",
+            )
+        keys += found
+    return keys
 
 
 def _static_dir(path: Path | None) -> Path | None:

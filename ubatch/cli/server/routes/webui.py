@@ -4,8 +4,9 @@ ubatch's own `/engine`, which draws the scheduler's work live from `/engine/even
 The pages are hand-written files inside the package (`cli/server/webui/`): no build step, no
 network, every URL relative so that `--api-prefix` and an offline laptop both work. `--path DIR`
 serves another folder at `/` as llama-server's flag does; `--no-webui` registers none of this.
-The pages themselves are public (they ask for the API key and send it as a Bearer token);
-`/engine/events` is an API route like `/slots` and needs the key.
+The pages themselves are public by their exact names (they ask for the API key and send it as a
+Bearer token); `/engine/events` is an API route like `/slots` and needs the key, and so do the
+files of a `--path` folder other than `/`, as in llama-server.
 """
 
 from __future__ import annotations
@@ -41,20 +42,14 @@ TYPES = {
 }
 
 
-STATIC_SUFFIXES = frozenset(
-    ".html .htm .js .mjs .css .map .json .svg .png .jpg .jpeg .gif .webp .ico .woff .woff2 .ttf .txt .wasm".split()
-)
-
-
-def is_public_page(path: str, root: Path | None = None) -> bool:
-    """Whether the Gate lets `path` through without the API key: the pages and their assets
-    (llama-server keeps `/` public: the page is what asks for the key). With `--path DIR`, the
-    files of that folder."""
-    if path in PAGES or path.startswith(ASSETS):
-        return True
-    if root is None or Path(path).suffix.lower() not in STATIC_SUFFIXES:
-        return False  # no API route has a file's suffix: a file named `props` never opens /props
-    return _file_in(root, path.lstrip("/")) is not None
+def public_pages(root: Path | None = None) -> frozenset[str]:
+    """The paths the Gate lets through without the API key, each by its exact name, as
+    llama-server keeps `/` and its embedded page's assets public (the page is what asks for the
+    key): the bundled pages and their files. With `--path DIR` only `/` of that folder is public
+    (llama-server's rule): its other files need the key like any route."""
+    bundled = {f"{ASSETS}{p.name}" for p in WEBUI_DIR.iterdir() if p.is_file()}
+    pages = set(PAGES) if root is None else {"/", "/engine"}
+    return frozenset(pages | bundled)
 
 
 def _file_in(root: Path, name: str) -> Path | None:
