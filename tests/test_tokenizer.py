@@ -232,10 +232,15 @@ def test_vocab_without_byte_tokens_uses_the_python_loop(tmp_path: Path) -> None:
     assert ids == [p("▁the") - 256, p("▁world") - 256, p("▁") - 256, unk, unk]
 
 
-@pytest.mark.parametrize("model, words", [("gpt2", "BPE"), ("bert", "WordPiece"), ("t5", "Unigram"), ("rwkv", "RWKV")])
+@pytest.mark.parametrize("model, words", [("t5", "Unigram"), ("rwkv", "RWKV"), ("plamo2", "PLaMo2")])
 def test_unsupported_tokenizer_is_a_load_error(tmp_path: Path, model: str, words: str) -> None:
     with pytest.raises(ModelLoadError, match=rf"tiny\.gguf: tokenizer '{model}' \({words}\)"):
         tiny(tmp_path, model=model)
+
+
+def test_bpe_vocab_without_merges_is_a_load_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"tiny\.gguf: the BPE vocabulary has no merges"):
+        tiny(tmp_path, model="gpt2")
 
 
 def test_missing_tokenizer_is_a_load_error() -> None:

@@ -18,8 +18,12 @@ def group_specials(ids: list[int], text: dict[int, str]) -> Groups:
     return groups
 
 
-def partition(text: str, groups: Groups) -> list[str | int]:
-    """llama.cpp's tokenizer_st_partition: split special texts out, longest token first."""
+_C_SPACE = " \t\n\v\f\r"  # C isspace: what LSTRIP/RSTRIP take off beside a special token
+
+
+def partition(text: str, groups: Groups, strip: dict[int, tuple[bool, bool]] | None = None) -> list[str | int]:
+    """llama.cpp's tokenizer_st_partition: split special texts out, longest token first.
+    strip: token -> (lstrip, rstrip): whitespace before / after it is dropped."""
     # Only specials present in the whole text can split a fragment. A 3-char prefix test
     # skips most groups; big groups (6,242 "<unusedN>") are matched at each prefix hit.
     present: set[tuple[int, str, int]] = set()
@@ -38,7 +42,13 @@ def partition(text: str, groups: Groups) -> list[str | int]:
         out: list[str | int] = []
         for f in frags:
             if isinstance(f, str) and tok_text in f:
-                for j, part in enumerate(f.split(tok_text)):
+                parts = f.split(tok_text)
+                lstrip, rstrip = strip.get(tok, (False, False)) if strip else (False, False)
+                for j, part in enumerate(parts):
+                    if rstrip and j:
+                        part = part.lstrip(_C_SPACE)
+                    if lstrip and j < len(parts) - 1:
+                        part = part.rstrip(_C_SPACE)
                     out.extend(([tok] if j else []) + ([part] if part else []))
             else:
                 out.append(f)

@@ -1,4 +1,4 @@
-"""The constants of llama.cpp's SPM vocabulary: GGUF token types and attribute bits, the special
+"""The constants of llama.cpp's vocabularies: GGUF token types and attribute bits, the special
 token texts llama.cpp recognises at load time, and the tokenizer models ubatch does not run."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 # GGUF token types (llama_token_type = SentencePiece's enum) and llama.cpp's attribute bits.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 A_UNKNOWN, A_UNUSED, A_NORMAL, A_CONTROL, A_USER_DEFINED, A_BYTE = 1, 2, 4, 8, 16, 32
+A_LSTRIP, A_RSTRIP = 1 << 7, 1 << 8  # set by model name at load: whitespace before / after is dropped
 TYPE_ATTR = {
     NORMAL: A_NORMAL,
     UNKNOWN: A_UNKNOWN,
@@ -92,15 +93,6 @@ EOG_TEXTS = (
     "<｜end▁of▁sentence｜>",
     "[e~[",
 )
-UNSUPPORTED_MODELS = {
-    "gpt2": "BPE",
-    "bert": "WordPiece",
-    "t5": "Unigram",
-    "rwkv": "RWKV",
-    "plamo2": "PLaMo2",
-    "gemma4": "BPE",
-    "hybriddna": "BPE",
-    "whitespace": "BPE",
-}
+UNSUPPORTED_MODELS = {"t5": "Unigram", "rwkv": "RWKV", "plamo2": "PLaMo2", "hybriddna": "BPE with DNA k-mers"}
 SPM_SPACE = "\u2581"  # "▁", SentencePiece's escaped space
 BYTE_TEXTS = [f"<0x{b:02X}>" for b in range(256)]

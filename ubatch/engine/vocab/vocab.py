@@ -1,20 +1,18 @@
-"""The SPM tokenizer (tokenizer.ggml.model "llama") exactly as llama.cpp's llama-vocab.cpp runs it.
+"""The vocabulary exactly as llama.cpp's llama-vocab.cpp reads it, whatever its tokenizer.
 
-tokenize = special-token partitioning ("global longest first", done here) + llama.cpp's
-score-driven merge loop on each raw fragment. Texts of SP_MIN_CHARS or more run the loop in
-`sentencepiece`, from a BPE ModelProto built out of the GGUF vocabulary the first time one comes
-(reference/gguf-models.md §4.6): it is ~10x faster than the pure-Python loop (engine/vocab/spm_merge.py),
-but its 262,144 pieces cost ~40 MiB that a short prompt does not need. Shorter texts, and
-vocabularies sentencepiece cannot express (no byte tokens, no unknown token), take the Python loop.
-The texts live in one StringArray with a TokenIndex over it: no Python object per token.
-Detokenisation follows §4.4.
+One class holds what every kind shares: the token texts (one StringArray with a TokenIndex over
+it: no Python object per token), their attributes, the special and end-of-generation tokens, the
+partition of a text around special tokens and detokenisation. The algorithm between the special
+tokens is chosen by tokenizer.ggml.model, one module each: SPM ("llama", spm.py), BPE ("gpt2",
+"gemma4", "whitespace", bpe.py, with the pre-tokeniser named by tokenizer.ggml.pre) and WPM
+("bert", wpm.py). Consumers read a token's text through token_to_piece (its bytes as printed),
+never the stored text: a byte-level BPE token's stored text is an encoding of its bytes.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -22,17 +20,19 @@ import numpy.typing as npt
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.gguf.metadata import bad_value, is_int, meta_bool
 from ubatch.engine.gguf.string_array import StringArray
+from ubatch.engine.vocab.bpe import BpeTokenizer, byte_decode
 from ubatch.engine.vocab.partition import group_specials, partition
-from ubatch.engine.vocab.spm_merge import spm_merge
-from ubatch.engine.vocab.spm_model import sentencepiece_for
+from ubatch.engine.vocab.pre_tokenizer import PRE_TOKENIZERS, UNSUPPORTED_PRE, PreTokenizer
+from ubatch.engine.vocab.spm import _UNBUILT, SP_MIN_CHARS, SpmTokenizer
 from ubatch.engine.vocab.tables import (
     A_BYTE,
     A_CONTROL,
+    A_LSTRIP,
     A_NORMAL,
+    A_RSTRIP,
     A_UNUSED,
     A_USER_DEFINED,
     AUTO_SPECIAL_TEXTS,
-    BYTE_TEXTS,
     EOG_TEXTS,
     HIDDEN_ATTRS,
     NORMAL,
@@ -41,19 +41,22 @@ from ubatch.engine.vocab.tables import (
     UNSUPPORTED_MODELS,
 )
 from ubatch.engine.vocab.token_index import TokenIndex
+from ubatch.engine.vocab.wpm import WpmTokenizer, max_chars
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
 
-SP_MIN_CHARS = 256  # a call whose raw fragments hold this many characters takes sentencepiece
+__all__ = ["SP_MIN_CHARS", "Vocab", "_UNBUILT"]
+
 _SPACE_BYTES = SPM_SPACE.encode()
+_CLEAN_MARKS = (b" ?", b" !", b" .", b" ,", b" '")  # only these can change in clean_spaces
+KINDS = {"llama": "SPM", "gpt2": "BPE", "gemma4": "BPE", "whitespace": "BPE", "bert": "WPM"}
 
 
-class _Unbuilt(enum.Enum):
-    UNBUILT = "unbuilt"
+class Tokenizer(Protocol):
+    """One algorithm: the raw fragments between special tokens -> their ids, in order."""
 
-
-_UNBUILT = _Unbuilt.UNBUILT  # the sentencepiece processor before its first use
+    def encode(self, texts: list[str]) -> list[list[int]]: ...
 
 
 def _numbers(metadata: Mapping[str, object], key: str, n: int, dtype: type, source: str) -> np.ndarray | None:
@@ -67,20 +70,39 @@ def _numbers(metadata: Mapping[str, object], key: str, n: int, dtype: type, sour
     return arr.astype(dtype, copy=False)  # the file's own array when it is already that type
 
 
+def _strings(metadata: Mapping[str, object], key: str, source: str) -> StringArray | None:
+    v = metadata.get(key)
+    if v is None:
+        return None
+    if isinstance(v, list) and all(isinstance(t, str) for t in v):
+        v = StringArray.from_strings(v)
+    if not isinstance(v, StringArray):
+        raise bad_value(source, key, v, "an array of strings")
+    return v
+
+
 class Vocab:
-    """Token texts, scores and attributes plus llama.cpp's SPM tokenize/detokenize rules."""
+    """Token texts, scores and attributes plus llama.cpp's tokenize/detokenize rules."""
 
     n_tokens: int
+    kind: str  # llama.cpp's vocab type: "SPM", "BPE" or "WPM"
+    model: str  # tokenizer.ggml.model
+    pre: str  # tokenizer.ggml.pre as used ("default" when absent)
     bos: int
     eos: int
     eot: int | None
-    unk: int
+    unk: int | None
     pad: int | None
-    nl: int | None  # llama_vocab_nl: the <0x0A> byte token for SPM, not the "\n" text token
+    sep: int | None
+    mask: int | None
+    nl: int | None  # llama_vocab_nl: the <0x0A> byte token for SPM, the ids of "\n" for BPE
     add_bos: bool
     add_eos: bool
+    add_sep: bool
     add_space_prefix: bool
+    clean_spaces: bool
     eog: frozenset[int]
+    warnings: list[str]  # what llama.cpp would warn about at load, for the caller to show
 
     @classmethod
     def from_metadata(
@@ -97,16 +119,17 @@ class Vocab:
             raise ModelLoadError(f"{source}: no tokenizer in the file (no tokenizer.ggml.model)")
         if not isinstance(model, str):
             raise bad_value(source, "tokenizer.ggml.model", model, "a tokenizer name such as 'llama'")
-        if model != "llama":
+        if model not in KINDS:
             kind = f" ({UNSUPPORTED_MODELS[model]})" if model in UNSUPPORTED_MODELS else ""
             raise ModelLoadError(
-                f"{source}: tokenizer '{model}'{kind} is not supported; only SentencePiece vocabularies ('llama': Llama 2, Gemma) are"
+                f"{source}: tokenizer '{model}'{kind} is not supported; "
+                "SentencePiece ('llama'), BPE ('gpt2', 'gemma4') and WordPiece ('bert') vocabularies are"
             )
-        tokens = metadata.get("tokenizer.ggml.tokens")
-        if isinstance(tokens, list) and tokens and all(isinstance(t, str) for t in tokens):
-            tokens = StringArray.from_strings(tokens)
-        if not isinstance(tokens, StringArray) or not len(tokens):
-            raise bad_value(source, "tokenizer.ggml.tokens", tokens, "a non-empty array of strings")
+        tokens = _strings(metadata, "tokenizer.ggml.tokens", source)
+        if tokens is None or not len(tokens):
+            raise bad_value(
+                source, "tokenizer.ggml.tokens", metadata.get("tokenizer.ggml.tokens"), "a non-empty array of strings"
+            )
         n = len(tokens)
         scores = _numbers(metadata, "tokenizer.ggml.scores", n, np.float32, source)
         types = _numbers(metadata, "tokenizer.ggml.token_type", n, np.int64, source)
@@ -124,19 +147,43 @@ class Vocab:
         source: str,
         sp_min_chars: int | None,
     ) -> None:
+        model = str(metadata.get("tokenizer.ggml.model", "llama"))
+        self.model, self.kind, self.warnings = model, KINDS[model], []
         n = self.n_tokens = len(tokens)
         if np.any(tokens.lengths() == 0):  # (rare) an empty text gets a placeholder, as llama.cpp's
             tokens = StringArray.from_strings(t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens))
         self._text, self._blob, self._off = tokens, tokens.blob, tokens.off
-        self._scores = scores
         self._id = TokenIndex(tokens)
         if (dup := self._id.duplicate) is not None:
             raise ModelLoadError(f"{source}: duplicate token {tokens[dup]!r} in the vocabulary")
-        lut = np.zeros(max(TYPE_ATTR) + 1, np.uint8)
+        lut = np.zeros(max(TYPE_ATTR) + 1, np.uint16)
         lut[list(TYPE_ATTR)] = list(TYPE_ATTR.values())
         known = (types >= 0) & (types < len(lut))
-        attr = self._attr = np.where(known, lut[np.where(known, types, 0)], 0).astype(np.uint8)
+        attr = self._attr = np.where(known, lut[np.where(known, types, 0)], 0).astype(np.uint16)
         self._attr_of = attr.data  # fast scalar reads (detokenisation)
+
+        # llama.cpp's per-kind defaults, then what the file says
+        pre = self._pre_tokenizer(metadata, source)
+        defaults: dict[str, int | None] = {"bos": 1, "eos": 2, "unknown": 0, "seperator": None, "padding": None}
+        self.add_space_prefix, self.add_bos, self.add_eos, self.add_sep, self.clean_spaces = (
+            True,
+            True,
+            False,
+            False,
+            False,
+        )
+        if self.kind == "WPM":
+            defaults = {"bos": 101, "eos": None, "unknown": 100, "seperator": 102, "padding": 0, "mask": 103}
+            self.add_space_prefix, self.add_sep, self.clean_spaces = False, True, True
+        elif self.kind == "BPE":
+            assert pre is not None
+            gemma = model == "gemma4"
+            defaults = {k: None if gemma else 11 if k in ("bos", "eos") else None for k in defaults}
+            if pre.no_bos:
+                defaults["bos"] = None
+            self.add_space_prefix, self.add_bos, self.clean_spaces = False, pre.add_bos, pre.clean_spaces
+            self.add_sep = pre.add_sep
+        self.add_space_prefix = meta_bool(metadata, "tokenizer.ggml.add_space_prefix", source, self.add_space_prefix)
 
         def key(name: str, default: int | None) -> int | None:
             v = metadata.get(f"tokenizer.ggml.{name}")  # out-of-range ids ignored, as llama.cpp
@@ -145,108 +192,183 @@ class Vocab:
             tok = v if isinstance(v, int) and 0 <= v < n else default
             return tok if tok is not None and 0 <= tok < n else None
 
-        bos, eos, unk = key("bos_token_id", 1), key("eos_token_id", 2), key("unknown_token_id", 0)
-        if bos is None or eos is None or unk is None:
+        bos, eos = key("bos_token_id", defaults["bos"]), key("eos_token_id", defaults["eos"])
+        self.unk = key("unknown_token_id", defaults["unknown"])
+        self.sep = key("seperator_token_id", defaults["seperator"])
+        self.pad, self.mask = key("padding_token_id", defaults["padding"]), key("mask_token_id", defaults.get("mask"))
+        if self.kind == "SPM" and (bos is None or eos is None or self.unk is None):
             raise ModelLoadError(f"{source}: the tokenizer has no valid bos/eos/unknown token id")
-        self.bos, self.eos, self.unk, self.pad = bos, eos, unk, key("padding_token_id", None)
-        self.add_bos = meta_bool(metadata, "tokenizer.ggml.add_bos_token", source, True)
-        self.add_eos = meta_bool(metadata, "tokenizer.ggml.add_eos_token", source, False)
-        self.add_space_prefix = meta_bool(metadata, "tokenizer.ggml.add_space_prefix", source, True)
+        eos_is_eog = eos is not None
+        eos = eos if eos is not None else self.sep  # WordPiece has no EOS; [SEP] ends a text
+        if bos is None or eos is None:
+            raise ModelLoadError(f"{source}: the tokenizer has no valid bos/eos token id")
+        self.bos, self.eos = bos, eos
+        self.add_bos = meta_bool(metadata, "tokenizer.ggml.add_bos_token", source, self.add_bos)
+        self.add_eos = meta_bool(metadata, "tokenizer.ggml.add_eos_token", source, self.add_eos)
+        self.add_sep = meta_bool(metadata, "tokenizer.ggml.add_sep_token", source, self.add_sep)
+        if pre is not None and pre.type == "GEMMA4" and not self.add_bos:
+            self.add_bos = True
+            self.warnings.append("tokenizer.ggml.add_bos_token overridden to true for Gemma 4, as llama.cpp does")
+        lowercase = meta_bool(
+            metadata,
+            "tokenizer.ggml.normalizer.lowercase",
+            source,
+            True if pre is None or pre.lowercase is None else pre.lowercase,
+        )
+        strip_accents = meta_bool(metadata, "tokenizer.ggml.normalizer.strip_accents", source, lowercase)
+
+        self._mark_specials(attr, eos if eos_is_eog else None, lambda name: key(name, None))
+
+        # Special-token list: longest (in bytes) first; ties by id (llama.cpp leaves them open).
+        special = np.flatnonzero(attr & (HIDDEN_ATTRS | A_USER_DEFINED))
+        special = special[np.argsort(-tokens.lengths()[special], kind="stable")].tolist()
+        self._set_strip_attrs(attr, special, metadata, pre)
+        special_texts = {i: tokens[i] for i in special}  # one str per special, shared by both groupings
+        self._specials = {
+            True: group_specials(special, special_texts),
+            False: group_specials([i for i in special if not attr[i] & HIDDEN_ATTRS], special_texts),
+        }
+        self._strip = {
+            i: (bool(attr[i] & A_LSTRIP), bool(attr[i] & A_RSTRIP)) for i in special if attr[i] & (A_LSTRIP | A_RSTRIP)
+        }
+
+        self._pre = pre
+        self._pieces: dict[int, bytes] = {}  # decoded byte-level BPE texts, filled as they are asked for
+        self._spm: SpmTokenizer | None = None
+        self._tok: Tokenizer
+        if self.kind == "SPM":
+            assert self.unk is not None
+            self._tok = self._spm = SpmTokenizer(tokens, self._id, scores, self.unk, sp_min_chars)
+            self.nl = self._id.get("<0x0A>", self._id.get("\n", self.pad))
+        elif self.kind == "WPM":
+            if self.unk is None:
+                raise ModelLoadError(f"{source}: the WordPiece vocabulary has no valid unknown token id")
+            self._tok = WpmTokenizer(self._id, max_chars(tokens.lengths()), self.unk, lowercase, strip_accents)
+            self.nl = self.pad
+        else:
+            assert pre is not None
+            merges = _strings(metadata, "tokenizer.ggml.merges", source)
+            if merges is None:
+                raise ModelLoadError(f"{source}: the BPE vocabulary has no merges (tokenizer.ggml.merges)")
+            self._tok = BpeTokenizer(self._id, merges, pre, model == "whitespace", lowercase)
+            nl = self._tok.encode(["\n"])[0]
+            self.nl = nl[0] if nl else self.pad
+
+    def _pre_tokenizer(self, metadata: Mapping[str, object], source: str) -> PreTokenizer | None:
+        """llama.cpp's tokenizer.ggml.pre lookup (BPE only): absent -> default with a warning,
+        unknown -> refused, as llama.cpp refuses it."""
+        raw = metadata.get("tokenizer.ggml.pre")
+        self.pre = raw if isinstance(raw, str) else "default"
+        if self.kind != "BPE":
+            return None
+        if self.model == "gemma4":
+            self.pre = "gemma4"
+        elif not raw:
+            self.warnings.append(
+                "the vocabulary names no pre-tokenizer (tokenizer.ggml.pre); using 'default', "
+                "generation quality will be degraded: consider regenerating the model"
+            )
+        if self.pre not in PRE_TOKENIZERS:
+            raise ModelLoadError(f"{source}: unknown pre-tokenizer type '{self.pre}' (tokenizer.ggml.pre)")
+        pre = PRE_TOKENIZERS[self.pre]
+        if pre.type in UNSUPPORTED_PRE:
+            raise ModelLoadError(f"{source}: pre-tokenizer '{self.pre}' is not supported ({UNSUPPORTED_PRE[pre.type]})")
+        return pre
+
+    def _mark_specials(self, attr: np.ndarray, eos: int | None, meta_id: Callable[[str], int | None]) -> None:
+        """llama.cpp's load-time rules by token text: special ids, unused, end of generation."""
+        ids = self._id
 
         def force_control(tok: int) -> int:
             attr[tok] |= A_CONTROL  # llama.cpp: "control-looking token ... will be overridden"
             return tok
 
         # llama.cpp takes the first match in hash-map order; we take the lowest id.
-        found = {name: key(f"{name}_token_id", None) for name in AUTO_SPECIAL_TEXTS}
+        found = {name: meta_id(f"{name}_token_id") for name in AUTO_SPECIAL_TEXTS}
         for name, texts in AUTO_SPECIAL_TEXTS.items():
-            hits = sorted(self._id[t] for t in texts if t in self._id)
+            hits = sorted(ids[t] for t in texts if t in ids)
             if found[name] is None and hits:
                 found[name] = force_control(hits[0])
         self.eot = found["eot"]
         for i in np.flatnonzero(attr & A_CONTROL).tolist():  # control tokens named "unused" are also UNUSED
-            if "unused" in tokens[i]:
+            if "unused" in self._text[i]:
                 attr[i] |= A_UNUSED
         eog = {t for k in ("fim_pad", "fim_rep", "fim_sep") if (t := found[k]) is not None}
-        eog |= {force_control(self._id[t]) for t in EOG_TEXTS if t in self._id}
+        eog |= {force_control(ids[t]) for t in EOG_TEXTS if t in ids}
+        for text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):  # gpt-oss: always printed
+            if text in ids:
+                attr[ids[text]] = A_USER_DEFINED
         eog |= {t for t in (eos, self.eot, found["eom"]) if t is not None}
-        eog_texts = {tokens[i] for i in eog}  # (llama.cpp's BPE-only <|end|> rule is left out)
-        if "<|tool_response>" in eog_texts and "</s>" in eog_texts:  # gemma4/paddleocr: </s> is no EOG
-            eog.discard(self._id["</s>"])
-            attr[self._id["</s>"]] = A_NORMAL
+        eog_texts = {self._text[i]: i for i in eog}
+        has_call = "<|call|>" in eog_texts or "<|calls|>" in eog_texts
+        if "<|end|>" in eog_texts and has_call and ("<|return|>" in eog_texts or "<|flush|>" in eog_texts):
+            end = eog_texts["<|end|>"]  # o200k_harmony / solar-open: <|end|> ends a message, not generation
+            eog.discard(end)
+            attr[end] = A_USER_DEFINED
+        if "</s>" in eog_texts and ("<|tool_response>" in eog_texts or "<|plamo:eos|>" in eog_texts):
+            eog.discard(eog_texts["</s>"])  # gemma4/plamo: a normal </s>, unlike paddleocr's
+            attr[eog_texts["</s>"]] = A_NORMAL
         self.eog = frozenset(eog)
-        self.nl = self._id.get("<0x0A>", self._id.get("\n", self.pad))
 
-        # Special-token list: longest (in bytes) first; ties by id (llama.cpp leaves them open).
-        special = np.flatnonzero(attr & (HIDDEN_ATTRS | A_USER_DEFINED))
-        special = special[np.argsort(-tokens.lengths()[special], kind="stable")].tolist()
-        special_texts = {i: tokens[i] for i in special}  # one str per special, shared by both groupings
-        self._specials = {
-            True: group_specials(special, special_texts),
-            False: group_specials([i for i in special if not attr[i] & HIDDEN_ATTRS], special_texts),
-        }
-        self._suspects: list[str] = []
-        self.sp_min_chars = sp_min_chars  # None: never sentencepiece
-        self._processor: SentencePieceProcessor | None | _Unbuilt = _UNBUILT
+    def _set_strip_attrs(
+        self, attr: np.ndarray, special: list[int], metadata: Mapping[str, object], pre: PreTokenizer | None
+    ) -> None:
+        """llama.cpp's per-model LSTRIP/RSTRIP (not in the GGUF file): by model, pre or arch name."""
+        name = str(metadata.get("general.name", "")).lower()
+        pre_name = str(metadata.get("tokenizer.ggml.pre", ""))
+        arch = str(metadata.get("general.architecture", ""))
+        ids = self._id
+
+        def set_attr(text: str, bit: int, on: bool) -> None:
+            if text in ids:
+                attr[ids[text]] = attr[ids[text]] | bit if on else attr[ids[text]] & (0xFFFF ^ bit)
+
+        if any(s in pre_name for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code", "mmbert")) or any(
+            s in arch for s in ("nomic-bert-moe", "jina-bert-v3")
+        ):
+            set_attr("<mask>", A_LSTRIP, True)
+        elif "phi-3" in name or "phi3" in name:
+            for i in special:
+                attr[i] |= A_RSTRIP
+            set_attr("</s>", A_RSTRIP, True)
+            for t in ("<unk>", "<s>", "<|endoftext|>"):
+                set_attr(t, A_RSTRIP, False)
+        elif "modern-bert" in name:
+            set_attr("[MASK]", A_LSTRIP, True)
 
     # ---- tokenisation ------------------------------------------------------------------------
 
     @property
     def _sp(self) -> SentencePieceProcessor | None:
-        """The sentencepiece processor, built on first use (~40 MiB for 262,144 pieces)."""
-        sp = self._processor
-        if isinstance(sp, _Unbuilt):
-            sp = self._processor = None if self.sp_min_chars is None else self._build_sentencepiece()
-        return sp
+        """The SPM vocabulary's sentencepiece processor (built on first use)."""
+        return self._spm._sp if self._spm is not None else None
 
-    def _build_sentencepiece(self) -> SentencePieceProcessor | None:
-        """A BPE ModelProto whose merge loop is llama.cpp's; None if the vocab cannot be one."""
-        byte_ids = [i for t in BYTE_TEXTS if (i := self._id.get(t)) is not None]
-        if len(byte_ids) < len(BYTE_TEXTS) or self._text[self.unk] in BYTE_TEXTS:
-            return None
-        # All other pieces are NORMAL so merges reach control/user-defined tokens as in llama.cpp
-        # (we split special texts out ourselves). SentencePiece never merges into byte/unknown
-        # pieces, llama.cpp could: fragments holding such a buildable text take the Python loop.
-        reserved = {self.unk, *byte_ids}
-        self._suspects = [self._text[i] for i in reserved if self._buildable(self._text[i])]
-        return sentencepiece_for(self._text, self._scores, self.unk, byte_ids)
-
-    def _buildable(self, text: str) -> bool:
-        """Could the merge loop build `text`? Its last merge joins two tokens or single chars."""
-        ok = lambda s: len(s) == 1 or s in self._id  # noqa: E731
-        return any(ok(text[:k]) and ok(text[k:]) for k in range(1, len(text)))
+    @property
+    def _processor(self) -> object:
+        return self._spm._processor if self._spm is not None else None
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Ids of `text`. add_special: BOS/EOS as the vocab asks; parse_special: control texts."""
-        frags = partition(text, self._specials[parse_special])
+        """Ids of `text`. add_special: BOS/EOS (WordPiece: CLS/SEP) as the vocab asks;
+        parse_special: control texts become their tokens."""
+        frags = partition(text, self._specials[parse_special], self._strip)
         prev_special, raw = True, []
+        escape = self._pre is not None and self._pre.escape_whitespaces
         for i, f in enumerate(frags):
             if isinstance(f, str):
-                if self.add_space_prefix and prev_special:  # after a special token or at start
+                if self.kind == "SPM" and self.add_space_prefix and prev_special:  # after a special or at start
                     frags[i] = f = " " + f
+                elif escape:
+                    frags[i] = f = f.replace(" ", SPM_SPACE)
                 raw.append(f)
             prev_special = not isinstance(f, str)
-        encoded = iter(self._encode(raw))
-        out = [self.bos] if add_special and self.add_bos else []
+        encoded = iter(self._tok.encode(raw))
+        wpm = self.kind == "WPM"
+        out = [self.bos] if add_special and (self.add_bos or wpm) else []
         for f in frags:
             out.extend(next(encoded) if isinstance(f, str) else [f])
-        return out + [self.eos] if add_special and self.add_eos else out
-
-    def _encode(self, texts: list[str]) -> list[list[int]]:
-        # short texts take the Python loop: sentencepiece is only built for a text that needs its speed
-        if self.sp_min_chars is None or sum(map(len, texts)) < self.sp_min_chars or self._sp is None:
-            return [self._merge(t) for t in texts]
-        if self._suspects and any(s in t for s in self._suspects for t in texts):
-            return [self._merge(t) if any(s in t for s in self._suspects) else self._sp.encode(t) for t in texts]
-        return self._sp.encode(texts)
-
-    def _merge(self, text: str) -> list[int]:
-        """llama.cpp's SPM merge loop on one raw fragment, in pure Python (the fallback)."""
-        return spm_merge(text, self._id.get, self._scores, self._byte)
-
-    def _byte(self, b: int) -> int:
-        tok = self._id.get(BYTE_TEXTS[b], self._id.get(chr(b)) if b < 0x80 else None)
-        return self.unk if tok is None else tok  # where llama.cpp would throw
+        if add_special and wpm and self.sep is not None:
+            out.append(self.sep)
+        return out + [self.eos] if add_special and self.add_eos and not wpm else out
 
     # ---- detokenisation ----------------------------------------------------------------------
 
@@ -254,6 +376,7 @@ class Vocab:
         return tok in self.eog
 
     def token_text(self, tok: int) -> str:
+        """The stored text (byte-level BPE: an encoding of the bytes; print token_to_piece)."""
         return self._text[tok]
 
     def token_to_piece(self, tok: int, special: bool = False) -> bytes:
@@ -267,7 +390,12 @@ class Vocab:
         if attr & (HIDDEN_ATTRS | A_USER_DEFINED):
             return piece
         if attr & A_NORMAL:
-            return piece.replace(_SPACE_BYTES, b" ")
+            if self.kind != "BPE" or self._pre is not None and self._pre.escape_whitespaces:
+                return piece.replace(_SPACE_BYTES, b" ")
+            decoded = self._pieces.get(tok)
+            if decoded is None:
+                decoded = self._pieces[tok] = byte_decode(piece.decode("utf-8", "surrogatepass"))
+            return decoded
         if attr & A_BYTE:
             return bytes([int(piece[3:5], 16)])
         return b""  # unused / undefined types print nothing
@@ -283,4 +411,42 @@ class Vocab:
         pieces = [self.token_to_piece(t, unparse_special) for t in ids]
         if strip_space and pieces and pieces[0].startswith(b" "):
             pieces[0] = pieces[0][1:]
-        return b"".join(pieces).decode("utf-8", errors="replace")
+        text = b"".join(pieces)
+        if self.clean_spaces and any(m in text for m in _CLEAN_MARKS):
+            text = clean_spaces(text)
+        return text.decode("utf-8", errors="replace")
+
+
+def clean_spaces(text: bytes) -> bytes:
+    """llama.cpp's clean_up_tokenization_spaces, its three in-place passes step for step:
+    " ?" " !" " ." " ," lose the space, " ' " loses both, " 's" " 'm" " 're" " 've" lose it."""
+    t = bytearray(text)
+    total = 1 if t else 0
+    for i in range(1, len(t)):  # pass 1
+        x = t[i]
+        if t[i - 1] == 0x20 and x in b"?!.,":
+            total -= 1
+        t[total] = x
+        total += 1
+    n, total, i = total, 1 if total else 0, 1
+    while i < n:  # pass 2
+        x = t[i]
+        if x == 0x27 and i + 1 < n and t[i - 1] == 0x20 and t[i + 1] == 0x20:
+            total -= 1
+            i += 1
+            t[i] = 0
+        t[total] = x
+        total += 1
+        i += 1
+    n, total = total, 1 if total else 0
+    for i in range(1, n):  # pass 3
+        x = t[i]
+        if t[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
+            x1 = t[i + 1]
+            if x1 in b"sm":
+                total -= 1
+            elif x1 not in b"td" and i + 2 < n and (x1, t[i + 2]) in ((0x72, 0x65), (0x76, 0x65)):
+                total -= 1
+        t[total] = x
+        total += 1
+    return bytes(t[:total])

@@ -1,0 +1,167 @@
+"""The BPE tokenizer (tokenizer.ggml.model "gpt2", "gemma4", "whitespace") as llama.cpp runs it.
+
+A raw fragment is split into words by the pre-tokeniser; each word is byte-encoded (GPT-2's
+byte -> printable character map) unless the vocabulary is raw UTF-8 (Gemma 4), then merged by
+llm_tokenizer_bpe_session's loop: repeatedly join the adjacent pair with the lowest merge rank
+(leftmost on ties); a final piece that is no token falls back to single-byte tokens. Words repeat
+(prose reuses a few thousand), so each word's ids are cached: a long prompt is mostly lookups.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from ubatch.engine.gguf.string_array import StringArray
+from ubatch.engine.vocab import unicode
+from ubatch.engine.vocab.pre_tokenizer import PreTokenizer, Splitter
+from ubatch.engine.vocab.tables import BYTE_TEXTS
+from ubatch.engine.vocab.token_index import TokenIndex
+
+CACHE_WORDS = 1 << 17  # the word cache is dropped when it grows past this many words
+_SPACE = "\u2581"
+
+
+def _byte_to_unicode() -> list[str]:
+    """GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100 on."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+BYTE_TO_UNICODE = _byte_to_unicode()
+_ENCODE = str.maketrans(dict(enumerate(BYTE_TO_UNICODE)))
+UNICODE_TO_BYTE = {c: b for b, c in enumerate(BYTE_TO_UNICODE)}
+
+
+def byte_encode(word: str) -> str:
+    """The word's UTF-8 bytes, one printable character each."""
+    return unicode.utf8(word).decode("latin-1").translate(_ENCODE)
+
+
+def byte_decode(text: str) -> bytes:
+    """llama_decode_text: the bytes a byte-encoded token stands for; a character outside the
+    map gives llama.cpp's "[UNK_BYTE_0x..]" marker."""
+    out = bytearray()
+    for c in text:
+        b = UNICODE_TO_BYTE.get(c)
+        if b is None:
+            u = unicode.utf8(c)
+            out += b"[UNK_BYTE_0x" + u.hex().encode() + unicode.utf8(text) + b"]"
+        else:
+            out.append(b)
+    return bytes(out)
+
+
+class BpeTokenizer:
+    """Words -> ids with llama.cpp's rank-ordered merge loop and a cache of words seen."""
+
+    def __init__(
+        self, token_id: TokenIndex, merges: StringArray, pre: PreTokenizer, whitespace_model: bool, lowercase: bool
+    ) -> None:
+        self._id = token_id
+        self._merges = merges
+        self._ranks: TokenIndex | None = None  # built on first use (~0.2 s for 500k merges)
+        self._pre = pre
+        self._split = Splitter(pre.type)
+        self._byte_encode = pre.byte_encode
+        self._newline_words = pre.type in ("GEMMA4", "MMBERT")  # a run of newlines that is a token stays one
+        self._metaspace = pre.type == "MMBERT"
+        self._whitespace_model, self._lowercase = whitespace_model, lowercase
+        self._cache: dict[str, list[int]] = {}
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [self._encode(t) for t in texts]
+
+    def _encode(self, text: str) -> list[int]:
+        text = unicode.llama_text(text)
+        if self._whitespace_model:  # llm_tokenizer_whitespace_session: BPE per whitespace-free segment
+            low = [c if not self._lowercase else chr(unicode.lowercase().get(ord(c), ord(c))) for c in text]
+            segs = "".join(" " if unicode.flags()[ord(c)] & unicode.WHITESPACE else c for c in low).split()
+            return [t for s in segs for t in self._words(s)]
+        return self._words(text)
+
+    def _words(self, text: str) -> list[int]:
+        words = [text[a:b] for a, b in self._split.spans(text)]
+        if self._metaspace:
+            words = _metaspace(words)
+        cache, out = self._cache, []
+        if len(cache) > CACHE_WORDS:
+            cache.clear()
+        for w in words:
+            ids = cache.get(w)
+            if ids is None:
+                ids = cache[w] = self._word(byte_encode(w) if self._byte_encode else w)
+            out += ids
+        return out
+
+    def _word(self, word: str) -> list[int]:
+        """llm_tokenizer_bpe_session::tokenize for one (encoded) word."""
+        token_id = self._id.get
+        whole = token_id(word)
+        if whole is not None and (
+            self._pre.ignore_merges or (self._newline_words and not word.strip("\n")) or len(word) == 1
+        ):
+            return [whole]
+        sym = list(word)
+        n = len(sym)
+        if self._ranks is None:
+            self._ranks = TokenIndex(self._merges)
+        rank = self._ranks.get
+        heap: list[tuple[int, int, int, str]] = []
+
+        def push(left: int, right: int) -> None:
+            r = rank(sym[left] + " " + sym[right])
+            if r is not None:
+                heap.append((r, left, right, sym[left] + sym[right]))
+
+        for i in range(n - 1):
+            push(i, i + 1)
+        heapq.heapify(heap)
+        nxt, prv = list(range(1, n + 1)), list(range(-1, n - 1))
+        while heap:
+            _, left, right, text = heapq.heappop(heap)
+            a, b = sym[left], sym[right]
+            if not a or not b or a + b != text:
+                continue  # stale: a side was merged since this pair was queued
+            sym[left], sym[right] = text, ""
+            after = nxt[left] = nxt[right]
+            if after < n:
+                prv[after] = left
+            for lr in ((prv[left], left), (left, after)):
+                if lr[0] >= 0 and lr[1] < n:
+                    r = rank(sym[lr[0]] + " " + sym[lr[1]])
+                    if r is not None:
+                        heapq.heappush(heap, (r, lr[0], lr[1], sym[lr[0]] + sym[lr[1]]))
+        out: list[int] = []
+        i = 0
+        while i < n:
+            out += self._piece(sym[i], token_id)
+            i = nxt[i]
+        return out
+
+    def _piece(self, piece: str, token_id: Callable[[str], int | None]) -> list[int]:
+        tok = token_id(piece)
+        if tok is not None:
+            return [tok]
+        # no such token: its bytes one by one, each only if the vocabulary has it
+        raw = unicode.utf8(piece)
+        if self._byte_encode:
+            found = (token_id(chr(b)) if b < 0x80 else None for b in raw)
+        else:
+            found = (token_id(BYTE_TEXTS[b]) for b in raw)
+        return [t for t in found if t is not None]
+
+
+def _metaspace(words: list[str]) -> list[str]:
+    """llama.cpp's MMBERT step: a word starts with "▁" and every "▁" starts a new word."""
+    out: list[str] = []
+    for w in words:
+        if not w.strip("\n"):
+            out.append(w)
+            continue
+        if not w.startswith(_SPACE):
+            w = _SPACE + w
+        parts = w.split(_SPACE)[1:]
+        out += [_SPACE + p for p in parts]
+    return out

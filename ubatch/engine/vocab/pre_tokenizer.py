@@ -1,0 +1,243 @@
+"""BPE pre-tokenisation as llama.cpp runs it (unicode_regex_split): words from a chain of regexes.
+
+llama.cpp runs a regex that names Unicode categories on a "collapsed" copy of the text, where
+every non-ASCII code point is one byte naming its category, and \\p{L} becomes that byte plus
+A-Za-z; a regex without categories runs on the code points with non-ASCII whitespace turned into
+0x0B. Its hand-written splitters for the GPT-2, Llama 3, Qwen 2 and Qwen 3.5 regexes give what
+those regexes give. So Python's `re` (backtracking, leftmost alternative first, as ECMAScript)
+on the same collapsed or widened text, with ASCII-only \\s and \\d as in the C locale, splits
+exactly where llama.cpp does, at C speed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ubatch.engine.vocab import unicode
+from ubatch.engine.vocab.pre_regexes import RAW_UTF8, REGEXES
+
+Spans = list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """What one tokenizer.ggml.pre name sets in llama.cpp (llama_vocab::impl::load)."""
+
+    type: str  # llama.cpp's LLAMA_VOCAB_PRE_TYPE_* name
+    ignore_merges: bool = False
+    clean_spaces: bool = True
+    add_bos: bool = False
+    add_sep: bool = False
+    escape_whitespaces: bool = False
+    no_bos: bool = False  # special_bos_id = LLAMA_TOKEN_NULL
+    lowercase: bool | None = None  # the normaliser's default, where the name sets one
+
+    @property
+    def byte_encode(self) -> bool:
+        return self.type not in RAW_UTF8
+
+
+def _names(names: str, type: str, **kw: bool) -> dict[str, PreTokenizer]:
+    return dict.fromkeys(names.split(), PreTokenizer(type, **kw))
+
+
+_KEEP = {"clean_spaces": False}
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    **_names("default", "DEFAULT"),
+    **_names("minicpm5", "MINICPM5", ignore_merges=True),
+    **_names(
+        "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano",
+        "LLAMA3",
+        ignore_merges=True,
+        add_bos=True,
+    ),
+    **_names("deepseek-llm", "DEEPSEEK_LLM", **_KEEP),
+    **_names("deepseek-coder", "DEEPSEEK_CODER", **_KEEP),
+    **_names("deepseek-v3", "DEEPSEEK3_LLM", **_KEEP),
+    **_names("spark2_5", "SPARK2_5", **_KEEP),
+    **_names("youtu", "YOUTU", ignore_merges=True, **_KEEP),
+    **_names("falcon", "FALCON"),
+    **_names("mpt", "MPT"),
+    **_names("starcoder", "STARCODER"),
+    **_names("gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert exaone4", "GPT2"),
+    **_names("jais-2", "JAIS2"),
+    **_names("gemma4 granite-embed-multi-311m", "GEMMA4", escape_whitespaces=True),
+    **_names("mmbert", "MMBERT", escape_whitespaces=True),
+    **_names("sarvam-moe", "SARVAM_MOE", escape_whitespaces=True, **_KEEP),
+    **_names("jina-v1-en jina-v2-code roberta-bpe", "GPT2", add_sep=True),
+    **_names("whitespace", "WHITESPACE", lowercase=False),
+    **_names("refact", "REFACT"),
+    **_names("command-r", "COMMAND_R", **_KEEP),
+    **_names("qwen2 deepseek-r1-qwen kormo f2llmv2", "QWEN2", **_KEEP),
+    **_names("qwen35", "QWEN35", **_KEEP),
+    **_names("stablelm2", "STABLELM2"),
+    **_names("olmo", "OLMO"),
+    **_names("dbrx", "DBRX"),
+    **_names("smaug-bpe", "SMAUG"),
+    **_names("poro-chat", "PORO", **_KEEP),
+    **_names("chatglm-bpe", "CHATGLM4", no_bos=True),
+    **_names("glm4 glm5", "CHATGLM4", no_bos=True, ignore_merges=True),
+    **_names("viking", "VIKING", **_KEEP),
+    **_names("jais", "JAIS"),
+    **_names("tekken", "TEKKEN", ignore_merges=True, add_bos=True, **_KEEP),
+    **_names("smollm", "SMOLLM", **_KEEP),
+    **_names("codeshell", "CODESHELL"),
+    **_names("bloom", "BLOOM"),
+    **_names("gpt3-finnish", "GPT3_FINNISH"),
+    **_names("exaone", "EXAONE"),
+    **_names("exaone-moe", "EXAONE_MOE"),
+    **_names("chameleon", "CHAMELEON", add_bos=True, **_KEEP),
+    **_names("minerva-7b", "MINERVA"),
+    **_names("megrez", "QWEN2"),
+    **_names("gpt-4o llama4 kanana2 talkie", "GPT4O", **_KEEP),
+    **_names("granite-embed-multi-97m", "GRANITE_EMB_MULTI", ignore_merges=True, **_KEEP),
+    **_names("tiny_aya cohere2moe", "TINY_AYA", **_KEEP),
+    **_names("superbpe", "SUPERBPE", **_KEEP),
+    **_names("trillion", "TRILLION", **_KEEP),
+    **_names("granite-docling", "GRANITE_DOCLING", **_KEEP),
+    **_names("bailingmoe bailingmoe2 llada-moe", "BAILINGMOE", **_KEEP),
+    **_names("seed-coder", "SEED_CODER", **_KEEP),
+    **_names("hunyuan", "HUNYUAN", **_KEEP),
+    **_names("hunyuan-dense", "HUNYUAN_DENSE", **_KEEP),
+    **_names("hy_v4", "HY_V4", **_KEEP),
+    **_names("joyai-llm", "JOYAI_LLM", **_KEEP),
+    **_names("kimi-k2", "KIMI_K2", **_KEEP),
+    **_names("ufakzeka", "UFAKZEKA", **_KEEP),
+    **_names("grok-2", "GROK_2", **_KEEP),
+    **_names("afmoe", "AFMOE", **_KEEP),
+    **_names("laguna", "LAGUNA", **_KEEP),
+    **_names("minimax-m2", "MINIMAX_M2", **_KEEP),
+    **_names("solar-open", "SOLAR_OPEN", **_KEEP),
+    **_names("mellum2", "MELLUM2"),
+}
+UNSUPPORTED_PRE = {"KIMI_K2": "its hand-written Han/letter splitter"}
+
+# \p{...} -> the collapsed byte of its category plus the ASCII members (llama.cpp's k_ucat_map)
+_N, _L, _P, _M, _S = (chr(unicode.COLLAPSED[f]) for f in (unicode.NUMBER, unicode.LETTER, unicode.PUNCTUATION,
+                                                          unicode.ACCENT_MARK, unicode.SYMBOL))  # fmt: skip
+_CATEGORY_CLASS = {
+    "\\p{N}": _N + "0-9",
+    "\\p{L}": _L + "A-Za-z",
+    "\\p{P}": _P + "!-#%-*,-/:-;?-@\\[-\\]_\\{\\}",
+    "\\p{M}": _M,
+    "\\p{S}": _S + "\\$\\+<->\\^`\\|~",
+}
+for _sub in ("Lu", "Ll", "Lt", "Lm", "Lo"):
+    _CATEGORY_CLASS[f"\\p{{{_sub}}}"] = _CATEGORY_CLASS["\\p{L}"]
+# llama.cpp's own splitters for regexes std::regex cannot run (digit grouping from the right)
+_DIGIT_GROUPS = ("\\p{AFMoE_digits}", "\\d{1,3}(?=(?:\\d{3})*\\b)")
+
+
+def _collapsed_regex(expr: str) -> str:
+    """llama.cpp's rewrite of a regex for the collapsed text (tracking [...] as it does)."""
+    out, inside, i = [], False, 0
+    while i < len(expr):
+        c = expr[i]
+        if c == "[" and (i == 0 or expr[i - 1] != "\\"):
+            inside = True
+        elif inside and c == "]" and expr[i - 1] != "\\":
+            inside = False
+        elif expr.startswith("\\p{", i) and 0 < (close := expr.find("}", i + 3)) <= i + 10:
+            cls = _CATEGORY_CLASS.get(expr[i : close + 1])
+            if cls is not None:
+                out.append(cls if inside else f"[{cls}]")
+                i = close + 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _ecmascript(expr: str) -> str:
+    """ECMAScript -> Python re: `$` is the end of the piece only (Python's also matches before a
+    final newline)."""
+    out, inside, i = [], False, 0
+    while i < len(expr):
+        c = expr[i]
+        if c == "\\":
+            out.append(expr[i : i + 2])
+            i += 2
+            continue
+        inside = (inside or c == "[") and not (inside and c == "]")
+        out.append("\\Z" if c == "$" and not inside else c)
+        i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class _Step:
+    pattern: re.Pattern[str] | None  # None: digit groups
+    collapsed: bool
+
+
+def _step(expr: str) -> _Step:
+    if expr in _DIGIT_GROUPS:
+        return _Step(None, True)
+    collapsed = any(cat in expr for cat in _CATEGORY_CLASS)
+    if collapsed and not expr.isascii():
+        raise ValueError(f"regex mixes Unicode categories and non-ASCII characters: {expr!r}")
+    src = _ecmascript(_collapsed_regex(expr) if collapsed else expr)
+    return _Step(re.compile(src, re.ASCII), collapsed)
+
+
+class Splitter:
+    """One pre-tokeniser: text -> word spans (code-point offsets)."""
+
+    def __init__(self, pre_type: str) -> None:
+        self.steps = [_step(e) for e in REGEXES.get(pre_type, REGEXES["DEFAULT"])]
+
+    def spans(self, text: str) -> Spans:
+        views: dict[bool, str] = {}
+
+        def view(collapsed: bool) -> str:
+            if collapsed not in views:
+                views[collapsed] = (unicode.collapse if collapsed else unicode.wide_text)(text)
+            return views[collapsed]
+
+        spans: Spans = [(0, len(text))] if text else []
+        for step in self.steps:
+            if step.pattern is None:
+                spans = _digit_groups(view(True), spans)
+            else:
+                spans = _split(step.pattern.finditer, view(step.collapsed), spans)
+        return spans
+
+
+def _split(finditer: Callable[[str, int, int], object], s: str, spans: Spans) -> Spans:
+    """Each span cut at the pattern's matches; the text between matches stays a word."""
+    out: Spans = []
+    add = out.append
+    for a, b in spans:
+        pos = a
+        for m in finditer(s, a, b):  # type: ignore[attr-defined]  # an iterator of re.Match
+            x, y = m.span()
+            if x > pos:
+                add((pos, x))
+            if y > x:
+                add((x, y))
+            pos = y
+        if pos < b:
+            add((pos, b))
+    return out
+
+
+_DIGITS = re.compile(f"[{_N}0-9]+")
+
+
+def _digit_groups(s: str, spans: Spans) -> Spans:
+    """llama.cpp's unicode_regex_split_custom_afmoe: a digit run splits into a leading 1-2 digits
+    (its length mod 3) and groups of 3; the text before a run joins its first group."""
+    out: Spans = []
+    for a, b in spans:
+        prev = a
+        for m in _DIGITS.finditer(s, a, b):
+            x, y = m.span()
+            first = x + ((y - x) % 3 or 3)
+            out.append((prev, first))
+            out.extend((k, k + 3) for k in range(first, y, 3))
+            prev = y
+        if prev < b:
+            out.append((prev, b))
+    return out
