@@ -131,7 +131,7 @@ def test_sizes_disagreeing_with_the_header_are_refused(state_path: Path, tmp_pat
     bad.write_bytes(data + b"\0" * 10)
     refused_fast(bad, "10 bytes past its end")
     bad.write_bytes((1 << 62).to_bytes(8, "little") + data[8:])  # a header length past any bound
-    refused_fast(bad, f"declares a header of {1 << 62} bytes")
+    refused_fast(bad, "does not start with a safetensors header length")
     bad.write_bytes((len(data)).to_bytes(8, "little") + data[8:])  # within the bound, past the file
     refused_fast(bad, "not a state file, or truncated")
 
@@ -263,10 +263,14 @@ def test_slot_restore_of_bad_files(
     )
     saved(q8, d / "q8.bin")
     (d / "zero.bin").symlink_to("/dev/zero")  # read whole, it would never end
+    outside = tmp_path_factory.mktemp("outside") / "secret.txt"
+    outside.write_bytes(b"TOPSECRET and more")  # a file out of the folder, reached by a link in it
+    (d / "secret.bin").symlink_to(outside)
     os.mkfifo(d / "fifo.bin")  # opened for reading, it would block until a writer comes
     (d / "dir.bin").mkdir()
     for name, message in (
-        ("zero.bin", "Unable to restore slot: zero.bin is a character device, not a state file"),
+        ("zero.bin", "Unable to restore slot: zero.bin is a symbolic link, not a state file"),
+        ("secret.bin", "Unable to restore slot: secret.bin is a symbolic link, not a state file"),
         ("fifo.bin", "Unable to restore slot: fifo.bin is a FIFO"),
         ("dir.bin", "Unable to restore slot: dir.bin is a directory"),
         ("cut.bin", "Unable to restore slot: cut.bin: the state file is truncated"),
@@ -278,3 +282,21 @@ def test_slot_restore_of_bad_files(
         assert r.status_code == 400 and err["message"].startswith(message) and "\n" not in err["message"], err
     r = httpx.post(f"{url}/slots/0?action=restore", json={"filename": "good.bin"}, timeout=60)
     assert r.status_code == 200 and r.json()["n_restored"] == len(PROMPT)
+    (d / "text.bin").write_bytes(b"TOPSECRET and more")  # not a state file: its bytes are never quoted
+    r = httpx.post(f"{url}/slots/0?action=restore", json={"filename": "text.bin"}, timeout=60)
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 400 and "not a state file" in msg, msg
+    assert str(int.from_bytes(b"TOPSECRE", "little")) not in msg and "TOPSECRE" not in msg
+
+
+def test_a_slot_file_name_of_250_bytes_saves_and_restores(slot_server: tuple[str, Path]) -> None:
+    """The temporary file beside the target used to be the name plus `.tmpPID`: past 255 bytes."""
+    url, d = slot_server
+    name = "s" * 246 + ".bin"
+    assert len(name.encode()) == 250
+    httpx.post(f"{url}/completion", json={"prompt": "hello there", "n_predict": 1, "id_slot": 0}, timeout=60)
+    r = httpx.post(f"{url}/slots/0?action=save", json={"filename": name}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert (d / name).is_file() and not [p for p in d.iterdir() if p.name.endswith(".tmp")]
+    r = httpx.post(f"{url}/slots/1?action=restore", json={"filename": name}, timeout=60)
+    assert r.status_code == 200 and r.json()["n_restored"] > 0, r.text

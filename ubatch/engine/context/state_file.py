@@ -10,11 +10,13 @@ header declares before the body is read; whether the state fits a given context 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import stat
+import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -201,10 +203,10 @@ def _header_len(first: bytes, size: int, src: str) -> int:
     if size < 8:
         raise StateError(f"{src}: not a state file (too short: {size} bytes)")
     n = int.from_bytes(first[:8], "little")
-    if not 0 < n <= MAX_HEADER:
-        raise StateError(f"{src}: not a state file (it declares a header of {n} bytes)")
+    if not 0 < n <= MAX_HEADER:  # (the value is not shown: it is the first 8 bytes of any file named)
+        raise StateError(f"{src}: not a state file (it does not start with a safetensors header length)")
     if 8 + n > size:
-        raise StateError(f"{src}: not a state file, or truncated (header of {n} bytes, file of {size})")
+        raise StateError(f"{src}: not a state file, or truncated (its header runs past the file's {size} bytes)")
     return n
 
 
@@ -262,26 +264,38 @@ def write_file(path: str | os.PathLike[str], state: SeqState) -> int:
     if what:
         raise StateError(f"cannot write state file {name}: it is {what}; give a regular file's path")
     data = to_bytes(state)
-    tmp = f"{name}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
+    tmp = None
+    try:  # a short temporary name beside the target: a target name near the 255-byte limit still fits
+        fd, tmp = tempfile.mkstemp(prefix=".ubatch-", suffix=".tmp", dir=os.path.dirname(name) or ".")
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, name)
     except OSError as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise StateError(f"cannot write state file {name}: {e.strerror}") from None
     return len(data)
 
 
-def read_file(path: str | os.PathLike[str], src: str | None = None) -> tuple[SeqState, int]:
+def read_file(
+    path: str | os.PathLike[str], src: str | None = None, follow_symlinks: bool = True
+) -> tuple[SeqState, int]:
     """The state in a file and its size in bytes; messages name the file as `src` (default the
     path). The file must be regular and exactly as long as its header declares, both checked from
-    its size and its first bytes before the body is read (with reads bounded by that size)."""
+    its size and its first bytes before the body is read (with reads bounded by that size).
+    `follow_symlinks=False` (the server's slot files, named by clients) refuses a symbolic link:
+    a link in the save folder would otherwise let a client read whatever it points at."""
     name = os.fspath(path) if src is None else src
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        what = _not_regular(os.stat(path).st_mode)
+        mode = os.stat(path, follow_symlinks=follow_symlinks).st_mode
+        if stat.S_ISLNK(mode):
+            raise StateError(f"{name} is a symbolic link, not a state file; slot files are the files the server saved")
+        what = _not_regular(mode)
         if what:
             raise StateError(f"{name} is {what}, not a state file; give the path of a file ubatch saved")
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags | (0 if follow_symlinks else getattr(os, "O_NOFOLLOW", 0)))
     except FileNotFoundError:
         raise StateError(f"cannot read {name} (not found)") from None
     except OSError as e:

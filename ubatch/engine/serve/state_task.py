@@ -89,7 +89,7 @@ class StateRunner(SideRunner[SlotTask]):
                 "timings": {"save_ms": ms},
             }
         try:  # the file's kind and size are checked before its body is read (state_file.read_file)
-            st, n_read = read_file(t.path, t.filename)
+            st, n_read = read_file(t.path, t.filename, follow_symlinks=False)
             slot.prompt_save()  # the prompt the file replaces goes to host memory, as any prefix that leaves
             n = state.restore(self.ctx, st, slot.id)
         except StateError as e:
