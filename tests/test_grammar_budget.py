@@ -10,7 +10,9 @@ fail fast: the clock is part of the assertion.
 from __future__ import annotations
 
 import json
+import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -20,7 +22,7 @@ import torch
 
 from ubatch.engine.grammar import JSON_GBNF, GrammarCache, GrammarError, compile_grammar
 from ubatch.engine.grammar import match as match_mod
-from ubatch.engine.grammar.budget import MAX_EXPANSION
+from ubatch.engine.grammar.budget import MAX_EXPANSION, MAX_SESSION_CPU_S, WorkCancelled, cancel_scope
 from ubatch.engine.grammar.json_schema.convert import SchemaError, schema_to_gbnf
 from ubatch.engine.grammar.match import matchers_entries
 from ubatch.engine.grammar.sampler import GrammarSampler
@@ -64,13 +66,13 @@ def test_nested_repetition_through_rules_is_refused(gbnf: str, size: int) -> Non
 
 
 def test_the_schema_pattern_probe_is_refused() -> None:
-    """`^(a{0,2000}){0,2000}$` took 3.5 minutes and 2.4 GiB before; now a compile-time error."""
-    gbnf = schema_to_gbnf({"type": "string", "pattern": "^(a{0,2000}){0,2000}$"})
-    refused(lambda: compile_grammar(gbnf), "~4,000,000 elements")
+    """`^(a{0,2000}){0,2000}$` took 3.5 minutes and 2.4 GiB before; now an error where the
+    pattern is converted (its own grammar is compiled there), naming the pattern."""
+    msg = refused(lambda: schema_to_gbnf({"type": "string", "pattern": "^(a{0,2000}){0,2000}$"}), "~4,000,000 elements")
+    assert "JSON schema pattern ^(a{0,2000}){0,2000}$" in msg
+    refused(lambda: compile_grammar(_NESTED_300.replace("300", "2000")), "~4,000,000 elements")
     for pattern in ("^((ab){0,2000}c){0,1000}$", "^(x(a{0,500}){0,500}){0,10}$"):
-        refused(
-            lambda p=pattern: compile_grammar(schema_to_gbnf({"type": "string", "pattern": p})), "grammar too large"
-        )
+        refused(lambda p=pattern: schema_to_gbnf({"type": "string", "pattern": p}), "grammar too large")
 
 
 def test_nested_repetition_within_the_limit_compiles_and_matches() -> None:
@@ -93,11 +95,16 @@ def test_nested_repetition_within_the_limit_compiles_and_matches() -> None:
 # -- matching: ambiguity and memory ----------------------------------------------------------
 
 
+# what the converter writes for the pattern ^(a{0,300}){0,300}$ (which it now refuses itself)
+_NESTED_300 = 'root ::= "\\"" (root-1{0,300}) "\\""\nroot-1 ::= ("a"{0,300})\n'
+
+
 def test_an_ambiguous_grammar_under_the_static_limit_is_refused_at_compile_time() -> None:
     """`(a{0,300}){0,300}` is 90,000 elements (allowed) but each `a` can be in thousands of
     places: it walked 100 characters in 65 s and 700 MiB before. Compiling with `probe` (as
     the cache does, for a server) walks the first characters along the largest states."""
-    gbnf = schema_to_gbnf({"type": "string", "pattern": "^(a{0,300}){0,300}$"})
+    gbnf = _NESTED_300
+    refused(lambda: schema_to_gbnf({"type": "string", "pattern": "^(a{0,300}){0,300}$"}), "grammar too ambiguous")
     refused(lambda: compile_grammar(gbnf, probe=True), "grammar too ambiguous", "more than")
     refused(lambda: GrammarCache().get(gbnf), "grammar too ambiguous")
     # without the probe it compiles, and the first step that needs the work refuses it
@@ -117,10 +124,75 @@ def test_other_ambiguous_shapes_are_refused() -> None:
 
 
 def test_ambiguity_past_the_compile_time_walk_fails_fast_while_matching() -> None:
-    gbnf = schema_to_gbnf({"type": "string", "pattern": "^" + "x" * 40 + "(a{0,300}){0,300}$"})
+    """A GBNF grammar's probe walks its first characters only; a JSON-schema pattern is also
+    walked from each of its repetitions, so no prefix hides its nesting."""
+    refused(lambda: schema_to_gbnf({"type": "string", "pattern": "^" + "x" * 40 + "(a{0,300}){0,300}$"}), "pattern")
+    gbnf = _NESTED_300.replace("(root-1", '("' + "x" * 40 + '" root-1')
     g = compile_grammar(gbnf, probe=True)  # 40 plain characters first: beyond the walk
     refused(lambda: g.accepts('"' + "x" * 40 + "a" * 100 + '"'), "grammar too ambiguous", "more than")
     assert g.matcher.entries < g.matcher.budget()
+
+
+def _nested(n: int, prefix: str = "") -> str:
+    """The GBNF the converter writes for the pattern ^prefix((a{0,n}){0,n}){0,n}$."""
+    head = f'"{prefix}" ' if prefix else ""
+    return f'root ::= "\\"" ({head}root-2{{0,{n}}}) "\\""\nroot-1 ::= ("a"{{0,{n}}})\nroot-2 ::= (root-1{{0,{n}}})\n'
+
+
+@contextmanager
+def bounded_work(cpu_s: float = MAX_SESSION_CPU_S + 0.5, mib: float = 64) -> Iterator[None]:
+    """The block's CPU time on this thread and its peak of Python allocations stay under the
+    budget's bound (issue 49: at most a second of one core and 64 MiB, whatever the grammar)."""
+    tracemalloc.start()
+    t = time.thread_time()
+    try:
+        yield
+    finally:
+        cpu, peak = time.thread_time() - t, tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+    assert cpu < cpu_s, f"{cpu:.2f} s of CPU"
+    assert peak < mib, f"{peak:.0f} MiB at peak"
+
+
+@pytest.mark.parametrize("n", [20, 40, 60, 100])
+def test_nested_patterns_stop_at_the_budget_as_they_build(n: int) -> None:
+    """Issue 49: `((a{0,100}){0,100}){0,100}` is exactly MAX_EXPANSION, so the static count
+    lets it through, and the step work was compared with its limit only after every expansion
+    was built: minutes and gigabytes. Now every count stops the work the moment it passes."""
+    pattern = f"^((a{{0,{n}}}){{0,{n}}}){{0,{n}}}$"
+    with bounded_work():
+        refused(lambda: schema_to_gbnf({"type": "string", "pattern": pattern}), "grammar too ambiguous", pattern)
+    with bounded_work():
+        refused(lambda: compile_grammar(_nested(n), probe=True), "grammar too ambiguous")
+    g = compile_grammar(_nested(n, "x" * 40), probe=True)  # beyond the first characters: found while matching
+    with bounded_work():
+        refused(lambda: g.accepts('"' + "x" * 40 + "a" * 5 + '"'), "grammar too ambiguous")
+
+
+def test_a_pattern_nested_after_text_or_in_a_tool_object_is_refused_where_it_is_converted() -> None:
+    """A pattern's own grammar is walked from each repetition: no text before the nesting, and
+    no depth in the schema (a tool's parameters), hides it from the check."""
+    for pattern in ("^x{40}((a{0,100}){0,100}){0,100}$", "^id-[0-9]{30}(a{0,300}){0,300}$"):
+        inner = {"type": "object", "properties": {"p": {"type": "string", "pattern": pattern}}}
+        schema = {"type": "object", "properties": {"q": inner}}
+        with bounded_work():
+            refused(lambda s=schema: schema_to_gbnf(s), "grammar too ambiguous", "JSON schema pattern")
+    ordinary = ["^[a-z0-9._%+-]+@[a-z0-9.-]+\\.[a-z]{2,}$", "^[0-9a-f]{0,2000}$", "^([a-z]{1,3}-){0,50}[a-z]+$"]
+    for pattern in ordinary + ["^((ab){0,400}c){0,400}$", "^(\\([0-9]{3}\\))?[0-9]{3}-[0-9]{4}$"]:
+        with within(2.0):
+            schema_to_gbnf({"type": "string", "pattern": pattern})
+
+
+def test_cancelled_work_stops_at_the_next_check() -> None:
+    """A server cancels a request's preparation when its client leaves (cancel_scope)."""
+    gbnf = _nested(30).replace("root-2{0,30}", "root-1{0,30}")  # two levels: some work, then fine
+    cancel = threading.Event()
+    with cancel_scope(cancel):
+        compile_grammar(gbnf, probe=True)
+        cancel.set()
+        with within(1.0), pytest.raises(WorkCancelled):
+            compile_grammar(gbnf, probe=True)
+    compile_grammar(gbnf, probe=True)  # outside the scope: not cancelled
 
 
 def test_a_repetition_bomb_is_refused_before_it_fills_memory() -> None:

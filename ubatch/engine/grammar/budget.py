@@ -6,10 +6,18 @@ itself a repetition (`root ::= r{0,2000}` with `r ::= "a"{0,2000}`, which a JSON
 thousands of stacks each. The parser already refuses a repetition of a big inline group
 (llama.cpp's rule); `check_expansion` multiplies the bounds through rule references too, so the
 nesting is refused at compile time, wherever it is spelled. What static counting cannot see
-(ambiguity, e.g. `(a | a)` nested deep) the matcher bounds as it goes (match.py).
+(ambiguity: `((a{0,100}){0,100}){0,100}` is exactly 1,000,000 elements, but each `a` can be in
+a million places) the matcher counts as it builds (`Work`): every step and every session stops
+at its limit in the middle of the work, never after it, so no grammar costs more than about a
+second of one core and some tens of MiB, and work a caller cancels (`cancel_scope`) stops too.
 """
 
 from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ubatch.engine.grammar.elements import GrammarError
 
@@ -22,11 +30,20 @@ MAX_EXPANSION = 1_000_000
 # many such items would fill gigabytes from a small text). A 20,000-item anyOf schema is 500,000.
 MAX_GRAMMAR_ELEMENTS = 2_000_000
 
-# Matching: one state (the set of stacks a text can be in) larger than this, or one step that
-# builds more stacks than MAX_STEP_WORK, means a grammar so ambiguous that every token costs
-# seconds; an enum of 20,000 values is one stack per value, well under.
+# Matching, counted as it is done (Work): the unit is a word of memory touched, a stack of
+# depth d costing d + 8 (the tuple's header), so that the count tracks both time and memory.
+# One state (the set of stacks a text can be in) larger than MAX_STATE_STACKS, or one step
+# (a state's reaction to the next character) past MAX_STEP_WORK (~8 MiB, ~0.1 s), means a
+# grammar so ambiguous that every token would cost seconds; an enum of 20,000 values is one
+# stack per value, well under. A session (a compile-time probe, one token's sampling) may do
+# MAX_SESSION_WORK, keep MAX_SESSION_ENTRIES new entries (~40 MiB) and spend MAX_SESSION_CPU_S
+# of its thread's CPU time: the last is the backstop where the counts misjudge the cost.
 MAX_STATE_STACKS = 50_000
-MAX_STEP_WORK = 400_000
+MAX_STEP_WORK = 1_000_000
+MAX_SESSION_WORK = 4_000_000
+MAX_SESSION_ENTRIES = 300_000
+MAX_SESSION_CPU_S = 1.0
+CHECK_EVERY = 50_000  # units between looks at the clock and at cancellation (~5 ms)
 # Compile time, when asked (compile_grammar(probe=True), GrammarCache): the matcher walks this
 # many characters along its largest states, so that a grammar ambiguous from its start (the
 # usual shape: a pattern's nested repetition) is refused before a request runs it rather than
@@ -47,6 +64,83 @@ ENTRY_BYTES = 130  # measured with tracemalloc over JSON documents: for size est
 _SATURATE = 10**15  # sizes past this are all "too large": keeps the arithmetic small
 
 Term = tuple[int, int]  # (multiplier, referenced rule id or -1 for a terminal) of one item
+
+
+class WorkCancelled(GrammarError):
+    """The caller gave up on the work (its client left, the server is stopping)."""
+
+
+_LOCAL = threading.local()
+
+
+@contextmanager
+def cancel_scope(cancel: threading.Event) -> Iterator[None]:
+    """Grammar work on this thread stops with WorkCancelled once `cancel` is set (checked every
+    CHECK_EVERY units): how a server stops a request's preparation when its client leaves."""
+    before = getattr(_LOCAL, "cancel", None)
+    _LOCAL.cancel = cancel
+    try:
+        yield
+    finally:
+        _LOCAL.cancel = before
+
+
+def check_cancelled() -> None:
+    """WorkCancelled if this thread's cancel scope was cancelled: for loops outside the matcher."""
+    cancel = getattr(_LOCAL, "cancel", None)
+    if cancel is not None and cancel.is_set():
+        raise WorkCancelled("cancelled: the request was abandoned before its grammar was ready")
+
+
+class Work:
+    """The grammar work of one session, counted while it is done: the units of the current
+    step and of the session, the entries the session kept, its thread's CPU time, and the
+    caller's cancellation. Each limit raises the moment it is passed, so a runaway costs the
+    limit, not what it would have built."""
+
+    __slots__ = ("step", "total", "entries", "_cpu0", "_next_check")
+
+    def __init__(self) -> None:
+        self.step = self.total = self.entries = 0
+        self._cpu0 = time.thread_time()
+        self._next_check = CHECK_EVERY
+
+    def begin_step(self) -> None:
+        self.step = 0
+
+    def left(self) -> int:
+        """Units that may be spent before add() must look (a loop batches its charges)."""
+        return min(MAX_STEP_WORK - self.step, self._next_check - self.total)
+
+    def add(self, n: int) -> None:
+        self.step += n
+        self.total += n
+        if self.step > MAX_STEP_WORK:
+            raise too_ambiguous("one step of matching builds", self.step, MAX_STEP_WORK)
+        if self.total >= self._next_check:
+            self._next_check = self.total + CHECK_EVERY
+            if self.total > MAX_SESSION_WORK:
+                raise too_ambiguous("matching the text so far builds", self.total, MAX_SESSION_WORK)
+            check_cancelled()
+            cpu = time.thread_time() - self._cpu0
+            if cpu > MAX_SESSION_CPU_S:
+                raise GrammarError(
+                    f"grammar too ambiguous: matching took more than {MAX_SESSION_CPU_S:g} s of CPU "
+                    f"({cpu:.1f} s); simplify nested or overlapping repetitions"
+                )
+
+    def keep(self, n: int) -> None:
+        """`n` more entries interned by this session (its memory)."""
+        self.entries += n
+        if self.entries > MAX_SESSION_ENTRIES:
+            raise too_ambiguous("matching the text so far keeps", self.entries, MAX_SESSION_ENTRIES)
+
+
+def too_ambiguous(what: str, n: int, limit: int) -> GrammarError:
+    return GrammarError(
+        f"grammar too ambiguous: {what} more than {limit:,} grammar positions ({n:,}); "
+        "simplify nested or overlapping repetitions"
+    )
 
 
 def check_expansion(terms: dict[int, list[Term]], names: dict[int, str], root: int) -> None:

@@ -28,3 +28,4 @@ class ParsedGrammar:
     rules: list[Rule]
     symbols: dict[str, int]  # rule name -> rule id (generated rules included)
     root: int
+    repeats: tuple[int, ...] = ()  # the first optional rule of each bounded repetition `x{m,n}`

@@ -7,9 +7,11 @@ interned as ints, and each state's reaction to the next character is computed on
 partition of the code-point axis into intervals, each leading to one next state: so walking a
 token, or a trie of all tokens, costs a bisect per character after the first visit.
 
-What a matcher keeps is bounded (budget.py): a state or a step too large for any sane grammar
-is a GrammarError, and the interned states are dropped once they pass the matcher's budget, or
-when all live matchers together pass MAX_TOTAL_ENTRIES. Dropping renumbers states, so it only
+What a matcher does and keeps is bounded (budget.py): each step and each session counts its
+work as it goes (`Work`, one per session and thread), so a state or a step too large for any
+sane grammar is a GrammarError while it is being built, not after; the interned states are
+dropped once they pass the matcher's budget, or when all live matchers together pass
+MAX_TOTAL_ENTRIES. Dropping renumbers states, so it only
 happens between `session`s: a caller holds state ids only inside one, and keeps the state's
 stacks (`states[sid]`) to find its id again in the next (GrammarSampler does).
 """
@@ -30,9 +32,10 @@ from ubatch.engine.grammar.budget import (
     MATCHER_ENTRIES_PER_ELEMENT,
     MAX_MATCHER_ENTRIES,
     MAX_STATE_STACKS,
-    MAX_STEP_WORK,
     MAX_TOTAL_ENTRIES,
     PROBE_STEPS,
+    Work,
+    too_ambiguous,
 )
 from ubatch.engine.grammar.elements import (
     ALT,
@@ -44,7 +47,6 @@ from ubatch.engine.grammar.elements import (
     SEQ_END,
     TOKEN_NOT,
     TOKEN_REFS,
-    GrammarError,
     ParsedGrammar,
 )
 from ubatch.engine.grammar.recursion import check_left_recursion
@@ -79,6 +81,7 @@ class Matcher:
             self.starts.append(len(self.elems))
             self.elems.extend(rule)
         check_left_recursion(g)
+        self.repeats = g.repeats
         self._classes: dict[int, tuple[bool, list[tuple[int, int]], int]] = {}
         self._lock = threading.Lock()
         self._active = 0  # sessions in progress: states are only dropped when there are none
@@ -87,19 +90,33 @@ class Matcher:
         self.last_used = 0
         self._advanced: dict[Stack, frozenset[Stack]] = {}
         first: set[Stack] = set()
+        work = Work()
         for alt in self.alternatives(g.root):
-            first |= self.advance(() if self.end_of_seq(alt) else (alt,))
+            first |= self._expand(() if self.end_of_seq(alt) else (alt,), work)
         self._first = frozenset(first)
         self._drop_states()
         self.start = 0  # the start state keeps id 0 whenever the states are dropped
         _POOL.add(self)
 
-    def probe(self) -> None:
+    def probe(self, repeats: bool = False) -> None:
         """Walk PROBE_STEPS characters from the start, each time into the largest next state
         not seen yet: where an ambiguous grammar's states grow, so the budget's GrammarError
         comes now (at compile time, for a server) rather than mid-generation. The states built
-        stay for the first generation."""
-        sid, seen = self.start, {self.start}
+        stay for the first generation. With `repeats`, walk from each bounded repetition too
+        (as if it started the text): a small grammar's nested repetition is found however much
+        text comes before it (a JSON-schema pattern's check, pattern_check.py)."""
+        self._walk_from(self.start)
+        if repeats:
+            for rule in self.repeats:
+                first: set[Stack] = set()
+                for alt in self.alternatives(rule):
+                    first |= self.advance(() if self.end_of_seq(alt) else (alt,))
+                self._walk_from(self.intern(frozenset(first)))
+
+    def _walk_from(self, sid: int) -> None:
+        if sid == DEAD:
+            return
+        seen = {sid}
         for _ in range(PROBE_STEPS):
             nexts = {n for n in self.info(sid).nexts if n != DEAD and n not in seen}
             if not nexts:
@@ -118,18 +135,24 @@ class Matcher:
 
     @contextmanager
     def session(self) -> Iterator[None]:
-        """A span in which state ids stay valid. On the way in, a matcher over its budget drops
-        its states (if no other session is open), and idle matchers are dropped when all
-        together hold too much."""
+        """A span in which state ids stay valid, and whose work is counted as one (budget.py
+        `Work`; the outermost session of a thread counts). On the way in, a matcher over its
+        budget drops its states (if no other session is open), and idle matchers are dropped
+        when all together hold too much."""
         with self._lock:
             if self._active == 0 and self.entries > self.budget():
                 self._drop_states()
             self._active += 1
             self.last_used = next(_CLOCK)
         _POOL.trim(self)
+        outer = getattr(_THREAD, "work", None)
+        if outer is None:
+            _THREAD.work = Work()
         try:
             yield
         finally:
+            if outer is None:
+                _THREAD.work = None
             with self._lock:
                 self._active -= 1
 
@@ -188,21 +211,25 @@ class Matcher:
 
     def advance(self, stack: Stack) -> frozenset[Stack]:
         """llama.cpp's advance_stack: expand rule references until every top is a terminal."""
-        return self._expand(stack)[0]
+        return self._expand(stack, _work())
 
-    def _expand(self, stack: Stack) -> tuple[frozenset[Stack], int]:
-        """advance() and the stacks it had to visit (0 when cached): the work of a step."""
+    def _expand(self, stack: Stack, work: Work) -> frozenset[Stack]:
+        """advance(), each stack visited charged to `work` (in batches, checked before the
+        batch's end could pass a limit), so a runaway expansion stops mid-way."""
         hit = self._advanced.get(stack)
         if hit is not None:
-            return hit, 0
+            return hit
         todo, seen, out = [stack], set(), set()
+        spent, left = 0, work.left()
         while todo:
             cur = todo.pop()
             if cur in seen:
                 continue
             seen.add(cur)
-            if len(seen) > MAX_STEP_WORK:
-                raise _too_ambiguous("one rule expansion reaches", len(seen), MAX_STEP_WORK)
+            spent += len(cur) + 8
+            if spent > left:
+                work.add(spent)
+                spent, left = 0, work.left()
             if not cur:
                 out.add(cur)
                 continue
@@ -213,11 +240,16 @@ class Matcher:
                     todo.append(base + ((alt,) if not self.end_of_seq(alt) else ()))
             else:
                 out.add(cur)
-        if len(out) > MAX_STATE_STACKS:
-            raise _too_ambiguous("one rule expansion reaches", len(out), MAX_STATE_STACKS)
+                if len(out) > MAX_STATE_STACKS:
+                    raise too_ambiguous("one rule expansion reaches", len(out), MAX_STATE_STACKS)
+        work.add(spent)
         self._advanced[stack] = hit = frozenset(out)
-        self.entries += len(hit) + 1
-        return hit, len(seen)
+        self._kept(_entries(hit), work)
+        return hit
+
+    def _kept(self, n: int, work: Work) -> None:
+        self.entries += n
+        work.keep(n)
 
     def intern(self, stacks: frozenset[Stack]) -> int:
         """The state's id; the lock keeps ids and lists aligned when two engine threads (two
@@ -227,14 +259,14 @@ class Matcher:
         sid = self._ids.get(stacks)
         if sid is None:
             if len(stacks) > MAX_STATE_STACKS:
-                raise _too_ambiguous("the text so far matches", len(stacks), MAX_STATE_STACKS)
+                raise too_ambiguous("the text so far matches", len(stacks), MAX_STATE_STACKS)
             with self._lock:
                 sid = self._ids.get(stacks)
                 if sid is None:
                     self.states.append(stacks)
                     self._info.append(None)
                     sid = self._ids[stacks] = len(self.states) - 1
-                    self.entries += len(stacks) + 1
+                    self._kept(_entries(stacks), _work())
         return sid
 
     def info(self, sid: int) -> StateInfo:
@@ -242,8 +274,12 @@ class Matcher:
         return hit if hit is not None else self._build_info(sid)
 
     def _build_info(self, sid: int) -> StateInfo:
+        """One step: each stack's reaction to the next character, every expansion and union
+        charged to the session's Work as it is built."""
+        work = _work()
+        work.begin_step()
         cuts, moves, char_tops, token_tops = {0, CP_END}, [], [], []
-        accepting, work = False, 0
+        accepting = False
         for stack in self.states[sid]:
             if not stack:
                 accepting = True
@@ -258,8 +294,7 @@ class Matcher:
                 ranges = complement(ranges)
             for lo, hi in ranges:
                 cuts.update((lo, hi + 1))
-            nxt, cost = self._expand(rest)
-            work += cost
+            nxt = self._expand(rest, work)
             moves.append((ranges, nxt))
             char_tops.append(stack[-1])
         bounds = sorted(c for c in cuts if c < CP_END)
@@ -269,11 +304,9 @@ class Matcher:
         parts: list[list[frozenset[Stack]]] = [[] for _ in bounds]
         for ranges, stacks in moves:
             for lo, hi in ranges:
+                work.add(len(stacks) * (at[hi + 1] - at[lo]))  # the union below, before it is built
                 for i in range(at[lo], at[hi + 1]):
                     parts[i].append(stacks)
-                work += len(stacks) * (at[hi + 1] - at[lo])
-            if work > MAX_STEP_WORK:
-                raise _too_ambiguous("one step of matching builds", work, MAX_STEP_WORK)
         nexts: list[int] = []
         done: dict[tuple[int, ...], int] = {}
         for part in parts:
@@ -292,7 +325,7 @@ class Matcher:
             tuple(token_tops),
         )
         self._info[sid] = info
-        self.entries += len(bounds)
+        self._kept(len(bounds), work)
         return info
 
     def step(self, sid: int, cp: int) -> int:
@@ -302,6 +335,7 @@ class Matcher:
 
     def after_token(self, sid: int, token: int) -> int:
         """The state after a token reference consumes `token` (DEAD if none matches)."""
+        _work().begin_step()
         out: set[Stack] = set()
         for stack in self.states[sid]:
             if stack and self.elems[stack[-1]][0] in TOKEN_REFS:
@@ -360,11 +394,19 @@ def complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _too_ambiguous(what: str, n: int, limit: int) -> GrammarError:
-    return GrammarError(
-        f"grammar too ambiguous: {what} more than {limit:,} grammar positions ({n:,}); "
-        "simplify nested or overlapping repetitions"
-    )
+def _entries(stacks: frozenset[Stack]) -> int:
+    """The entries a cached set of stacks counts for: one per stack and one for the set, plus
+    one per 16 positions past the 8th (a deep stack is a big tuple: nested repetitions)."""
+    return len(stacks) + 1 + max(0, sum(map(len, stacks)) - 8 * len(stacks)) // 16
+
+
+_THREAD = threading.local()  # .work: the Work of the thread's outermost session
+
+
+def _work() -> Work:
+    """The current session's Work; outside any session each call counts on its own."""
+    work = getattr(_THREAD, "work", None)
+    return work if work is not None else Work()
 
 
 _CLOCK = itertools.count(1)  # session order, for dropping the least recently used matcher

@@ -65,6 +65,7 @@ class Parser:
         self.rules: list[Rule | None] = []
         self.terms: dict[int, list[Term]] = {}  # rule id -> its repetition terms (budget.py)
         self.n_repeated = 0  # elements repetitions added (bounded by MAX_GRAMMAR_ELEMENTS)
+        self.repeats: list[int] = []  # each repetition's first optional rule (ParsedGrammar.repeats)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -157,7 +158,7 @@ class Parser:
             raise GrammarError("grammar does not contain a 'root' rule")
         rules = [r if r is not None else [(END, 0)] for r in self.rules]
         check_expansion(self.terms, names, self.symbols["root"])
-        return ParsedGrammar(rules, dict(self.symbols), self.symbols["root"])
+        return ParsedGrammar(rules, dict(self.symbols), self.symbols["root"], tuple(self.repeats))
 
     def rule(self, i: int) -> int:
         j = self.name(i)
@@ -323,6 +324,7 @@ class Parser:
             prev_id = rid
         if n_opt > 0:
             rule.append((RULE_REF, prev_id))
+            self.repeats.append(prev_id)
         group.n_prev *= total
         group.item = [(mult * total, ref) for mult, ref in group.item]
 

@@ -16,6 +16,7 @@ from ubatch.engine.grammar.json_schema.ints import int_range_rule
 from ubatch.engine.grammar.json_schema.nodes import MAX_SCHEMA_DEPTH, TOO_DEEP, Node, SchemaError
 from ubatch.engine.grammar.json_schema.objects import build_object_rule
 from ubatch.engine.grammar.json_schema.pattern import InvalidPattern, UnsupportedPattern, pattern_to_rule
+from ubatch.engine.grammar.json_schema.pattern_check import check_pattern
 from ubatch.engine.grammar.json_schema.read import read_schema
 from ubatch.engine.grammar.json_schema.rules import (
     PRIMITIVE_RULES,
@@ -85,9 +86,19 @@ class Converter:
         return self.add_primitive("root" if name == "root" else kind, PRIMITIVE_RULES[kind])
 
     def pattern(self, pattern: str, name: str) -> str:
+        """The pattern's rules, checked on their own for ambiguity (pattern_check.py): a
+        GrammarError names a pattern too ambiguous to match."""
         snapshot = dict(self.rules)
+        added: list[str] = []
+
+        def add_rule(name: str, rule: str) -> str:
+            added.append(self.add_rule(name, rule))
+            return added[-1]
+
         try:
-            return pattern_to_rule(pattern, name, self.add_rule)
+            top = pattern_to_rule(pattern, name, add_rule)
+            check_pattern(pattern, {n: self.rules[n] for n in added}, top)
+            return top
         except UnsupportedPattern as e:
             self.rules = snapshot
             self.warnings.append(f"pattern {pattern} is not supported ({e}), accepting any string")
