@@ -171,13 +171,25 @@ def test_count_tokens_is_the_prompt_the_reply_reads(url: str) -> None:
     assert with_tools > n + 100  # Qwen's tool system prompt
 
 
-def test_empty_messages_are_the_generation_prompt(url: str) -> None:
-    """llama-server renders an empty conversation (the template's generation prompt) rather than
-    refusing it; /v1/chat/completions, which /v1/messages runs, does the same."""
+def test_empty_messages_and_wrong_typed_fields_are_refused(url: str) -> None:
+    """An empty conversation is a 400 (as in OpenAI's and Anthropic's APIs; llama-server renders
+    the bare generation prompt), and so are `tools`, `response_format` of the wrong JSON type
+    (llama-server ignores them, so a client's mistake went unnoticed)."""
     r = httpx.post(url + "/v1/messages", json={"max_tokens": 2, "messages": []}, timeout=60)
-    assert r.status_code == 200 and r.json()["type"] == "message"
+    assert r.status_code == 400 and "at least one message" in r.json()["error"]["message"]
     r = httpx.post(url + "/v1/chat/completions", json={"max_tokens": 2, "messages": []}, timeout=60)
-    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 0
+    assert r.status_code == 400 and "at least one message" in r.json()["error"]["message"]
+    hi = [{"role": "user", "content": "hi"}]
+    for field, value, says in (
+        ("tools", True, "Field 'tools': expected an array, got boolean"),
+        ("tools", {"type": "function"}, "Field 'tools': expected an array, got object"),
+        ("response_format", True, "Field 'response_format': expected an object, got boolean"),
+        ("response_format", "json_object", "Field 'response_format': expected an object, got string"),
+    ):
+        r = httpx.post(url + "/v1/chat/completions", json={"max_tokens": 1, "messages": hi, field: value}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["message"] == says, r.text
+    r = httpx.post(url + "/v1/messages", json={"max_tokens": 1, "messages": hi, "tools": True}, timeout=60)
+    assert r.status_code == 400 and "tools: expected an array, got boolean" in r.json()["error"]["message"]
     r = httpx.post(url + "/v1/chat/completions", json={"messages": {}}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["message"] == "Expected 'messages' to be an array"
 

@@ -169,6 +169,8 @@ def anthropic_chat(body: Any, count_only: bool = False) -> dict[str, Any]:
         raise bad_request("'messages' is required")
     if not isinstance(msgs, list):
         raise bad_request(f"'messages' must be an array, got {type_name(msgs)}")
+    if not msgs and not count_only:  # Anthropic's API: at least one message
+        raise bad_request("'messages' must hold at least one message")
     messages: list[dict[str, Any]] = []
     if body.get("system") is not None:
         system = "".join(_system_text(t) for t in _texts(body["system"], "system"))

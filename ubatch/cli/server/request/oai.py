@@ -36,8 +36,15 @@ def oai_chat_body(body: Any) -> dict[str, Any]:
     msgs = body.get("messages")
     if msgs is None:
         raise bad_request("'messages' is required")
-    if not isinstance(msgs, list):  # an empty list is rendered (the generation prompt), as llama-server does
+    if not isinstance(msgs, list):
         raise bad_request("Expected 'messages' to be an array")
+    if not msgs:  # llama-server renders the bare generation prompt; OpenAI's API and Anthropic's refuse it
+        raise bad_request("'messages' must hold at least one message")
+    for field, want in (("tools", list), ("response_format", dict)):  # llama-server would ignore these
+        v = body.get(field)
+        if v is not None and not isinstance(v, want):
+            kind = "an array" if want is list else "an object"
+            raise bad_request(f"Field '{field}': expected {kind}, got {type_name(v)}")
     out = dict(body)
     lp = body.get("logprobs")
     if lp is not None and not isinstance(lp, bool):
