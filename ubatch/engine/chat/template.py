@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ubatch.engine.chat.formats import BUILTIN, DS_ASSISTANT, DS_EOS, DS_USER, HY_ASSISTANT, HY_BOS, HY_HOLDER_3, NAMED
 from ubatch.engine.chat.jinja_env import ChatTemplateError, compile_jinja, render_jinja
+from ubatch.engine.model.archs import ARCHS
 
 if TYPE_CHECKING:
     from ubatch.engine.model.model import Model
@@ -37,12 +38,15 @@ JINJA = "jinja"  # detect_template's answer for a template only Jinja can render
 def detect_template(tmpl_source: str | None, arch: str) -> str:
     """The built-in format for a template source (llama.cpp's detection), or "jinja".
 
-    * no template: "gemma" for gemma* architectures, otherwise "chatml" (llama.cpp's fallback);
+    * no template: the architecture's own (engine/model/archs), "gemma" for other gemma*
+      architectures, otherwise "chatml" (llama.cpp's fallback);
     * otherwise what `llama_cpp_detect` finds: an exact built-in name, or the first of
       llama.cpp's substring tests that matches; "jinja" where none does (only the source itself
       can render it, and --no-jinja cannot).
     """
     if not tmpl_source:
+        if arch in ARCHS:
+            return ARCHS[arch].chat_template
         return "gemma" if arch.startswith("gemma") else "chatml"
     return llama_cpp_detect(tmpl_source) or JINJA
 

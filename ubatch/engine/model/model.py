@@ -13,39 +13,36 @@ import torch
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.gguf.file import GGUFFile
 from ubatch.engine.gguf.string_array import StringArray
-from ubatch.engine.model.arch import TensorSpec, expected_tensors, layer_tensors, model_tensors
+from ubatch.engine.model.archs import expected_tensors, layer_specs
+from ubatch.engine.model.archs.base import TensorSpec, model_tensors
 from ubatch.engine.model.code_pages import release_startup_code
 from ubatch.engine.model.hf.checkpoint import open_model_file
 from ubatch.engine.model.hparams import HParams, hparams_from_metadata
-from ubatch.engine.model.shard import Shard, check_split, head_split, shard_layer_matrices, vocab_slice
+from ubatch.engine.model.shard import Cutter, Shard, check_split, head_split, vocab_slice
 from ubatch.engine.vocab.vocab import Vocab
 from ubatch.kernels.quant.dequant import UnsupportedTypeError, check_supported
 from ubatch.kernels.quant.weight import QWeight
 
-_MATRICES = ("wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down")  # LayerWeights' matrix fields
-_OPTIONAL_NORMS = ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # present per architecture
-
-
-def _vectors(L: LayerWeights) -> list[torch.Tensor]:
-    norms = (L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm)
-    return [L.attn_norm, L.ffn_norm, *(n for n in norms if n is not None)]
-
 
 @dataclass(slots=True)
 class LayerWeights:
-    attn_norm: torch.Tensor
-    wq: QWeight
-    wk: QWeight
-    wv: QWeight
-    wo: QWeight
-    ffn_norm: torch.Tensor
-    ffn_gate: QWeight
-    ffn_up: QWeight
-    ffn_down: QWeight
-    q_norm: torch.Tensor | None = None
-    k_norm: torch.Tensor | None = None
-    post_attn_norm: torch.Tensor | None = None
-    post_ffn_norm: torch.Tensor | None = None
+    """One layer's weights by their `TensorSpec.field` (engine/model/archs): matrices kept in their
+    GGUF storage type, norm weights and biases as f32 tensors. A field the layer lacks is absent."""
+
+    mats: dict[str, QWeight]
+    vecs: dict[str, torch.Tensor]
+
+    def __getattr__(self, field: str) -> QWeight | torch.Tensor | None:
+        """`L.wq`, `L.q_norm`: a weight by its field; None for an optional one the layer lacks."""
+        if field in ("mats", "vecs"):  # not yet set (copying, unpickling)
+            raise AttributeError(field)
+        return self.mats.get(field) if field in self.mats else self.vecs.get(field)
+
+    def mat(self, field: str) -> QWeight:
+        return self.mats[field]
+
+    def vec(self, field: str) -> torch.Tensor | None:
+        return self.vecs.get(field)
 
 
 def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
@@ -57,15 +54,15 @@ def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
         raise ModelLoadError(
             f"{src}: metadata {a}.block_count = {hp.n_layer} but the file has tensors for {n_present} layers; the file is corrupt"
         )
-    if "blk.0.attn_qkv.weight" in g.tensors:
+    if "blk.0.attn_qkv.weight" in g.tensors and "blk.0.attn_q.weight" not in expected_tensors(hp):
         raise ModelLoadError(f"{src}: fused attn_qkv tensors are not supported")
     tokens = g.metadata.get("tokenizer.ggml.tokens")
     if isinstance(tokens, (list, StringArray)) and len(tokens) != hp.n_vocab:
         raise ModelLoadError(f"{src}: metadata {a}.vocab_size = {hp.n_vocab} differs from {len(tokens)} tokens")
-    for name, (_, shape, required) in expected_tensors(hp).items():
-        t = g.tensors.get(name)
+    for name, spec in expected_tensors(hp).items():
+        shape, t = spec.shape, g.tensors.get(name)
         if t is None:
-            if required:
+            if spec.required:
                 raise ModelLoadError(f"{src}: tensor {name!r} is missing; the file is incomplete or not {a}")
             continue
         if t.shape != shape:
@@ -97,7 +94,7 @@ class Model:
         """The weights this process holds, counted in values (one rank's cut with a shard)."""
         if self.shard is None:
             return sum(int(np.prod(t.shape)) for t in self.gguf.tensors.values())
-        vecs = [self.output_norm, *(v for L in self.layers for v in _vectors(L))]
+        vecs = [self.output_norm, *(v for L in self.layers for v in L.vecs.values())]
         held = {w.raw.data_ptr(): int(np.prod(w.shape)) for w in self.matrices()}
         return sum(held.values()) + sum(v.numel() for v in vecs)
 
@@ -106,7 +103,7 @@ class Model:
         """The weights this process holds: the file's tensors, or one rank's cut of them."""
         if self.shard is None:
             return sum(t.n_bytes for t in self.gguf.tensors.values())
-        vecs = [self.output_norm, *(v for L in self.layers for v in _vectors(L))]
+        vecs = [self.output_norm, *(v for L in self.layers for v in L.vecs.values())]
         held = {w.raw.data_ptr(): w.nbytes for w in self.matrices()}  # a tied head is a view of the embedding
         return sum(held.values()) + sum(v.numel() * v.element_size() for v in vecs)
 
@@ -140,13 +137,10 @@ class Model:
             return vec(spec) if spec.name in g.tensors else None
 
         layers = []
-        for il in range(hp.n_layer):
-            t = layer_tensors(hp, il)  # by LayerWeights field
-            attn_norm, ffn_norm = vec(t["attn_norm"]), vec(t["ffn_norm"])
-            wq, wk, wv, wo, gate, up, down = (qweight(t[f]) for f in _MATRICES)
-            q_norm, k_norm, post_attn, post_ffn = (opt_vec(t[f]) for f in _OPTIONAL_NORMS)
-            w = (attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down, q_norm, k_norm, post_attn, post_ffn)
-            layers.append(LayerWeights(*w))  # the fields' order
+        for il in range(hp.n_layer):  # one loop over the architecture's declared tensors
+            specs = [t for t in layer_specs(hp, il).values() if t.name in g.tensors]
+            mats = {t.field: qweight(t) for t in specs if t.stored_as_matrix}
+            layers.append(LayerWeights(mats, {t.field: vec(t) for t in specs if not t.stored_as_matrix}))
         release_startup_code()  # torch's import-time code pages (engine/model/code_pages.py)
         top = model_tensors(hp)
         tok_embd = qweight(top["tok_embd"])
@@ -176,15 +170,11 @@ class Model:
         src = str(self.path)
         check_split(hp.n_head, hp.n_head_kv, hp.n_ff, w, src)
         split = head_split(hp.n_head, hp.n_head_kv, r, w)
-        layers = []
-        for L in self.layers:
-            mats = {"wq": L.wq, "wk": L.wk, "wv": L.wv, "wo": L.wo}
-            mats |= {"ffn_gate": L.ffn_gate, "ffn_up": L.ffn_up, "ffn_down": L.ffn_down}
-            c = shard_layer_matrices(mats, split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w)
-            layers.append(
-                replace(L, wq=c["wq"], wk=c["wk"], wv=c["wv"], wo=c["wo"], ffn_gate=c["ffn_gate"],
-                        ffn_up=c["ffn_up"], ffn_down=c["ffn_down"])
-            )  # fmt: skip
+        cutter, layers = Cutter(split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w), []
+        for il, L in enumerate(self.layers):  # each tensor as its spec says tensor parallelism cuts it
+            specs = layer_specs(hp, il)
+            mats = {f: cutter.matrix(specs[f].cut, m) for f, m in L.mats.items()}
+            layers.append(LayerWeights(mats, {f: cutter.vector(specs[f].cut, v) for f, v in L.vecs.items()}))
         # one zero row past the slice: where the ids other ranks hold look up (Shard.local_tokens)
         tok_embd = vocab_slice(self.tok_embd, shard.vocab_lo, shard.vocab_rows, 1)
         if self.output is self.tok_embd:  # tied: the head is the slice without its zero row
@@ -220,12 +210,9 @@ class Model:
             else q(self.output)
         )
         layers = [
-            LayerWeights(
-                L.attn_norm.to(dev), q(L.wq), q(L.wk), q(L.wv), q(L.wo), L.ffn_norm.to(dev), q(L.ffn_gate),
-                q(L.ffn_up), q(L.ffn_down), mv(L.q_norm), mv(L.k_norm), mv(L.post_attn_norm), mv(L.post_ffn_norm),
-            )
+            LayerWeights({f: q(m) for f, m in L.mats.items()}, {f: v.to(dev) for f, v in L.vecs.items()})
             for L in self.layers
-        ]  # fmt: skip
+        ]
         return replace(
             self,
             tok_embd=tok,
@@ -238,7 +225,7 @@ class Model:
 
     def matrices(self) -> list[QWeight]:
         """Every matrix the forward pass multiplies with (tied output counted once)."""
-        ws = [w for L in self.layers for w in (L.wq, L.wk, L.wv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down)]
+        ws = [w for L in self.layers for w in L.mats.values()]
         ws.append(self.output)
         if self.tok_embd is not self.output:
             ws.append(self.tok_embd)

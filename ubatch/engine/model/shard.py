@@ -13,7 +13,6 @@ read it (as vLLM replicates them), so a rank's KV cache then holds one head, not
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,6 +22,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ubatch.engine.errors import ModelLoadError
+from ubatch.engine.model.archs.base import Cut
 from ubatch.kernels.ops import Collective
 from ubatch.kernels.quant.weight import QWeight
 
@@ -164,22 +164,46 @@ def vocab_slice(w: QWeight, lo: int, n_rows: int, zero_rows: int) -> QWeight:
     return QWeight(w.name, raw, w.ggml_type, (n_rows + zero_rows, *w.shape[1:]))
 
 
-def shard_layer_matrices(
-    mats: dict[str, QWeight], split: HeadSplit, dk: int, dv: int, n_ff: int, rank: int, world: int
-) -> dict[str, QWeight]:
-    """One layer's matrices cut for rank `rank` (keys as LayerWeights' fields)."""
-    f = n_ff // world
-    q0, q1 = split.q0 * dk, (split.q0 + split.n_q) * dk
-    k0, k1 = split.kv0 * dk, (split.kv0 + split.n_kv) * dk
-    v0, v1 = split.kv0 * dv, (split.kv0 + split.n_kv) * dv
-    o0, o1 = split.q0 * dv, (split.q0 + split.n_q) * dv
-    cut: dict[str, Callable[[QWeight], QWeight]] = {
-        "wq": lambda w: row_slice(w, q0, q1),
-        "wk": lambda w: row_slice(w, k0, k1),
-        "wv": lambda w: row_slice(w, v0, v1),
-        "wo": lambda w: col_slice(w, o0, o1),
-        "ffn_gate": lambda w: row_slice(w, rank * f, (rank + 1) * f),
-        "ffn_up": lambda w: row_slice(w, rank * f, (rank + 1) * f),
-        "ffn_down": lambda w: col_slice(w, rank * f, (rank + 1) * f),
-    }
-    return {k: cut[k](w) for k, w in mats.items()}
+@dataclass(frozen=True, slots=True)
+class Cutter:
+    """Rank `rank`'s part of a layer's tensors, by each one's declared cut (archs/base.py `Cut`):
+    output rows of its query heads, KV heads or FFN slice; the matching input columns; or whole."""
+
+    split: HeadSplit
+    dk: int
+    dv: int
+    n_ff: int
+    rank: int
+    world: int
+
+    def rows(self, cut: Cut) -> tuple[int, int]:
+        """The range of output rows (or input columns) a cut keeps."""
+        s, f = self.split, self.n_ff // self.world
+        match cut:
+            case "q_rows":
+                return s.q0 * self.dk, (s.q0 + s.n_q) * self.dk
+            case "k_rows":
+                return s.kv0 * self.dk, (s.kv0 + s.n_kv) * self.dk
+            case "v_rows":
+                return s.kv0 * self.dv, (s.kv0 + s.n_kv) * self.dv
+            case "q_cols":
+                return s.q0 * self.dv, (s.q0 + s.n_q) * self.dv
+            case "ff_rows" | "ff_cols":
+                return self.rank * f, (self.rank + 1) * f
+        raise ValueError(f"no row range for cut {cut!r}")
+
+    def matrix(self, cut: Cut, w: QWeight) -> QWeight:
+        if cut in ("q_rows", "k_rows", "v_rows", "ff_rows"):
+            return row_slice(w, *self.rows(cut))
+        if cut in ("q_cols", "ff_cols"):
+            return col_slice(w, *self.rows(cut))
+        if cut == "replicated":
+            return w
+        raise ValueError(f"layer tensor {w.name!r} cannot be cut as {cut!r}")
+
+    def vector(self, cut: Cut, v: torch.Tensor) -> torch.Tensor:
+        """A norm weight (whole) or a bias of row-cut outputs (its rows)."""
+        if cut == "replicated":
+            return v
+        lo, hi = self.rows(cut)
+        return v[lo:hi]

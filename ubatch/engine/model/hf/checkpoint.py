@@ -19,7 +19,7 @@ from gguf import LlamaFileType
 
 from ubatch.engine.gguf.file import GGUFFile, open_gguf
 from ubatch.engine.gguf.metadata import MetaScalar, MetaValue
-from ubatch.engine.model.arch import expected_tensors
+from ubatch.engine.model.archs import expected_tensors
 from ubatch.engine.model.hf.config import read_config, write_hparams
 from ubatch.engine.model.hf.tokenizer import write_tokenizer
 from ubatch.engine.model.hf.weights import load_tensors

@@ -18,6 +18,7 @@ import gguf
 from gguf import TokenType
 
 from ubatch.engine.errors import ModelLoadError
+from ubatch.engine.model.archs import ARCHS
 
 
 def _looks_special(token: str) -> bool:
@@ -86,7 +87,8 @@ def spm_tables(d: Path, vocab_size: int | None) -> tuple[list[str], list[float],
 def write_tokenizer(w: gguf.GGUFWriter, d: Path, arch: str, vocab_size: int | None) -> int:
     """The tokenizer keys into w; returns the number of tokens."""
     tokens, scores, types = spm_tables(d, vocab_size)
-    if arch == "llama":
+    space_prefix = ARCHS[arch].hf.space_prefix
+    if space_prefix == "config":
         tc = d / "tokenizer_config.json"
         prefix = _json(tc).get("add_prefix_space") if tc.is_file() else None
         if prefix is not None:
@@ -102,6 +104,6 @@ def write_tokenizer(w: gguf.GGUFWriter, d: Path, arch: str, vocab_size: int | No
         gguf.SpecialVocab(d, n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
     finally:
         log.setLevel(level)
-    if arch == "gemma3":
+    if space_prefix == "never":
         w.add_add_space_prefix(False)
     return len(tokens)

@@ -2,8 +2,9 @@
 
 Names are mapped to the GGUF names, every tensor is checked against the shapes the config
 implies before any is used, and the converter's changes are applied: llama's Q/K rows permuted
-from HF's rotate-half order to GGUF's interleaved RoPE pairs, gemma3's RMSNorm weights stored as
-1 + w, 1-D tensors kept as f32, and gemma3's embedding rows past the vocabulary dropped. Every
+from HF's rotate-half order to GGUF's interleaved RoPE pairs, gemma's RMSNorm weights stored as
+1 + w, 1-D tensors kept as f32, and embedding rows past the vocabulary dropped, each where the
+architecture's table (engine/model/archs) says so. Every
 other tensor stays a zero-copy view of its file.
 """
 
@@ -19,30 +20,10 @@ from gguf import GGMLQuantizationType as T
 
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.gguf.file import TensorInfo
-from ubatch.engine.model.arch import TensorSpec
-from ubatch.engine.model.hparams import HParams
+from ubatch.engine.model.archs import ARCHS
+from ubatch.engine.model.archs.base import HParams, TensorSpec
 
 DTYPES = {"F32": (T.F32, np.float32), "F16": (T.F16, np.float16), "BF16": (T.BF16, np.uint16)}
-_LAYER = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-_LAYER_ARCH = {
-    "llama": {"post_attention_layernorm": "ffn_norm"},
-    "gemma3": {
-        "post_attention_layernorm": "post_attention_norm",
-        "pre_feedforward_layernorm": "ffn_norm",
-        "post_feedforward_layernorm": "post_ffw_norm",
-    },
-}
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _SKIP = re.compile(r"(^|\.)rotary_emb\.inv_freq$|^(model\.)?(vision_tower|multi_modal_projector)\.")
 # a Gemma3ForConditionalGeneration's text model, as older and newer transformers name it
@@ -59,7 +40,7 @@ def gguf_name(hf: str, arch: str) -> str | None:
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", stem)
     if m is None:
         return None
-    part = _LAYER.get(m[2]) or _LAYER_ARCH[arch].get(m[2])
+    part = ARCHS[arch].hf.layer_names.get(m[2])
     return f"blk.{int(m[1])}.{part}.weight" if part else None
 
 
@@ -121,6 +102,7 @@ def _permute(a: np.ndarray, n_head: int) -> np.ndarray:
 def load_tensors(d: Path, hp: HParams, expected: dict[str, TensorSpec]) -> dict[str, TensorInfo]:
     """The GGUF-named tensors of checkpoint d, every one checked before any is mapped."""
     where = shard_files(d)
+    table = ARCHS[hp.arch].hf
     heads = {f: _header(f) for f in sorted(set(where.values()))}
     plan: dict[str, tuple[str, Path]] = {}
     for hf, f in where.items():
@@ -143,7 +125,7 @@ def load_tensors(d: Path, hp: HParams, expected: dict[str, TensorSpec]) -> dict[
         e = head[hf]
         shape = tuple(int(x) for x in e.get("shape", ()))
         want = expected[name].shape if name in expected else None
-        if name == "token_embd.weight" and hp.arch == "gemma3" and len(shape) == 2 and shape[0] > hp.n_vocab:
+        if name == "token_embd.weight" and table.trim_vocab and len(shape) == 2 and shape[0] > hp.n_vocab:
             shape = (hp.n_vocab, shape[1])  # rows past the vocabulary (padding) are dropped
         if want is None:
             raise ModelLoadError(f"{f.name}: tensor {hf!r} is not used by a {hp.arch} model of this config")
@@ -161,8 +143,8 @@ def load_tensors(d: Path, hp: HParams, expected: dict[str, TensorSpec]) -> dict[
         mm = np.memmap(f, dtype=np.uint8, mode="c", offset=base + start, shape=(n,))
         a = mm.view(np_dtype).reshape(shape)
         if len(shape) == 1:
-            a, ggml_type = _norm(a, ggml_type, hp.arch == "gemma3" and name.endswith("norm.weight")), T.F32
-        elif hp.arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            a, ggml_type = _norm(a, ggml_type, table.norm_shift and name.endswith("norm.weight")), T.F32
+        elif table.permute_qk and name.endswith(("attn_q.weight", "attn_k.weight")):
             a = _permute(a, hp.n_head if "attn_q" in name else hp.n_head_kv)
         raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         out[name] = TensorInfo(name, int(ggml_type), shape, raw, raw.nbytes)

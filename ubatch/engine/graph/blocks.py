@@ -1,0 +1,82 @@
+"""The shared blocks every architecture's layer is written with (engine/model/archs/base.py
+`Blocks`), recorded as graph nodes: norms, attention with its variants, the gated FFN, the
+residual adds. Each block carries its tensor-parallel all-reduce, so an architecture's layer reads
+the same with and without -tp. Node names follow llama.cpp's graph (`Qcur-0`, `ffn_out-17`, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ubatch.engine.graph.builder import GraphBuilder
+from ubatch.engine.graph.graph import Sym
+from ubatch.engine.kv.memory import KVMemory
+from ubatch.engine.model.model import Model
+from ubatch.kernels.ops import AttentionArgs, MaskCells
+
+
+@dataclass
+class GraphBlocks:
+    """The blocks over one graph: the builder, the model, the step's inputs per KV cache."""
+
+    b: GraphBuilder
+    model: Model
+    mem: KVMemory
+    n: int  # rows of the ubatch
+    n_groups: tuple[int, ...]
+    n_kv: tuple[int, ...]
+    ropes: dict[tuple[float, float], tuple[Sym, Sym]]
+    masks: list[Sym | MaskCells[Sym]]
+    slots: list[Sym]
+    starts: list[Sym]
+    visible: list[Sym]
+    out_ids: Sym | None
+
+    def norm(self, x: Sym, il: int, field: str, name: str) -> Sym:
+        w = self.model.layers[il].vec(field)
+        if w is None:
+            raise ValueError(f"layer {il} lacks the norm weight {field!r}, which its architecture requires")
+        return self.b.rms_norm(x, w, self.model.hparams.rms_eps, name)
+
+    def _reduced(self, x: Sym, name: str) -> Sym:
+        """A row-split product's partial sums made whole on every rank (nothing without -tp)."""
+        tp = self.model.shard
+        return x if tp is None else self.b.all_reduce(x, tp.comm, name)
+
+    def attention(self, x: Sym, il: int) -> Sym:
+        hp, b, L, n = self.model.hparams, self.b, self.model.layers[il], self.n
+        ci = self.mem.layer_cache[il]
+        cache, g, n_kv = self.mem.caches[ci], self.n_groups[ci], self.n_kv[ci]
+        q = b.view(b.linear(x, L.mat("wq"), f"Qcur-{il}"), (n, hp.n_head, hp.n_embd_head_k))
+        k = b.view(b.linear(x, L.mat("wk"), f"Kcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_k))
+        v = b.view(b.linear(x, L.mat("wv"), f"Vcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_v))
+        if hp.qk_norm:
+            q = self.norm(q, il, "q_norm", f"Qcur_normed-{il}")
+            k = self.norm(k, il, "k_norm", f"Kcur_normed-{il}")
+        cos, sin = self.ropes[hp.rope_params(il)]
+        q = b.scale(b.rope(q, cos, sin, hp.rope_neox, f"Qcur_rope-{il}"), hp.attn_scale, f"Qcur_scaled-{il}")
+        k = b.rope(k, cos, sin, hp.rope_neox, f"Kcur_rope-{il}")
+        ks = b.kv_store(cache.k[il], self.slots[ci], k, f"k_store-{il}")
+        vs = b.kv_store(cache.v[il], self.slots[ci], v, f"v_store-{il}")
+        qg = b.view(q, (g, n // g, hp.n_head, hp.n_embd_head_k))
+        m = self.masks[ci]
+        cells, mask = (m, None) if isinstance(m, MaskCells) else (None, m)
+        att = AttentionArgs(qg, cache.k[il], cache.v[il], self.starts[ci], n_kv, mask, 1.0, self.visible[ci], cells)
+        a = b.attention(att, (ks, vs), f"kqv_out-{il}")
+        a = b.linear(a, L.mat("wo"), f"attn_out-{il}")
+        return self._reduced(a, f"attn_out_sum-{il}")
+
+    def ffn(self, x: Sym, il: int) -> Sym:
+        hp, b, L = self.model.hparams, self.b, self.model.layers[il]
+        gate = b.linear(x, L.mat("ffn_gate"), f"ffn_gate-{il}")
+        f = b.glu(gate, b.linear(x, L.mat("ffn_up"), f"ffn_up-{il}"), hp.ffn_act, f"ffn_glu-{il}")
+        return self._reduced(b.linear(f, L.mat("ffn_down"), f"ffn_out-{il}"), f"ffn_out_sum-{il}")
+
+    def residual(self, x: Sym, a: Sym, il: int) -> Sym:
+        if il == self.model.hparams.n_layer - 1 and self.out_ids is not None:  # only output rows pay for the rest
+            x = self.b.rows(x, self.out_ids, f"inpSA_out-{il}")
+            a = self.b.rows(a, self.out_ids, f"attn_out_rows-{il}")
+        return self.b.add(x, a, f"ffn_inp-{il}")
+
+    def add(self, a: Sym, b: Sym, name: str) -> Sym:
+        return self.b.add(a, b, name)

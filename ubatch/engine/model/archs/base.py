@@ -1,0 +1,294 @@
+"""What one architecture declares, and the core every architecture shares.
+
+An architecture (one module of this package) is an `Arch`: its GGUF name and Hugging Face
+`model_type`s, how its hyperparameters are read (`read_core` plus its own fields), its tensors
+(`TensorSpec`: name, shape, kind, tensor-parallel cut), its layer's forward graph written with the
+shared blocks of `Blocks` (the graph layer implements them), its Hugging Face table and its default
+chat template. Everything else (the loader, the tensor-parallel cut, the HF reader, the graph)
+reads these declarations, so an architecture is one file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+
+import numpy as np
+
+from ubatch.engine.errors import ModelLoadError
+from ubatch.engine.gguf.metadata import (
+    MISSING,
+    bad_value,
+    check_int,
+    meta_bool,
+    meta_float,
+    meta_int,
+    meta_per_layer,
+    meta_str,
+    show,
+)
+from ubatch.engine.gguf.string_array import StringArray
+
+if TYPE_CHECKING:
+    import gguf
+
+LLAMA_MAX_LAYERS = 512  # llama.cpp's bound on block_count
+MAX_DIM = 1 << 20  # widths, heads and lengths past this are a corrupt file, not a model
+MAX_VOCAB = 1 << 24
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")  # llama_pooling_type 0..4, as GGUF stores it
+
+Meta = Mapping[str, object]
+Config = dict[str, object]  # a Hugging Face config.json object: every value is checked where it is read
+
+
+@dataclass(slots=True, frozen=True)
+class HParams:
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_rot: int
+    rms_eps: float
+    rope_neox: bool  # NEOX pairs (i, i + n_rot/2); NORM pairs (2i, 2i+1)
+    rope_freq_base: float
+    rope_freq_scale: float
+    rope_freq_base_swa: float
+    rope_freq_scale_swa: float
+    n_swa: int  # 0 = no sliding window
+    swa_layers: tuple[bool, ...]  # per layer: uses the sliding window
+    attn_scale: float  # applied to q after RoPE
+    embd_scale: float  # 1.0 = none (llama); sqrt(n_embd) for gemma
+    final_logit_softcap: float  # 0 = off
+    sandwich_norm: bool  # gemma: post-attention / post-ffn norms before the residual add
+    qk_norm: bool  # per-head RMS norms of Q and K before RoPE
+    ffn_act: str  # "silu" (llama) or "gelu_tanh" (gemma)
+    causal_attn: bool  # `{arch}.attention.causal` (true when absent): false lets a query see later tokens
+    pooling_type: str  # `{arch}.pooling_type` as a POOLING_TYPES name; llama.cpp's default is none
+    attn_bias: bool = False  # Q/K/V projections add a bias (qwen2)
+
+    def is_swa(self, il: int) -> bool:
+        return self.swa_layers[il]
+
+    def rope_params(self, il: int) -> tuple[float, float]:
+        """(freq_base, freq_scale) of layer il: local layers have their own base."""
+        if self.swa_layers[il]:
+            return self.rope_freq_base_swa, self.rope_freq_scale_swa
+        return self.rope_freq_base, self.rope_freq_scale
+
+
+def swa_pattern(meta: Meta, arch: str, n_layer: int, n_swa: int, source: str, default: int) -> tuple[bool, ...]:
+    """Per layer, whether it uses the sliding window: `sliding_window_pattern` as a period (every
+    period-th layer global) or one boolean per layer."""
+    if n_swa <= 0:
+        return (False,) * n_layer
+    key = f"{arch}.attention.sliding_window_pattern"
+    pattern = meta.get(key, default)
+    if isinstance(pattern, (list, np.ndarray)):
+        if len(pattern) != n_layer or not all(isinstance(x, (bool, np.bool_)) or x in (0, 1) for x in pattern):
+            raise bad_value(source, key, pattern, f"a period or an array of block_count = {n_layer} booleans")
+        return tuple(bool(x) for x in pattern)
+    period = check_int(source, key, pattern, 0, 1 << 20)
+    if period == 0:
+        return (True,) * n_layer
+    return tuple((il % period) < period - 1 for il in range(n_layer))
+
+
+def read_core(meta: Meta, arch: str, source: str) -> HParams:
+    """The keys every architecture has, each checked for type and range (llama.cpp's defaults for
+    the absent ones); the architecture's module then sets its own fields (`dataclasses.replace`)."""
+    a = f"{arch}."
+    n_layer = meta_int(meta, a + "block_count", source, hi=LLAMA_MAX_LAYERS)
+    n_embd = meta_int(meta, a + "embedding_length", source, hi=MAX_DIM)
+    n_head = meta_per_layer(meta, a + "attention.head_count", source, n_layer, hi=MAX_DIM)
+    n_head_kv = meta_per_layer(meta, a + "attention.head_count_kv", source, n_layer, n_head, hi=n_head)
+    if n_head % n_head_kv:
+        raise bad_value(source, a + "attention.head_count_kv", n_head_kv, f"a divisor of head_count = {n_head}")
+    n_ff = meta_per_layer(meta, a + "feed_forward_length", source, n_layer, hi=MAX_DIM)
+    head_k = meta_int(meta, a + "attention.key_length", source, n_embd // n_head, hi=MAX_DIM)
+    head_v = meta_int(meta, a + "attention.value_length", source, n_embd // n_head, hi=MAX_DIM)
+    n_rot = meta_int(meta, a + "rope.dimension_count", source, head_k, hi=head_k)
+    if n_rot % 2:
+        raise bad_value(source, a + "rope.dimension_count", n_rot, "an even number (RoPE rotates pairs)")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    n_tokens = len(tokens) if isinstance(tokens, (list, np.ndarray, StringArray)) else 0
+    n_vocab = meta_int(meta, a + "vocab_size", source, n_tokens or MISSING, hi=MAX_VOCAB)
+    linear = meta_float(meta, a + "rope.scale_linear", source, 0.0)
+    scale_factor = meta_float(meta, a + "rope.scaling.factor", source, linear)
+    scaling_type = meta_str(meta, a + "rope.scaling.type", source, "linear")
+    if scaling_type not in ("none", "linear"):
+        raise ModelLoadError(f"{source}: rope scaling {scaling_type!r} is not supported (only linear)")
+    freq_scale = 1.0 / scale_factor if scale_factor and scaling_type == "linear" else 1.0
+    return HParams(
+        arch=arch,
+        n_vocab=n_vocab,
+        n_ctx_train=meta_int(meta, a + "context_length", source),
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_ff=n_ff,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_embd_head_k=head_k,
+        n_embd_head_v=head_v,
+        n_rot=n_rot,
+        rms_eps=meta_float(meta, a + "attention.layer_norm_rms_epsilon", source, positive=True),
+        rope_neox=False,
+        rope_freq_base=meta_float(meta, a + "rope.freq_base", source, 10000.0, positive=True),
+        rope_freq_scale=freq_scale,
+        rope_freq_base_swa=meta_float(meta, a + "rope.freq_base_swa", source, 10000.0, positive=True),
+        rope_freq_scale_swa=1.0,
+        n_swa=0,
+        swa_layers=(False,) * n_layer,
+        attn_scale=1.0 / math.sqrt(head_k),
+        embd_scale=1.0,
+        final_logit_softcap=meta_float(meta, a + "final_logit_softcapping", source, 0.0),
+        sandwich_norm=False,
+        qk_norm=False,
+        ffn_act="silu",
+        causal_attn=meta_bool(meta, a + "attention.causal", source, True),
+        pooling_type=POOLING_TYPES[meta_int(meta, a + "pooling_type", source, 0, lo=0, hi=len(POOLING_TYPES) - 1)],
+    )
+
+
+# -- tensors --------------------------------------------------------------------------------------
+# matrix: multiplied with (kept as stored, quantised); vector: a norm weight (f32); bias: added to a
+# projection's output (f32); fused: several matrices in one tensor, split by views
+Kind = Literal["matrix", "vector", "bias", "fused"]
+# how tensor parallelism cuts it: output rows by query heads, KV heads (K's or V's width) or FFN
+# rows; input columns by query heads or FFN rows; the vocabulary; or every rank holds it whole
+Cut = Literal["q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "vocab", "replicated"]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    field: str  # the key the weight has in LayerWeights (or the Model field)
+    name: str  # the GGUF tensor name
+    shape: tuple[int, ...]  # torch order, as the hparams imply it
+    kind: Kind
+    cut: Cut
+    required: bool = True
+
+    @property
+    def stored_as_matrix(self) -> bool:
+        """Kept in its GGUF storage type (a QWeight); else read once as an f32 tensor."""
+        return self.kind in ("matrix", "fused")
+
+
+def attn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    """The attention projections every architecture here has (llama's names)."""
+    d, dk, dv, p = hp.n_embd, hp.n_embd_head_k, hp.n_embd_head_v, f"blk.{il}."
+    return [
+        TensorSpec("attn_norm", p + "attn_norm.weight", (d,), "vector", "replicated"),
+        TensorSpec("wq", p + "attn_q.weight", (hp.n_head * dk, d), "matrix", "q_rows"),
+        TensorSpec("wk", p + "attn_k.weight", (hp.n_head_kv * dk, d), "matrix", "k_rows"),
+        TensorSpec("wv", p + "attn_v.weight", (hp.n_head_kv * dv, d), "matrix", "v_rows"),
+        TensorSpec("wo", p + "attn_output.weight", (d, hp.n_head * dv), "matrix", "q_cols"),
+    ]
+
+
+def ffn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    """The gated FFN (gate, up, down) and its pre-norm."""
+    d, p = hp.n_embd, f"blk.{il}."
+    return [
+        TensorSpec("ffn_norm", p + "ffn_norm.weight", (d,), "vector", "replicated"),
+        TensorSpec("ffn_gate", p + "ffn_gate.weight", (hp.n_ff, d), "matrix", "ff_rows"),
+        TensorSpec("ffn_up", p + "ffn_up.weight", (hp.n_ff, d), "matrix", "ff_rows"),
+        TensorSpec("ffn_down", p + "ffn_down.weight", (d, hp.n_ff), "matrix", "ff_cols"),
+    ]
+
+
+def qk_norm_tensors(hp: HParams, il: int, required: bool) -> list[TensorSpec]:
+    """Per-head RMS norms of Q and K (one head's width, shared by the heads)."""
+    dk, p = hp.n_embd_head_k, f"blk.{il}."
+    return [
+        TensorSpec("q_norm", p + "attn_q_norm.weight", (dk,), "vector", "replicated", required),
+        TensorSpec("k_norm", p + "attn_k_norm.weight", (dk,), "vector", "replicated", required),
+    ]
+
+
+def model_tensors(hp: HParams) -> dict[str, TensorSpec]:
+    """The tensors outside the layers, by the Model field each one fills."""
+    d, v = hp.n_embd, hp.n_vocab
+    return {
+        "tok_embd": TensorSpec("tok_embd", "token_embd.weight", (v, d), "matrix", "vocab"),
+        # absent: tied to token_embd
+        "output": TensorSpec("output", "output.weight", (v, d), "matrix", "vocab", False),
+        "output_norm": TensorSpec("output_norm", "output_norm.weight", (d,), "vector", "replicated"),
+        "rope_freqs": TensorSpec("rope_freqs", "rope_freqs.weight", (hp.n_rot // 2,), "vector", "replicated", False),
+    }
+
+
+# -- the forward graph ----------------------------------------------------------------------------
+T = TypeVar("T")
+
+
+class Blocks(Protocol[T]):
+    """The shared blocks an architecture's layer is written with (engine/graph/blocks.py builds
+    them as graph nodes). Weights are named by their `TensorSpec.field`; the blocks carry the
+    tensor-parallel all-reduces themselves, so a layer reads the same with and without -tp."""
+
+    def norm(self, x: T, il: int, field: str, name: str) -> T:
+        """RMS norm of x with the layer's weight `field`."""
+
+    def attention(self, x: T, il: int) -> T:
+        """Self-attention of the normed rows x: Q/K/V (with biases and per-head Q/K norms where the
+        layer has them), RoPE, the KV cache, the output projection, whole again across ranks."""
+
+    def ffn(self, x: T, il: int) -> T:
+        """The gated FFN of the normed rows x, whole again across ranks."""
+
+    def residual(self, x: T, a: T, il: int) -> T:
+        """x + a after attention (`ffn_inp`); at the last layer only the output rows are kept."""
+
+    def add(self, a: T, b: T, name: str) -> T: ...
+
+
+class LayerGraph(Protocol):
+    """An architecture's layer: the residual stream x in, out, written with the shared blocks."""
+
+    def __call__(self, b: Blocks[T], il: int, x: T) -> T: ...
+
+
+# -- Hugging Face checkpoints ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class HFTable:
+    """How llama.cpp's converter reads this architecture's Hugging Face checkpoint."""
+
+    layer_names: Mapping[str, str]  # HF module under model.layers.N -> GGUF tensor stem under blk.N
+    write_hparams: Callable[[gguf.GGUFWriter, Config, str], None]  # config.json -> the GGUF keys
+    permute_qk: bool = False  # Q/K rows from HF's rotate-half order to GGUF's interleaved pairs
+    norm_shift: bool = False  # norms stored as w, run as 1 + w (the converter adds the 1)
+    trim_vocab: bool = False  # embedding rows past vocab_size (padding) are dropped
+    space_prefix: Literal["config", "never", "unset"] = "unset"  # tokenizer.ggml.add_space_prefix
+    # model_types that wrap the text model (e.g. a multimodal one): the text config's model_type
+    text_config: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Arch:
+    """One architecture, as its module declares it."""
+
+    name: str  # general.architecture
+    hf_model_types: tuple[str, ...]
+    read_hparams: Callable[[Meta, str], HParams]  # read_core and the architecture's own fields
+    layer_tensors: Callable[[HParams, int], list[TensorSpec]]
+    layer: LayerGraph
+    hf: HFTable
+    chat_template: str  # llama.cpp's built-in template when the file has none
+
+    def specs(self, hp: HParams, il: int) -> dict[str, TensorSpec]:
+        """Layer il's tensors by field."""
+        return {t.field: t for t in self.layer_tensors(hp, il)}
+
+
+def unknown(arch: object, source: str, supported: tuple[str, ...]) -> ModelLoadError:
+    return ModelLoadError(
+        f"{source}: general.architecture {show(arch)} is not supported; ubatch runs {', '.join(supported)}"
+    )
