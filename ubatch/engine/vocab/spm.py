@@ -74,8 +74,11 @@ class SpmTokenizer:
         # short texts take the Python loop: sentencepiece is only built for a text that needs its speed
         if self.sp_min_chars is None or sum(map(len, texts)) < self.sp_min_chars or self._sp is None:
             return [self._merge(t) for t in texts]
-        if self._suspects and any(s in t for s in self._suspects for t in texts):
-            return [self._merge(t) if any(s in t for s in self._suspects) else self._sp.encode(t) for t in texts]
+        if any(not t.isascii() and not _is_utf8(t) for t in texts) or (
+            self._suspects and any(s in t for s in self._suspects for t in texts)
+        ):  # bytes that are not UTF-8, or a buildable byte/unknown text: those fragments take the loop
+            slow = lambda t: not _is_utf8(t) or any(s in t for s in self._suspects)  # noqa: E731
+            return [self._merge(t) if slow(t) else self._sp.encode(t) for t in texts]
         return self._sp.encode(texts)
 
     def _merge(self, text: str) -> list[int]:
@@ -85,6 +88,15 @@ class SpmTokenizer:
     def _byte(self, b: int) -> int:
         tok = self._id.get(BYTE_TEXTS[b], self._id.get(chr(b)) if b < 0x80 else None)
         return self.unk if tok is None else tok  # where llama.cpp would throw
+
+
+def _is_utf8(text: str) -> bool:
+    """No surrogate escapes (bytes that are not UTF-8) in `text`."""
+    try:
+        text.encode()
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 __all__ = ["SP_MIN_CHARS", "SPM_SPACE", "SpmTokenizer"]

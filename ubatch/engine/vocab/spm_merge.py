@@ -15,13 +15,36 @@ import numpy as np
 
 from ubatch.engine.vocab.tables import SPM_SPACE
 
+_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)  # llama.cpp's unicode_len_utf8, by high nibble
+
 
 def spm_merge(
     text: str, token_id: Callable[[str], int | None], scores: np.ndarray, byte_token: Callable[[int], int]
 ) -> list[int]:
     """The token ids of one raw fragment (no special tokens in it); `token_id` is the vocabulary's
-    text -> id lookup (None: not a token)."""
-    sym = list(text.replace(" ", SPM_SPACE))  # symbols start as single characters
+    text -> id lookup (None: not a token). Surrogate escapes in `text` stand for bytes that are not
+    UTF-8: llama.cpp's loop then runs on the raw bytes, a symbol being as long as its lead byte says."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _merge(_byte_symbols(text.encode("utf-8", "surrogateescape")), token_id, scores, byte_token)
+    return _merge(list(text.replace(" ", SPM_SPACE)), token_id, scores, byte_token)  # symbols: single chars
+
+
+def _byte_symbols(raw: bytes) -> list[str]:
+    """llama.cpp's symbols of raw bytes, as str (bytes that are not UTF-8 as surrogate escapes)."""
+    raw = raw.replace(b" ", SPM_SPACE.encode())
+    out, i = [], 0
+    while i < len(raw):
+        n = min(_UTF8_LEN[raw[i] >> 4], len(raw) - i)
+        out.append(raw[i : i + n].decode("utf-8", "surrogateescape"))
+        i += n
+    return out
+
+
+def _merge(
+    sym: list[str], token_id: Callable[[str], int | None], scores: np.ndarray, byte_token: Callable[[int], int]
+) -> list[int]:
     end = len(sym)
     nxt, prv = list(range(1, end + 1)), list(range(-1, end - 1))
     heap: list[tuple[float, int, int, int]] = []
@@ -46,6 +69,6 @@ def spm_merge(
     out, i = [], 0
     while i < end:
         tok = token_id(sym[i])
-        out.extend([tok] if tok is not None else [byte_token(b) for b in sym[i].encode()])
+        out.extend([tok] if tok is not None else [byte_token(b) for b in sym[i].encode("utf-8", "surrogateescape")])
         i = nxt[i]
     return out

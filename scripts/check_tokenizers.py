@@ -1,0 +1,303 @@
+"""Compare ubatch's tokenizer with llama.cpp's on random texts, and time both on 1 MB of text.
+
+    python scripts/check_tokenizers.py [--texts N] [--seed S] [VOCAB ...]   ids and detokenisation
+    python scripts/check_tokenizers.py --bench [VOCAB ...]                  llama-tokenize vs ubatch tokenize
+
+The vocabularies are llama.cpp's test ones (models/ggml-vocab-*.gguf of its sdist, found with
+`LLAMA_CPP_SRC=1 ../shared/tools/llama-cpp.sh`). The comparison calls llama.cpp's own
+llama_tokenize/llama_detokenize through a small C program built against the libllama.so of
+../shared/tools/llama-cpp.sh's build (it never starts that build), so every text costs no process
+start and the bytes of the detokenisation are llama.cpp's. Texts mix scripts, whitespace runs,
+numbers, code, emoji, special-token texts and invalid UTF-8 bytes (given to ubatch as
+surrogate escapes, as `ubatch` reads undecodable input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TOOL = REPO.parent / "shared" / "tools" / "llama-cpp.sh"
+VOCABS = (
+    "bert-bge command-r deepseek-coder deepseek-llm falcon gemma-4 gpt-2 llama-bpe llama-spm mpt phi-3 qwen2 qwen35 "
+    "refact starcoder"
+).split()
+
+_HELPER_C = r"""
+#include "llama.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static void quiet(enum ggml_log_level l, const char * t, void * u) { (void) l; (void) t; (void) u; }
+int main(int argc, char ** argv) {
+    llama_log_set(quiet, NULL);
+    llama_backend_init();
+    struct llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    struct llama_model * m = llama_model_load_from_file(argv[1], mp);
+    if (!m) { fprintf(stderr, "cannot load %s\n", argv[1]); return 1; }
+    const struct llama_vocab * v = llama_model_get_vocab(m);
+    unsigned int n; unsigned char fl;
+    while (fread(&n, 4, 1, stdin) == 1 && fread(&fl, 1, 1, stdin) == 1) {
+        char * text = malloc(n + 1);
+        if (n && fread(text, 1, n, stdin) != n) return 1;
+        int cap = n + 16;
+        llama_token * ids = malloc(sizeof(llama_token) * cap);
+        int k = llama_tokenize(v, text, n, ids, cap, fl & 1, fl & 2);
+        if (k < 0) { cap = -k; ids = realloc(ids, sizeof(llama_token) * cap); k = llama_tokenize(v, text, n, ids, cap, fl & 1, fl & 2); }
+        int tcap = 16 * k + 64;
+        char * out = malloc(tcap);
+        int t = llama_detokenize(v, ids, k, out, tcap, false, false);
+        if (t < 0) { tcap = -t; out = realloc(out, tcap); t = llama_detokenize(v, ids, k, out, tcap, false, false); }
+        fwrite(&k, 4, 1, stdout); fwrite(ids, sizeof(llama_token), k, stdout);
+        fwrite(&t, 4, 1, stdout); fwrite(out, 1, t, stdout); fflush(stdout);
+        free(text); free(ids); free(out);
+    }
+    return 0;
+}
+"""
+
+
+def llama_src() -> Path:
+    out = subprocess.run([str(TOOL)], env={**os.environ, "LLAMA_CPP_SRC": "1"}, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"cannot find llama.cpp's source with {TOOL}: {out.stderr.strip()[-300:]}")
+    return Path(out.stdout.strip())
+
+
+def llama_bin() -> Path:
+    """The build folder of ../shared/tools/llama-cpp.sh (not started here: it takes ~15 minutes)."""
+    return Path(os.environ.get("LLAMA_CPP_DIR", Path.home() / ".cache" / "ubatch-yardstick")) / "build" / "bin"
+
+
+def build_helper(src: Path, out_dir: Path) -> Path | None:
+    """The C comparison program, or None when libllama.so or a C compiler is missing."""
+    lib = llama_bin()
+    if not (lib / "libllama.so").exists():
+        return None
+    c, exe = out_dir / "tok.c", out_dir / "tok"
+    c.write_text(_HELPER_C)
+    inc = [f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}"]
+    cmd = ["cc", "-O1", *inc, str(c), "-o", str(exe), f"-L{lib}", "-lllama", f"-Wl,-rpath,{lib}"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        return None
+    return exe if r.returncode == 0 else None
+
+
+class LlamaTokenizer:
+    """llama.cpp's tokenizer of one vocabulary, in a child process fed length-prefixed texts."""
+
+    def __init__(self, helper: Path, vocab: Path) -> None:
+        self.p = subprocess.Popen([str(helper), str(vocab)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def run(self, text: bytes, add_special: bool, parse_special: bool) -> tuple[list[int], bytes]:
+        assert self.p.stdin and self.p.stdout
+        self.p.stdin.write(struct.pack("<IB", len(text), add_special | parse_special << 1) + text)
+        self.p.stdin.flush()
+        (k,) = struct.unpack("<i", self.p.stdout.read(4))
+        ids = list(struct.unpack(f"<{k}i", self.p.stdout.read(4 * k)))
+        (t,) = struct.unpack("<i", self.p.stdout.read(4))
+        return ids, self.p.stdout.read(t)
+
+    def close(self) -> None:
+        assert self.p.stdin
+        self.p.stdin.close()
+        self.p.wait()
+
+
+_PIECES = [
+    "Hello world",
+    " the quick brown fox",
+    "  \t \n\n   \r\n",
+    "I'm you've they'LL it's DON'T",
+    "1234567890 3.14159 1,000,000 ٣٤٥ ½",
+    "def f(x):\n    return x**2  # comment\n",
+    'if (a && b) { c->d[i] = "s"; }',
+    "日本語のテキスト、中文文本。한국어",
+    "Привет, мир! Ελληνικά",
+    "🦙🚀 👨‍👩‍👧 ✨",
+    "éàü ñ naïve café Ångström",
+    "मराठी हिन्दी",
+    "\u00a0\u2003\u3000\u200b\u0085",
+    "<s></s><|endoftext|><|im_start|><start_of_turn>[CLS][SEP]<mask>",
+    "...!!!???,,,;;;---___",
+    "▁ ▁▁ \u2581x",
+]
+
+
+def random_text(rng: random.Random) -> bytes:
+    """One text: pieces and random code points, sometimes with bytes that are not UTF-8."""
+    parts: list[bytes] = []
+    for _ in range(rng.randrange(1, 12)):
+        r = rng.random()
+        if r < 0.55:
+            parts.append(rng.choice(_PIECES).encode())
+        elif r < 0.8:
+            cps = [
+                rng.choice((rng.randrange(0x20, 0x7F), rng.randrange(0x80, 0x3000), rng.randrange(0x1F300, 0x1FAFF)))
+            ]
+            parts.append("".join(map(chr, cps * rng.randrange(1, 4))).encode())
+        elif r < 0.9:
+            parts.append(rng.choice([b" ", b"\n", b"\t", b"  ", b"\r\n"]) * rng.randrange(1, 6))
+        else:
+            parts.append(bytes(rng.randrange(0x80, 0x100) for _ in range(rng.randrange(1, 3))))
+    return b"".join(parts)
+
+
+@dataclass
+class Result:
+    vocab: str
+    model: str
+    pre: str
+    checked: int
+    bad_ids: int
+    bad_text: int
+    example: str = ""
+
+
+def compare(name: str, src: Path, helper: Path, n: int, seed: int) -> Result:
+    from ubatch.engine.gguf.file import open_gguf
+    from ubatch.engine.vocab.vocab import Vocab
+
+    path = src / "models" / f"ggml-vocab-{name}.gguf"
+    v = Vocab.from_metadata(open_gguf(path).metadata, name)
+    ref = LlamaTokenizer(helper, path)
+    rng = random.Random(f"{seed}-{name}")
+    res = Result(name, v.model, v.pre, 0, 0, 0)
+    try:
+        for _ in range(n):
+            raw = random_text(rng)
+            text = raw.decode("utf-8", "surrogateescape")
+            for flags in ((False, False), (True, True)):
+                want_ids, want_text = ref.run(raw, *flags)
+                got = v.tokenize(text, *flags)
+                res.checked += 1
+                if got != want_ids:
+                    res.bad_ids += 1
+                    res.example = res.example or f"{raw!r} {flags}: llama.cpp {want_ids[:16]} ubatch {got[:16]}"
+                elif v.detokenize(got) != want_text.decode("utf-8", "replace"):
+                    res.bad_text += 1
+                    res.example = res.example or f"{raw!r}: llama.cpp {want_text!r} ubatch {v.detokenize(got)!r}"
+    finally:
+        ref.close()
+    return res
+
+
+def mixed_text(size: int, seed: int = 0) -> str:
+    """~`size` bytes of prose, code, CJK, emoji and digits (the throughput corpus)."""
+    rng = random.Random(seed)
+    prose = (
+        "The committee met on Tuesday to review the budget, and after a long discussion it agreed to fund "
+        "three new projects. Nobody expected the vote to be unanimous; it wasn't, but it was close. "
+    ).split()
+    code = [
+        "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }\n",
+        "def tokenize(self, text: str) -> list[int]:\n    return self._encode(text)\n",
+        "SELECT name, COUNT(*) FROM users WHERE age > 30 GROUP BY name;\n",
+    ]
+    cjk = ["东京是日本的首都，人口超过一千三百万。", "これは日本語の文章です。", "서울은 대한민국의 수도입니다. "]
+    emoji = ["🦙", "🚀", "✨", "👍🏽", "🎉🎉", "❤️"]
+    out: list[str] = []
+    total = 0
+    while total < size:
+        r = rng.random()
+        if r < 0.6:
+            s = " ".join(rng.choice(prose) for _ in range(rng.randrange(5, 25))) + ".\n"
+        elif r < 0.8:
+            s = rng.choice(code)
+        elif r < 0.9:
+            s = rng.choice(cjk) + "\n"
+        elif r < 0.95:
+            s = " ".join(rng.choice(emoji) for _ in range(rng.randrange(1, 6))) + " "
+        else:
+            s = " ".join(str(rng.randrange(10 ** rng.randrange(1, 9))) for _ in range(rng.randrange(1, 8))) + "\n"
+        out.append(s)
+        total += len(s.encode())
+    return "".join(out)
+
+
+def bench(names: list[str], src: Path) -> None:
+    """llama-tokenize -f FILE --ids vs ubatch tokenize -f FILE --ids, wall time of each command."""
+    exe = llama_bin() / "llama-tokenize"
+    if not exe.exists():
+        raise SystemExit(f"{exe} is missing: build it with {TOOL}")
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "mixed.txt"
+        f.write_text(mixed_text(1 << 20))
+        print(f"text: {f.stat().st_size} bytes; cpu: {_cpu()}")
+        print(
+            f"{'vocab':16s} {'kind':5s} {'tokens':>8s} {'llama-tokenize':>16s} {'ubatch tokenize':>16s} {'in-process':>12s}"
+        )
+        for name in names:
+            path = src / "models" / f"ggml-vocab-{name}.gguf"
+            t = time.perf_counter()
+            out = subprocess.run(
+                [str(exe), "-m", str(path), "-f", str(f), "--ids", "--log-disable"], capture_output=True
+            )
+            t_llama = time.perf_counter() - t
+            n_llama = out.stdout.count(b",") + 1
+            t = time.perf_counter()
+            cmd = [sys.executable, "-m", "ubatch.cli.main", "tokenize", "-m", str(path), "-f", str(f), "--ids"]
+            out = subprocess.run(cmd, capture_output=True)
+            t_ours = time.perf_counter() - t
+            n_ours = out.stdout.count(b",") + 1
+            from ubatch.engine.gguf.file import open_gguf
+            from ubatch.engine.vocab.vocab import Vocab
+
+            v = Vocab.from_metadata(open_gguf(path).metadata, name)
+            text = f.read_text()
+            t = time.perf_counter()
+            v.tokenize(text)
+            t_in = time.perf_counter() - t
+            same = "" if n_llama == n_ours else f"  (token counts differ: {n_llama} vs {n_ours})"
+            print(
+                f"{name:16s} {v.kind:5s} {n_llama:8d} {n_llama / t_llama:14.0f}/s {n_ours / t_ours:14.0f}/s "
+                f"{n_ours / t_in:10.0f}/s{same}"
+            )
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("vocabs", nargs="*", default=VOCABS)
+    ap.add_argument("--texts", type=int, default=200, help="random texts per vocabulary")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bench", action="store_true", help="time llama-tokenize and ubatch tokenize on 1 MB")
+    a = ap.parse_args()
+    src = llama_src()
+    if a.bench:
+        bench(a.vocabs, src)
+        return
+    with tempfile.TemporaryDirectory() as d:
+        helper = build_helper(src, Path(d))
+        if helper is None:
+            raise SystemExit(f"no libllama.so in {llama_bin()} (or no C compiler): build it with {TOOL}")
+        bad = 0
+        for name in a.vocabs:
+            r = compare(name, src, helper, a.texts, a.seed)
+            bad += r.bad_ids + r.bad_text
+            print(f"{r.vocab:16s} {r.model:7s} {r.pre:15s} {r.checked - r.bad_ids - r.bad_text}/{r.checked} same")
+            if r.example:
+                print(f"    first difference: {r.example[:400]}")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Every tokenizer kind against llama.cpp: its own test vocabularies (models/ggml-vocab-*.gguf with
+.inp/.out, read from the sdist, never copied here), random texts through libllama when a build of
+../shared/tools/llama-cpp.sh is on this machine, and the pieces that vocabularies rarely reach."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from ubatch.engine.errors import ModelLoadError
+from ubatch.engine.gguf.file import open_gguf
+from ubatch.engine.vocab.bpe import byte_decode, byte_encode
+from ubatch.engine.vocab.partition import group_specials, partition
+from ubatch.engine.vocab.pre_tokenizer import PRE_TOKENIZERS, UNSUPPORTED_PRE, Splitter
+from ubatch.engine.vocab.token_stream import TokenStreamer
+from ubatch.engine.vocab.unicode import llama_text
+from ubatch.engine.vocab.vocab import Vocab, clean_spaces
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import check_tokenizers  # noqa: E402
+
+SEP = "\n__ggml_vocab_test__\n"  # llama.cpp's tests/test-tokenizer-0.cpp
+KINDS = {  # name -> (tokenizer.ggml.model, tokenizer.ggml.pre, cases)
+    "bert-bge": ("bert", "bert-bge", 47),
+    "command-r": ("gpt2", "command-r", 47),
+    "deepseek-coder": ("gpt2", "deepseek-coder", 47),
+    "deepseek-llm": ("gpt2", "deepseek-llm", 47),
+    "falcon": ("gpt2", "falcon", 47),
+    "gemma-4": ("gemma4", "gemma4", 46),
+    "gpt-2": ("gpt2", "gpt-2", 47),
+    "llama-bpe": ("gpt2", "llama-bpe", 47),
+    "llama-spm": ("llama", "default", 47),
+    "mpt": ("gpt2", "mpt", 47),
+    "phi-3": ("llama", "default", 47),
+    "qwen2": ("gpt2", "qwen2", 47),
+    "qwen35": ("gpt2", "qwen35", 51),
+    "refact": ("gpt2", "refact", 47),
+    "starcoder": ("gpt2", "starcoder", 47),
+}
+
+
+@cache
+def llama_src() -> Path:
+    tool = check_tokenizers.TOOL
+    if not tool.exists():
+        pytest.skip(f"{tool} is not beside the repository")
+    out = subprocess.run([str(tool)], env={**os.environ, "LLAMA_CPP_SRC": "1"}, capture_output=True, text=True)
+    if out.returncode:
+        pytest.skip(f"llama.cpp's sdist is unavailable: {out.stderr.strip()[-200:]}")
+    return Path(out.stdout.strip())
+
+
+@cache
+def vocab(name: str) -> Vocab:
+    return Vocab.from_metadata(open_gguf(llama_src() / "models" / f"ggml-vocab-{name}.gguf").metadata, name)
+
+
+def test_the_sdist_has_exactly_these_test_vocabularies() -> None:
+    found = {p.name[len("ggml-vocab-") : -len(".gguf.inp")] for p in (llama_src() / "models").glob("*.gguf.inp")}
+    assert found == set(KINDS)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_llama_cpp_test_vocabulary(name: str) -> None:
+    model, pre, n = KINDS[name]
+    base = llama_src() / "models" / f"ggml-vocab-{name}.gguf"
+    inputs = base.with_name(base.name + ".inp").read_bytes().decode().split(SEP)
+    outputs = base.with_name(base.name + ".out").read_text().split("\n")[: len(inputs)]
+    v = vocab(name)
+    assert (v.model, v.pre, len(inputs)) == (model, pre, n)
+    bad = [
+        (text, want, got)
+        for text, line in zip(inputs, outputs)
+        if (got := v.tokenize(text, add_special=False)) != (want := [int(x) for x in line.split()])
+    ]
+    assert bad == [], f"{len(bad)}/{n} differ; first: {bad[0]}"
+
+
+@pytest.mark.parametrize("name", ["llama-bpe", "gemma-4", "bert-bge", "llama-spm"])
+def test_random_texts_match_libllama(name: str, tmp_path: Path) -> None:
+    helper = check_tokenizers.build_helper(llama_src(), tmp_path)
+    if helper is None:
+        pytest.skip(f"no libllama.so in {check_tokenizers.llama_bin()} (build it with ../shared/tools/llama-cpp.sh)")
+    r = check_tokenizers.compare(name, llama_src(), helper, 40, seed=3)
+    assert (r.checked, r.bad_ids, r.bad_text) == (80, 0, 0), r.example
+
+
+def test_bpe_special_tokens_and_add_bos() -> None:
+    v = vocab("llama-bpe")
+    ids = v.tokenize("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>", add_special=True, parse_special=True)
+    assert ids[:2] == [128000, 128006] and ids[-1] == 128009  # llama-bpe: add_bos; specials parsed
+    assert v.tokenize("<|eot_id|>", add_special=False) != [128009]  # not parsed: plain text
+    assert v.is_eog(128009) and v.detokenize(ids, unparse_special=True).startswith("<|begin_of_text|><|start")
+    assert v.nl == v.tokenize("\n", add_special=False)[0]
+
+
+def test_byte_level_pieces_are_bytes_not_stored_text() -> None:
+    v = vocab("gpt-2")
+    (tok,) = v.tokenize(" café", add_special=False)[-1:]
+    assert v.token_text(tok) != v.token_to_piece(tok).decode()  # stored text is the byte encoding
+    ids = v.tokenize("naïve 🦙 日本", add_special=False)
+    assert b"".join(v.token_to_piece(t) for t in ids) == "naïve 🦙 日本".encode()
+    streamer = TokenStreamer(v)  # a character split across tokens is held until complete
+    out = [streamer.push(t) for t in v.tokenize("🦙", add_special=False)]
+    assert "".join(out) == "🦙" and "\ufffd" not in "".join(out) and out[-1] == "🦙"
+
+
+def test_wordpiece_cls_sep_lowercase_and_unknown() -> None:
+    v = vocab("bert-bge")
+    ids = v.tokenize("Hello, WORLD!", add_special=True)
+    assert (
+        ids[0] == 101 and ids[-1] == 102 and v.detokenize(ids[1:-1]) == " hello, world!"
+    )  # llama.cpp keeps the ▁ of the first word
+    assert v.tokenize("\u0f00\u0f01", add_special=False) == [v.unk]  # no piece covers it
+
+
+def test_gemma4_spaces_and_newlines() -> None:
+    v = vocab("gemma-4")
+    assert v.add_bos and v.tokenize("a")[0] == v.bos
+    text = "Hello  world\n\n\nbye   "
+    assert v.detokenize(v.tokenize(text, add_special=False)) == text
+
+
+def test_every_pre_tokenizer_compiles_and_splits() -> None:
+    text = "Hello world's 12345 日本語 👋\n\n  x"
+    for name, pre in PRE_TOKENIZERS.items():
+        if pre.type in UNSUPPORTED_PRE:
+            continue
+        spans = Splitter(pre.type).spans(text)
+        assert "".join(text[a:b] for a, b in spans) == text, name  # words cover the text, in order
+
+
+def test_digit_groups_join_the_text_before_them() -> None:
+    spans = Splitter("AFMOE").steps[0]  # \p{AFMoE_digits}: llama.cpp's custom splitter
+    assert spans.pattern is None
+    s = Splitter("TINY_AYA")
+    text = "ab1234567"
+    assert [text[a:b] for a, b in s.spans(text)][:3] == ["ab", "1", "234"]
+
+
+def test_unknown_pre_is_refused_and_missing_pre_warns() -> None:
+    meta = dict(open_gguf(llama_src() / "models" / "ggml-vocab-gpt-2.gguf").metadata)
+    with pytest.raises(ModelLoadError, match=r"^x: unknown pre-tokenizer type 'nope'"):
+        Vocab.from_metadata({**meta, "tokenizer.ggml.pre": "nope"}, "x")
+    v = Vocab.from_metadata({k: x for k, x in meta.items() if k != "tokenizer.ggml.pre"}, "x")
+    assert v.pre == "default" and "tokenizer.ggml.pre" in v.warnings[0]
+
+
+def test_clean_spaces_passes() -> None:
+    assert clean_spaces(b"Hello , world ! It ' s you 're 't") == b"Hello, world! It's you're 't"
+    assert clean_spaces(b"a ' b") == b"a'b" and clean_spaces(b"") == b""
+    v = vocab("gpt-2")  # clean_spaces on: llama.cpp's detokenize drops " ," etc.
+    assert v.detokenize(v.tokenize("a , b", add_special=False)) == "a, b"
+
+
+def test_lstrip_rstrip_partition() -> None:
+    groups = group_specials([7], {7: "<m>"})
+    assert partition("a  <m>  b", groups, {7: (True, False)}) == ["a", 7, "  b"]
+    assert partition("a  <m>  b", groups, {7: (False, True)}) == ["a  ", 7, "b"]
+    assert partition("a  <m>  b", groups) == ["a  ", 7, "  b"]
+
+
+def test_byte_encoding_round_trips_every_byte() -> None:
+    raw = bytes(range(256))
+    word = raw.decode("latin-1")
+    assert byte_decode(byte_encode(word)) == word.encode()
+    assert byte_decode("\u4e00") == b"[UNK_BYTE_0xe4b880\xe4\xb8\x80]"
+
+
+def test_invalid_utf8_decodes_as_llama_cpp() -> None:
+    bad = b"a\xe4\xb8b\xff".decode("utf-8", "surrogateescape")
+    assert llama_text(bad) == "a\ufffd\ufffdb\ufffd"  # each bad byte one U+FFFD
+
+
+def test_word_cache_keeps_ids_and_stays_bounded() -> None:
+    v = vocab("qwen2")
+    rng = random.Random(0)
+    words = " ".join("".join(rng.choice("abcdefgh") for _ in range(6)) for _ in range(3000))
+    first = v.tokenize(words, add_special=False)
+    assert v.tokenize(words, add_special=False) == first  # second time from the cache
