@@ -1,4 +1,4 @@
-"""The abstract backend of llama / gemma3 graphs, and the plain data the ops exchange.
+"""The abstract backend of the architectures' graphs, and the plain data the ops exchange.
 
 Every op writes into an `out` tensor it is given (a view of the workspace) and takes any
 scratch it needs as views too, so a planned forward pass allocates nothing on its own. Ops know
@@ -11,6 +11,10 @@ default (binding a graph node to one call, fusing runs of calls, attention scrat
 inside the attention kernel, a graph runner), so the engine reads attributes and never probes.
 A graph node's inputs travel as one of the `*Args` dataclasses below, generic in what stands
 for a tensor: `torch.Tensor` in a backend's hands, the graph builder's symbol while recording.
+Each is declared once with its op (`declare`: the method, output shape, in-place flag, profiling
+category, default binding), so a new op is its `*Args` here with a default method that hands it
+to the reference (`Ops.fallback`), the reference's code in kernels/torch_ops.py, and a faster
+kernel in a backend where one pays.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeAlias, TypeVar
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 import torch
 from torch import Tensor
@@ -81,19 +85,73 @@ def attn_scratch_count(n_head_kv: int) -> int:
     return 6 if n_head_kv == 1 else 8
 
 
-# -- a graph node's inputs ------------------------------------------------------------------------
+# -- a graph node's inputs, each with its op declared once ------------------------------------------
+A = TypeVar("A")
+
+
+@dataclass(frozen=True, slots=True)
+class OpDecl:
+    """What the graph and every backend know of an op, declared with its argument type: the `Ops`
+    method that computes it, its output's shape from the arguments, whether the output may take
+    over the first input's memory, the profiling category, and how a backend without its own
+    kernel binds a node to its method (`Ops.bind`)."""
+
+    name: str
+    shape: Callable[[Any], tuple[int, ...]]  # the arguments (symbols or tensors) -> the output's shape
+    bind: Callable[[Ops, Any, Tensor, list[Tensor]], Step]  # (backend, arguments, out, scratch) -> one call
+    category: str
+    inplace: bool = False
+
+
+OPS: dict[type, OpDecl] = {}
+
+
+def declare(
+    name: str,
+    shape: Callable[[Any], tuple[int, ...]],
+    bind: Callable[[Ops, Any, Tensor, list[Tensor]], Step],
+    category: str,
+    inplace: bool = False,
+) -> Callable[[type[A]], type[A]]:
+    """Registers an argument type's op (see `OpDecl`)."""
+
+    def register(cls: type[A]) -> type[A]:
+        OPS[cls] = OpDecl(name, shape, bind, category, inplace)
+        return cls
+
+    return register
+
+
+def _same(a: Any) -> tuple[int, ...]:
+    """The output has the first input's shape."""
+    return tuple(a.x.shape)
+
+
+@declare(
+    "get_rows",
+    lambda a: (a.ids.shape[0], a.w.shape[1]),
+    lambda o, a, out, s: functools.partial(o.get_rows, a.w, a.ids, out),
+    "rows",
+)
 @dataclass(slots=True)
 class GetRowsArgs(Generic[X]):
     w: QWeight
     ids: X
 
 
+@declare(
+    "linear",
+    lambda a: (a.x.shape[0], a.w.shape[0]),
+    lambda o, a, out, s: functools.partial(o.linear, a.x, a.w, out, s),
+    "matmul",
+)
 @dataclass(slots=True)
 class LinearArgs(Generic[X]):
     x: X
     w: QWeight
 
 
+@declare("rms_norm", _same, lambda o, a, out, s: functools.partial(o.rms_norm, a.x, a.w, a.eps, out, s), "norm")
 @dataclass(slots=True)
 class RmsNormArgs(Generic[X]):
     x: X
@@ -101,6 +159,7 @@ class RmsNormArgs(Generic[X]):
     eps: float
 
 
+@declare("rope", _same, lambda o, a, out, s: functools.partial(o.rope, a.x, a.cos, a.sin, a.neox, out), "rope")
 @dataclass(slots=True)
 class RopeArgs(Generic[X]):
     x: X
@@ -109,18 +168,33 @@ class RopeArgs(Generic[X]):
     neox: bool
 
 
+@declare("scale", _same, lambda o, a, out, s: functools.partial(o.scale, a.x, a.s, out), "elementwise", inplace=True)
 @dataclass(slots=True)
 class ScaleArgs(Generic[X]):
     x: X
     s: float
 
 
+@declare(
+    "add",
+    lambda a: tuple(a.a.shape),
+    lambda o, a, out, s: functools.partial(o.add, a.a, a.b, out),
+    "elementwise",
+    inplace=True,
+)
 @dataclass(slots=True)
 class AddArgs(Generic[X]):
     a: X
     b: X
 
 
+@declare(
+    "glu",
+    lambda a: tuple(a.gate.shape),
+    lambda o, a, out, s: functools.partial(o.glu, a.gate, a.up, a.act, out),
+    "elementwise",
+    inplace=True,
+)
 @dataclass(slots=True)
 class GluArgs(Generic[X]):
     gate: X
@@ -128,18 +202,30 @@ class GluArgs(Generic[X]):
     act: str
 
 
+@declare(
+    "rows",
+    lambda a: (a.idx.shape[0], *a.x.shape[1:]),
+    lambda o, a, out, s: functools.partial(o.rows, a.x, a.idx, out),
+    "rows",
+)
 @dataclass(slots=True)
 class RowsArgs(Generic[X]):
     x: X
     idx: X
 
 
+@declare(
+    "softcap", _same, lambda o, a, out, s: functools.partial(o.softcap, a.x, a.c, out), "elementwise", inplace=True
+)
 @dataclass(slots=True)
 class SoftcapArgs(Generic[X]):
     x: X
     c: float
 
 
+@declare(
+    "kv_store", lambda a: (0,), lambda o, a, out, s: functools.partial(o.kv_store, a.kv, a.cells, a.x, s), "kv_write"
+)
 @dataclass(slots=True)
 class KVStoreArgs(Generic[X]):
     kv: KVTensor
@@ -164,6 +250,13 @@ class Collective(Protocol):
         on the other ranks `out` is left as it is."""
 
 
+@declare(
+    "all_reduce",
+    _same,
+    lambda o, a, out, s: functools.partial(all_reduce, a.x, a.comm, out),
+    "collective",
+    inplace=True,
+)
 @dataclass(slots=True)
 class AllReduceArgs(Generic[X]):
     """Partial sums of a row-split product (attention output, FFN down, the vocabulary's
@@ -173,12 +266,19 @@ class AllReduceArgs(Generic[X]):
     comm: Collective
 
 
+@declare(
+    "gather_cols",
+    lambda a: (a.x.shape[0], a.n),
+    lambda o, a, out, s: functools.partial(a.comm.gather_cols, a.x, out),
+    "collective",
+)
 @dataclass(slots=True)
 class GatherColsArgs(Generic[X]):
     """Each rank's logits for its slice of the vocabulary, side by side on rank 0."""
 
     x: X
     comm: Collective
+    n: int  # the columns of the whole (the vocabulary)
 
 
 @dataclass(slots=True)
@@ -195,6 +295,12 @@ class MaskCells(Generic[X]):
     query_lim: X  # (G·T,) int32: the last position a query sees (INT32_MAX: not causal)
 
 
+@declare(
+    "attention",
+    lambda a: (a.q.shape[0] * a.q.shape[1], a.q.shape[2] * a.v.head_dim),
+    lambda o, a, out, s: functools.partial(o.attention, a, out, s),
+    "attention",
+)
 @dataclass(slots=True)
 class AttentionArgs(Generic[X]):
     """softmax(scale·q·kᵀ + mask)·v over the layer's KV stores. q (G, T, H, D), one group per KV
@@ -229,16 +335,19 @@ NodeArgs: TypeAlias = (
     | AllReduceArgs[X]
     | GatherColsArgs[X]
 )
-_OP_NAMES: dict[type, str] = {
-    GetRowsArgs: "get_rows", LinearArgs: "linear", RmsNormArgs: "rms_norm", RopeArgs: "rope", ScaleArgs: "scale",
-    AddArgs: "add", GluArgs: "glu", RowsArgs: "rows", SoftcapArgs: "softcap", KVStoreArgs: "kv_store",
-    AttentionArgs: "attention", AllReduceArgs: "all_reduce", GatherColsArgs: "gather_cols",
-}  # fmt: skip
+
+
+def op_decl(a: NodeArgs[X]) -> OpDecl:
+    """The declaration of the op a node's arguments are for."""
+    return OPS[type(a)]
 
 
 def op_name(a: NodeArgs[X]) -> str:
     """The `Ops` method a node's arguments are for."""
-    return _OP_NAMES[type(a)]
+    return OPS[type(a)].name
+
+
+INPLACE_OPS = frozenset(d.name for d in OPS.values() if d.inplace)  # output may take over the first input
 
 
 def all_reduce(x: Tensor, comm: Collective, out: Tensor) -> None:
@@ -292,6 +401,12 @@ class Ops(ABC):
         """The backend's own runner of bound steps (engine/graph/cuda_graphs.py), or None: the
         steps run one after the other."""
         return None
+
+    def fallback(self) -> Ops:
+        """The backend this one hands an op it has no kernel for: the torch reference a CPU or
+        CUDA backend composes. An op declared with a default method below runs there unless the
+        backend overrides it."""
+        raise NotImplementedError(f"the {self.name} backend has no reference backend to hand an op to")
 
     # weights: the backend owns their layout and says what it holds beyond the file's bytes
     @abstractmethod
@@ -349,34 +464,9 @@ class Ops(ABC):
     # running a graph
     def bind(self, a: NodeArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Step:
         """A graph node as one zero-argument call, made once per graph: a backend compiles the
-        nodes it can (the CPU's C calls, CUDA's fused kernels); here, its method bound."""
-        match a:
-            case GetRowsArgs():
-                return functools.partial(self.get_rows, a.w, a.ids, out)
-            case LinearArgs():
-                return functools.partial(self.linear, a.x, a.w, out, scratch)
-            case RmsNormArgs():
-                return functools.partial(self.rms_norm, a.x, a.w, a.eps, out, scratch)
-            case RopeArgs():
-                return functools.partial(self.rope, a.x, a.cos, a.sin, a.neox, out)
-            case ScaleArgs():
-                return functools.partial(self.scale, a.x, a.s, out)
-            case AddArgs():
-                return functools.partial(self.add, a.a, a.b, out)
-            case GluArgs():
-                return functools.partial(self.glu, a.gate, a.up, a.act, out)
-            case RowsArgs():
-                return functools.partial(self.rows, a.x, a.idx, out)
-            case SoftcapArgs():
-                return functools.partial(self.softcap, a.x, a.c, out)
-            case KVStoreArgs():
-                return functools.partial(self.kv_store, a.kv, a.cells, a.x, scratch)
-            case AttentionArgs():
-                return functools.partial(self.attention, a, out, scratch)
-            case AllReduceArgs():
-                return functools.partial(all_reduce, a.x, a.comm, out)
-            case GatherColsArgs():
-                return functools.partial(a.comm.gather_cols, a.x, out)
+        nodes it can (the CPU's C calls, CUDA's fused kernels); here, its method bound as the op's
+        declaration says."""
+        return OPS[type(a)].bind(self, a, out, scratch)
 
     def fuse(self, steps: Sequence[Step]) -> list[Step]:
         """Runs of bound calls as fewer calls where the backend can (the CPU's C calls become

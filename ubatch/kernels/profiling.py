@@ -18,6 +18,7 @@ from typing import TypeVar
 from torch import Tensor
 
 from ubatch.kernels.ops import (
+    OPS,
     AttentionArgs,
     GraphRunner,
     KVTensor,
@@ -26,29 +27,15 @@ from ubatch.kernels.ops import (
     Ops,
     ScratchSpec,
     Step,
-    op_name,
+    op_decl,
 )
 from ubatch.kernels.quant.weight import QWeight
 
 R = TypeVar("R")
 
-# op method -> category; `linear` with the output matrix is split out as "lm_head"
-OP_CATEGORY = {
-    "linear": "matmul",
-    "attention": "attention",
-    "rms_norm": "norm",
-    "rope": "rope",
-    "rope_cache": "rope",
-    "scale": "elementwise",
-    "add": "elementwise",
-    "glu": "elementwise",
-    "softcap": "elementwise",
-    "get_rows": "rows",
-    "rows": "rows",
-    "kv_store": "kv_write",
-    "all_reduce": "collective",
-    "gather_cols": "collective",
-}
+# op method -> category, as each op declares it (kernels/ops.py); `linear` with the output matrix
+# is split out as "lm_head"
+OP_CATEGORY = {d.name: d.category for d in OPS.values()} | {"rope_cache": "rope"}
 CATEGORIES = (
     "matmul",
     "lm_head",
@@ -112,6 +99,10 @@ class ProfilingOps(Ops):
             self.ns[category] += time.perf_counter_ns() - t0
 
     # -- the inner backend's own ----------------------------------------------------------------
+    def fallback(self) -> Ops:
+        """Ops called directly (not as graph nodes) that this proxy does not time."""
+        return self.inner
+
     @property
     def graph_runner(self) -> GraphRunner | None:
         return self.inner.graph_runner
@@ -137,7 +128,7 @@ class ProfilingOps(Ops):
     def bind(self, a: NodeArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Step:
         """The backend's bound call for a node, with the timer around it."""
         f = self.inner.bind(a, out, scratch)
-        cat = _linear_category(a.w) if isinstance(a, LinearArgs) else OP_CATEGORY[op_name(a)]
+        cat = _linear_category(a.w) if isinstance(a, LinearArgs) else op_decl(a).category
 
         def timed() -> None:
             if not self.active:

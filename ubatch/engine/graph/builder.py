@@ -32,7 +32,7 @@ from ubatch.kernels.ops import (
     ScaleArgs,
     ScratchSpec,
     SoftcapArgs,
-    op_name,
+    op_decl,
 )
 from ubatch.kernels.quant.weight import QWeight
 
@@ -62,9 +62,11 @@ class GraphBuilder:
         self.nodes.append(n)
         return Sym(n.id, n.shape, dtype)
 
-    def _op(self, args: NodeArgs[Sym], shape: tuple[int, ...], name: str, scratch: ScratchSpec | None = None) -> Sym:
-        """A node computing an op into a new f32 tensor of `shape`."""
-        return self._node(op_name(args), args, node_inputs(args), shape, torch.float32, name, scratch)
+    def op(self, args: NodeArgs[Sym], name: str, scratch: ScratchSpec | None = None) -> Sym:
+        """A node computing any declared op (kernels/ops.py `declare`) into a new f32 tensor of the
+        shape its declaration gives."""
+        d = op_decl(args)
+        return self._node(d.name, args, node_inputs(args), d.shape(args), torch.float32, name, scratch)
 
     def input(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Sym:
         s = self._node("input", None, (), shape, dtype, name)
@@ -77,52 +79,51 @@ class GraphBuilder:
         return self._node("view", None, (x,), shape, x.dtype, name or self.nodes[x.id].name, base=base)
 
     def get_rows(self, w: QWeight, ids: Sym, name: str) -> Sym:
-        return self._op(GetRowsArgs(w, ids), (ids.shape[0], w.shape[1]), name)
+        return self.op(GetRowsArgs(w, ids), name)
 
     def linear(self, x: Sym, w: QWeight, name: str) -> Sym:
-        return self._op(LinearArgs(x, w), (x.shape[0], w.shape[0]), name, self.ops.linear_scratch(x.shape[0], w))
+        return self.op(LinearArgs(x, w), name, self.ops.linear_scratch(x.shape[0], w))
 
     def rms_norm(self, x: Sym, w: torch.Tensor, eps: float, name: str) -> Sym:
-        return self._op(RmsNormArgs(x, w, eps), x.shape, name, [((*x.shape[:-1], 1), torch.float32)])
+        return self.op(RmsNormArgs(x, w, eps), name, [((*x.shape[:-1], 1), torch.float32)])
 
     def rope(self, x: Sym, cos: Sym, sin: Sym, neox: bool, name: str) -> Sym:
-        return self._op(RopeArgs(x, cos, sin, neox), x.shape, name)
+        return self.op(RopeArgs(x, cos, sin, neox), name)
 
     def scale(self, x: Sym, s: float, name: str) -> Sym:
-        return self._op(ScaleArgs(x, s), x.shape, name)
+        return self.op(ScaleArgs(x, s), name)
 
     def add(self, a: Sym, b: Sym, name: str) -> Sym:
-        return self._op(AddArgs(a, b), a.shape, name)
+        return self.op(AddArgs(a, b), name)
 
     def glu(self, gate: Sym, up: Sym, act: str, name: str) -> Sym:
-        return self._op(GluArgs(gate, up, act), gate.shape, name)
+        return self.op(GluArgs(gate, up, act), name)
 
     def rows(self, x: Sym, idx: Sym, name: str) -> Sym:
-        return self._op(RowsArgs(x, idx), (idx.shape[0], *x.shape[1:]), name)
+        return self.op(RowsArgs(x, idx), name)
 
     def softcap(self, x: Sym, c: float, name: str) -> Sym:
-        return self._op(SoftcapArgs(x, c), x.shape, name)
+        return self.op(SoftcapArgs(x, c), name)
 
     def all_reduce(self, x: Sym, comm: Collective, name: str) -> Sym:
-        return self._op(AllReduceArgs(x, comm), x.shape, name)
+        return self.op(AllReduceArgs(x, comm), name)
 
     def gather_cols(self, x: Sym, comm: Collective, n: int, name: str) -> Sym:
         """(rows, c) on each rank -> (rows, n) on rank 0: the vocabulary slices side by side."""
-        return self._op(GatherColsArgs(x, comm), (x.shape[0], n), name)
+        return self.op(GatherColsArgs(x, comm, n), name)
 
     def kv_store(self, store: KVTensor, slots: Sym, x: Sym, name: str) -> Sym:
         """Write rows into the cache; a half-precision cache gets a scratch for the cast."""
         dt = store.data.dtype
         scratch: ScratchSpec = [(x.shape, dt)] if dt not in (torch.float32, torch.uint8) else []
-        return self._op(KVStoreArgs(store, slots, x), (0,), name, scratch)
+        return self.op(KVStoreArgs(store, slots, x), name, scratch)
 
     def attention(self, a: AttentionArgs[Sym], after: tuple[Sym, Sym], name: str) -> Sym:
         """Attention of q over the layer's KV stores; `after` (this layer's K and V stores)
         orders it behind them. The backend plans its scratch (`Ops.attention_scratch`)."""
-        g, t, h, d = a.q.shape
         scratch = self.ops.attention_scratch(a.q.shape, a.k, a.v, a.n_kv)
-        shape = (g * t, h * a.v.head_dim)
-        return self._node("attention", a, (*node_inputs(a), *after), shape, torch.float32, name, scratch)
+        d = op_decl(a)
+        return self._node(d.name, a, (*node_inputs(a), *after), d.shape(a), torch.float32, name, scratch)
 
     def finish(self, output: Sym) -> Graph:
         g = Graph(self.nodes, dict(self.inputs), output.id)

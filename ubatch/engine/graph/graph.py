@@ -24,15 +24,12 @@ import torch
 from torch import Tensor
 
 from ubatch.engine.graph.workspace import Layout, Request, lay_out
-from ubatch.kernels.ops import MaskCells, NodeArgs, Ops, ScratchSpec, Step
+from ubatch.kernels.ops import INPLACE_OPS, MaskCells, NodeArgs, Ops, ScratchSpec, Step
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 D = TypeVar("D", bound="DataclassInstance")
-
-# ops whose output may take over the memory of their first input when that input dies there
-INPLACE_OPS = {"scale", "add", "glu", "softcap", "all_reduce"}
 
 
 def nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -153,7 +150,7 @@ def lay_out_graph(g: Graph) -> tuple[Layout, dict[tuple[int, int], int]]:
         if n.op == "view":
             continue
         inplace = None
-        if n.op in INPLACE_OPS:
+        if n.op in INPLACE_OPS:  # declared in kernels/ops.py: the output may take over its first input
             a = n.inputs[0]
             if g.nodes[a.id].base < 0 and g.nodes[a.id].nbytes == n.nbytes:
                 inplace = a.id

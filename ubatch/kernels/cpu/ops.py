@@ -140,6 +140,9 @@ class CpuOps(Ops):
         self.notices = [self.kernels.library.notice] if self.kernels.library.notice else []
         self._noticed: set[int] = set()
 
+    def fallback(self) -> Ops:
+        return self.ref
+
     # -- weights --------------------------------------------------------------------------------
     def prepare_weights(self, weights: list[QWeight]) -> None:
         """The kernels read the memory-mapped blocks as stored, but Q5_0 on AVX2 (quant/repack.py)."""

@@ -78,6 +78,9 @@ class CudaOps(Ops):
     def graph_runner(self) -> GraphRunner | None:
         return self._runner if self.cuda_graphs else None
 
+    def fallback(self) -> Ops:
+        return self.ref
+
     # -- weights --------------------------------------------------------------------------------
     def prepare_weights(self, weights: list[QWeight]) -> None:
         """Nothing is repacked; the weights must already be in device memory (Model.load)."""
