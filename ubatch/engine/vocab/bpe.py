@@ -10,7 +10,10 @@ llm_tokenizer_bpe_session's loop: repeatedly join the adjacent pair with the low
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Callable
+
+import numpy as np
 
 from ubatch.engine.gguf.string_array import StringArray
 from ubatch.engine.vocab import unicode
@@ -69,6 +72,25 @@ class BpeTokenizer:
         self._metaspace = pre.type == "MMBERT"
         self._whitespace_model, self._lowercase = whitespace_model, lowercase
         self._cache: dict[str, list[int]] = {}
+        self._space_cuts: re.Pattern[str] | None = None
+
+    def _find_space_cuts(self) -> re.Pattern[str]:
+        """Where a line may be cut before "▁" with the same merges: not after a character that
+        ends the left side of a merge whose right side starts with "▁" (Gemma 4 has one: ">"), nor
+        inside a run of "▁". Merges never join across such a cut, so the pieces can be merged, and
+        cached, apart. Found from the merges' bytes: each " ▁" is a separator, the left side before it."""
+        blob = np.frombuffer(self._merges.blob, np.uint8)
+        sp = np.flatnonzero((blob[:-3] == 0x20) & (blob[1:-2] == 0xE2) & (blob[2:-1] == 0x96) & (blob[3:] == 0x81))
+        off = self._merges.offsets
+        lasts = set()
+        for p, i in zip(sp.tolist(), (np.searchsorted(off, sp, "right") - 1).tolist()):
+            line = self._merges[i]
+            sep = line.find(" ", 1)
+            if sep == p - int(off[i]) and line[:sep] and not line[:sep].endswith(_SPACE):
+                lasts.add(line[sep - 1])
+        chars = "".join(re.escape(c) for c in sorted(lasts))
+        self._space_cuts = re.compile(f"(?<=[^{_SPACE}{chars}])(?={_SPACE})")
+        return self._space_cuts
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [self._encode(t) for t in texts]
@@ -82,9 +104,12 @@ class BpeTokenizer:
         return self._words(text)
 
     def _words(self, text: str) -> list[int]:
-        words = [text[a:b] for a, b in self._split.spans(text)]
+        words = self._split.words(text)
         if self._metaspace:
             words = _metaspace(words)
+        elif self._pre.escape_whitespaces:  # Gemma 4: whole lines; cut them where no merge can reach across
+            cut = self._space_cuts or self._find_space_cuts()
+            words = [w for line in words for w in cut.split(line)]
         cache, out = self._cache, []
         if len(cache) > CACHE_WORDS:
             cache.clear()

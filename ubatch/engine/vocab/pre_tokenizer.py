@@ -12,13 +12,12 @@ exactly where llama.cpp does, at C speed.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import accumulate
 
 from ubatch.engine.vocab import unicode
 from ubatch.engine.vocab.pre_regexes import RAW_UTF8, REGEXES
-
-Spans = list[tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -168,8 +167,19 @@ def _ecmascript(expr: str) -> str:
 
 @dataclass(frozen=True)
 class _Step:
-    pattern: re.Pattern[str] | None  # None: digit groups
+    pattern: re.Pattern[str] | None  # the regex as one capturing group (for re.split); None: digit groups
     collapsed: bool
+
+    def pieces(self, s: str) -> list[str]:
+        """`s` cut at the matches, the text between matches kept: [gap, match, gap, ...] less the
+        empty ones, in C (re.split) rather than a Python loop over matches."""
+        if self.pattern is None:
+            return _digit_groups(s)
+        parts = self.pattern.split(s)
+        k = self.pattern.groups + 1
+        if k > 2:  # drop the regex's own groups, which re.split returns after each match
+            parts = [p for i, p in enumerate(parts) if i % k < 2]
+        return [p for p in parts if p]
 
 
 def _step(expr: str) -> _Step:
@@ -179,65 +189,48 @@ def _step(expr: str) -> _Step:
     if collapsed and not expr.isascii():
         raise ValueError(f"regex mixes Unicode categories and non-ASCII characters: {expr!r}")
     src = _ecmascript(_collapsed_regex(expr) if collapsed else expr)
-    return _Step(re.compile(src, re.ASCII), collapsed)
+    return _Step(re.compile(f"({src})", re.ASCII), collapsed)
 
 
 class Splitter:
-    """One pre-tokeniser: text -> word spans (code-point offsets)."""
+    """One pre-tokeniser: text -> words. Each regex after the first runs on each word of the one
+    before, as a text of its own (its end is the end for lookaheads, as in std::regex_iterator)."""
 
     def __init__(self, pre_type: str) -> None:
         self.steps = [_step(e) for e in REGEXES.get(pre_type, REGEXES["DEFAULT"])]
 
-    def spans(self, text: str) -> Spans:
-        views: dict[bool, str] = {}
-
-        def view(collapsed: bool) -> str:
-            if collapsed not in views:
-                views[collapsed] = (unicode.collapse if collapsed else unicode.wide_text)(text)
-            return views[collapsed]
-
-        spans: Spans = [(0, len(text))] if text else []
+    def words(self, text: str) -> list[str]:
+        if not text:
+            return []
+        views = {c: (unicode.collapse if c else unicode.wide_text)(text) for c in {s.collapsed for s in self.steps}}
+        pieces, view = [text], text
         for step in self.steps:
-            if step.pattern is None:
-                spans = _digit_groups(view(True), spans)
-            else:
-                spans = _split(step.pattern.finditer, view(step.collapsed), spans)
-        return spans
+            s = views[step.collapsed]
+            if s is not view:  # the previous step cut another view of the text: cut this one alike
+                pieces, view = _cut(s, map(len, pieces)), s
+            pieces = step.pieces(s) if len(pieces) == 1 else [w for p in pieces for w in step.pieces(p)]
+        return pieces if view is text else _cut(text, map(len, pieces))
 
 
-def _split(finditer: Callable[[str, int, int], object], s: str, spans: Spans) -> Spans:
-    """Each span cut at the pattern's matches; the text between matches stays a word."""
-    out: Spans = []
-    add = out.append
-    for a, b in spans:
-        pos = a
-        for m in finditer(s, a, b):  # type: ignore[attr-defined]  # an iterator of re.Match
-            x, y = m.span()
-            if x > pos:
-                add((pos, x))
-            if y > x:
-                add((x, y))
-            pos = y
-        if pos < b:
-            add((pos, b))
-    return out
+def _cut(s: str, lengths: Iterable[int]) -> list[str]:
+    ends = list(accumulate(lengths))
+    return [s[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
 _DIGITS = re.compile(f"[{_N}0-9]+")
 
 
-def _digit_groups(s: str, spans: Spans) -> Spans:
+def _digit_groups(s: str) -> list[str]:
     """llama.cpp's unicode_regex_split_custom_afmoe: a digit run splits into a leading 1-2 digits
     (its length mod 3) and groups of 3; the text before a run joins its first group."""
-    out: Spans = []
-    for a, b in spans:
-        prev = a
-        for m in _DIGITS.finditer(s, a, b):
-            x, y = m.span()
-            first = x + ((y - x) % 3 or 3)
-            out.append((prev, first))
-            out.extend((k, k + 3) for k in range(first, y, 3))
-            prev = y
-        if prev < b:
-            out.append((prev, b))
+    out: list[str] = []
+    prev = 0
+    for m in _DIGITS.finditer(s):
+        x, y = m.span()
+        first = x + ((y - x) % 3 or 3)
+        out.append(s[prev:first])
+        out.extend(s[k : k + 3] for k in range(first, y, 3))
+        prev = y
+    if prev < len(s):
+        out.append(s[prev:])
     return out

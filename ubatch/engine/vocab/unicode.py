@@ -53,6 +53,15 @@ def lowercase() -> dict[int, int]:
 
 
 @cache
+def lower_table() -> np.ndarray:
+    """unicode_tolower for every code point, as one lookup array."""
+    out = np.arange(MAX_CODEPOINTS, dtype=np.uint32)
+    pairs = np.array(_rows(unicode_data.LOWERCASE), np.uint32).reshape(-1, 2)
+    out[pairs[:, 0]] = pairs[:, 1]
+    return out
+
+
+@cache
 def nfd() -> np.ndarray:
     """llama.cpp's one-code-point NFD: each code point to the first of its decomposition."""
     out = np.arange(MAX_CODEPOINTS, dtype=np.uint32)

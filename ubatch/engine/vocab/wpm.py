@@ -48,33 +48,30 @@ class WpmTokenizer:
         return out
 
     def words(self, text: str) -> list[str]:
-        """llm_tokenizer_wpm_session::preprocess."""
+        """llm_tokenizer_wpm_session::preprocess, vectorised: whitespace separates, control
+        characters (and accents when stripped) vanish, punctuation, ASCII symbols and CJK
+        ideographs stand alone; then one split at the spaces put in their place."""
         cps = unicode.codepoints(unicode.llama_text(text))
+        if not len(cps):
+            return []
         if self._strip:
             cps = unicode.nfd()[cps]
-        flags = unicode.flags()[cps]
-        lower = unicode.lowercase()
-        words: list[str] = []
-        cur: list[str] = []
-        for cp, f in zip(cps.tolist(), flags.tolist()):
-            if f & unicode.WHITESPACE:
-                if cur:
-                    words.append("".join(cur))
-                    cur = []
-                continue
-            if cp in (0, 0xFFFD) or f & unicode.CONTROL or (self._strip and f & unicode.ACCENT_MARK):
-                continue
-            s = chr(lower.get(cp, cp) if self._lowercase else cp)
-            if f & unicode.PUNCTUATION or (cp < 0x7F and f & unicode.SYMBOL) or _is_cjk(cp):
-                if cur:
-                    words.append("".join(cur))
-                words.append(s)
-                cur = []
-            else:
-                cur.append(s)
-        if cur:
-            words.append("".join(cur))
-        return words
+        f = unicode.flags()[cps]
+        space = (f & unicode.WHITESPACE) != 0
+        drop = (cps == 0) | (cps == 0xFFFD) | ((f & unicode.CONTROL) != 0)
+        if self._strip:
+            drop |= (f & unicode.ACCENT_MARK) != 0
+        drop &= ~space
+        alone = ((f & unicode.PUNCTUATION) != 0) | ((cps < 0x7F) & ((f & unicode.SYMBOL) != 0)) | _is_cjk(cps)
+        alone &= ~space & ~drop
+        out = np.zeros((len(cps), 3), np.uint32)  # [space before, character, space after]; 0 = nothing
+        out[:, 1] = unicode.lower_table()[cps] if self._lowercase else cps
+        out[space, 1] = 0x20
+        out[drop, 1] = 0
+        out[alone, 0] = out[alone, 2] = 0x20
+        flat = out.ravel()
+        joined = flat[flat != 0].astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
+        return [w for w in joined.split(" ") if w]
 
     def _word(self, word: str) -> list[int]:
         """Longest-first cover of "▁" + word; the unknown token if some position has no match."""
@@ -92,8 +89,11 @@ class WpmTokenizer:
         return out
 
 
-def _is_cjk(cp: int) -> bool:
-    return any(a <= cp <= b for a, b in _CJK)
+def _is_cjk(cps: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(cps), bool)
+    for a, b in _CJK:
+        out |= (cps >= a) & (cps <= b)
+    return out
 
 
 def max_chars(lengths: np.ndarray) -> int:
