@@ -22,6 +22,7 @@ from ubatch.cli.server.request.tools import ChatPlan, ChatRequest, chat_plan, ch
 from ubatch.cli.server.state import ServerState
 from ubatch.engine.chat.tools import PreparedChat
 from ubatch.engine.errors import EngineError, ErrorKind, UbatchError
+from ubatch.engine.serve.task import context_error
 
 
 @dataclass(slots=True)
@@ -58,6 +59,10 @@ def chat_prompt(st: ServerState, body: dict[str, Any]) -> ChatPrompt:
     the reasoning budget with the template's thinking tags, and the generation prompt."""
     assert st.chat is not None
     o = st.options
+    # every template spends a token or more on each message: a conversation of more messages than
+    # the context has cells is refused before rendering (millions of tiny messages took minutes)
+    if (err := context_error(len(body["messages"]), st.sch().n_ctx_slot, at_least=True)) is not None:
+        raise err
     req = chat_request(body, o.jinja, o.enable_thinking)
     budget = requested_budget(body, o.reasoning_budget)
     msgs = chat_messages(body["messages"])

@@ -235,6 +235,10 @@ def _logit_bias(v: Any, n_vocab: int, tokenize: Callable[[str], list[int]] | Non
         items = [tuple(e) for e in v if isinstance(e, list) and len(e) == 2]
     else:
         raise bad_request("Field 'logit_bias': expected an object or an array of [token, bias] pairs")
+    if len(items) > n_vocab:  # each entry is applied to every sampled token's logits: bound them
+        raise bad_request(
+            f"Field 'logit_bias': {len(items)} entries, more than the model's {n_vocab} tokens; give each token once"
+        )
     out: list[tuple[int, float]] = []
     for key, bias in items:
         if bias is False:
@@ -262,13 +266,21 @@ PROMPT_ELEMENTS = (
 )
 
 
+MAX_PROMPTS = 2048  # prompts in one request (OpenAI's limit on an embeddings input array)
+
+
 def split_prompts(prompt: Any, name: str = "prompt") -> list[list[str | int]]:
     """llama.cpp's tokenize_input_prompts: an array holding no token id is several prompts (one
     task each), anything else is one prompt. A prompt is a string, an array of token ids, an
-    array mixing strings and token ids, or {"prompt_string": one of those}."""
+    array mixing strings and token ids, or {"prompt_string": one of those}. At most MAX_PROMPTS:
+    a 64 MiB body of short strings is millions of tasks (minutes of CPU before any answer)."""
     if isinstance(prompt, list) and not any(_is_int(x) for x in prompt):
         if not prompt:
             raise bad_request(f'"{name}" must not be empty')
+        if len(prompt) > MAX_PROMPTS:
+            raise bad_request(
+                f'"{name}" holds {len(prompt)} prompts, more than {MAX_PROMPTS} in one request; send them in several'
+            )
         return [_subprompt(p, name) for p in prompt]
     return [_subprompt(prompt, name)]
 
