@@ -4,12 +4,19 @@ else in the engine branches on an architecture."""
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
+import tiny_families
+import torch
 
+from ubatch.engine.batch import Batch
+from ubatch.engine.context.context import Context
 from ubatch.engine.model.archs import ARCHS, HF_MODEL_TYPES
 from ubatch.engine.model.archs.base import HParams
+from ubatch.engine.model.model import Model
+from ubatch.engine.params import ContextParams
 
 ENGINE = Path(__file__).resolve().parents[1] / "ubatch" / "engine"
 
@@ -73,7 +80,126 @@ def test_a_missing_key_is_one_line_naming_it(arch: str) -> None:
 
 def test_hf_model_types_name_registered_architectures() -> None:
     assert HF_MODEL_TYPES and all(a.name in ARCHS for a in HF_MODEL_TYPES.values())
-    with pytest.raises(Exception, match="not supported; ubatch runs llama, gemma3"):
+    with pytest.raises(Exception, match="not supported; ubatch runs llama, gemma3, qwen2, qwen3"):
         from ubatch.engine.model.hparams import hparams_from_metadata
 
         hparams_from_metadata({"general.architecture": "mamba"}, "f.gguf")
+
+
+# -- each family against transformers' fp32 forward -------------------------------------------------
+FAMILY_NAMES = sorted(tiny_families.FAMILIES)
+SEQ = torch.randint(3, tiny_families.VOCAB, (300,), generator=torch.Generator().manual_seed(7)).tolist()
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("families")
+
+
+def _source(root: Path, family: str, source: str) -> Path:
+    """The checkpoint directory (ubatch's own reader), or its GGUF by llama.cpp's converter."""
+    d = tiny_families.write_hf(root / family, family)
+    if source == "hf":
+        return d
+    if tiny_families.llama_cpp_src() is None:
+        pytest.skip("llama.cpp's convert_hf_to_gguf.py is not available (../shared/tools/llama-cpp.sh)")
+    return tiny_families.convert_llama_cpp(d, root / f"{family}.{source}.gguf", source)
+
+
+@cache
+def _reference(family: str, ids: tuple[int, ...]) -> torch.Tensor:
+    with torch.no_grad():
+        return tiny_families.hf_model(family)(torch.tensor([ids])).logits[0].double()
+
+
+def _kld_top1(ref: torch.Tensor, ours: torch.Tensor) -> tuple[float, float]:
+    lp, lq = torch.log_softmax(ref, -1), torch.log_softmax(ours.double(), -1)
+    kld = (lp.exp() * (lp - lq)).sum(-1)
+    return kld.mean().item(), (ref.argmax(-1) == ours.argmax(-1)).double().mean().item()
+
+
+def _context(path: Path, backend: str, n_ubatch: int, n_seq: int = 1) -> Context:
+    params = ContextParams(n_ctx=1024, n_ubatch=n_ubatch, n_seq_max=n_seq, kv_unified=n_seq > 1, type_k="f32",
+                           type_v="f32", backend=backend, n_threads=2)  # fmt: skip
+    return Context(Model.load(path), params)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("n_ubatch", [512, 7])
+@pytest.mark.parametrize("source", ["f32", "hf"])
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_family_logits_match_transformers(
+    family_dirs: Path, family: str, source: str, n_ubatch: int, backend: str
+) -> None:
+    """300 positions of one sequence: top-1 as transformers' fp32 forward everywhere, mean KLD
+    at most 1e-4, with a whole prefill in one ubatch and in ubatches of 7 rows."""
+    ctx = _context(_source(family_dirs, family, source), backend, n_ubatch)
+    assert ctx.model.hparams.arch == tiny_families.FAMILIES[family].gguf_arch
+    ctx.decode(Batch.from_tokens(SEQ, 0, all_logits=True))
+    kld, top1 = _kld_top1(_reference(family, tuple(SEQ)), ctx.logits)
+    assert top1 == 1.0 and kld <= 1e-4, (kld, top1)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_family_several_sequences_in_one_ubatch(family_dirs: Path, family: str) -> None:
+    """Three sequences of different lengths decoded together: each gets its own logits."""
+    seqs = [SEQ[:40], SEQ[100:125], SEQ[200:260]]
+    ctx = _context(_source(family_dirs, family, "f32"), "cpu", 512, n_seq=3)
+    batch = Batch()
+    for s, ids in enumerate(seqs):
+        for i, t in enumerate(ids):
+            batch.token.append(t)
+            batch.pos.append(i)
+            batch.seq_id.append([s])
+            batch.logits.append(True)
+    ctx.decode(batch)
+    row = 0
+    for ids in seqs:
+        kld, top1 = _kld_top1(_reference(family, tuple(ids)), ctx.logits[row : row + len(ids)])
+        assert top1 == 1.0 and kld <= 1e-4, (kld, top1)
+        row += len(ids)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_family_greedy_tokens_match_transformers(family_dirs: Path, family: str) -> None:
+    """32 greedy tokens after a prompt, fed as ids: the same as transformers' greedy choice."""
+    prompt = SEQ[:20]
+    ctx = _context(_source(family_dirs, family, "f32"), "cpu", 512)
+    ctx.decode(Batch.from_tokens(prompt, 0))
+    ours = []
+    for i in range(32):
+        ours.append(int(ctx.logits[-1].argmax()))
+        ctx.decode(Batch.from_tokens(ours[-1:], len(prompt) + i))
+    model, ids = tiny_families.hf_model(family), list(prompt)
+    with torch.no_grad():
+        for _ in range(32):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert ours == ids[len(prompt) :]
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_family_on_two_ranks_gives_the_single_process_logits(family_dirs: Path, family: str) -> None:
+    """-tp 2: each rank holds the heads, biases and FFN rows its specs' cuts give it; prefill and
+    decode logits equal one process's within f32 summation order."""
+    from ubatch.engine.parallel.launch import start
+    from ubatch.engine.parallel.worker import load_shard
+
+    path = _source(family_dirs, family, "f32")
+
+    def run(model: Model) -> list[torch.Tensor]:
+        ctx = Context(model, ContextParams(n_ctx=256, n_threads=1, backend="cpu"))
+        ctx.decode(Batch.from_tokens(SEQ[:30], 0, all_logits=True))
+        out = [ctx.logits.clone()]
+        for i in range(8):
+            ctx.decode(Batch.from_tokens([int(out[-1][-1].argmax())], 30 + i))
+            out.append(ctx.logits.clone())
+        return out
+
+    want = run(Model.load(path))
+    ranks = start(2, timeout_s=60)
+    try:
+        got = run(load_shard(ranks.group, str(path), "cpu"))
+    finally:
+        ranks.stop()
+    for a, b in zip(want, got, strict=True):
+        assert float((a - b).abs().max()) <= 1e-4 * float(a.abs().max())

@@ -203,6 +203,17 @@ class GluArgs(Generic[X]):
 
 
 @declare(
+    "add_bias", _same, lambda o, a, out, s: functools.partial(o.add_bias, a.x, a.b, out), "elementwise", inplace=True
+)
+@dataclass(slots=True)
+class BiasArgs(Generic[X]):
+    """A projection's bias added to each of its rows (qwen2's Q/K/V)."""
+
+    x: X
+    b: Tensor  # a weight of the model (f32), never a graph tensor
+
+
+@declare(
     "rows",
     lambda a: (a.idx.shape[0], *a.x.shape[1:]),
     lambda o, a, out, s: functools.partial(o.rows, a.x, a.idx, out),
@@ -330,6 +341,7 @@ NodeArgs: TypeAlias = (
     | GluArgs[X]
     | RowsArgs[X]
     | SoftcapArgs[X]
+    | BiasArgs[X]
     | KVStoreArgs[X]
     | AttentionArgs[X]
     | AllReduceArgs[X]
@@ -446,6 +458,10 @@ class Ops(ABC):
     def rows(self, x: Tensor, idx: Tensor, out: Tensor) -> Tensor: ...
     @abstractmethod
     def softcap(self, x: Tensor, c: float, out: Tensor) -> Tensor: ...
+
+    # ops declared with a default: the reference's code unless a backend has its own kernel
+    def add_bias(self, x: Tensor, b: Tensor, out: Tensor) -> Tensor:  # in place ok
+        return self.fallback().add_bias(x, b, out)
 
     # the KV cache: rows in the cache's ggml type (f32 / f16 / bf16 / q8_0 / q4_0)
     @abstractmethod

@@ -217,6 +217,9 @@ class TorchOps(Ops):
             torch.ops.aten.silu.out(gate, out=out)
         return out.mul_(up)
 
+    def add_bias(self, x: Tensor, b: Tensor, out: Tensor) -> Tensor:
+        return torch.add(x, b, out=out)
+
     def rows(self, x: Tensor, idx: Tensor, out: Tensor) -> Tensor:
         return torch.index_select(x, 0, idx, out=out)
 

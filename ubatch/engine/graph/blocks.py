@@ -12,7 +12,7 @@ from ubatch.engine.graph.builder import GraphBuilder
 from ubatch.engine.graph.graph import Sym
 from ubatch.engine.kv.memory import KVMemory
 from ubatch.engine.model.model import Model
-from ubatch.kernels.ops import AttentionArgs, MaskCells
+from ubatch.kernels.ops import AttentionArgs, BiasArgs, MaskCells
 
 
 @dataclass
@@ -43,13 +43,20 @@ class GraphBlocks:
         tp = self.model.shard
         return x if tp is None else self.b.all_reduce(x, tp.comm, name)
 
+    def _proj(self, x: Sym, il: int, w: str, bias: str, name: str) -> Sym:
+        """x times the layer's matrix `w`, plus its bias where the layer has one."""
+        L = self.model.layers[il]
+        y = self.b.linear(x, L.mat(w), name)
+        bv = L.vec(bias)
+        return y if bv is None else self.b.op(BiasArgs(y, bv), f"{name}_biased")
+
     def attention(self, x: Sym, il: int) -> Sym:
         hp, b, L, n = self.model.hparams, self.b, self.model.layers[il], self.n
         ci = self.mem.layer_cache[il]
         cache, g, n_kv = self.mem.caches[ci], self.n_groups[ci], self.n_kv[ci]
-        q = b.view(b.linear(x, L.mat("wq"), f"Qcur-{il}"), (n, hp.n_head, hp.n_embd_head_k))
-        k = b.view(b.linear(x, L.mat("wk"), f"Kcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_k))
-        v = b.view(b.linear(x, L.mat("wv"), f"Vcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_v))
+        q = b.view(self._proj(x, il, "wq", "bq", f"Qcur-{il}"), (n, hp.n_head, hp.n_embd_head_k))
+        k = b.view(self._proj(x, il, "wk", "bk", f"Kcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_k))
+        v = b.view(self._proj(x, il, "wv", "bv", f"Vcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_v))
         if hp.qk_norm:
             q = self.norm(q, il, "q_norm", f"Qcur_normed-{il}")
             k = self.norm(k, il, "k_norm", f"Kcur_normed-{il}")

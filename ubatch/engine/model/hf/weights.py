@@ -33,15 +33,15 @@ _TEXT_PREFIX = re.compile(r"^(language_model\.|model\.language_model\.)")
 def gguf_name(hf: str, arch: str) -> str | None:
     """The GGUF name of HF tensor `hf`, or None when the engine has no such tensor."""
     stem, _, kind = _TEXT_PREFIX.sub(lambda m: "" if m[0].startswith("language") else "model.", hf).rpartition(".")
-    if kind not in ("weight",):
+    if kind not in ("weight", "bias"):
         return None
     if stem in _TOP:
-        return f"{_TOP[stem]}.weight"
+        return f"{_TOP[stem]}.weight" if kind == "weight" else None
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", stem)
     if m is None:
         return None
     part = ARCHS[arch].hf.layer_names.get(m[2])
-    return f"blk.{int(m[1])}.{part}.weight" if part else None
+    return f"blk.{int(m[1])}.{part}.{kind}" if part else None
 
 
 def _header(f: Path) -> tuple[dict, int]:

@@ -1,0 +1,110 @@
+"""Tiny random Hugging Face checkpoints of each family, made with transformers' own config and
+model classes, and their GGUF conversions by llama.cpp's own convert_hf_to_gguf.py.
+
+Weights are drawn with a seed at a scale that gives the logits a clear top-1 (transformers' init
+of std 0.02 makes every token nearly equally likely), saved as safetensors with the tiny
+SentencePiece model of tiny_hf.py (the converter reads a tokenizer.model first for these
+families; the forward tests feed token ids). Checkpoints and conversions are cached per session
+under pytest's temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import torch
+from tiny_hf import train_spm
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA_CPP_TOOL = ROOT.parent / "shared" / "tools" / "llama-cpp.sh"
+VOCAB = 400  # the tiny SentencePiece model's size
+
+
+@dataclass(frozen=True)
+class Family:
+    config: str  # transformers' config class
+    model: str  # transformers' causal-LM class
+    gguf_arch: str
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+FAMILIES = {
+    "qwen3": Family("Qwen3Config", "Qwen3ForCausalLM", "qwen3", {"head_dim": 64}),
+    "qwen2": Family("Qwen2Config", "Qwen2ForCausalLM", "qwen2"),
+}
+
+
+def hf_model(family: str, seed: int = 0, tied: bool = False) -> torch.nn.Module:
+    """The family's transformers model in fp32 with seeded random weights: 2 layers, n_embd 256
+    (K-quant blocks fit), 4 query heads over 2 KV heads."""
+    import transformers
+
+    f = FAMILIES[family]
+    cfg = getattr(transformers, f.config)(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tied,
+        bos_token_id=1,
+        eos_token_id=2,
+        **f.extra,
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, f.model)(cfg).float().eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 1:  # biases
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+    return model
+
+
+@cache
+def _spm() -> bytes:
+    return train_spm(VOCAB)
+
+
+def write_hf(d: Path, family: str, seed: int = 0, tied: bool = False) -> Path:
+    """The checkpoint directory: config.json, model.safetensors (fp32), tokenizer.model."""
+    if not (d / "config.json").exists():
+        hf_model(family, seed, tied).save_pretrained(d, safe_serialization=True)
+        (d / "tokenizer.model").write_bytes(_spm())
+    return d
+
+
+@cache
+def llama_cpp_src() -> Path | None:
+    """llama.cpp's source folder (its converter and gguf-py), or None where it is not available."""
+    if not LLAMA_CPP_TOOL.exists():
+        return None
+    out = subprocess.run(
+        [str(LLAMA_CPP_TOOL)], env={**os.environ, "LLAMA_CPP_SRC": "1"}, capture_output=True, text=True
+    )
+    src = Path(out.stdout.strip()) if out.returncode == 0 else None
+    return src if src is not None and (src / "convert_hf_to_gguf.py").exists() else None
+
+
+def convert_llama_cpp(d: Path, out: Path, outtype: str = "f32") -> Path:
+    """d converted by llama.cpp's convert_hf_to_gguf.py (with its own gguf-py)."""
+    src = llama_cpp_src()
+    assert src is not None
+    if not out.exists():
+        env = {**os.environ, "PYTHONPATH": str(src / "gguf-py")}
+        cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(d), "--outfile", str(out), "--outtype", outtype]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+    return out
