@@ -17,9 +17,10 @@ Each round every client runs a seeded mix of greedy requests (streaming and not,
 first run alone; each concurrent result must equal it. A request that gets neither a response
 nor an error (a cut stream, no answer within the safety timeout) is lost.
 
-With `--hostile`, a hostile client runs beside the rounds the whole time (issue 32): oversized
-bodies, JSON nested 100,000 deep, nested-repetition grammars, a multi-megabyte /tokenize and
-connections that never finish their headers. Each must be refused or answered (a hostile request
+With `--hostile`, a hostile client runs beside the rounds the whole time (issues 32 and 49):
+oversized bodies, JSON nested 100,000 deep, nested-repetition grammars, JSON-schema patterns whose
+matching is ambiguous (in json_schema, response_format and a tool's parameters), a long
+unambiguous pattern, a multi-megabyte /tokenize and connections that never finish their headers. Each must be refused or answered (a hostile request
 without an answer is lost too); the report gives the normal requests' latency to compare with a
 run without `--hostile`.
 
@@ -265,7 +266,23 @@ def attacks() -> list[Attack]:
         return json.dumps(x).encode()
 
     refused = frozenset({400})
+    nested = {"type": "string", "pattern": "^((a{0,100}){0,100}){0,100}$"}  # issue 49: ambiguous
+    long = {"type": "string", "pattern": "^((ab){0,400}c){0,400}$"}  # big, unambiguous: served
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {"s": nested}}},
+    }
     return [
+        Attack("nested pattern (json_schema)", NATIVE, js({"prompt": "hi", "json_schema": nested}), refused),
+        Attack(
+            "nested pattern (response_format)",
+            CHAT,
+            js({**chat, "response_format": {"type": "json_schema", "json_schema": {"schema": nested}}}),
+            refused,
+        ),
+        Attack("nested pattern (tool)", CHAT, js({**chat, "tools": [tool], "tool_choice": "required"}), refused),
+        Attack("long pattern", NATIVE, js({"prompt": "hi", "n_predict": 2, "json_schema": long}), frozenset({200})),
         Attack("deep JSON", NATIVE, b"[" * 100_000, refused),
         Attack(
             "nested grammar", NATIVE, js({"prompt": "hi", "grammar": 'root ::= r{0,2000}\nr ::= "a"{0,2000}'}), refused

@@ -1,15 +1,19 @@
-"""`ubatch server` against a hostile client (issue 32: no request can stall the server).
+"""`ubatch server` against a hostile client (issues 32 and 49: no request can stall the server).
 
 One `ubatch server` subprocess (a tiny model, -to 2, a 4 MiB body limit, a chat template that
 would run for minutes if rendering were not bounded) takes each attack while a normal completion
 runs beside it and another process polls /health: the attack is refused or bounded within
 seconds, the normal request completes within twice its usual time, /health keeps answering, and
-the server's RSS stays within 100 MiB of where it started.
+the server's RSS stays within 100 MiB of where it started. Issue 49's attacks are JSON-schema
+patterns whose matching is ambiguous (nested repetition), through every door a schema has; the
+strict numbers (p99, /health within 0.5 s) are scripts/hostile_grammar.py's to measure.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -75,7 +79,7 @@ class Server:
 def _started(model: Path, *extra: str) -> Iterator[Server]:
     """`ubatch server` as a subprocess (its own RSS, its own event loop) on a free port."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "ubatch.cli.main", "server", "-m", str(model), "-np", "2", "-c", "512"]
+    cmd = [sys.executable, "-m", "ubatch.cli.main", "server", "-m", str(model), "-np", "2", "-c", "1024"]
     cmd += ["--port", str(port), "-to", str(TIMEOUT_S), "--max-body-size", str(MAX_BODY), "--log-disable", "-t", "1"]
     proc = subprocess.Popen([*cmd, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -193,7 +197,7 @@ def test_many_logit_bias_keys(server: Server, usual: float) -> None:
     bias = {f"w{i}": -1 for i in range(20_000)}
     data = json.dumps({"prompt": "hi", "n_predict": 2, "logit_bias": bias}).encode()
     r = _under_attack(server, usual, lambda: _post(server.url, "/completion", data))
-    assert r.status_code == 200, r.text[:300]
+    assert "logit_bias" in _error(r, 400)  # more entries than the tiny model's 326 tokens: refused up front
 
 
 @pytest.mark.parametrize(
@@ -244,7 +248,7 @@ HOSTILE_TEMPLATE = (
     "{% set m = messages[0].content %}"
     "{% if m == 'loops' %}{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
     "{% elif m == 'bomb' %}{{ 'A' * 4000000000 }}"
-    "{% else %}{{ messages | tojson(indent=2000000000) }}{% endif %}"
+    "{% elif m == 'indent' %}{{ messages | tojson(indent=2000000000) }}{% else %}{{ m }}{% endif %}"
 )
 
 
@@ -266,3 +270,134 @@ def test_hostile_chat_template_fails_the_request_not_the_server(server: Server, 
             assert "chat template" in r.json()["error"]["message"], which
     assert httpx.get(server.url + "/health", timeout=5).status_code == 200
     assert _rss_mib(server.proc.pid) - rss < RSS_GROWTH_MIB
+
+
+# -- issue 49: grammar work bounded as it goes ---------------------------------------------------
+
+
+def _nested(n: int, ch: str = "a") -> str:
+    """Three nested bounded repetitions: exactly n**3 elements (1,000,000 at n = 100, within the
+    static limit), and each `ch` can be in up to n**3 places. The server remembers a refused
+    pattern: each test spells its own with another `ch`."""
+    return f"^(({ch}{{0,{n}}}){{0,{n}}}){{0,{n}}}$"
+
+
+VARIANT = "^((ab){0,400}c){0,400}$"  # 320,000 elements, unambiguous: a legitimate pattern
+
+
+def _carrying(door: str, pattern: str) -> tuple[str, dict[str, Any]]:
+    """A request whose schema holds `pattern`: in response_format, json_schema or a tool's parameters."""
+    schema = {"type": "string", "pattern": pattern}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    if door == "response_format":
+        rf = {"type": "json_schema", "json_schema": {"schema": schema}}
+        return "/v1/chat/completions", {**chat, "response_format": rf}
+    if door == "json_schema":
+        return "/completion", {"prompt": "hi", "n_predict": 4, "json_schema": schema}
+    params = {"type": "object", "properties": {"s": schema}, "required": ["s"]}
+    tool = {"type": "function", "function": {"name": "f", "description": "f", "parameters": params}}
+    return "/v1/chat/completions", {**chat, "tools": [tool], "tool_choice": "required"}
+
+
+def _send(url: str, door: str, pattern: str, timeout: float = 30) -> httpx.Response:
+    path, body = _carrying(door, pattern)
+    return httpx.post(url + path, json=body, timeout=timeout)
+
+
+def _cpu_s(pid: int) -> float:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+DOORS = ["response_format", "json_schema", "tool"]
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("n", [20, 40, 60, 100])
+def test_a_nested_pattern_is_refused_within_its_budget(server: Server, usual: float, n: int, door: str) -> None:
+    """Before: N=40 took 10 s and N=100 minutes and gigabytes (past SIGTERM); inside a tool's
+    parameters the pattern was met mid-generation. Now a 400 naming the pattern, from any door,
+    before a slot is taken."""
+    rss = _rss_mib(server.proc.pid)
+    pattern = _nested(n, "abc"[DOORS.index(door)])
+    r = _under_attack(server, usual, lambda: _send(server.url, door, pattern))
+    msg = _error(r, 400)
+    assert "grammar too ambiguous" in msg and pattern in msg, msg
+    assert _rss_mib(server.proc.pid) - rss < RSS_GROWTH_MIB
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_a_long_unambiguous_pattern_is_served(server: Server, usual: float, door: str) -> None:
+    """`((ab){0,400}c){0,400}` is big but never ambiguous: it passes, and generating under it
+    leaves the normal request beside it alone (it waited 18.9 s)."""
+    rss = _rss_mib(server.proc.pid)
+    r = _under_attack(server, usual, lambda: _send(server.url, door, VARIANT))
+    assert r.status_code == 200, r.text[:300]
+    assert _rss_mib(server.proc.pid) - rss < RSS_GROWTH_MIB
+
+
+def test_four_at_once_leave_the_light_routes_free(server: Server, usual: float) -> None:
+    """Four hostile preparations at once took all four request workers: /tokenize waited 46 s.
+    Preparation has workers of its own now; a short /tokenize and /v1/models answer at once."""
+    waits: list[float] = []
+
+    def attack() -> list[httpx.Response]:
+        out: list[httpx.Response] = []
+        ths = [
+            threading.Thread(target=lambda d=door, c=ch: out.append(_send(server.url, d, _nested(40, c))))
+            for ch, door in zip("defg", ["json_schema", "tool", "response_format", "tool"])
+        ]
+        for th in ths:
+            th.start()
+        time.sleep(0.05)
+        for path in ("/tokenize", "/v1/models"):
+            t = time.perf_counter()
+            if path == "/tokenize":
+                r = httpx.post(server.url + path, json={"content": "hello world"}, timeout=30)
+            else:
+                r = httpx.get(server.url + path, timeout=30)
+            waits.append(time.perf_counter() - t)
+            assert r.status_code == 200, r.text[:300]
+        for th in ths:
+            th.join(ATTACK_BOUND_S)
+        return out
+
+    answers = _under_attack(server, usual, attack)
+    assert [r.status_code for r in answers] == [400] * 4
+    assert max(waits) <= HEALTH_BOUND_S, waits
+
+
+def test_a_client_that_leaves_stops_the_work(server: Server) -> None:
+    """The work went on for minutes after the client disconnected; now the server is idle again
+    at once (cancelled in its worker, or done within its budget)."""
+    for i, door in enumerate(DOORS):
+        with pytest.raises(httpx.TimeoutException):
+            _send(server.url, door, _nested(100, "hij"[i]), timeout=0.05)
+    time.sleep(1.0)
+    cpu = _cpu_s(server.proc.pid)
+    time.sleep(2.0)
+    assert _cpu_s(server.proc.pid) - cpu < 0.5, "the server still works for a client that left"
+    assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+
+
+def test_sigterm_stops_the_server_whatever_its_workers_do(tiny_gemma: Path) -> None:
+    """SIGTERM waited for the request worker, which ran for minutes (SIGKILL was needed)."""
+    from ubatch.cli.server.run import GRACEFUL_SHUTDOWN_S
+
+    with _started(tiny_gemma) as srv:
+        for i, door in enumerate(DOORS + DOORS):
+            threading.Thread(
+                target=lambda d=door, c="klmnop"[i]: _try_send(srv.url, d, _nested(100, c)), daemon=True
+            ).start()
+        time.sleep(0.2)
+        t = time.perf_counter()
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=GRACEFUL_SHUTDOWN_S + 10) == 0
+        assert time.perf_counter() - t < GRACEFUL_SHUTDOWN_S + 2
+
+
+def _try_send(url: str, door: str, pattern: str) -> None:
+    try:
+        _send(url, door, pattern)
+    except httpx.HTTPError:
+        pass  # the server stopped under it

@@ -2,40 +2,154 @@
 take to arrive, how deeply its JSON nests, and the worker threads that do its heavy work.
 
 llama-server reads requests on a thread pool, so one slow request never stops another; here one
-event loop serves every client, so anything heavier than I/O (parsing a large body, tokenizing,
-compiling a grammar, rendering a chat template) runs on `off_loop`'s bounded pool, and anything
+event loop serves every client, so anything heavier than I/O runs on worker threads, and anything
 unbounded (a body, a header, a nesting depth) has a limit with a flag (cli/server/command.py).
+
+Two sets of workers: a request's preparation (rendering its chat template, converting its
+schemas, compiling its grammar: up to a second of work for a hostile body) runs on its own
+(`prepare_off_loop`), so however many such requests arrive they never occupy the workers that
+the light work needs (tokenizing a short text, reading a reply's tool calls as it streams,
+parsing a large body: `off_loop`). Each call runs in a cancel scope (engine/grammar/budget.py):
+a preparation whose client leaves, and every call when the server stops (`cancel_all`), stops at
+its next check. The workers are daemon threads, so the interpreter never waits for one at exit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import queue
 import re
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 from starlette.responses import JSONResponse
-from starlette.types import Message
+from starlette.types import Message, Receive
 
 from ubatch.cli.server import responses as sj
+from ubatch.engine.errors import EngineError, ErrorKind
+from ubatch.engine.grammar.budget import WorkCancelled, cancel_scope
+from ubatch.engine.serve.engine_loop import shutdown_error
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-REQUEST_WORKERS = 4  # heavy request work at once; more waits its turn (the GIL runs one anyway)
+REQUEST_WORKERS = 4  # light work off the loop at once; more waits its turn (the GIL runs one anyway)
+PREPARE_WORKERS = 4  # request preparations at once, on workers of their own
 INLINE_PARSE_BYTES = 64 * 1024  # smaller bodies parse on the loop: less than a millisecond
 _DEPTH_CHUNK = 1 << 20  # bytes scanned per numpy step: bounded temporary arrays
 
-_pool = ThreadPoolExecutor(max_workers=REQUEST_WORKERS, thread_name_prefix="ubatch-request")
+
+class Workers:
+    """A fixed set of daemon threads running calls in the order submitted. Unlike a
+    ThreadPoolExecutor's, the interpreter does not join them at exit: a stopping server exits
+    in its shutdown timeout whatever one is doing."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self.n, self.name = n, name
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        fut: Future[T] = Future()
+        with self._lock:
+            while len(self._threads) < self.n:
+                t = threading.Thread(target=self._serve, name=f"{self.name}-{len(self._threads)}", daemon=True)
+                t.start()
+                self._threads.append(t)
+        self._queue.put((fut, fn))
+        return fut
+
+    def _serve(self) -> None:
+        while True:
+            fut, fn = self._queue.get()
+            if not fut.set_running_or_notify_cancel():  # its caller gave up while it waited
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # the caller's to raise
+                fut.set_exception(e)
+            del fut, fn
+
+
+_light = Workers(REQUEST_WORKERS, "ubatch-request")
+_prepare = Workers(PREPARE_WORKERS, "ubatch-prepare")
+_running: set[threading.Event] = set()  # the cancel events of the calls in progress
+_stopping = threading.Event()
 
 
 async def off_loop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run `fn` on the request workers and await it, so the event loop keeps serving others.
-    A cancelled await (the client left) lets the call finish on its own: its result is dropped."""
-    return await asyncio.get_running_loop().run_in_executor(_pool, functools.partial(fn, *args, **kwargs))
+    A cancelled await cancels the call's grammar work (and drops its result)."""
+    return await _await(_light, None, functools.partial(fn, *args, **kwargs))
+
+
+async def prepare_off_loop(receive: Receive, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run a request's preparation `fn` on the preparation workers; if the client disconnects
+    first (`receive` says so), the work is cancelled and the request ends."""
+    return await _await(_prepare, receive, functools.partial(fn, *args, **kwargs))
+
+
+def cancel_all() -> None:
+    """The server is stopping: every call in progress, and any later one, is cancelled."""
+    _stopping.set()
+    for cancel in list(_running):
+        cancel.set()
+
+
+async def _await(workers: Workers, receive: Receive | None, call: Callable[[], T]) -> T:
+    cancel = threading.Event()
+    _running.add(cancel)
+    if _stopping.is_set():
+        cancel.set()
+
+    def run() -> T:
+        with cancel_scope(cancel):
+            return call()
+
+    fut = asyncio.wrap_future(workers.submit(run))
+    fut.add_done_callback(_retrieved)
+    gone = asyncio.ensure_future(_disconnected(receive)) if receive is not None else None
+    try:
+        if gone is None:
+            return await fut
+        await asyncio.wait((fut, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not fut.done():
+            cancel.set()
+            fut.cancel()  # never started if it still waits for a worker
+            raise _cancelled()
+        return fut.result()
+    except WorkCancelled:
+        raise _cancelled() from None
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
+    finally:
+        if gone is not None:
+            gone.cancel()
+        _running.discard(cancel)
+
+
+def _cancelled() -> EngineError:
+    """What a cancelled call's request is answered (if anyone still listens)."""
+    if _stopping.is_set():
+        return shutdown_error()
+    return EngineError(ErrorKind.INVALID_REQUEST, "Request cancelled: the client disconnected")
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """A result nobody awaits any more (the client left) is read, so asyncio does not log it."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 # a JSON string: its brackets are text, not nesting (an unterminated one is invalid JSON anyway)

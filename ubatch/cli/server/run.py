@@ -32,6 +32,7 @@ from ubatch.cli.present import startup_lines
 from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
 from ubatch.cli.server.bind import bind_all, parse_hosts
 from ubatch.cli.server.defaults import HEADER_TIMEOUT_CAP_S
+from ubatch.cli.server.limits import cancel_all
 from ubatch.cli.server.log import LOG_LEVEL_INFO, log
 from ubatch.cli.server.protocol import guarded_h11
 from ubatch.cli.server.responses import timings_json
@@ -105,6 +106,7 @@ def serve(
     errors: list[str] = []
 
     def on_shutdown() -> None:
+        cancel_all()  # a request still being prepared stops at its next check (a grammar's)
         for eng in engines:
             if not eng.loop.shutting_down:
                 if not log_disable:

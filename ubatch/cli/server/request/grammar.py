@@ -16,25 +16,42 @@ from typing import Any
 from ubatch.cli.server.http import bad_request, type_name
 from ubatch.engine.errors import UbatchError
 from ubatch.engine.grammar import Grammar, GrammarCache, GrammarError
-from ubatch.engine.grammar.json_schema.convert import schema_to_gbnf
+from ubatch.engine.grammar.budget import WorkCancelled
+from ubatch.engine.grammar.json_schema.convert import SchemaError, schema_to_gbnf
 
 _CACHE = GrammarCache()
 
 
 def compile_request_grammar(text: str) -> Grammar:
-    """GBNF text -> Grammar, or llama-server's 400 for a grammar that does not parse."""
+    """GBNF text -> Grammar, or llama-server's 400 for a grammar that does not parse or is
+    past the grammar budget (a cancelled compile stays WorkCancelled: the caller answers it)."""
     try:
         return _CACHE.get(text)
+    except WorkCancelled:
+        raise
     except GrammarError as e:
-        raise bad_request(f"Failed to initialize samplers: {e}") from None
+        raise sampler_error(e) from None
+
+
+def sampler_error(e: GrammarError) -> Exception:
+    """The 400 of a grammar the samplers cannot use: the same words wherever it was built."""
+    return bad_request(f"Failed to initialize samplers: {e}")
 
 
 def schema_grammar(schema: Any) -> str:
-    """A JSON schema's GBNF; an empty schema means any object, as in llama-server."""
+    """A JSON schema's GBNF; an empty schema means any object, as in llama-server. A schema
+    that does not convert is a 400 naming `json_schema`; a pattern refused by the grammar budget
+    (checked as it converts) the grammar's 400."""
     if isinstance(schema, dict) and not schema:
         schema = {"type": "object"}
     try:
         return schema_to_gbnf(schema)
+    except WorkCancelled:
+        raise
+    except SchemaError as e:
+        raise bad_request(f'"json_schema": {e}') from None
+    except GrammarError as e:
+        raise sampler_error(e) from None
     except UbatchError as e:
         raise bad_request(f'"json_schema": {e}') from None
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ubatch.cli.server.http import bad_request, type_name
-from ubatch.cli.server.request.grammar import compile_request_grammar
+from ubatch.cli.server.request.grammar import compile_request_grammar, sampler_error
 from ubatch.engine.chat.template import ChatTemplate
 from ubatch.engine.chat.tools import (
     ChatMessageOut,
@@ -28,6 +28,7 @@ from ubatch.engine.chat.tools import (
     prepare_chat,
 )
 from ubatch.engine.grammar import Grammar, GrammarError
+from ubatch.engine.grammar.budget import WorkCancelled
 
 
 @dataclass(slots=True)
@@ -144,6 +145,10 @@ def render_chat(
         )
     except ToolRequestError as e:
         raise bad_request(str(e)) from None
+    except WorkCancelled:
+        raise
+    except GrammarError as e:  # a tool's schema holds a pattern past the grammar budget
+        raise sampler_error(e) from None
 
 
 def chat_plan(prepared: PreparedChat, has_schema: bool) -> ChatPlan:
@@ -161,5 +166,5 @@ def chat_plan(prepared: PreparedChat, has_schema: bool) -> ChatPlan:
         try:
             grammar = grammar.with_triggers(tg.trigger_words, tg.trigger_patterns)
         except GrammarError as e:
-            raise bad_request(f"Failed to initialize samplers: {e}") from None
+            raise sampler_error(e) from None
     return ChatPlan(prepared, grammar)

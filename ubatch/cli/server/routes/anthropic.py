@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
 from ubatch.cli.server.http import answering, error_body, read_json
-from ubatch.cli.server.limits import off_loop
+from ubatch.cli.server.limits import off_loop, prepare_off_loop
 from ubatch.cli.server.request.anthropic import anthropic_chat
 from ubatch.cli.server.request.chat import chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body
@@ -244,7 +244,7 @@ async def messages(st: ServerState, request: Request) -> Response:
     """One /v1/messages request: a task, then its events as one body or as a stream."""
     eng = st.eng()
     body = await read_json(request)
-    prep = await off_loop(prepare_messages, st, body)
+    prep = await prepare_off_loop(request.receive, prepare_messages, st, body)
     model = body["model"] if isinstance(body.get("model"), str) else st.model_id
     reader = Reader(eng.loop, request.receive)
     try:

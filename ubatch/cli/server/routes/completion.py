@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
 from ubatch.cli.server.http import api, bad_request, error_event, read_json
-from ubatch.cli.server.limits import off_loop
+from ubatch.cli.server.limits import off_loop, prepare_off_loop
 from ubatch.cli.server.request.chat import ChatPrompt, chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body, oai_completion_body
 from ubatch.cli.server.request.params import parse_params, split_prompts
@@ -108,7 +108,7 @@ async def complete(st: ServerState, request: Request, kind: str, body: Any = Non
     """One completion request; `body` when the caller read (and rewrote) it (/infill)."""
     eng = st.eng()
     body = await read_json(request) if body is None else body
-    prep = await off_loop(prepare, st, body, kind)
+    prep = await prepare_off_loop(request.receive, prepare, st, body, kind)
     params, body = prep.params, prep.body
     model = body["model"] if isinstance(body.get("model"), str) else st.model_id
     reader = Reader(eng.loop, request.receive)

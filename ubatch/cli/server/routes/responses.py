@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server import responses as sj
 from ubatch.cli.server.http import api, read_json
-from ubatch.cli.server.limits import off_loop
+from ubatch.cli.server.limits import off_loop, prepare_off_loop
 from ubatch.cli.server.request.chat import chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body
 from ubatch.cli.server.request.responses import responses_to_chat
@@ -294,7 +294,7 @@ def _prepare(st: ServerState, body: Any) -> tuple[dict[str, Any], Prepared]:
 
 async def create_response(st: ServerState, request: Request) -> Response:
     eng = st.eng()
-    body, prep = await off_loop(_prepare, st, await read_json(request))
+    body, prep = await prepare_off_loop(request.receive, _prepare, st, await read_json(request))
     params = prep.params
     model = body["model"] if isinstance(body.get("model"), str) else st.model_id
     head = Head(_rid("resp_"), model, body, params.sampling.temp, params.sampling.top_p)

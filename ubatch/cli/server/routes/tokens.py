@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from ubatch.cli.server.http import api, bad_request, read_json
-from ubatch.cli.server.limits import off_loop
+from ubatch.cli.server.limits import off_loop, prepare_off_loop
 from ubatch.cli.server.request.chat import chat_prompt
 from ubatch.cli.server.request.oai import oai_chat_body
 from ubatch.cli.server.request.params import get_bool, mixed_parts
@@ -70,14 +70,14 @@ def add_token_routes(app: FastAPI, st: ServerState) -> None:
     @api
     async def apply_template(request: Request) -> Response:
         """The prompt /chat/completions would run, without running it."""
-        return await off_loop(_apply_template, st, await read_json(request))
+        return await prepare_off_loop(request.receive, _apply_template, st, await read_json(request))
 
     @app.post("/chat/completions/input_tokens")
     @app.post("/v1/chat/completions/input_tokens")
     @api
     async def input_tokens(request: Request) -> Response:
         """How many tokens a chat request's prompt is (llama-server's handle_count_tokens)."""
-        return await off_loop(_input_tokens, st, await read_json(request))
+        return await prepare_off_loop(request.receive, _input_tokens, st, await read_json(request))
 
     @app.post("/tokenize")
     @api
