@@ -33,9 +33,24 @@ class Family:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 FAMILIES = {
     "qwen3": Family("Qwen3Config", "Qwen3ForCausalLM", "qwen3", {"head_dim": 64}),
     "qwen2": Family("Qwen2Config", "Qwen2ForCausalLM", "qwen2"),
+    # Llama 3.2 as it is written: llama3 rope scaling (rope_freqs), a tied output
+    "llama3": Family(
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        "llama",
+        {
+            "rope_scaling": LLAMA3_ROPE | {"original_max_position_embeddings": 64},
+            "rope_theta": 500000.0,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "llama-linear": Family(
+        "LlamaConfig", "LlamaForCausalLM", "llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    ),
 }
 
 
@@ -54,10 +69,9 @@ def hf_model(family: str, seed: int = 0, tied: bool = False) -> torch.nn.Module:
         num_key_value_heads=2,
         max_position_embeddings=2048,
         rms_norm_eps=1e-6,
-        tie_word_embeddings=tied,
         bos_token_id=1,
         eos_token_id=2,
-        **f.extra,
+        **({"tie_word_embeddings": tied} | f.extra),
     )
     torch.manual_seed(seed)
     model = getattr(transformers, f.model)(cfg).float().eval()

@@ -269,6 +269,8 @@ class HFTable:
     space_prefix: Literal["config", "never", "unset"] = "unset"  # tokenizer.ggml.add_space_prefix
     # model_types that wrap the text model (e.g. a multimodal one): the text config's model_type
     text_config: Mapping[str, str] = field(default_factory=dict)
+    # tensors the converter computes from config.json rather than reads (llama3's rope_freqs), by name
+    extra_tensors: Callable[[Config, str], dict[str, np.ndarray]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

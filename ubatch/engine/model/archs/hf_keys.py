@@ -3,7 +3,10 @@ each value checked where it is read, each refusal one line naming the key."""
 
 from __future__ import annotations
 
+import math
+
 import gguf
+import numpy as np
 
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.model.archs.base import Config
@@ -23,17 +26,53 @@ def cfg_num(cfg: Config, key: str, src: str, default: object = None) -> float:
     return float(v)
 
 
+def rope_config(cfg: Config) -> dict[str, object] | None:
+    """The rope scaling object: `rope_scaling`, or `rope_parameters` (transformers 5 writes its
+    theta and scaling there); None without one."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rs = cfg.get(key)
+        if isinstance(rs, dict):
+            return rs
+    return None
+
+
 def rope_scaling(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
-    rs = cfg.get("rope_scaling")
-    if not isinstance(rs, dict):  # absent, null or not an object: no scaling
-        return
-    kind = rs.get("rope_type", rs.get("type"))
-    if kind is None or kind == "default":
+    """The scaling keys (linear); llama3's scaling is a tensor instead (`llama3_rope_freqs`)."""
+    rs = rope_config(cfg)
+    kind = rs.get("rope_type", rs.get("type")) if rs is not None else None
+    if rs is None or kind is None or kind in ("default", "llama3"):
         return
     if kind != "linear" or not isinstance(rs.get("factor"), (int, float)):
-        raise ModelLoadError(f"{src}: rope_scaling {rs!r} is not supported (only linear scaling)")
+        raise ModelLoadError(f"{src}: rope_scaling {rs!r} is not supported (only linear and llama3 scaling)")
     w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-    w.add_rope_scaling_factor(float(rs["factor"]))
+    w.add_rope_scaling_factor(cfg_num(rs, "factor", src))
+
+
+def llama3_rope_freqs(cfg: Config, src: str) -> dict[str, np.ndarray]:
+    """`rope_freqs.weight` as the converter computes it from llama3 rope scaling: per rotated pair,
+    the factor its frequency is divided by (1 for short wavelengths, `factor` for long ones, a
+    smooth mix between)."""
+    rs = rope_config(cfg)
+    if rs is None or rs.get("rope_type", rs.get("type")) != "llama3":
+        return {}
+    base = float(rope_theta(cfg, src) or 10000.0)
+    n_head = cfg_int(cfg, "num_attention_heads", src)
+    dim = cfg_int({"head_dim": cfg.get("head_dim") or cfg_int(cfg, "hidden_size", src) // n_head}, "head_dim", src)
+    factor = cfg_num(rs, "factor", src, 8.0)
+    low, high = cfg_num(rs, "low_freq_factor", src, 1.0), cfg_num(rs, "high_freq_factor", src, 4.0)
+    old_ctx = cfg_num(rs, "original_max_position_embeddings", src, 8192)
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))  # f32, as the converter's torch
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < old_ctx / high:
+            out.append(1.0)
+        elif wavelen > old_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return {"rope_freqs.weight": np.array(out, dtype=np.float32)}
 
 
 def llama_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:

@@ -1,5 +1,6 @@
-"""Llama (and the files written as `llama`: Mistral, SmolLM2, ...): RMS pre-norms, RoPE on
-interleaved pairs, a SiLU-gated FFN."""
+"""Llama (and the files written as `llama`: Llama 3.x, Mistral, SmolLM2, ...): RMS pre-norms, RoPE
+on interleaved pairs (linear scaling, or llama3's as the `rope_freqs` tensor that divides each
+pair's frequency), a SiLU-gated FFN, the output tied to the embedding or its own."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ubatch.engine.model.archs.base import (
     ffn_tensors,
     read_core,
 )
-from ubatch.engine.model.archs.hf_keys import llama_keys
+from ubatch.engine.model.archs.hf_keys import llama3_rope_freqs, llama_keys
 
 # HF module under model.layers.N -> GGUF stem under blk.N, as the converter maps them
 HF_LAYER_NAMES = {
@@ -57,6 +58,6 @@ ARCH = Arch(
     read_hparams=read_hparams,
     layer_tensors=layer_tensors,
     layer=layer,
-    hf=HFTable(HF_LAYER_NAMES, llama_keys, permute_qk=True, space_prefix="config"),
+    hf=HFTable(HF_LAYER_NAMES, llama_keys, permute_qk=True, space_prefix="config", extra_tensors=llama3_rope_freqs),
     chat_template="chatml",
 )

@@ -17,9 +17,9 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as V
 from gguf import LlamaFileType
 
-from ubatch.engine.gguf.file import GGUFFile, open_gguf
+from ubatch.engine.gguf.file import GGUFFile, TensorInfo, open_gguf
 from ubatch.engine.gguf.metadata import MetaScalar, MetaValue
-from ubatch.engine.model.archs import expected_tensors
+from ubatch.engine.model.archs import ARCHS, expected_tensors
 from ubatch.engine.model.hf.config import read_config, write_hparams
 from ubatch.engine.model.hf.tokenizer import write_tokenizer
 from ubatch.engine.model.hf.weights import load_tensors
@@ -70,6 +70,10 @@ def open_checkpoint(path: str | os.PathLike[str]) -> tuple[GGUFFile, gguf.GGUFWr
     meta = {k: _plain(v.value, v.type) for k, v in w.kv_data[0].items()}
     hp = hparams_from_metadata(meta, src)
     tensors = load_tensors(d, hp, expected_tensors(hp))
+    extra = ARCHS[arch].hf.extra_tensors
+    for name, a in (extra(cfg, src) if extra is not None else {}).items():  # computed, as the converter does
+        raw = a.reshape(-1).view(np.uint8)
+        tensors[name] = TensorInfo(name, int(T.F32), a.shape, raw, raw.nbytes)
     kinds = [t.ggml_type for t in tensors.values() if len(t.shape) == 2]
     main = max(set(kinds), key=kinds.count) if kinds else T.F32
     w.add_file_type(FILE_TYPES[T(main)])
