@@ -80,7 +80,7 @@ def test_a_missing_key_is_one_line_naming_it(arch: str) -> None:
 
 def test_hf_model_types_name_registered_architectures() -> None:
     assert HF_MODEL_TYPES and all(a.name in ARCHS for a in HF_MODEL_TYPES.values())
-    with pytest.raises(Exception, match="not supported; ubatch runs llama, gemma3, qwen2, qwen3"):
+    with pytest.raises(Exception, match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3"):
         from ubatch.engine.model.hparams import hparams_from_metadata
 
         hparams_from_metadata({"general.architecture": "mamba"}, "f.gguf")

@@ -48,6 +48,21 @@ FAMILIES = {
             "tie_word_embeddings": True,
         },
     ),
+    "gemma2": Family(
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        "gemma2",
+        {
+            "head_dim": 64,
+            "query_pre_attn_scalar": 64,
+            "sliding_window": 64,  # inside the 300 positions the tests read
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "attn_implementation": "eager",  # soft-capping: transformers' eager attention
+            "tie_word_embeddings": True,  # the converter drops lm_head: gemma2 is tied
+        },
+    ),
     "llama-linear": Family(
         "LlamaConfig", "LlamaForCausalLM", "llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}
     ),

@@ -329,6 +329,7 @@ class AttentionArgs(Generic[X]):
     scale: float
     visible: X | None = None
     cells: MaskCells[X] | None = None
+    softcap: float = 0.0  # scores become softcap·tanh(scores / softcap) before scale and mask (gemma2); 0: off
 
 
 NodeArgs: TypeAlias = (

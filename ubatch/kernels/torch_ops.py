@@ -43,13 +43,13 @@ class OnlineSoftmax:
     tmp: Tensor  # a tile's new max (b, >= tile rows, 1)
     scale: float
     r: int  # query heads per KV head
+    softcap: float = 0.0  # scores capped as softcap·tanh(s / softcap) first (0: off)
 
     def block(self, rows: slice) -> OnlineSoftmax:
         """The state of rows [start, stop) (a query block's tile)."""
         n = rows.stop - rows.start
-        return OnlineSoftmax(
-            self.m[:, rows], self.rowsum[:, rows], self.acc[:, rows], self.tmp[:, :n], self.scale, self.r
-        )
+        m, rowsum, acc = self.m[:, rows], self.rowsum[:, rows], self.acc[:, rows]
+        return OnlineSoftmax(m, rowsum, acc, self.tmp[:, :n], self.scale, self.r, self.softcap)
 
 
 class AttentionTiles:
@@ -100,6 +100,8 @@ class AttentionTiles:
         b, rows, c = s.shape
         g, tb = mask.shape[0], mask.shape[1]
         m, tmp = state.m, state.tmp
+        if state.softcap:  # llama.cpp's order: cap the raw scores, then scale, then mask
+            s.div_(state.softcap).tanh_().mul_(state.softcap)
         if state.scale != 1.0:
             s.mul_(state.scale)
         s.view(g, b // g, tb, state.r, c).add_(mask[:, None, :, None, :])
@@ -277,7 +279,7 @@ class TorchOps(Ops):
         m.fill_(MASKED)
         rowsum.zero_()
         acc.zero_()
-        state = OnlineSoftmax(m, rowsum, acc, tmp, a.scale, r)
+        state = OnlineSoftmax(m, rowsum, acc, tmp, a.scale, r, a.softcap)
         for c0 in range(0, a.n_kv, KV_CHUNK):
             c = min(KV_CHUNK, a.n_kv - c0)
             if vis is not None and not vis[c0 // KV_CHUNK]:

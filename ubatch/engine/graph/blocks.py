@@ -68,7 +68,8 @@ class GraphBlocks:
         qg = b.view(q, (g, n // g, hp.n_head, hp.n_embd_head_k))
         m = self.masks[ci]
         cells, mask = (m, None) if isinstance(m, MaskCells) else (None, m)
-        att = AttentionArgs(qg, cache.k[il], cache.v[il], self.starts[ci], n_kv, mask, 1.0, self.visible[ci], cells)
+        kv, vis = (cache.k[il], cache.v[il]), self.visible[ci]
+        att = AttentionArgs(qg, *kv, self.starts[ci], n_kv, mask, 1.0, vis, cells, softcap=hp.attn_softcap)
         a = b.attention(att, (ks, vs), f"kqv_out-{il}")
         a = b.linear(a, L.mat("wo"), f"attn_out-{il}")
         return self._reduced(a, f"attn_out_sum-{il}")

@@ -187,11 +187,13 @@ class CpuKernels:
         return CCall("kv_store", self.lib.ub_kv_store, (*args, kv.data.data_ptr()))
 
     def attention(self, a: ops.AttentionArgs[Tensor], out: Tensor) -> CCall | None:
-        """Decode-shaped attention (few rows per group) over f16/f32 cells and the mask tensor."""
+        """Decode-shaped attention (few rows per group) over f16/f32 cells and the mask tensor
+        (without soft-capping: gemma2's scores take the reference's tiles)."""
         q, k, v, mask = a.q, a.k, a.v, a.mask
         g, t, h, d = q.shape
         if (
             t > ATTN_MAX_ROWS
+            or a.softcap
             or k.ggml_type not in (T.F32, T.F16)
             or v.ggml_type not in (T.F32, T.F16)
             or not _f32(q, out)

@@ -85,6 +85,7 @@ class CpuTiles(AttentionTiles):
         m, rowsum, acc = state.m, state.rowsum, state.acc
         if not (
             need
+            and not state.softcap
             and len(scratch) > 1
             and scratch[1].numel() >= need
             and _rows_ok(qh, k, v, acc)
@@ -114,6 +115,7 @@ class CpuTiles(AttentionTiles):
         m, rowsum, acc = state.m, state.rowsum, state.acc
         if not (
             s.is_contiguous()
+            and not state.softcap
             and mask.dtype == torch.float16
             and mask.stride(2) == 1
             and _state_ok(state)

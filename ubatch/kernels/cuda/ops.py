@@ -32,6 +32,8 @@ from ubatch.kernels.ops import (
     RmsNormArgs,
     ScratchSpec,
     Step,
+    attn_scratch,
+    attn_scratch_count,
 )
 from ubatch.kernels.quant.dequant import dequantize, type_name
 from ubatch.kernels.quant.weight import QWeight
@@ -200,7 +202,8 @@ class CudaOps(Ops):
             a.mask is not None and a.mask.dtype == torch.float16 and a.mask.stride(-1) == 1
         )
         if (
-            a.k.ggml_type in ta.KV_TYPES
+            not a.softcap
+            and a.k.ggml_type in ta.KV_TYPES
             and a.v.ggml_type in ta.KV_TYPES
             and a.q.stride(-1) == 1
             and _rows_ok(out)
@@ -208,6 +211,10 @@ class CudaOps(Ops):
         ):
             part = scratch[0] if len(scratch) == 1 else None  # the planned split partials
             return ta.attention(a, out, part=part)
+        if len(scratch) < attn_scratch_count(a.k.n_head):  # soft-capped scores: the reference's tiles
+            g, t, h, d = a.q.shape
+            shapes = attn_scratch(g, t, h, a.k.n_head, a.n_kv, d, a.v.head_dim)
+            scratch = [torch.empty(s, dtype=dt, device=out.device) for s, dt in shapes]
         return self.ref.attention(a, out, scratch)
 
     def rope_cache(

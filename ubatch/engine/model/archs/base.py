@@ -73,6 +73,7 @@ class HParams:
     causal_attn: bool  # `{arch}.attention.causal` (true when absent): false lets a query see later tokens
     pooling_type: str  # `{arch}.pooling_type` as a POOLING_TYPES name; llama.cpp's default is none
     attn_bias: bool = False  # Q/K/V projections add a bias (qwen2)
+    attn_softcap: float = 0.0  # attention scores soft-capped as c·tanh(s / c) (gemma2); 0 = off
 
     def is_swa(self, il: int) -> bool:
         return self.swa_layers[il]
