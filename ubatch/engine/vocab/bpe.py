@@ -19,7 +19,7 @@ from ubatch.engine.gguf.string_array import StringArray
 from ubatch.engine.vocab import unicode
 from ubatch.engine.vocab.pre_tokenizer import PreTokenizer, Splitter
 from ubatch.engine.vocab.tables import BYTE_TEXTS
-from ubatch.engine.vocab.token_index import TokenIndex
+from ubatch.engine.vocab.token_index import TokenIndex, strings
 
 CACHE_WORDS = 1 << 17  # the word cache is dropped when it grows past this many words
 _SPACE = "\u2581"
@@ -64,7 +64,7 @@ class BpeTokenizer:
     ) -> None:
         self._id = token_id
         self._merges = merges
-        self._ranks: TokenIndex | None = None  # built on first use (~0.2 s for 500k merges)
+        self._ranks: dict[str, int] | None = None  # built on first use (~0.15 s for 500k merges)
         self._pre = pre
         self._split = Splitter(pre.type)
         self._byte_encode = pre.byte_encode
@@ -73,6 +73,14 @@ class BpeTokenizer:
         self._whitespace_model, self._lowercase = whitespace_model, lowercase
         self._cache: dict[str, list[int]] = {}
         self._space_cuts: re.Pattern[str] | None = None
+        self._piece_ids: dict[str, int | None] = {}  # final pieces repeat across words
+
+    def _build_ranks(self) -> dict[str, int]:
+        """Merge line -> rank, a repeated line keeping its first (llama.cpp's bpe_ranks). A dict,
+        as llama.cpp's hash map: ~60 bytes a merge, but a lookup in C (the merge loop's hot path)."""
+        lines = strings(self._merges)
+        self._ranks = dict(zip(reversed(lines), range(len(lines) - 1, -1, -1)))
+        return self._ranks
 
     def _find_space_cuts(self) -> re.Pattern[str]:
         """Where a line may be cut before "▁" with the same merges: not after a character that
@@ -113,6 +121,7 @@ class BpeTokenizer:
         cache, out = self._cache, []
         if len(cache) > CACHE_WORDS:
             cache.clear()
+            self._piece_ids.clear()
         for w in words:
             ids = cache.get(w)
             if ids is None:
@@ -130,18 +139,10 @@ class BpeTokenizer:
             return [whole]
         sym = list(word)
         n = len(sym)
-        if self._ranks is None:
-            self._ranks = TokenIndex(self._merges)
-        rank = self._ranks.get
-        heap: list[tuple[int, int, int, str]] = []
-
-        def push(left: int, right: int) -> None:
-            r = rank(sym[left] + " " + sym[right])
-            if r is not None:
-                heap.append((r, left, right, sym[left] + sym[right]))
-
-        for i in range(n - 1):
-            push(i, i + 1)
+        rank = (self._build_ranks() if self._ranks is None else self._ranks).get
+        heap = [
+            (r, i, i + 1, sym[i] + sym[i + 1]) for i in range(n - 1) if (r := rank(f"{sym[i]} {sym[i + 1]}", -1)) >= 0
+        ]
         heapq.heapify(heap)
         nxt, prv = list(range(1, n + 1)), list(range(-1, n - 1))
         while heap:
@@ -153,11 +154,11 @@ class BpeTokenizer:
             after = nxt[left] = nxt[right]
             if after < n:
                 prv[after] = left
-            for lr in ((prv[left], left), (left, after)):
-                if lr[0] >= 0 and lr[1] < n:
-                    r = rank(sym[lr[0]] + " " + sym[lr[1]])
-                    if r is not None:
-                        heapq.heappush(heap, (r, lr[0], lr[1], sym[lr[0]] + sym[lr[1]]))
+            before = prv[left]
+            if before >= 0 and (r := rank(f"{sym[before]} {text}", -1)) >= 0:
+                heapq.heappush(heap, (r, before, left, sym[before] + text))
+            if after < n and (r := rank(f"{text} {sym[after]}", -1)) >= 0:
+                heapq.heappush(heap, (r, left, after, text + sym[after]))
         out: list[int] = []
         i = 0
         while i < n:
@@ -166,7 +167,9 @@ class BpeTokenizer:
         return out
 
     def _piece(self, piece: str, token_id: Callable[[str], int | None]) -> list[int]:
-        tok = token_id(piece)
+        tok = self._piece_ids.get(piece, -1)
+        if tok == -1:
+            tok = self._piece_ids[piece] = token_id(piece)
         if tok is not None:
             return [tok]
         # no such token: its bytes one by one, each only if the vocabulary has it

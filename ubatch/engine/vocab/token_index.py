@@ -21,7 +21,7 @@ class TokenIndex:
     """A read-only mapping from token text to id; `duplicate` is the lowest id whose text a later
     token repeats (None if all differ), which the vocabulary refuses."""
 
-    def __init__(self, texts: StringArray) -> None:
+    def __init__(self, texts: StringArray, check_duplicates: bool = True) -> None:
         n = len(texts)
         size = 1 << max(4, (2 * n - 1).bit_length())  # load factor <= 1/2: short probe runs
         hashes = _hashes(texts)
@@ -33,7 +33,7 @@ class TokenIndex:
         end = max(size, int(at[-1]) + 2 if n else 0)  # probes run past the table (no wrap) to an empty slot
         slots = np.full(end, -1, np.int32)
         slots[at] = order
-        self.duplicate = _first_duplicate(texts, hashes)
+        self.duplicate = _first_duplicate(texts, hashes) if check_duplicates else None
         self._texts, self._mask, self.slots = texts, size - 1, slots
         self._slot = slots.data.cast("B").cast("i")
 
@@ -119,3 +119,12 @@ def _first_duplicate(texts: StringArray, hashes: np.ndarray) -> int | None:
             if first.setdefault(piece(i), i) != i:
                 twins.append(first[piece(i)])
     return min(twins, default=None)
+
+
+def strings(array: StringArray) -> list[str]:
+    """All strings of the array at C speed: joined with NUL (when none holds one) and split."""
+    if b"\0" in array.blob:
+        return list(array)
+    blob = np.frombuffer(array.blob, np.uint8)
+    joined = np.insert(blob, np.asarray(array.offsets[1:-1], np.int64), 0).tobytes()
+    return joined.decode("utf-8", "surrogatepass").split("\0") if len(array) else []

@@ -243,7 +243,7 @@ class Vocab:
         elif self.kind == "WPM":
             if self.unk is None:
                 raise ModelLoadError(f"{source}: the WordPiece vocabulary has no valid unknown token id")
-            self._tok = WpmTokenizer(self._id, max_chars(tokens.lengths()), self.unk, lowercase, strip_accents)
+            self._tok = WpmTokenizer(tokens, max_chars(tokens.lengths()), self.unk, lowercase, strip_accents)
             self.nl = self.pad
         else:
             assert pre is not None

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ubatch.engine.gguf.string_array import StringArray
 from ubatch.engine.vocab import unicode
-from ubatch.engine.vocab.token_index import TokenIndex
+from ubatch.engine.vocab.token_index import strings
 
 _SPACE = "\u2581"
 _CJK = (
@@ -27,8 +28,9 @@ _CJK = (
 
 
 class WpmTokenizer:
-    def __init__(self, token_id: TokenIndex, max_token_chars: int, unk: int, lowercase: bool, strip_accents: bool):
-        self._id, self._max, self._unk = token_id, max_token_chars, unk
+    def __init__(self, texts: StringArray, max_token_chars: int, unk: int, lowercase: bool, strip_accents: bool):
+        self._texts, self._max, self._unk = texts, max_token_chars, unk
+        self._ids: dict[str, int] | None = None  # text -> id, built on first use: the longest-first search probes a lot
         self._lowercase, self._strip = lowercase, strip_accents
         self._cache: dict[str, list[int]] = {}
 
@@ -76,7 +78,9 @@ class WpmTokenizer:
     def _word(self, word: str) -> list[int]:
         """Longest-first cover of "▁" + word; the unknown token if some position has no match."""
         w = _SPACE + word
-        n, i, out, get = len(w), 0, [], self._id.get
+        if self._ids is None:
+            self._ids = dict(zip(strings(self._texts), range(len(self._texts))))
+        n, i, out, get = len(w), 0, [], self._ids.get
         while i < n:
             for j in range(min(n, i + self._max), i, -1):
                 tok = get(w[i:j])
