@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import subprocess
 import sys
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -23,8 +25,18 @@ from ubatch.engine.vocab.unicode import llama_text
 from ubatch.engine.vocab.vocab import Vocab, clean_spaces
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-import check_tokenizers  # noqa: E402
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("check_tokenizers", REPO / "scripts" / "check_tokenizers.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+check_tokenizers = _script()  # scripts/check_tokenizers.py: libllama's side of the comparison
 
 SEP = "\n__ggml_vocab_test__\n"  # llama.cpp's tests/test-tokenizer-0.cpp
 KINDS = {  # name -> (tokenizer.ggml.model, tokenizer.ggml.pre, cases)
@@ -182,3 +194,19 @@ def test_word_cache_keeps_ids_and_stays_bounded() -> None:
     words = " ".join("".join(rng.choice("abcdefgh") for _ in range(6)) for _ in range(3000))
     first = v.tokenize(words, add_special=False)
     assert v.tokenize(words, add_special=False) == first  # second time from the cache
+
+
+@pytest.mark.parametrize("name", ["llama-bpe", "gemma-4", "bert-bge"])
+def test_consumers_read_pieces_not_stored_texts(name: str) -> None:
+    """The grammar's token trie and DRY's sequence breakers see each token as the text it prints
+    (byte-level BPE's stored text "Ġthe" is " the"), whatever the kind."""
+    from ubatch.engine.grammar.tokens import token_table
+    from ubatch.engine.sampling.dry import breaker_table
+
+    v = vocab(name)
+    word = " world" if v.kind == "BPE" else "world"
+    (tok,) = v.tokenize(word, add_special=False)[-1:]
+    key, _, _ = token_table(v).decoded(tok) or ("", 0, 0)
+    assert key == v.token_to_piece(tok).decode() and key.strip() == "world"
+    (colon,) = v.tokenize(":", add_special=False)[-1:]
+    assert () in breaker_table(v, (":",))[colon]  # the ":" token completes the ":" breaker by itself
