@@ -1,9 +1,9 @@
 """Bodies whose cost grows with the count of their elements, not their bytes, are refused by count
 before the work: more prompts than one request may carry, more messages than the context has
 cells (each message takes at least one token), more logit_bias entries than the vocabulary has
-tokens. A 64 MiB body of tiny elements used to cost from 13 s to minutes of CPU before its answer
-(millions of tasks, a template rendered over millions of messages); each is now a 400 in about
-the time JSON takes to parse it."""
+tokens or 65536. A 64 MiB body of tiny elements used to cost from 13 s to minutes of CPU before
+its answer (millions of tasks, a template rendered over millions of messages); each is now a 400
+in about the time JSON takes to parse it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from test_server import Live, start_server_engine
 
 from ubatch.cli.server.app import ServerEngine, ServerOptions, create_app
-from ubatch.cli.server.request.params import MAX_PROMPTS
+from ubatch.cli.server.request.params import MAX_LOGIT_BIAS, MAX_PROMPTS
 
 N_CTX = 512  # one slot
 
@@ -62,10 +62,11 @@ def test_more_messages_than_the_context_holds_is_the_context_error(url: str) -> 
     assert r.status_code == 400 and took < 60, took  # rendered whole, this was seconds per 100k messages
 
 
-def test_logit_bias_entries_beyond_the_vocabulary_are_a_400(url: str) -> None:
+def test_logit_bias_entries_beyond_the_bound_are_a_400(url: str) -> None:
     n_vocab = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["meta"]["n_vocab"]
-    ok, _ = post(url, "/completion", {"prompt": "x", "n_predict": 1, "logit_bias": [[1, -1.0]] * n_vocab})
+    cap = max(n_vocab, MAX_LOGIT_BIAS)
+    ok, _ = post(url, "/completion", {"prompt": "x", "n_predict": 1, "logit_bias": [[1, -1.0]] * cap})
     assert ok.status_code == 200
-    r, _ = post(url, "/completion", {"prompt": "x", "n_predict": 1, "logit_bias": [[1, -1.0]] * (n_vocab + 1)})
+    r, _ = post(url, "/completion", {"prompt": "x", "n_predict": 1, "logit_bias": [[1, -1.0]] * (cap + 1)})
     msg = r.json()["error"]["message"]
-    assert r.status_code == 400 and f"{n_vocab + 1} entries, more than the model's {n_vocab} tokens" in msg, msg
+    assert r.status_code == 400 and f"{cap + 1} entries, more than {cap} (the model has {n_vocab} tokens)" in msg, msg

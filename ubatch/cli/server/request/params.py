@@ -225,6 +225,9 @@ def _reasoning_budget(body: dict[str, Any], sp: SamplerParams, ds: SamplerParams
         sp.reasoning_budget_prefill = ids
 
 
+MAX_LOGIT_BIAS = 1 << 16  # entries (or the vocabulary's size, if larger): texts may name any number of tokens
+
+
 def _logit_bias(v: Any, n_vocab: int, tokenize: Callable[[str], list[int]] | None) -> list[tuple[int, float]]:
     """llama-server's two forms: [[token|text, bias|false], ...] or {"token": bias}."""
     if v is None:
@@ -235,9 +238,10 @@ def _logit_bias(v: Any, n_vocab: int, tokenize: Callable[[str], list[int]] | Non
         items = [tuple(e) for e in v if isinstance(e, list) and len(e) == 2]
     else:
         raise bad_request("Field 'logit_bias': expected an object or an array of [token, bias] pairs")
-    if len(items) > n_vocab:  # each entry is applied to every sampled token's logits: bound them
+    if len(items) > max(n_vocab, MAX_LOGIT_BIAS):  # each entry is applied to every sampled token's logits
         raise bad_request(
-            f"Field 'logit_bias': {len(items)} entries, more than the model's {n_vocab} tokens; give each token once"
+            f"Field 'logit_bias': {len(items)} entries, more than {max(n_vocab, MAX_LOGIT_BIAS)}"
+            f" (the model has {n_vocab} tokens); give each token once"
         )
     out: list[tuple[int, float]] = []
     for key, bias in items:
