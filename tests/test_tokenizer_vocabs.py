@@ -148,6 +148,36 @@ def test_every_pre_tokenizer_compiles_and_splits() -> None:
         assert "".join(Splitter(pre.type).words(text)) == text, name  # words cover the text, in order
 
 
+def test_joined_steps_cut_as_piece_by_piece() -> None:
+    """A step whose regex cannot cross NUL runs once over the words joined with NUL; it must cut
+    exactly as running it on each word alone (and "\\s+$" as each word's trailing space)."""
+    from ubatch.engine.vocab import unicode
+
+    rng = random.Random(5)
+    alphabet = "ab Z9٣\t\n\r  ,.!?'日本한😀é\u0301-_$+<>\u00a0\u3000"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(60))) for _ in range(150)]
+    for pre in {p.type for p in PRE_TOKENIZERS.values()} - set(UNSUPPORTED_PRE):
+        splitter = Splitter(pre)
+        for text in texts:
+            pieces, view = [text], text
+            for step in splitter.steps:  # the slow reference: every step on every piece alone
+                s = unicode.collapse(text) if step.collapsed else unicode.wide_text(text)
+                if s is not view:
+                    pieces, view = _cut_like(s, pieces), s
+                pieces = [w for p in pieces for w in step.pieces(p)]
+            want = pieces if view is text else _cut_like(text, pieces)
+            assert splitter.words(text) == want, (pre, text)
+
+
+def _cut_like(s: str, pieces: list[str]) -> list[str]:
+    """`s` cut into parts as long as `pieces`."""
+    out, at = [], 0
+    for p in pieces:
+        out.append(s[at : at + len(p)])
+        at += len(p)
+    return out
+
+
 def test_digit_groups_join_the_text_before_them() -> None:
     digits = Splitter("AFMOE").steps[0]  # \p{AFMoE_digits}: llama.cpp's custom splitter
     assert digits.pattern is None and digits.pieces("ab1234567 x") == ["ab1", "234", "567", " x"]

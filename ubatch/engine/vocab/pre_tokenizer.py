@@ -12,9 +12,11 @@ exactly where llama.cpp does, at C speed.
 from __future__ import annotations
 
 import re
+import re._parser as re_parser  # type: ignore[import-not-found]  # typeshed lacks it; 3.11+ has it
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Any
 
 from ubatch.engine.vocab import unicode
 from ubatch.engine.vocab.pre_regexes import RAW_UTF8, REGEXES
@@ -165,10 +167,56 @@ def _ecmascript(expr: str) -> str:
     return "".join(out)
 
 
+_TRAILING_SPACE, _ASCII_SPACE = "(\\s+\\Z)", " \t\n\r\f\v"  # deepseek-llm's "\\s+$", as compiled
+_SEP = "\0"  # joins the words of a text when a step's regex can never consume it (see _Step.split)
+_POSITIVE_CATEGORIES = {"CATEGORY_SPACE", "CATEGORY_DIGIT", "CATEGORY_WORD"}  # ASCII: none holds NUL
+
+
+def _cannot_cross(items: list[tuple[Any, Any]]) -> bool:
+    """The parsed regex (re._parser) looks at nothing but what it consumes (no anchors, no
+    lookaround, no backreferences) and can consume no NUL: positive classes and literals only."""
+    for op, av in items:
+        name = str(op)
+        if name == "LITERAL":
+            ok = av != 0
+        elif name == "IN":
+            ok = all(
+                (str(k) == "LITERAL" and v != 0)
+                or (str(k) == "RANGE" and v[0] > 0)
+                or (str(k) == "CATEGORY" and str(v) in _POSITIVE_CATEGORIES)
+                for k, v in av
+            )
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            ok = _cannot_cross(av[2])
+        elif name == "SUBPATTERN":
+            ok = _cannot_cross(av[3])
+        elif name == "BRANCH":
+            ok = all(_cannot_cross(b) for b in av[1])
+        else:  # AT, ASSERT, ASSERT_NOT, ANY, NOT_LITERAL, GROUPREF, ...
+            ok = False
+        if not ok:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class _Step:
     pattern: re.Pattern[str] | None  # the regex as one capturing group (for re.split); None: digit groups
     collapsed: bool
+    joinable: bool = False  # its matches never cross a NUL and see nothing beyond themselves
+
+    def split(self, pieces: list[str]) -> list[str]:
+        """Each piece cut on its own. A regex that only sees what it consumes and never consumes
+        NUL finds the same matches in the pieces joined with NUL as in each apart: one C call."""
+        if len(pieces) == 1:
+            return self.pieces(pieces[0])
+        if self.pattern is not None and self.pattern.pattern == _TRAILING_SPACE:  # \s+$: each piece's tail
+            return [w for p in pieces for w in (p.rstrip(_ASCII_SPACE), p[len(p.rstrip(_ASCII_SPACE)) :]) if w]
+        if self.joinable and self.pattern is not None and self.pattern.groups == 1:
+            joined = _SEP.join(pieces)
+            if joined.count(_SEP) == len(pieces) - 1:  # no NUL of the text's own
+                return [w for w in _SEP.join(self.pattern.split(joined)).split(_SEP) if w]
+        return [w for p in pieces for w in self.pieces(p)]
 
     def pieces(self, s: str) -> list[str]:
         """`s` cut at the matches, the text between matches kept: [gap, match, gap, ...] less the
@@ -189,7 +237,8 @@ def _step(expr: str) -> _Step:
     if collapsed and not expr.isascii():
         raise ValueError(f"regex mixes Unicode categories and non-ASCII characters: {expr!r}")
     src = _ecmascript(_collapsed_regex(expr) if collapsed else expr)
-    return _Step(re.compile(f"({src})", re.ASCII), collapsed)
+    joinable = _cannot_cross(list(re_parser.parse(src, re.ASCII)))
+    return _Step(re.compile(f"({src})", re.ASCII), collapsed, joinable)
 
 
 class Splitter:
@@ -208,7 +257,7 @@ class Splitter:
             s = views[step.collapsed]
             if s is not view:  # the previous step cut another view of the text: cut this one alike
                 pieces, view = _cut(s, map(len, pieces)), s
-            pieces = step.pieces(s) if len(pieces) == 1 else [w for p in pieces for w in step.pieces(p)]
+            pieces = step.split(pieces)
         return pieces if view is text else _cut(text, map(len, pieces))
 
 
