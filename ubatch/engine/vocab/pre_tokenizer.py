@@ -15,8 +15,9 @@ import re
 import re._parser as re_parser  # type: ignore[import-not-found]  # typeshed lacks it; 3.11+ has it
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any
+
+import numpy as np
 
 from ubatch.engine.vocab import unicode
 from ubatch.engine.vocab.pre_regexes import RAW_UTF8, REGEXES
@@ -262,8 +263,13 @@ class Splitter:
 
 
 def _cut(s: str, lengths: Iterable[int]) -> list[str]:
-    ends = list(accumulate(lengths))
-    return [s[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+    """`s` cut into parts of these lengths: NUL put between them with numpy and one str.split
+    (a slice per word costs more once a text has 300k words)."""
+    ends = np.cumsum(np.fromiter(lengths, np.int64))
+    if _SEP in s:
+        return [s[a:b] for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
+    joined = np.insert(unicode.codepoints(s), ends[:-1], 0).astype("<u4").tobytes()
+    return joined.decode("utf-32-le", "surrogatepass").split(_SEP)
 
 
 _DIGITS = re.compile(f"[{_N}0-9]+")
