@@ -197,7 +197,7 @@ def test_many_logit_bias_keys(server: Server, usual: float) -> None:
     bias = {f"w{i}": -1 for i in range(20_000)}
     data = json.dumps({"prompt": "hi", "n_predict": 2, "logit_bias": bias}).encode()
     r = _under_attack(server, usual, lambda: _post(server.url, "/completion", data))
-    assert "logit_bias" in _error(r, 400)  # more entries than the tiny model's 326 tokens: refused up front
+    assert r.status_code == 200, r.text[:300]
 
 
 @pytest.mark.parametrize(

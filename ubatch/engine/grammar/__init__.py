@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ubatch.engine.grammar.budget import ENTRY_BYTES
+from ubatch.engine.grammar.budget import ENTRY_BYTES, probing_turn
 from ubatch.engine.grammar.elements import GrammarError
 from ubatch.engine.grammar.match import Matcher
 from ubatch.engine.grammar.parse import parse_gbnf
@@ -71,9 +71,12 @@ def compile_grammar(text: str, tokenize: Callable[[str], list[int]] | None = Non
     """GBNF text -> Grammar, starting at rule `root`. `tokenize` resolves `<text>` token
     references; GrammarError names the problem and its line and column. `probe` also walks
     the first characters (Matcher.probe), so that a grammar too ambiguous to match is refused
-    here rather than by the generation that meets it: what a server wants for a request's."""
-    grammar = Grammar(text, Matcher(parse_gbnf(text, tokenize)))
-    if probe:
+    here rather than by the generation that meets it: what a server wants for a request's (one
+    probing compile at a time: budget.py `probing_turn`)."""
+    if not probe:
+        return Grammar(text, Matcher(parse_gbnf(text, tokenize)))
+    with probing_turn():
+        grammar = Grammar(text, Matcher(parse_gbnf(text, tokenize)))
         with grammar.matcher.session():
             grammar.matcher.probe()
     return grammar

@@ -85,6 +85,22 @@ def cancel_scope(cancel: threading.Event) -> Iterator[None]:
         _LOCAL.cancel = before
 
 
+_PROBING = threading.Lock()
+
+
+@contextmanager
+def probing_turn() -> Iterator[None]:
+    """Compile-time probes take turns across threads: however many hostile grammars arrive at
+    once, one at a time spends its budget competing for the GIL with the engine thread (four at
+    once made a normal request beside them three times slower). Waiting stays cancellable."""
+    while not _PROBING.acquire(timeout=0.02):
+        check_cancelled()
+    try:
+        yield
+    finally:
+        _PROBING.release()
+
+
 def check_cancelled() -> None:
     """WorkCancelled if this thread's cancel scope was cancelled: for loops outside the matcher."""
     cancel = getattr(_LOCAL, "cancel", None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from ubatch.engine.grammar.budget import WorkCancelled
+from ubatch.engine.grammar.budget import WorkCancelled, probing_turn
 from ubatch.engine.grammar.elements import GrammarError
 from ubatch.engine.grammar.match import Matcher
 from ubatch.engine.grammar.parse import parse_gbnf
@@ -50,9 +50,10 @@ def _probe(rules: dict[str, str], top: str) -> str:
     if top != "root":
         text = f"root ::= {top}\n" + text
     try:
-        m = Matcher(parse_gbnf(text))
-        with m.session():
-            m.probe(repeats=True)
+        with probing_turn():
+            m = Matcher(parse_gbnf(text))
+            with m.session():
+                m.probe(repeats=True)
     except WorkCancelled:
         raise
     except GrammarError as e:
