@@ -45,6 +45,7 @@ def _hparams(arch: str) -> HParams:
         f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
         f"{arch}.context_length": 1024,
         f"{arch}.vocab_size": 300,
+        f"{arch}.logit_scale": 2.0,  # granite requires it
     }
     return ARCHS[arch].read_hparams(meta, "test")
 
@@ -63,6 +64,8 @@ def test_each_tensor_is_declared_once_with_a_cut_that_fits_its_shape(arch: str) 
             assert t.shape[0] == rows[t.cut], t
         elif t.cut in cols:
             assert t.kind == "matrix" and t.shape[1] == cols[t.cut], t
+        elif t.cut == "none":  # spans what ranks split: olmo2's norms over all heads
+            assert t.kind == "vector" and t.shape[0] in rows.values(), t
         else:
             assert t.cut == "replicated" and t.kind in ("vector", "matrix"), t
 
@@ -80,7 +83,9 @@ def test_a_missing_key_is_one_line_naming_it(arch: str) -> None:
 
 def test_hf_model_types_name_registered_architectures() -> None:
     assert HF_MODEL_TYPES and all(a.name in ARCHS for a in HF_MODEL_TYPES.values())
-    with pytest.raises(Exception, match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3"):
+    with pytest.raises(
+        Exception, match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, granite, olmo2, smollm3"
+    ):
         from ubatch.engine.model.hparams import hparams_from_metadata
 
         hparams_from_metadata({"general.architecture": "mamba"}, "f.gguf")
@@ -177,7 +182,18 @@ def test_family_greedy_tokens_match_transformers(family_dirs: Path, family: str)
     assert ours == ids[len(prompt) :]
 
 
-@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_a_family_whose_norms_span_every_head_refuses_tensor_parallelism(family_dirs: Path) -> None:
+    """olmo2 normalises Q and K over all heads at once: -tp is refused in one line naming it."""
+    from ubatch.engine.errors import ModelLoadError
+    from ubatch.engine.model.shard import Shard
+
+    model = Model.load(_source(family_dirs, "olmo2", "hf"))
+    with pytest.raises(ModelLoadError, match=r"olmo2's blk\.0\.attn_q_norm\.weight, .* without -tp") as e:
+        model.sharded(Shard.for_plan(2, model.hparams.n_vocab))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILY_NAMES if f != "olmo2"])
 def test_family_on_two_ranks_gives_the_single_process_logits(family_dirs: Path, family: str) -> None:
     """-tp 2: each rank holds the heads, biases and FFN rows its specs' cuts give it; prefill and
     decode logits equal one process's within f32 summation order."""

@@ -63,6 +63,15 @@ FAMILIES = {
             "tie_word_embeddings": True,  # the converter drops lm_head: gemma2 is tied
         },
     ),
+    "granite": Family(
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        "granite",
+        {"embedding_multiplier": 6.0, "residual_multiplier": 0.5, "attention_multiplier": 0.02, "logits_scaling": 4.0},
+    ),
+    "olmo2": Family("Olmo2Config", "Olmo2ForCausalLM", "olmo2"),
+    # four layers: the fourth has no RoPE
+    "smollm3": Family("SmolLM3Config", "SmolLM3ForCausalLM", "smollm3", {"num_hidden_layers": 4}),
     "llama-linear": Family(
         "LlamaConfig", "LlamaForCausalLM", "llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}
     ),
@@ -75,19 +84,21 @@ def hf_model(family: str, seed: int = 0, tied: bool = False) -> torch.nn.Module:
     import transformers
 
     f = FAMILIES[family]
-    cfg = getattr(transformers, f.config)(
-        vocab_size=VOCAB,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-6,
-        bos_token_id=1,
-        eos_token_id=2,
-        **({"tie_word_embeddings": tied} | f.extra),
-    )
+    kw: dict[str, object] = {
+        "vocab_size": VOCAB,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "tie_word_embeddings": tied,
+    }
+    cfg = getattr(transformers, f.config)(**(kw | f.extra))
     torch.manual_seed(seed)
     model = getattr(transformers, f.model)(cfg).float().eval()
     g = torch.Generator().manual_seed(seed)
@@ -127,13 +138,25 @@ def llama_cpp_src() -> Path | None:
     return src if src is not None and (src / "convert_hf_to_gguf.py").exists() else None
 
 
+# The converter as llama.cpp ships it, except that a family whose class reads only a BPE
+# tokenizer.json (olmo2) takes the tiny tokenizer.model as the others do: the tests feed token ids.
+DRIVER = """
+import runpy, sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
+from conversion.base import TextModel
+TextModel.set_vocab = lambda self: self._set_vocab_sentencepiece()
+script = sys.argv[1] + "/convert_hf_to_gguf.py"
+sys.argv = [script, *sys.argv[2:]]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
 def convert_llama_cpp(d: Path, out: Path, outtype: str = "f32") -> Path:
     """d converted by llama.cpp's convert_hf_to_gguf.py (with its own gguf-py)."""
     src = llama_cpp_src()
     assert src is not None
     if not out.exists():
-        env = {**os.environ, "PYTHONPATH": str(src / "gguf-py")}
-        cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(d), "--outfile", str(out), "--outtype", outtype]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        cmd = [sys.executable, "-c", DRIVER, str(src), str(d), "--outfile", str(out), "--outtype", outtype]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
     return out

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ubatch.engine.graph.builder import GraphBuilder
 from ubatch.engine.graph.graph import Sym
 from ubatch.engine.kv.memory import KVMemory
+from ubatch.engine.model.archs.base import HParams
 from ubatch.engine.model.model import Model
 from ubatch.kernels.ops import AttentionArgs, BiasArgs, MaskCells
 
@@ -31,6 +32,10 @@ class GraphBlocks:
     starts: list[Sym]
     visible: list[Sym]
     out_ids: Sym | None
+
+    @property
+    def hp(self) -> HParams:
+        return self.model.hparams
 
     def norm(self, x: Sym, il: int, field: str, name: str) -> Sym:
         w = self.model.layers[il].vec(field)
@@ -54,15 +59,21 @@ class GraphBlocks:
         hp, b, L, n = self.model.hparams, self.b, self.model.layers[il], self.n
         ci = self.mem.layer_cache[il]
         cache, g, n_kv = self.mem.caches[ci], self.n_groups[ci], self.n_kv[ci]
-        q = b.view(self._proj(x, il, "wq", "bq", f"Qcur-{il}"), (n, hp.n_head, hp.n_embd_head_k))
-        k = b.view(self._proj(x, il, "wk", "bk", f"Kcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_k))
+        q, k = self._proj(x, il, "wq", "bq", f"Qcur-{il}"), self._proj(x, il, "wk", "bk", f"Kcur-{il}")
+        if hp.qk_norm_full:  # over the whole projection, before the heads (olmo2)
+            q = self.norm(q, il, "q_norm", f"Qcur_normed-{il}")
+            k = self.norm(k, il, "k_norm", f"Kcur_normed-{il}")
+        q = b.view(q, (n, hp.n_head, hp.n_embd_head_k))
+        k = b.view(k, (n, hp.n_head_kv, hp.n_embd_head_k))
         v = b.view(self._proj(x, il, "wv", "bv", f"Vcur-{il}"), (n, hp.n_head_kv, hp.n_embd_head_v))
         if hp.qk_norm:
             q = self.norm(q, il, "q_norm", f"Qcur_normed-{il}")
             k = self.norm(k, il, "k_norm", f"Kcur_normed-{il}")
         cos, sin = self.ropes[hp.rope_params(il)]
-        q = b.scale(b.rope(q, cos, sin, hp.rope_neox, f"Qcur_rope-{il}"), hp.attn_scale, f"Qcur_scaled-{il}")
-        k = b.rope(k, cos, sin, hp.rope_neox, f"Kcur_rope-{il}")
+        rope = hp.has_rope(il)  # smollm3 leaves some layers unrotated
+        q = b.rope(q, cos, sin, hp.rope_neox, f"Qcur_rope-{il}") if rope else q
+        q = b.scale(q, hp.attn_scale, f"Qcur_scaled-{il}")
+        k = b.rope(k, cos, sin, hp.rope_neox, f"Kcur_rope-{il}") if rope else k
         ks = b.kv_store(cache.k[il], self.slots[ci], k, f"k_store-{il}")
         vs = b.kv_store(cache.v[il], self.slots[ci], v, f"v_store-{il}")
         qg = b.view(q, (g, n // g, hp.n_head, hp.n_embd_head_k))
@@ -85,6 +96,9 @@ class GraphBlocks:
             x = self.b.rows(x, self.out_ids, f"inpSA_out-{il}")
             a = self.b.rows(a, self.out_ids, f"attn_out_rows-{il}")
         return self.b.add(x, a, f"ffn_inp-{il}")
+
+    def scale(self, x: Sym, s: float, name: str) -> Sym:
+        return self.b.scale(x, s, name)
 
     def add(self, a: Sym, b: Sym, name: str) -> Sym:
         return self.b.add(a, b, name)

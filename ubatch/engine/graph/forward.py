@@ -104,6 +104,8 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     if shape.embd:  # embeddings (llama.cpp's t_embd): pooling reads these rows (engine/generation/embedding.py)
         return b.finish(x)
     logits = b.linear(x, model.output, "result_output")
+    if hp.logit_scale != 1.0:
+        logits = b.scale(logits, 1.0 / hp.logit_scale, "result_scaled")
     if hp.final_logit_softcap:
         logits = b.softcap(logits, hp.final_logit_softcap, "result_softcap")
     if tp is not None:  # this rank's vocabulary slice; rank 0 samples from all of them

@@ -171,6 +171,8 @@ class KVMemory:
                     slots = torch.from_numpy(idx + s * c.size)
                     shift = torch.from_numpy(cells.shift[idx])
                     for il in c.layers:
+                        if not hp.has_rope(il):  # its K was stored without rotation
+                            continue
                         base, scale = hp.rope_params(il)
                         cos, sin = ops.rope_cache(shift, hp.n_rot, base, scale, freq_factors)
                         store = c.k[il]

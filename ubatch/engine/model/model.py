@@ -169,6 +169,12 @@ class Model:
         dev = torch.device(device) if device is not None else self.device
         src = str(self.path)
         check_split(hp.n_head, hp.n_head_kv, hp.n_ff, w, src)
+        whole = [t.name for t in layer_specs(hp, 0).values() if t.cut == "none"] if hp.n_layer else []
+        if whole:
+            raise ModelLoadError(
+                f"{src}: {hp.arch}'s {', '.join(whole)} span every attention head, which ranks holding some heads "
+                "cannot compute; run it without -tp"
+            )
         split = head_split(hp.n_head, hp.n_head_kv, r, w)
         cutter, layers = Cutter(split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w), []
         for il, L in enumerate(self.layers):  # each tensor as its spec says tensor parallelism cuts it

@@ -203,6 +203,11 @@ class Cutter:
 
     def vector(self, cut: Cut, v: torch.Tensor) -> torch.Tensor:
         """A norm weight (whole) or a bias of row-cut outputs (its rows)."""
+        if cut == "none":
+            raise ModelLoadError(
+                "this architecture normalises Q and K over every head at once, which ranks that each "
+                "hold some heads cannot compute; run it without -tp"
+            )
         if cut == "replicated":
             return v
         lo, hi = self.rows(cut)

@@ -74,9 +74,16 @@ class HParams:
     pooling_type: str  # `{arch}.pooling_type` as a POOLING_TYPES name; llama.cpp's default is none
     attn_bias: bool = False  # Q/K/V projections add a bias (qwen2)
     attn_softcap: float = 0.0  # attention scores soft-capped as c·tanh(s / c) (gemma2); 0 = off
+    residual_scale: float = 1.0  # attention and FFN outputs scaled before the residual add (granite)
+    logit_scale: float = 1.0  # the logits divided by it (granite)
+    rope_layers: tuple[bool, ...] = ()  # per layer: RoPE applied (empty: every layer; smollm3 skips some)
+    qk_norm_full: bool = False  # Q and K normed over the whole projection, before the heads (olmo2)
 
     def is_swa(self, il: int) -> bool:
         return self.swa_layers[il]
+
+    def has_rope(self, il: int) -> bool:
+        return not self.rope_layers or self.rope_layers[il]
 
     def rope_params(self, il: int) -> tuple[float, float]:
         """(freq_base, freq_scale) of layer il: local layers have their own base."""
@@ -163,8 +170,9 @@ def read_core(meta: Meta, arch: str, source: str) -> HParams:
 # projection's output (f32); fused: several matrices in one tensor, split by views
 Kind = Literal["matrix", "vector", "bias", "fused"]
 # how tensor parallelism cuts it: output rows by query heads, KV heads (K's or V's width) or FFN
-# rows; input columns by query heads or FFN rows; the vocabulary; or every rank holds it whole
-Cut = Literal["q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "vocab", "replicated"]
+# rows; input columns by query heads or FFN rows; the vocabulary; every rank holds it whole; or
+# "none": it spans what ranks split (a norm over every head's values), so -tp is refused
+Cut = Literal["q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "vocab", "replicated", "none"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,15 +243,22 @@ class Blocks(Protocol[T]):
     them as graph nodes). Weights are named by their `TensorSpec.field`; the blocks carry the
     tensor-parallel all-reduces themselves, so a layer reads the same with and without -tp."""
 
+    @property
+    def hp(self) -> HParams:
+        """The hyperparameters of the model (one rank's under -tp)."""
+
     def norm(self, x: T, il: int, field: str, name: str) -> T:
         """RMS norm of x with the layer's weight `field`."""
 
     def attention(self, x: T, il: int) -> T:
-        """Self-attention of the normed rows x: Q/K/V (with biases and per-head Q/K norms where the
-        layer has them), RoPE, the KV cache, the output projection, whole again across ranks."""
+        """Self-attention of the normed rows x: Q/K/V (with biases and Q/K norms, per head or over
+        the projection, where the hparams say), RoPE where the layer has it, the KV cache, the
+        output projection, whole again across ranks."""
 
     def ffn(self, x: T, il: int) -> T:
         """The gated FFN of the normed rows x, whole again across ranks."""
+
+    def scale(self, x: T, s: float, name: str) -> T: ...
 
     def residual(self, x: T, a: T, il: int) -> T:
         """x + a after attention (`ffn_inp`); at the last layer only the output rows are kept."""
