@@ -30,7 +30,8 @@ TOOL = REPO.parent / "shared" / "tools" / "llama-cpp.sh"
 VOCABS = (
     "bert-bge command-r deepseek-coder deepseek-llm falcon gemma-4 gpt-2 llama-bpe llama-spm mpt phi-3 qwen2 qwen35 "
     "refact starcoder"
-).split()
+).split()  # the ones with llama.cpp's .inp/.out cases
+EXTRA = "aquila baichuan gpt-neox nomic-bert-moe".split()  # no cases: no tokenizer.ggml.pre, SPM, Unigram
 
 _HELPER_C = r"""
 #include "llama.h"
@@ -276,7 +277,7 @@ def _cpu() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("vocabs", nargs="*", default=VOCABS)
+    ap.add_argument("vocabs", nargs="*", default=VOCABS + EXTRA)
     ap.add_argument("--texts", type=int, default=200, help="random texts per vocabulary")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bench", action="store_true", help="time llama-tokenize and ubatch tokenize on 1 MB")

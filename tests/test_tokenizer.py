@@ -232,7 +232,7 @@ def test_vocab_without_byte_tokens_uses_the_python_loop(tmp_path: Path) -> None:
     assert ids == [p("▁the") - 256, p("▁world") - 256, p("▁") - 256, unk, unk]
 
 
-@pytest.mark.parametrize("model, words", [("t5", "Unigram"), ("rwkv", "RWKV"), ("plamo2", "PLaMo2")])
+@pytest.mark.parametrize("model, words", [("rwkv", "RWKV"), ("plamo2", "PLaMo2"), ("hybriddna", "BPE with DNA k-mers")])
 def test_unsupported_tokenizer_is_a_load_error(tmp_path: Path, model: str, words: str) -> None:
     with pytest.raises(ModelLoadError, match=rf"tiny\.gguf: tokenizer '{model}' \({words}\)"):
         tiny(tmp_path, model=model)

@@ -95,13 +95,21 @@ def test_llama_cpp_test_vocabulary(name: str) -> None:
     assert bad == [], f"{len(bad)}/{n} differ; first: {bad[0]}"
 
 
-@pytest.mark.parametrize("name", ["llama-bpe", "gemma-4", "bert-bge", "llama-spm"])
+@pytest.mark.parametrize("name", ["llama-bpe", "gemma-4", "bert-bge", "llama-spm", "nomic-bert-moe", "gpt-neox"])
 def test_random_texts_match_libllama(name: str, tmp_path: Path) -> None:
     helper = check_tokenizers.build_helper(llama_src(), tmp_path)
     if helper is None:
         pytest.skip(f"no libllama.so in {check_tokenizers.llama_bin()} (build it with ../shared/tools/llama-cpp.sh)")
     r = check_tokenizers.compare(name, llama_src(), helper, 40, seed=3)
     assert (r.checked, r.bad_ids, r.bad_text) == (80, 0, 0), r.example
+
+
+def test_unigram_normalises_and_adds_eos() -> None:
+    v = vocab("nomic-bert-moe")  # t5: precompiled charsmap, extra whitespace removed, BOS and EOS added
+    assert (v.kind, v.add_bos, v.add_eos) == ("UGM", True, True)
+    ids = v.tokenize("  Hello   wörld  ")
+    assert ids[0] == v.bos and ids[-1] == v.eos and v.detokenize(ids[1:-1]) == "Hello wörld"
+    assert v.tokenize("ｈｅｌｌｏ", add_special=False) == v.tokenize("hello", add_special=False)  # NFKC
 
 
 def test_bpe_special_tokens_and_add_bos() -> None:

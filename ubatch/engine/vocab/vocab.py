@@ -5,7 +5,7 @@ it: no Python object per token), their attributes, the special and end-of-genera
 partition of a text around special tokens and detokenisation. The algorithm between the special
 tokens is chosen by tokenizer.ggml.model, one module each: SPM ("llama", spm.py), BPE ("gpt2",
 "gemma4", "whitespace", bpe.py, with the pre-tokeniser named by tokenizer.ggml.pre) and WPM
-("bert", wpm.py). Consumers read a token's text through token_to_piece (its bytes as printed),
+("bert", wpm.py) and Unigram ("t5", ugm.py). Consumers read a token's text through token_to_piece (its bytes as printed),
 never the stored text: a byte-level BPE token's stored text is an encoding of its bytes.
 """
 
@@ -41,6 +41,7 @@ from ubatch.engine.vocab.tables import (
     UNSUPPORTED_MODELS,
 )
 from ubatch.engine.vocab.token_index import TokenIndex
+from ubatch.engine.vocab.ugm import UgmOptions, UgmTokenizer
 from ubatch.engine.vocab.wpm import WpmTokenizer, max_chars
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ __all__ = ["SP_MIN_CHARS", "Vocab", "_UNBUILT"]
 
 _SPACE_BYTES = SPM_SPACE.encode()
 _CLEAN_MARKS = (b" ?", b" !", b" .", b" ,", b" '")  # only these can change in clean_spaces
-KINDS = {"llama": "SPM", "gpt2": "BPE", "gemma4": "BPE", "whitespace": "BPE", "bert": "WPM"}
+KINDS = {"llama": "SPM", "gpt2": "BPE", "gemma4": "BPE", "whitespace": "BPE", "bert": "WPM", "t5": "UGM"}
 
 
 class Tokenizer(Protocol):
@@ -85,7 +86,7 @@ class Vocab:
     """Token texts, scores and attributes plus llama.cpp's tokenize/detokenize rules."""
 
     n_tokens: int
-    kind: str  # llama.cpp's vocab type: "SPM", "BPE" or "WPM"
+    kind: str  # llama.cpp's vocab type: "SPM", "BPE", "WPM" or "UGM"
     model: str  # tokenizer.ggml.model
     pre: str  # tokenizer.ggml.pre as used ("default" when absent)
     bos: int
@@ -123,7 +124,7 @@ class Vocab:
             kind = f" ({UNSUPPORTED_MODELS[model]})" if model in UNSUPPORTED_MODELS else ""
             raise ModelLoadError(
                 f"{source}: tokenizer '{model}'{kind} is not supported; "
-                "SentencePiece ('llama'), BPE ('gpt2', 'gemma4') and WordPiece ('bert') vocabularies are"
+                "SentencePiece ('llama'), BPE ('gpt2', 'gemma4'), WordPiece ('bert') and Unigram ('t5') vocabularies are"
             )
         tokens = _strings(metadata, "tokenizer.ggml.tokens", source)
         if tokens is None or not len(tokens):
@@ -183,6 +184,9 @@ class Vocab:
                 defaults["bos"] = None
             self.add_space_prefix, self.add_bos, self.clean_spaces = False, pre.add_bos, pre.clean_spaces
             self.add_sep = pre.add_sep
+        elif self.kind == "UGM":
+            defaults = {"bos": None, "eos": 1, "unknown": 2, "seperator": None, "padding": 0}
+            self.add_space_prefix, self.add_bos, self.add_eos = False, False, True
         self.add_space_prefix = meta_bool(metadata, "tokenizer.ggml.add_space_prefix", source, self.add_space_prefix)
 
         def key(name: str, default: int | None) -> int | None:
@@ -200,6 +204,7 @@ class Vocab:
             raise ModelLoadError(f"{source}: the tokenizer has no valid bos/eos/unknown token id")
         eos_is_eog = eos is not None
         eos = eos if eos is not None else self.sep  # WordPiece has no EOS; [SEP] ends a text
+        bos = bos if bos is not None or self.kind != "UGM" else eos  # T5 has no BOS (and adds none)
         if bos is None or eos is None:
             raise ModelLoadError(f"{source}: the tokenizer has no valid bos/eos token id")
         self.bos, self.eos = bos, eos
@@ -217,6 +222,7 @@ class Vocab:
         )
         strip_accents = meta_bool(metadata, "tokenizer.ggml.normalizer.strip_accents", source, lowercase)
 
+        file_attr = attr.copy()  # what llama.cpp's Unigram trie is built from, before the text rules
         self._mark_specials(attr, eos if eos_is_eog else None, lambda name: key(name, None))
 
         # Special-token list: longest (in bytes) first; ties by id (llama.cpp leaves them open).
@@ -245,6 +251,19 @@ class Vocab:
                 raise ModelLoadError(f"{source}: the WordPiece vocabulary has no valid unknown token id")
             self._tok = WpmTokenizer(tokens, max_chars(tokens.lengths()), self.unk, lowercase, strip_accents)
             self.nl = self.pad
+        elif self.kind == "UGM":
+            if self.unk is None:
+                raise ModelLoadError(f"{source}: the Unigram vocabulary has no valid unknown token id")
+            charsmap = metadata.get("tokenizer.ggml.precompiled_charsmap")
+            blob = np.asarray(charsmap).astype(np.uint8).tobytes() if charsmap is not None else None
+            remove_extra = meta_bool(metadata, "tokenizer.ggml.remove_extra_whitespaces", source, False)
+            options = UgmOptions(self.add_space_prefix, remove_extra)
+            try:
+                self._tok = UgmTokenizer(tokens, scores, file_attr, self.unk, blob, options)
+            except ValueError as e:
+                raise ModelLoadError(f"{source}: tokenizer.ggml.precompiled_charsmap: {e}") from None
+            nl = self._tok.encode(["\n"])[0]
+            self.nl = nl[0] if nl else self.pad
         else:
             assert pre is not None
             merges = _strings(metadata, "tokenizer.ggml.merges", source)

@@ -1,0 +1,193 @@
+"""The Unigram tokenizer (tokenizer.ggml.model "t5") as llama.cpp runs it (llm_tokenizer_ugm).
+
+The text is normalised first, on its UTF-8 bytes: a user-defined token's prefix stays as it is,
+else the longest match in SentencePiece's precompiled charsmap (a XOR-compressed double array,
+"XCDA", and NUL-terminated replacements) replaces it, else the character stays (a byte that is
+not UTF-8 becomes U+FFFD); spaces become "▁", one is put before the text, and runs of them may
+be merged. Then a Viterbi pass picks the tokenisation with the best summed score (user-defined
+tokens score 0; a character no token covers costs the lowest score less 10, as unknown), and
+consecutive unknowns become one. Pure Python, one step per byte: correct, not fast.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from ubatch.engine.gguf.string_array import StringArray
+from ubatch.engine.vocab.tables import A_NORMAL, A_UNUSED, A_USER_DEFINED
+
+_SPACE = "\u2581".encode()
+_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)  # by high nibble, as unicode_len_utf8
+
+
+@dataclass(frozen=True)
+class UgmOptions:
+    add_space_prefix: bool
+    remove_extra_whitespaces: bool
+    escape_whitespaces: bool = True
+    treat_whitespace_as_suffix: bool = False
+
+
+class Charsmap:
+    """SentencePiece's precompiled normaliser: longest-prefix replacements over bytes."""
+
+    def __init__(self, blob: bytes) -> None:
+        size = int.from_bytes(blob[:4], "little")
+        if size + 4 >= len(blob):
+            raise ValueError("precompiled charsmap: index out of bounds")
+        self.xcda = np.frombuffer(blob[4 : 4 + size], "<u4").tolist()
+        self.replacements = blob[4 + size :]
+
+    def match(self, s: bytes, at: int) -> tuple[bytes, int] | None:
+        """(replacement, bytes consumed) of the longest charsmap key at s[at:], or None."""
+        xcda, n = self.xcda, len(self.xcda)
+
+        def base(i: int) -> int:
+            v = xcda[i]
+            return (v >> 10) << ((v & (1 << 9)) >> 6)
+
+        node, best_len, best_at = base(0), 0, 0
+        for p in range(at, len(s)):
+            c = s[p]
+            if c == 0:
+                break
+            node ^= c
+            if node >= n or xcda[node] & ((1 << 31) | 0xFF) != c:
+                break
+            leaf = (xcda[node] >> 8) & 1
+            node ^= base(node)
+            if node >= n:
+                break
+            if leaf:
+                best_len, best_at = p - at + 1, xcda[node] & ((1 << 31) - 1)
+        if not best_len:
+            return None
+        end = self.replacements.find(b"\0", best_at)
+        if best_at >= len(self.replacements) or end < 0:
+            raise ValueError("precompiled charsmap: unterminated replacement")
+        return self.replacements[best_at:end], best_len
+
+
+class UgmTokenizer:
+    def __init__(
+        self,
+        texts: StringArray,
+        scores: np.ndarray,
+        attrs: np.ndarray,
+        unk: int,
+        charsmap: bytes | None,
+        options: UgmOptions,
+    ) -> None:
+        self._unk, self._opt = unk, options
+        self._charsmap = Charsmap(charsmap) if charsmap else None
+        normal = (attrs & A_NORMAL) != 0
+        self._unknown_score = float(scores[normal].min() if normal.any() else np.float32(3.4028235e38)) - 10.0
+        keep = np.flatnonzero((attrs & (A_NORMAL | A_USER_DEFINED | A_UNUSED)) != 0).tolist()
+        user = set(np.flatnonzero((attrs & A_USER_DEFINED) != 0).tolist())
+        self._ids = {texts.piece(i): i for i in keep}
+        self._scores = [0.0 if i in user else float(scores[i]) for i in range(len(texts))]
+        self._sorted = sorted(self._ids)  # prefix tests by bisection stand in for llama.cpp's trie
+        self._user_sorted = sorted(texts.piece(i) for i in user)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [self._viterbi(self.normalize(t.encode("utf-8", "surrogateescape"))) for t in texts]
+
+    # ---- normalisation -----------------------------------------------------------------------
+
+    def normalize(self, text: bytes) -> bytes:
+        o = self._opt
+        space = _SPACE if o.escape_whitespaces else b" "
+        prepend = not o.treat_whitespace_as_suffix and o.add_space_prefix
+        merge = o.remove_extra_whitespaces
+        out, prepended, in_word, at = bytearray(), False, False, 0
+        while at < len(text):
+            piece, used = self._normalize_prefix(text, at)
+            for c in piece:
+                if c != 0x20:
+                    if not in_word:
+                        in_word = True
+                        if (prepend and not prepended) or merge:
+                            out += space
+                            prepended = True
+                    out.append(c)
+                else:
+                    in_word = False
+                    if not merge:
+                        out += space
+            at += used
+        if o.treat_whitespace_as_suffix and o.add_space_prefix:
+            out += space
+        return bytes(out)
+
+    def _normalize_prefix(self, s: bytes, at: int) -> tuple[bytes, int]:
+        # the longest prefix of a user-defined token (llama.cpp's trie walk stops where no token goes on)
+        k = _longest_prefix(self._user_sorted, s, at)
+        if k:
+            return s[at : at + k], k
+        if self._charsmap is not None and (hit := self._charsmap.match(s, at)) is not None:
+            return hit
+        size = _utf8_size(s, at)
+        return (s[at : at + size], size) if size else ("\ufffd".encode(), 1)
+
+    # ---- Viterbi -----------------------------------------------------------------------------
+
+    def _viterbi(self, s: bytes) -> list[int]:
+        n = len(s)
+        if not n:
+            return []
+        unk, ids, scores, tokens = self._unk, self._ids, self._scores, self._sorted
+        best_tok, best_from = [unk] * (n + 1), [0] * (n + 1)
+        best = [-float("inf")] * (n + 1)
+        best[0] = 0.0
+        at = 0
+        while at < n:
+            size = min(_UTF8_LEN[s[at] >> 4], n - at)
+            here, whole = best[at], False
+            end = at + 1
+            while end <= n and _has_prefix(tokens, s[at:end]):
+                tok = ids.get(s[at:end])
+                if tok is not None:
+                    whole = whole or end - at == size
+                    score = here + scores[tok]
+                    if score > best[end]:
+                        best[end], best_tok[end], best_from[end] = score, tok, at
+                end += 1
+            if not whole:
+                score = here + self._unknown_score
+                if score > best[at + size]:
+                    best[at + size], best_tok[at + size], best_from[at + size] = score, unk, at
+            at += size
+        out: list[int] = []
+        pos, prev_unknown = n, False
+        while True:
+            tok = best_tok[pos]
+            if not (prev_unknown and tok == unk):
+                out.append(tok)
+            if best_from[pos] == 0:
+                break
+            prev_unknown, pos = tok == unk, best_from[pos]
+        return out[::-1]
+
+
+def _has_prefix(sorted_texts: list[bytes], prefix: bytes) -> bool:
+    i = bisect.bisect_left(sorted_texts, prefix)
+    return i < len(sorted_texts) and sorted_texts[i].startswith(prefix)
+
+
+def _longest_prefix(sorted_texts: list[bytes], s: bytes, at: int) -> int:
+    k = 0
+    while at + k < len(s) and _has_prefix(sorted_texts, s[at : at + k + 1]):
+        k += 1
+    return k
+
+
+def _utf8_size(s: bytes, at: int) -> int:
+    """The length of the valid UTF-8 character at s[at] as llama.cpp checks it; 0 if invalid."""
+    b = s[at]
+    size = 1 if b < 0x80 else 0 if b < 0xC0 else 2 if b < 0xE0 else 3 if b < 0xF0 else 4 if b < 0xF8 else 0
+    if size > 1 and (at + size > len(s) or any(s[at + k] & 0xC0 != 0x80 for k in range(1, size))):
+        return 0
+    return size
