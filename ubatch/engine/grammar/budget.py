@@ -14,6 +14,7 @@ second of one core and some tens of MiB, and work a caller cancels (`cancel_scop
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -85,19 +86,25 @@ def cancel_scope(cancel: threading.Event) -> Iterator[None]:
         _LOCAL.cancel = before
 
 
-_PROBING = threading.Lock()
+_PROBING = threading.RLock()  # re-entrant: a probe inside a probe (none today) must not deadlock
 
 
 @contextmanager
 def probing_turn() -> Iterator[None]:
     """Compile-time probes take turns across threads: however many hostile grammars arrive at
-    once, one at a time spends its budget competing for the GIL with the engine thread (four at
-    once made a normal request beside them three times slower). Waiting stays cancellable."""
+    once, one at a time holds memory (a grammar's budget, not four). Waiting stays cancellable.
+    The cyclic garbage collector pauses during a turn (at most MAX_SESSION_CPU_S): its full
+    passes over a large grammar's objects were 60% of a 20,000-value enum's probe, and CPU
+    time counts against the budget."""
     while not _PROBING.acquire(timeout=0.02):
         check_cancelled()
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
+        if collecting:
+            gc.enable()
         _PROBING.release()
 
 

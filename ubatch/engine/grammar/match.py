@@ -220,13 +220,14 @@ class Matcher:
         if hit is not None:
             return hit
         todo, seen, out = [stack], set(), set()
-        spent, left = 0, work.left()
+        spent, left, depth = 0, work.left(), 0
         while todo:
             cur = todo.pop()
             if cur in seen:
                 continue
             seen.add(cur)
-            spent += len(cur) + 8
+            n = len(cur)
+            spent += n + 8
             if spent > left:
                 work.add(spent)
                 spent, left = 0, work.left()
@@ -240,11 +241,12 @@ class Matcher:
                     todo.append(base + ((alt,) if not self.end_of_seq(alt) else ()))
             else:
                 out.add(cur)
+                depth += n
                 if len(out) > MAX_STATE_STACKS:
                     raise too_ambiguous("one rule expansion reaches", len(out), MAX_STATE_STACKS)
         work.add(spent)
         self._advanced[stack] = hit = frozenset(out)
-        self._kept(_entries(hit), work)
+        self._kept(_entries(len(hit), depth), work)
         return hit
 
     def _kept(self, n: int, work: Work) -> None:
@@ -266,7 +268,7 @@ class Matcher:
                     self.states.append(stacks)
                     self._info.append(None)
                     sid = self._ids[stacks] = len(self.states) - 1
-                    self._kept(_entries(stacks), _work())
+                    self._kept(_entries(len(stacks), sum(map(len, stacks))), _work())
         return sid
 
     def info(self, sid: int) -> StateInfo:
@@ -394,10 +396,10 @@ def complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _entries(stacks: frozenset[Stack]) -> int:
+def _entries(n_stacks: int, positions: int) -> int:
     """The entries a cached set of stacks counts for: one per stack and one for the set, plus
-    one per 16 positions past the 8th (a deep stack is a big tuple: nested repetitions)."""
-    return len(stacks) + 1 + max(0, sum(map(len, stacks)) - 8 * len(stacks)) // 16
+    one per 16 positions past 8 a stack (a deep stack is a big tuple: nested repetitions)."""
+    return n_stacks + 1 + max(0, positions - 8 * n_stacks) // 16
 
 
 _THREAD = threading.local()  # .work: the Work of the thread's outermost session
