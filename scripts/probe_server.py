@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from test_server_auth import raw_get  # noqa: E402  (the tests' own helpers: one copy of each)
+from test_tensor_parallel import LOOPBACK, listening_sockets  # noqa: E402
+
 KEY = "probe-key"
 
 
@@ -56,16 +58,6 @@ class Server:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-
-
-def raw_get(url: str, target: str, headers: str = "") -> tuple[int, bytes]:
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{headers}\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return int(data.split(b" ", 2)[1]), data.partition(b"\r\n\r\n")[2]
 
 
 def row(what: str, got: str) -> None:
@@ -145,32 +137,12 @@ def bodies(model: Path) -> None:
         srv.close()
 
 
-def listening(pids: list[int]) -> list[str]:
-    inodes = set()
-    for pid in pids:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                t = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if t.startswith("socket:["):
-                inodes.add(t[8:-1])
-    out = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            c = line.split()
-            if c[3] == "0A" and c[9] in inodes:
-                out.append(c[1])
-    return out
-
-
 def tensor_parallel(model: Path) -> None:
     srv = Server(model, "-np", "2", "-tp", "2", "--tp-timeout", "10", "--host", "127.0.0.1")
     try:
         rank1 = int(next(x for x in srv.lines if "rank 1 pid" in x).split("pid")[1])
-        addrs = listening([srv.proc.pid, rank1])
-        loop = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
-        wide = [a for a in addrs if a.split(":")[0] not in loop]
+        addrs = listening_sockets([srv.proc.pid, rank1])
+        wide = [a for a in addrs if a not in LOOPBACK]
         row("-tp 2 --host 127.0.0.1: listening sockets off loopback", f"{len(wide)} of {len(addrs)} {wide}")
         got: dict[str, object] = {}
         body = {"prompt": "hello", "n_predict": 4000, "ignore_eos": True}
