@@ -60,7 +60,10 @@ def test_each_tensor_is_declared_once_with_a_cut_that_fits_its_shape(arch: str) 
     rows |= {"v_rows": hp.n_head_kv * hp.n_embd_head_v, "ff_rows": hp.n_ff}
     cols = {"q_cols": hp.n_head * hp.n_embd_head_v, "ff_cols": hp.n_ff}
     for t in specs:
-        if t.cut in rows:
+        if t.parts:  # fused: its parts tile its rows, each cut as a tensor of its own would be
+            assert t.kind == "fused" and sum(n for _, n, _ in t.parts) == t.shape[0], t
+            assert all(rows[cut] == n for _, n, cut in t.parts), t
+        elif t.cut in rows:
             assert t.shape[0] == rows[t.cut], t
         elif t.cut in cols:
             assert t.kind == "matrix" and t.shape[1] == cols[t.cut], t
@@ -84,7 +87,7 @@ def test_a_missing_key_is_one_line_naming_it(arch: str) -> None:
 def test_hf_model_types_name_registered_architectures() -> None:
     assert HF_MODEL_TYPES and all(a.name in ARCHS for a in HF_MODEL_TYPES.values())
     with pytest.raises(
-        Exception, match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, granite, olmo2, smollm3"
+        Exception, match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, granite, olmo2, smollm3, phi3"
     ):
         from ubatch.engine.model.hparams import hparams_from_metadata
 

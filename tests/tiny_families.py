@@ -69,6 +69,8 @@ FAMILIES = {
         "granite",
         {"embedding_multiplier": 6.0, "residual_multiplier": 0.5, "attention_multiplier": 0.02, "logits_scaling": 4.0},
     ),
+    # sliding_window None: llama.cpp disables Phi's window
+    "phi3": Family("Phi3Config", "Phi3ForCausalLM", "phi3", {"sliding_window": None}),
     "olmo2": Family("Olmo2Config", "Olmo2ForCausalLM", "olmo2"),
     # four layers: the fourth has no RoPE
     "smollm3": Family("SmolLM3Config", "SmolLM3ForCausalLM", "smollm3", {"num_hidden_layers": 4}),

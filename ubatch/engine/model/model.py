@@ -13,12 +13,12 @@ import torch
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.gguf.file import GGUFFile
 from ubatch.engine.gguf.string_array import StringArray
-from ubatch.engine.model.archs import expected_tensors, layer_specs
+from ubatch.engine.model.archs import ARCHS, expected_tensors, layer_specs
 from ubatch.engine.model.archs.base import TensorSpec, model_tensors
 from ubatch.engine.model.code_pages import release_startup_code
 from ubatch.engine.model.hf.checkpoint import open_model_file
 from ubatch.engine.model.hparams import HParams, hparams_from_metadata
-from ubatch.engine.model.shard import Cutter, Shard, check_split, head_split, vocab_slice
+from ubatch.engine.model.shard import Cutter, Shard, check_split, head_split, row_slice, vocab_slice
 from ubatch.engine.vocab.vocab import Vocab
 from ubatch.kernels.quant.dequant import UnsupportedTypeError, check_supported
 from ubatch.kernels.quant.weight import QWeight
@@ -45,6 +45,16 @@ class LayerWeights:
         return self.vecs.get(field)
 
 
+def fused_parts(w: QWeight, spec: TensorSpec) -> dict[str, QWeight]:
+    """A fused tensor's parts (Q, K, V or gate, up) as views of its rows, each still as stored."""
+    out, r0 = {}, 0
+    for field, rows, _ in spec.parts:
+        v = row_slice(w, r0, r0 + rows)
+        out[field] = QWeight(f"{spec.name}[{field}]", v.raw, v.ggml_type, v.shape)
+        r0 += rows
+    return out
+
+
 def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
     """The tensor table against the hparams, before any tensor is made: counts, names, shapes, types."""
     a = hp.arch
@@ -54,12 +64,16 @@ def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
         raise ModelLoadError(
             f"{src}: metadata {a}.block_count = {hp.n_layer} but the file has tensors for {n_present} layers; the file is corrupt"
         )
-    if "blk.0.attn_qkv.weight" in g.tensors and "blk.0.attn_q.weight" not in expected_tensors(hp):
-        raise ModelLoadError(f"{src}: fused attn_qkv tensors are not supported")
+    expected = expected_tensors(hp)
+    if "blk.0.attn_qkv.weight" in g.tensors and "blk.0.attn_qkv.weight" not in expected:
+        raise ModelLoadError(f"{src}: fused attn_qkv tensors are not supported for {a}")
+    for name, why in ARCHS[a].refused:
+        if name in g.tensors:
+            raise ModelLoadError(f"{src}: tensor {name!r}: {why}")
     tokens = g.metadata.get("tokenizer.ggml.tokens")
     if isinstance(tokens, (list, StringArray)) and len(tokens) != hp.n_vocab:
         raise ModelLoadError(f"{src}: metadata {a}.vocab_size = {hp.n_vocab} differs from {len(tokens)} tokens")
-    for name, spec in expected_tensors(hp).items():
+    for name, spec in expected.items():
         shape, t = spec.shape, g.tensors.get(name)
         if t is None:
             if spec.required:
@@ -139,7 +153,9 @@ class Model:
         layers = []
         for il in range(hp.n_layer):  # one loop over the architecture's declared tensors
             specs = [t for t in layer_specs(hp, il).values() if t.name in g.tensors]
-            mats = {t.field: qweight(t) for t in specs if t.stored_as_matrix}
+            mats = {t.field: qweight(t) for t in specs if t.stored_as_matrix and not t.parts}
+            for t in (t for t in specs if t.parts):  # a fused tensor: each part a view of its rows
+                mats |= fused_parts(qweight(t), t)
             layers.append(LayerWeights(mats, {t.field: vec(t) for t in specs if not t.stored_as_matrix}))
         release_startup_code()  # torch's import-time code pages (engine/model/code_pages.py)
         top = model_tensors(hp)
@@ -178,9 +194,9 @@ class Model:
         split = head_split(hp.n_head, hp.n_head_kv, r, w)
         cutter, layers = Cutter(split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w), []
         for il, L in enumerate(self.layers):  # each tensor as its spec says tensor parallelism cuts it
-            specs = layer_specs(hp, il)
-            mats = {f: cutter.matrix(specs[f].cut, m) for f, m in L.mats.items()}
-            layers.append(LayerWeights(mats, {f: cutter.vector(specs[f].cut, v) for f, v in L.vecs.items()}))
+            cuts = ARCHS[hp.arch].cuts(hp, il)
+            mats = {f: cutter.matrix(cuts[f], m) for f, m in L.mats.items()}
+            layers.append(LayerWeights(mats, {f: cutter.vector(cuts[f], v) for f, v in L.vecs.items()}))
         # one zero row past the slice: where the ids other ranks hold look up (Shard.local_tokens)
         tok_embd = vocab_slice(self.tok_embd, shard.vocab_lo, shard.vocab_rows, 1)
         if self.output is self.tok_embd:  # tied: the head is the slice without its zero row

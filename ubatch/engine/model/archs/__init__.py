@@ -6,12 +6,22 @@ tests (tests/test_archs.py); nothing else in the engine names an architecture.
 
 from __future__ import annotations
 
-from ubatch.engine.model.archs import gemma2, gemma3, granite, llama, olmo2, qwen2, qwen3, smollm3
+from ubatch.engine.model.archs import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, smollm3
 from ubatch.engine.model.archs.base import Arch, HParams, Meta, TensorSpec, model_tensors, unknown
 
 ARCHS: dict[str, Arch] = {
     a.name: a
-    for a in (llama.ARCH, gemma3.ARCH, gemma2.ARCH, qwen2.ARCH, qwen3.ARCH, granite.ARCH, olmo2.ARCH, smollm3.ARCH)
+    for a in (
+        llama.ARCH,
+        gemma3.ARCH,
+        gemma2.ARCH,
+        qwen2.ARCH,
+        qwen3.ARCH,
+        granite.ARCH,
+        olmo2.ARCH,
+        smollm3.ARCH,
+        phi3.ARCH,
+    )
 }
 SUPPORTED_ARCHS = tuple(ARCHS)
 HF_MODEL_TYPES: dict[str, Arch] = {mt: a for a in ARCHS.values() for mt in a.hf_model_types}

@@ -183,6 +183,8 @@ class TensorSpec:
     kind: Kind
     cut: Cut
     required: bool = True
+    # a fused tensor's parts, in row order: (field, rows, cut); each part is a view of its rows
+    parts: tuple[tuple[str, int, Cut], ...] = ()
 
     @property
     def stored_as_matrix(self) -> bool:
@@ -300,10 +302,19 @@ class Arch:
     layer: LayerGraph
     hf: HFTable
     chat_template: str  # llama.cpp's built-in template when the file has none
+    # tensors a file of this architecture may hold that ubatch cannot run yet: (GGUF name, why)
+    refused: tuple[tuple[str, str], ...] = ()
 
     def specs(self, hp: HParams, il: int) -> dict[str, TensorSpec]:
         """Layer il's tensors by field."""
         return {t.field: t for t in self.layer_tensors(hp, il)}
+
+    def cuts(self, hp: HParams, il: int) -> dict[str, Cut]:
+        """How -tp cuts each of layer il's weights, by field (a fused tensor's parts by theirs)."""
+        out: dict[str, Cut] = {}
+        for t in self.layer_tensors(hp, il):
+            out |= {f: cut for f, _, cut in t.parts} if t.parts else {t.field: t.cut}
+        return out
 
 
 def unknown(arch: object, source: str, supported: tuple[str, ...]) -> ModelLoadError:
