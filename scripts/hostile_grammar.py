@@ -2,10 +2,12 @@
 """Issue 49's probe of grammar work: hostile JSON-schema patterns against `ubatch server`.
 
 Each case gets a fresh `ubatch server` subprocess (a runaway case must not bill the next one),
-first measured idle (a run of normal completions: their p99; /health), then attacked while a
-client runs normal completions back to back and another polls /health and /tokenize of a
+first measured idle (a run of normal completions: their p99; /health), then attacked for
+`--window` seconds (each attacker sends again as soon as it is answered, the pattern spelled anew
+so that no refusal is remembered) while a client runs normal completions back to back and
+another polls /health and /tokenize of a
 short text (after a legitimate grammar request has built the vocabulary's token table, which
-every grammar needs once). The table gives, per case: the attack's status and time to answer, the server's RSS
+every grammar needs once). The table gives, per case: the attacks' statuses and longest time to answer, the server's RSS
 growth at its peak, the normal requests' p99 under attack against the idle p99, and the worst
 /health and /tokenize. The nested patterns `^((a{0,N}){0,N}){0,N}$` (N = 20, 40, 60, 100) and
 `^((ab){0,400}c){0,400}$` go through `response_format`, `json_schema` and a tool's parameters;
@@ -41,7 +43,7 @@ from typing import Any  # noqa: E402
 import httpx  # noqa: E402
 
 NORMAL = {"prompt": "hello there", "n_predict": 8, "temperature": 0, "ignore_eos": True}
-IDLE_RUNS = 12
+IDLE_RUNS = 20
 
 
 def nested(n: int, ch: str = "a") -> str:
@@ -68,27 +70,43 @@ def via(route: str, pattern: str) -> tuple[str, dict[str, Any]]:
     return "/v1/chat/completions", {**chat, "tools": [tool], "tool_choice": "required"}
 
 
+Maker = Callable[[int], tuple[str, dict[str, Any]]]  # the k-th request an attacker sends
+SPELLINGS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def hostile(route: str, n: int, thread: int = 0) -> Maker:
+    """The nested pattern at about n, spelled anew each time (another character, n or n - 1..3):
+    a server that remembers refused patterns must still do the work for each."""
+
+    def make(k: int) -> tuple[str, dict[str, Any]]:
+        i = thread * 1000 + k
+        return via(route, nested(n - (i // len(SPELLINGS)) % 4, SPELLINGS[i % len(SPELLINGS)]))
+
+    return make
+
+
+def same(route: str, pattern: str) -> Maker:
+    return lambda k: via(route, pattern)
+
+
 @dataclass
 class Case:
     name: str
-    requests: list[tuple[str, dict[str, Any]]]
+    attackers: list[Maker]  # one thread each, sending again until the window closes
     leave_after: float | None = None  # the client hangs up after this many seconds
-    sigterm_after: float | None = None  # SIGTERM the server this long after sending
+    sigterm_after: float | None = None  # SIGTERM the server this long after the first send
+
+
+DOORS = ("response_format", "json_schema", "tool")
 
 
 def cases() -> list[Case]:
-    out = [
-        Case(f"N={n} {r}", [via(r, nested(n))])
-        for n in (20, 40, 60, 100)
-        for r in ("response_format", "json_schema", "tool")
-    ]
-    out += [Case(f"(ab){{0,400}}c {r}", [via(r, VARIANT)]) for r in ("response_format", "json_schema", "tool")]
-    out.append(Case("4 at once N=40", [via("json_schema", nested(40, ch)) for ch in "abcd"]))
-    out.append(Case("client leaves N=100", [via("response_format", nested(100))], leave_after=0.1))
+    out = [Case(f"N={n} {r}", [hostile(r, n)]) for n in (20, 40, 60, 100) for r in DOORS]
+    out += [Case(f"(ab){{0,400}}c {r}", [same(r, VARIANT)]) for r in DOORS]
+    out.append(Case("4 at once N=40", [hostile(r, 40, t) for t, r in enumerate(DOORS + ("tool",))]))
+    out.append(Case("client leaves N=100", [hostile("response_format", 100)], leave_after=0.1))
     doors = ["tool", "tool", "json_schema", "response_format"]
-    out.append(
-        Case("SIGTERM during 4 N=100", [via(d, nested(100, ch)) for d, ch in zip(doors, "abcd")], sigterm_after=0.3)
-    )
+    out.append(Case("SIGTERM during 4 N=100", [hostile(d, 100, t) for t, d in enumerate(doors)], sigterm_after=0.3))
     return out
 
 
@@ -161,7 +179,7 @@ class Row:
     problems: list[str] = field(default_factory=list)
 
 
-def run_case(case: Case, model: Path, code: Path | None, cap: float) -> Row:
+def run_case(case: Case, model: Path, code: Path | None, cap: float, window: float) -> Row:
     row = Row(case.name)
     with server(model, code) as (url, proc):
         http = httpx.Client(timeout=cap + 30)
@@ -193,23 +211,31 @@ def run_case(case: Case, model: Path, code: Path | None, cap: float) -> Row:
                         break
 
         answers: list[tuple[int | str, float]] = []
+        t0 = time.perf_counter()
+        until = t0 + (window if case.sigterm_after is None else 0.0)
 
-        def attack(path: str, body: dict[str, Any]) -> None:
-            t = time.perf_counter()
+        def attack(make: Maker) -> None:
             timeout = case.leave_after if case.leave_after is not None else cap
-            try:
-                code_ = http.post(url + path, json=body, timeout=timeout).status_code
+            k = 0
+            while True:
+                path, body = make(k)
+                t = time.perf_counter()
+                try:
+                    code_: int | str = http.post(url + path, json=body, timeout=timeout).status_code
+                except httpx.TimeoutException:
+                    code_ = "left" if case.leave_after is not None else f">{cap:g}s"
+                except httpx.HTTPError as e:
+                    code_ = type(e).__name__
                 answers.append((code_, time.perf_counter() - t))
-            except httpx.TimeoutException:
-                answers.append(("left" if case.leave_after is not None else f">{cap:g}s", time.perf_counter() - t))
-            except httpx.HTTPError as e:
-                answers.append((type(e).__name__, time.perf_counter() - t))
+                k += 1
+                if time.perf_counter() >= until or proc.poll() is not None:
+                    return
 
         bg = [threading.Thread(target=watch, daemon=True), threading.Thread(target=normals, daemon=True)]
         for th in bg:
             th.start()
         time.sleep(0.3)
-        attackers = [threading.Thread(target=attack, args=r, daemon=True) for r in case.requests]
+        attackers = [threading.Thread(target=attack, args=(m,), daemon=True) for m in case.attackers]
         t0 = time.perf_counter()
         for th in attackers:
             th.start()
@@ -222,7 +248,7 @@ def run_case(case: Case, model: Path, code: Path | None, cap: float) -> Row:
             except subprocess.TimeoutExpired:
                 row.extra = f"still running {cap:g} s after SIGTERM (killed)"
         for th in attackers:
-            th.join(cap + 5)
+            th.join(window + cap + 5)
         time.sleep(0.3)
         over.set()
         for th in bg:
@@ -231,7 +257,10 @@ def run_case(case: Case, model: Path, code: Path | None, cap: float) -> Row:
             cpu = _cpu_s(proc.pid)
             time.sleep(3)
             row.extra = f"{_cpu_s(proc.pid) - cpu:.1f} CPU s in the 3 s after the client left"
-        row.status = ",".join(str(c) for c, _ in answers) or "no answer"
+        counts: dict[str, int] = {}
+        for c, _ in answers:
+            counts[str(c)] = counts.get(str(c), 0) + 1
+        row.status = " ".join(f"{n}x{c}" for c, n in counts.items()) or "no answer"
         row.answer_s = max((t for _, t in answers), default=0.0)
         row.rss_mib = max(peak[0], _proc(proc.pid, "VmRSS") if proc.poll() is None else 0.0) - rss0
         row.normal_p99, row.normal_n = p99(normal), len(normal)
@@ -260,19 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--code", type=Path, default=None, help="run the server from this checkout (the 'before')")
     p.add_argument("--cases", default="", help="comma-separated substrings of the case names to run")
     p.add_argument("--cap", type=float, default=30.0, help="seconds an attack may take before it counts as a runaway")
+    p.add_argument("--window", type=float, default=4.0, help="seconds each attacker keeps sending")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     a = p.parse_args(argv)
     model = resolve_model(a.model)
     picked = [c for c in cases() if not a.cases or any(k in c.name for k in a.cases.split(","))]
     print(f"model {model.name}, code {a.code or 'this checkout'}, cap {a.cap:g} s")
-    head = f"{'case':28s} {'status':>17s} {'answer':>8s} {'RSS+':>8s} {'p99 idle':>9s} {'p99 att.':>9s} {'/health':>8s} {'/tokenize':>9s}  other"
+    head = f"{'case':28s} {'status':>20s} {'answer':>8s} {'RSS+':>8s} {'p99 idle':>9s} {'p99 att.':>9s} {'/health':>8s} {'/tokenize':>9s}  other"
     print(head)
     rows = []
     for c in picked:
-        r = run_case(c, model, a.code, a.cap)
+        r = run_case(c, model, a.code, a.cap, a.window)
         rows.append(r)
         print(
-            f"{r.name:28s} {r.status:>17s} {r.answer_s:7.2f}s {r.rss_mib:6.0f}Mi {r.idle_p99:8.3f}s "
+            f"{r.name:28s} {r.status:>20s} {r.answer_s:7.2f}s {r.rss_mib:6.0f}Mi {r.idle_p99:8.3f}s "
             f"{r.normal_p99:8.3f}s {r.health_s:7.3f}s {r.tokenize_s:8.3f}s  n={r.normal_n} {r.extra}",
             flush=True,
         )
