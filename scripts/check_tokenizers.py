@@ -167,11 +167,11 @@ class Result:
     example: str = ""
 
 
-def compare(name: str, src: Path, helper: Path, n: int, seed: int) -> Result:
+def compare(name: str, src: Path, helper: Path, n: int, seed: int, path: Path | None = None) -> Result:
     from ubatch.engine.gguf.file import open_gguf
     from ubatch.engine.vocab.vocab import Vocab
 
-    path = src / "models" / f"ggml-vocab-{name}.gguf"
+    path = path or src / "models" / f"ggml-vocab-{name}.gguf"
     v = Vocab.from_metadata(open_gguf(path).metadata, name)
     ref = LlamaTokenizer(helper, path)
     rng = random.Random(f"{seed}-{name}")
@@ -193,6 +193,42 @@ def compare(name: str, src: Path, helper: Path, n: int, seed: int) -> Result:
     finally:
         ref.close()
     return res
+
+
+def with_pre(src: Path, pre: str, out: Path) -> Path:
+    """A copy of the vocabulary `src` whose tokenizer.ggml.pre is `pre` (to try every
+    pre-tokeniser llama.cpp names on one vocabulary, which it loads whatever the name)."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(out, arch=str(r.fields["general.architecture"].contents()))
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.ggml.pre"):
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+    w.add_key_value("tokenizer.ggml.pre", pre, gguf.GGUFValueType.STRING)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def compare_all_pre(src: Path, helper: Path, n: int, seed: int, base: str = "gpt-2") -> int:
+    """Every tokenizer.ggml.pre name llama.cpp knows, on the gpt-2 vocabulary: ids and text."""
+    from ubatch.engine.vocab.pre_tokenizer import PRE_TOKENIZERS
+
+    bad = 0
+    with tempfile.TemporaryDirectory() as d:
+        for pre in sorted(PRE_TOKENIZERS.keys() - {"whitespace"}):  # (llama.cpp asserts: spaces in merges)
+            path = with_pre(src / "models" / f"ggml-vocab-{base}.gguf", pre, Path(d) / f"{pre}.gguf")
+            r = compare(path.stem, path.parent, helper, n, seed, path=path)
+            bad += r.bad_ids + r.bad_text
+            print(f"{pre:26s} {PRE_TOKENIZERS[pre].type:18s} {r.checked - r.bad_ids - r.bad_text}/{r.checked} same")
+            if r.example:
+                print(f"    first difference: {r.example[:300]}")
+    return bad
 
 
 def mixed_text(size: int, seed: int = 0) -> str:
@@ -282,6 +318,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bench", action="store_true", help="time llama-tokenize and ubatch tokenize on 1 MB")
     ap.add_argument("--repeat", type=int, default=3, help="--bench: runs of each command (the fastest counts)")
+    ap.add_argument("--all-pre", action="store_true", help="every tokenizer.ggml.pre name, on the gpt-2 vocabulary")
     a = ap.parse_args()
     src = llama_src()
     if a.bench:
@@ -291,6 +328,8 @@ def main() -> None:
         helper = build_helper(src, Path(d))
         if helper is None:
             raise SystemExit(f"no libllama.so in {llama_bin()} (or no C compiler): build it with {TOOL}")
+        if a.all_pre:
+            sys.exit(1 if compare_all_pre(src, helper, a.texts, a.seed) else 0)
         bad = 0
         for name in a.vocabs:
             r = compare(name, src, helper, a.texts, a.seed)

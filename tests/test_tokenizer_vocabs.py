@@ -104,6 +104,17 @@ def test_random_texts_match_libllama(name: str, tmp_path: Path) -> None:
     assert (r.checked, r.bad_ids, r.bad_text) == (80, 0, 0), r.example
 
 
+@pytest.mark.parametrize("pre", ["kimi-k2", "tekken", "afmoe"])
+def test_more_pre_tokenizers_match_libllama(pre: str, tmp_path: Path) -> None:
+    """Pre-tokenisers no test vocabulary uses, each on a copy of gpt-2's with its name."""
+    helper = check_tokenizers.build_helper(llama_src(), tmp_path)
+    if helper is None:
+        pytest.skip(f"no libllama.so in {check_tokenizers.llama_bin()} (build it with ../shared/tools/llama-cpp.sh)")
+    path = check_tokenizers.with_pre(llama_src() / "models" / "ggml-vocab-gpt-2.gguf", pre, tmp_path / "v.gguf")
+    r = check_tokenizers.compare(pre, tmp_path, helper, 25, seed=8, path=path)
+    assert (r.checked, r.bad_ids, r.bad_text) == (50, 0, 0), r.example
+
+
 def test_unigram_normalises_and_adds_eos() -> None:
     v = vocab("nomic-bert-moe")  # t5: precompiled charsmap, extra whitespace removed, BOS and EOS added
     assert (v.kind, v.add_bos, v.add_eos) == ("UGM", True, True)
@@ -159,17 +170,17 @@ def test_every_pre_tokenizer_compiles_and_splits() -> None:
 def test_joined_steps_cut_as_piece_by_piece() -> None:
     """A step whose regex cannot cross NUL runs once over the words joined with NUL; it must cut
     exactly as running it on each word alone (and "\\s+$" as each word's trailing space)."""
-    from ubatch.engine.vocab import unicode
+    from ubatch.engine.vocab.pre_tokenizer import _VIEWS
 
     rng = random.Random(5)
-    alphabet = "ab Z9٣\t\n\r  ,.!?'日本한😀é\u0301-_$+<>\u00a0\u3000"
+    alphabet = "ab Z9٣\t\n\r  ,.!?'日本한😀é\u0301-_$+<>\u00a0\u3000\U0002ebf0"
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(60))) for _ in range(150)]
     for pre in {p.type for p in PRE_TOKENIZERS.values()} - set(UNSUPPORTED_PRE):
         splitter = Splitter(pre)
         for text in texts:
             pieces, view = [text], text
             for step in splitter.steps:  # the slow reference: every step on every piece alone
-                s = unicode.collapse(text) if step.collapsed else unicode.wide_text(text)
+                s = _VIEWS[step.view](text)
                 if s is not view:
                     pieces, view = _cut_like(s, pieces), s
                 pieces = [w for p in pieces for w in step.pieces(p)]

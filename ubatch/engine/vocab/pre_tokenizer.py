@@ -114,7 +114,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **_names("solar-open", "SOLAR_OPEN", **_KEEP),
     **_names("mellum2", "MELLUM2"),
 }
-UNSUPPORTED_PRE = {"KIMI_K2": "its hand-written Han/letter splitter"}
+UNSUPPORTED_PRE: dict[str, str] = {}  # pre-tokeniser types that are refused, with why
 
 # \p{...} -> the collapsed byte of its category plus the ASCII members (llama.cpp's k_ucat_map)
 _N, _L, _P, _M, _S = (chr(unicode.COLLAPSED[f]) for f in (unicode.NUMBER, unicode.LETTER, unicode.PUNCTUATION,
@@ -203,7 +203,7 @@ def _cannot_cross(items: list[tuple[Any, Any]]) -> bool:
 @dataclass(frozen=True)
 class _Step:
     pattern: re.Pattern[str] | None  # the regex as one capturing group (for re.split); None: digit groups
-    collapsed: bool
+    view: str  # which copy of the text it reads: "collapsed", "wide" or "han" (_VIEWS)
     joinable: bool = False  # its matches never cross a NUL and see nothing beyond themselves
 
     def split(self, pieces: list[str]) -> list[str]:
@@ -233,13 +233,26 @@ class _Step:
 
 def _step(expr: str) -> _Step:
     if expr in _DIGIT_GROUPS:
-        return _Step(None, True)
+        return _Step(None, "collapsed")
+    if expr == "\\p{Han}+":  # Kimi K2: llama.cpp's own splitter, which is this regex over Han-marked text
+        return _Step(re.compile(f"({_KIMI_K2})", re.ASCII), "han")
     collapsed = any(cat in expr for cat in _CATEGORY_CLASS)
     if collapsed and not expr.isascii():
         raise ValueError(f"regex mixes Unicode categories and non-ASCII characters: {expr!r}")
     src = _ecmascript(_collapsed_regex(expr) if collapsed else expr)
     joinable = _cannot_cross(list(re_parser.parse(src, re.ASCII)))
-    return _Step(re.compile(f"({src})", re.ASCII), collapsed, joinable)
+    return _Step(re.compile(f"({src})", re.ASCII), "collapsed" if collapsed else "wide", joinable)
+
+
+# unicode_regex_split_custom_kimi_k2, on text where Han letters are 0xD6 and the unassigned code
+# points of the Han blocks 0xD7 (Han by range, but no letters: they may follow other symbols)
+_KL, _KN, _KH = _CATEGORY_CLASS["\\p{L}"], _CATEGORY_CLASS["\\p{N}"], "\xd6"
+_KIMI_K2 = (
+    f"[{_KH}\xd7]+"
+    f"|[^\\r\\n{_KL}{_KN}{_KH}]?[{_KL}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    f"|[{_KN}]{{1,3}}| ?[^\\s{_KL}{_KN}{_KH}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
+_VIEWS = {"collapsed": unicode.collapse, "wide": unicode.wide_text, "han": unicode.collapse_han}
 
 
 class Splitter:
@@ -252,10 +265,10 @@ class Splitter:
     def words(self, text: str) -> list[str]:
         if not text:
             return []
-        views = {c: (unicode.collapse if c else unicode.wide_text)(text) for c in {s.collapsed for s in self.steps}}
+        views = {v: _VIEWS[v](text) for v in {s.view for s in self.steps}}
         pieces, view = [text], text
         for step in self.steps:
-            s = views[step.collapsed]
+            s = views[step.view]
             if s is not view:  # the previous step cut another view of the text: cut this one alike
                 pieces, view = _cut(s, map(len, pieces)), s
             pieces = step.split(pieces)

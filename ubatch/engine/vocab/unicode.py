@@ -81,6 +81,35 @@ def collapse(text: str) -> str:
     return _collapse_table()[codepoints(text)].tobytes().decode("latin-1")
 
 
+HAN_BLOCKS = (  # unicode_cpt_is_han
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0x2CEB0, 0x2EBEF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
+HAN_LETTER, HAN_OTHER = 0xD6, 0xD7
+
+
+@cache
+def _han_table() -> np.ndarray:
+    out = _collapse_table().copy()
+    for a, b in HAN_BLOCKS:
+        out[a : b + 1] = np.where((flags()[a : b + 1] & LETTER) != 0, HAN_LETTER, HAN_OTHER)
+    return out
+
+
+def collapse_han(text: str) -> str:
+    """The collapsed text with the Han blocks' code points told apart (Kimi K2's splitter)."""
+    if text.isascii():
+        return text
+    return _han_table()[codepoints(text)].tobytes().decode("latin-1")
+
+
 def wide_text(text: str) -> str:
     """`text` as llama.cpp's std::wregex sees it: non-ASCII whitespace becomes 0x0B."""
     if text.isascii():
