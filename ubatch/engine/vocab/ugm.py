@@ -147,9 +147,12 @@ class UgmTokenizer:
             size = min(_UTF8_LEN[s[at] >> 4], n - at)
             here, whole = best[at], False
             end = at + 1
-            while end <= n and _has_prefix(tokens, s[at:end]):
+            while end <= n:
                 tok = ids.get(s[at:end])
-                if tok is not None:
+                if tok is None:  # llama.cpp's trie walk goes on while some token starts with this
+                    if not _has_prefix(tokens, s[at:end]):
+                        break
+                else:
                     whole = whole or end - at == size
                     score = here + scores[tok]
                     if score > best[end]:
