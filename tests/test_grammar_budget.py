@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from ubatch.engine.grammar import JSON_GBNF, GrammarCache, GrammarError, compile_grammar
+from ubatch.engine.grammar import budget as budget_mod
 from ubatch.engine.grammar import match as match_mod
 from ubatch.engine.grammar.budget import MAX_EXPANSION, MAX_SESSION_CPU_S, WorkCancelled, cancel_scope
 from ubatch.engine.grammar.json_schema.convert import SchemaError, schema_to_gbnf
@@ -193,6 +194,16 @@ def test_cancelled_work_stops_at_the_next_check() -> None:
         with within(1.0), pytest.raises(WorkCancelled):
             compile_grammar(gbnf, probe=True)
     compile_grammar(gbnf, probe=True)  # outside the scope: not cancelled
+
+
+def test_the_cpu_limit_bounds_probes_not_generations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe (a request's compile) also stops at MAX_SESSION_CPU_S; a generation's session is
+    bounded by its counts only, since it also walks the vocabulary (a 20,000-value enum with
+    every candidate read took more than a second there, legitimately)."""
+    monkeypatch.setattr(budget_mod, "MAX_SESSION_CPU_S", 0.0)
+    gbnf = _nested(30).replace("root-2{0,30}", "root-1{0,30}")  # past one check's work, within the counts
+    refused(lambda: compile_grammar(gbnf, probe=True), "s of CPU")
+    assert compile_grammar(gbnf).accepts('"' + "a" * 3 + '"')
 
 
 def test_a_repetition_bomb_is_refused_before_it_fills_memory() -> None:

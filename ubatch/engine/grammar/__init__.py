@@ -77,7 +77,7 @@ def compile_grammar(text: str, tokenize: Callable[[str], list[int]] | None = Non
         return Grammar(text, Matcher(parse_gbnf(text, tokenize)))
     with probing_turn():
         grammar = Grammar(text, Matcher(parse_gbnf(text, tokenize)))
-        with grammar.matcher.session():
+        with grammar.matcher.session(probing=True):
             grammar.matcher.probe()
     return grammar
 

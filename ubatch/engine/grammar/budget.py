@@ -37,8 +37,8 @@ MAX_GRAMMAR_ELEMENTS = 2_000_000
 # (a state's reaction to the next character) past MAX_STEP_WORK (~8 MiB, ~0.1 s), means a
 # grammar so ambiguous that every token would cost seconds; an enum of 20,000 values is one
 # stack per value, well under. A session (a compile-time probe, one token's sampling) may do
-# MAX_SESSION_WORK, keep MAX_SESSION_ENTRIES new entries (~40 MiB) and spend MAX_SESSION_CPU_S
-# of its thread's CPU time: the last is the backstop where the counts misjudge the cost.
+# MAX_SESSION_WORK and keep MAX_SESSION_ENTRIES new entries (~40 MiB); a probe also spends at most
+# MAX_SESSION_CPU_S of its thread's CPU time: the backstop where the counts misjudge the cost.
 MAX_STATE_STACKS = 50_000
 MAX_STEP_WORK = 1_000_000
 MAX_SESSION_WORK = 4_000_000
@@ -123,9 +123,12 @@ class Work:
 
     __slots__ = ("step", "total", "entries", "_cpu0", "_next_check")
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_limit: bool = False) -> None:
+        """`cpu_limit`: also MAX_SESSION_CPU_S of this thread's CPU time, for compile-time probes
+        (a generation's session also walks the vocabulary, which a wide legitimate grammar
+        may take a second to do with every candidate read: its counts bound it instead)."""
         self.step = self.total = self.entries = 0
-        self._cpu0 = time.thread_time()
+        self._cpu0 = time.thread_time() if cpu_limit else None
         self._next_check = CHECK_EVERY
 
     def begin_step(self) -> None:
@@ -145,6 +148,8 @@ class Work:
             if self.total > MAX_SESSION_WORK:
                 raise too_ambiguous("matching the text so far builds", self.total, MAX_SESSION_WORK)
             check_cancelled()
+            if self._cpu0 is None:
+                return
             cpu = time.thread_time() - self._cpu0
             if cpu > MAX_SESSION_CPU_S:
                 raise GrammarError(

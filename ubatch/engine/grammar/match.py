@@ -134,11 +134,11 @@ class Matcher:
         self.epoch += 1
 
     @contextmanager
-    def session(self) -> Iterator[None]:
+    def session(self, probing: bool = False) -> Iterator[None]:
         """A span in which state ids stay valid, and whose work is counted as one (budget.py
-        `Work`; the outermost session of a thread counts). On the way in, a matcher over its
-        budget drops its states (if no other session is open), and idle matchers are dropped
-        when all together hold too much."""
+        `Work`, with its CPU-time limit when `probing`; the outermost session of a thread
+        counts). On the way in, a matcher over its budget drops its states (if no other session
+        is open), and idle matchers are dropped when all together hold too much."""
         with self._lock:
             if self._active == 0 and self.entries > self.budget():
                 self._drop_states()
@@ -147,7 +147,7 @@ class Matcher:
         _POOL.trim(self)
         outer = getattr(_THREAD, "work", None)
         if outer is None:
-            _THREAD.work = Work()
+            _THREAD.work = Work(cpu_limit=probing)
         try:
             yield
         finally:

@@ -52,7 +52,7 @@ def _probe(rules: dict[str, str], top: str) -> str:
     try:
         with probing_turn():
             m = Matcher(parse_gbnf(text))
-            with m.session():
+            with m.session(probing=True):
                 m.probe(repeats=True)
     except WorkCancelled:
         raise
