@@ -74,6 +74,12 @@ FAMILIES = {
     "olmo2": Family("Olmo2Config", "Olmo2ForCausalLM", "olmo2"),
     # four layers: the fourth has no RoPE
     "smollm3": Family("SmolLM3Config", "SmolLM3ForCausalLM", "smollm3", {"num_hidden_layers": 4}),
+    "llama-yarn": Family(
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        "llama",
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+    ),
     "llama-linear": Family(
         "LlamaConfig", "LlamaForCausalLM", "llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}
     ),

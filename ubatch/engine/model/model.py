@@ -55,6 +55,16 @@ def fused_parts(w: QWeight, spec: TensorSpec) -> dict[str, QWeight]:
     return out
 
 
+def rope_factors(freqs: torch.Tensor | None, hp: HParams, dev: torch.device, src: str) -> torch.Tensor | None:
+    """What each rotated pair's frequency is divided by: the file's rope_freqs (llama3), or yarn's
+    factors from the hparams."""
+    if not hp.rope_yarn_factors:
+        return freqs
+    if freqs is not None:
+        raise ModelLoadError(f"{src}: both rope_freqs.weight and yarn rope scaling; only one is supported")
+    return torch.tensor(hp.rope_yarn_factors, dtype=torch.float32, device=dev)
+
+
 def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
     """The tensor table against the hparams, before any tensor is made: counts, names, shapes, types."""
     a = hp.arch
@@ -170,7 +180,7 @@ class Model:
             output=output,
             output_norm=vec(top["output_norm"]),
             layers=layers,
-            rope_freqs=opt_vec(top["rope_freqs"]),
+            rope_freqs=rope_factors(opt_vec(top["rope_freqs"]), hp, dev, src),
             device=dev,
             load_ms=(time.perf_counter() - t0) * 1e3,
         )

@@ -78,6 +78,7 @@ class HParams:
     logit_scale: float = 1.0  # the logits divided by it (granite)
     rope_layers: tuple[bool, ...] = ()  # per layer: RoPE applied (empty: every layer; smollm3 skips some)
     qk_norm_full: bool = False  # Q and K normed over the whole projection, before the heads (olmo2)
+    rope_yarn_factors: tuple[float, ...] = ()  # yarn: each rotated pair's frequency divided by its factor
 
     def is_swa(self, il: int) -> bool:
         return self.swa_layers[il]
@@ -131,13 +132,20 @@ def read_core(meta: Meta, arch: str, source: str) -> HParams:
     linear = meta_float(meta, a + "rope.scale_linear", source, 0.0)
     scale_factor = meta_float(meta, a + "rope.scaling.factor", source, linear)
     scaling_type = meta_str(meta, a + "rope.scaling.type", source, "linear")
-    if scaling_type not in ("none", "linear"):
-        raise ModelLoadError(f"{source}: rope scaling {scaling_type!r} is not supported (only linear)")
-    freq_scale = 1.0 / scale_factor if scale_factor and scaling_type == "linear" else 1.0
+    if scaling_type not in ("none", "linear", "yarn"):
+        raise ModelLoadError(f"{source}: rope scaling {scaling_type!r} is not supported (only linear and yarn)")
+    freq_scale = 1.0 / scale_factor if scale_factor and scaling_type in ("linear", "yarn") else 1.0
+    freq_base = meta_float(meta, a + "rope.freq_base", source, 10000.0, positive=True)
+    n_ctx_train = meta_int(meta, a + "context_length", source)
+    yarn_factors: tuple[float, ...] = ()
+    mscale = 1.0
+    if scaling_type == "yarn" and freq_scale != 1.0:
+        yarn_factors, mscale = _yarn(meta, a, source, n_rot, freq_base, freq_scale, n_ctx_train)
+        freq_scale = 1.0  # carried by the per-pair factors
     return HParams(
         arch=arch,
         n_vocab=n_vocab,
-        n_ctx_train=meta_int(meta, a + "context_length", source),
+        n_ctx_train=n_ctx_train,
         n_embd=n_embd,
         n_layer=n_layer,
         n_ff=n_ff,
@@ -148,13 +156,13 @@ def read_core(meta: Meta, arch: str, source: str) -> HParams:
         n_rot=n_rot,
         rms_eps=meta_float(meta, a + "attention.layer_norm_rms_epsilon", source, positive=True),
         rope_neox=False,
-        rope_freq_base=meta_float(meta, a + "rope.freq_base", source, 10000.0, positive=True),
+        rope_freq_base=freq_base,
         rope_freq_scale=freq_scale,
         rope_freq_base_swa=meta_float(meta, a + "rope.freq_base_swa", source, 10000.0, positive=True),
         rope_freq_scale_swa=1.0,
         n_swa=0,
         swa_layers=(False,) * n_layer,
-        attn_scale=1.0 / math.sqrt(head_k),
+        attn_scale=mscale * mscale / math.sqrt(head_k),  # yarn's cos/sin magnitude, on q·k instead
         embd_scale=1.0,
         final_logit_softcap=meta_float(meta, a + "final_logit_softcapping", source, 0.0),
         sandwich_norm=False,
@@ -162,7 +170,42 @@ def read_core(meta: Meta, arch: str, source: str) -> HParams:
         ffn_act="silu",
         causal_attn=meta_bool(meta, a + "attention.causal", source, True),
         pooling_type=POOLING_TYPES[meta_int(meta, a + "pooling_type", source, 0, lo=0, hi=len(POOLING_TYPES) - 1)],
+        rope_yarn_factors=yarn_factors,
     )
+
+
+def _yarn(
+    meta: Meta, a: str, source: str, n_rot: int, base: float, freq_scale: float, n_ctx_train: int
+) -> tuple[tuple[float, ...], float]:
+    """YaRN as ggml computes it (ggml_rope_yarn_corr_dims, rope_yarn; llama_context's attention
+    factor), as per-pair divisors of each frequency and the cos/sin magnitude. A pair's angle is
+    the interpolated one mixed with the extrapolated by the ramp: theta·(s·(1 - r) + r), so its
+    divisor is 1 / (s·(1 - r) + r); the magnitude m scales both q and k, which is m² on q·k."""
+    orig = meta_int(meta, a + "rope.scaling.original_context_length", source, n_ctx_train)
+    ext = meta_float(meta, a + "rope.scaling.yarn_ext_factor", source, 1.0)  # llama.cpp: unset is 1 under yarn
+    fast = meta_float(meta, a + "rope.scaling.yarn_beta_fast", source, 32.0)
+    slow = meta_float(meta, a + "rope.scaling.yarn_beta_slow", source, 1.0)
+    log_mul = meta_float(meta, a + "rope.scaling.yarn_log_multiplier", source, 0.0)
+
+    def corr_dim(n_rot_beta: float) -> float:
+        return n_rot * math.log(orig / (n_rot_beta * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = max(0.0, math.floor(corr_dim(fast))), min(n_rot - 1.0, math.ceil(corr_dim(slow)))
+    factors = []
+    for i in range(n_rot // 2):
+        ramp = (1 - min(1.0, max(0.0, (i - lo) / max(0.001, hi - lo)))) * ext
+        factors.append(1.0 / (freq_scale * (1 - ramp) + ramp))
+
+    def mscale(f: float, m: float) -> float:
+        return 1.0 if f <= 1.0 else 0.1 * m * math.log(f) + 1.0
+
+    f = 1.0 / freq_scale
+    if ext != 0:
+        attn = (mscale(f, 1.0) / mscale(f, log_mul) if log_mul else mscale(f, 1.0)) / (1 + 0.1 * math.log(f))
+        m = attn * (1 + 0.1 * math.log(f))
+    else:
+        m = meta_float(meta, a + "rope.scaling.yarn_attn_factor", source, 1.0)
+    return tuple(factors), m * meta_float(meta, a + "rope.scaling.attn_factor", source, 1.0)
 
 
 # -- tensors --------------------------------------------------------------------------------------

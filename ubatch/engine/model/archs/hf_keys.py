@@ -42,10 +42,23 @@ def rope_scaling(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
     kind = rs.get("rope_type", rs.get("type")) if rs is not None else None
     if rs is None or kind is None or kind in ("default", "llama3"):
         return
-    if kind != "linear" or not isinstance(rs.get("factor"), (int, float)):
-        raise ModelLoadError(f"{src}: rope_scaling {rs!r} is not supported (only linear and llama3 scaling)")
-    w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    if kind not in ("linear", "yarn") or not isinstance(rs.get("factor"), (int, float)):
+        raise ModelLoadError(f"{src}: rope_scaling {rs!r} is not supported (only linear, yarn and llama3 scaling)")
+    if kind == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg_num(rs, "factor", src))
+        return
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)  # as the converter's TextModel writes it
     w.add_rope_scaling_factor(cfg_num(rs, "factor", src))
+    w.add_rope_scaling_orig_ctx_len(cfg_int(rs, "original_max_position_embeddings", src))
+    for key, add in (
+        ("extrapolation_factor", w.add_rope_scaling_yarn_ext_factor),
+        ("attention_factor", w.add_rope_scaling_yarn_attn_factor),
+        ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+        ("beta_slow", w.add_rope_scaling_yarn_beta_slow),
+    ):
+        if rs.get(key) is not None:
+            add(cfg_num(rs, key, src))
 
 
 def llama3_rope_freqs(cfg: Config, src: str) -> dict[str, np.ndarray]:
