@@ -45,6 +45,11 @@ MAX_SESSION_WORK = 4_000_000
 MAX_SESSION_ENTRIES = 300_000
 MAX_SESSION_CPU_S = 1.0
 CHECK_EVERY = 50_000  # units between looks at the clock and at cancellation (~5 ms)
+# A probe past PROBE_YIELD_AFTER units (sane grammars stay far below) sleeps PROBE_YIELD_S at
+# each check: it runs on a request worker and holds the GIL the engine thread needs, so a
+# hostile grammar's second of work takes a little longer and slows the generations beside it less.
+PROBE_YIELD_AFTER = 200_000
+PROBE_YIELD_S = 0.002
 # Compile time, when asked (compile_grammar(probe=True), GrammarCache): the matcher walks this
 # many characters along its largest states, so that a grammar ambiguous from its start (the
 # usual shape: a pattern's nested repetition) is refused before a request runs it rather than
@@ -150,6 +155,8 @@ class Work:
             check_cancelled()
             if self._cpu0 is None:
                 return
+            if self.total > PROBE_YIELD_AFTER:
+                time.sleep(PROBE_YIELD_S)
             cpu = time.thread_time() - self._cpu0
             if cpu > MAX_SESSION_CPU_S:
                 raise GrammarError(

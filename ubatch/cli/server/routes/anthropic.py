@@ -281,4 +281,4 @@ def add_anthropic_routes(app: FastAPI, st: ServerState) -> None:
     @anthropic_api
     async def count_message_tokens(request: Request) -> Response:
         body = await read_json(request)
-        return JSONResponse({"input_tokens": await off_loop(count_tokens, st, body)})
+        return JSONResponse({"input_tokens": await prepare_off_loop(request.receive, count_tokens, st, body)})

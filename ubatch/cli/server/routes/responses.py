@@ -343,4 +343,4 @@ def add_responses_routes(app: FastAPI, st: ServerState) -> None:
     @app.post("/v1/responses/input_tokens")
     @api
     async def responses_input_tokens(request: Request) -> Response:
-        return await off_loop(_input_tokens, st, await read_json(request))
+        return await prepare_off_loop(request.receive, _input_tokens, st, await read_json(request))
