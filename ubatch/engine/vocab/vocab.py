@@ -12,6 +12,7 @@ never the stored text: a byte-level BPE token's stored text is an encoding of it
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -52,6 +53,44 @@ __all__ = ["SP_MIN_CHARS", "Vocab", "_UNBUILT"]
 _SPACE_BYTES = SPM_SPACE.encode()
 _CLEAN_MARKS = (b" ?", b" !", b" .", b" ,", b" '")  # only these can change in clean_spaces
 KINDS = {"llama": "SPM", "gpt2": "BPE", "gemma4": "BPE", "whitespace": "BPE", "bert": "WPM", "t5": "UGM"}
+
+
+@dataclass(frozen=True)
+class KindDefaults:
+    """What llama.cpp assumes for a vocabulary kind before reading the file's keys."""
+
+    bos: int | None = 1
+    eos: int | None = 2
+    unk: int | None = 0
+    sep: int | None = None
+    pad: int | None = None
+    mask: int | None = None
+    add_space_prefix: bool = True
+    add_bos: bool = True
+    add_eos: bool = False
+    add_sep: bool = False
+    clean_spaces: bool = False
+
+
+def kind_defaults(kind: str, model: str, pre: PreTokenizer | None) -> KindDefaults:
+    """llama_vocab::impl::load's defaults by tokenizer model (and BPE pre-tokeniser)."""
+    if kind == "WPM":
+        return KindDefaults(101, None, 100, 102, 0, 103, add_space_prefix=False, add_sep=True, clean_spaces=True)
+    if kind == "UGM":
+        return KindDefaults(None, 1, 2, None, 0, add_space_prefix=False, add_bos=False, add_eos=True)
+    if kind == "BPE":
+        assert pre is not None
+        ids = None if model == "gemma4" else 11  # llama.cpp's BPE default: 11 for both (Falcon's)
+        return KindDefaults(
+            None if pre.no_bos else ids,
+            ids,
+            None,
+            add_space_prefix=False,
+            add_bos=pre.add_bos,
+            add_sep=pre.add_sep,
+            clean_spaces=pre.clean_spaces,
+        )
+    return KindDefaults()
 
 
 class Tokenizer(Protocol):
@@ -165,29 +204,9 @@ class Vocab:
 
         # llama.cpp's per-kind defaults, then what the file says
         pre = self._pre_tokenizer(metadata, source)
-        defaults: dict[str, int | None] = {"bos": 1, "eos": 2, "unknown": 0, "seperator": None, "padding": None}
-        self.add_space_prefix, self.add_bos, self.add_eos, self.add_sep, self.clean_spaces = (
-            True,
-            True,
-            False,
-            False,
-            False,
-        )
-        if self.kind == "WPM":
-            defaults = {"bos": 101, "eos": None, "unknown": 100, "seperator": 102, "padding": 0, "mask": 103}
-            self.add_space_prefix, self.add_sep, self.clean_spaces = False, True, True
-        elif self.kind == "BPE":
-            assert pre is not None
-            gemma = model == "gemma4"
-            defaults = {k: None if gemma else 11 if k in ("bos", "eos") else None for k in defaults}
-            if pre.no_bos:
-                defaults["bos"] = None
-            self.add_space_prefix, self.add_bos, self.clean_spaces = False, pre.add_bos, pre.clean_spaces
-            self.add_sep = pre.add_sep
-        elif self.kind == "UGM":
-            defaults = {"bos": None, "eos": 1, "unknown": 2, "seperator": None, "padding": 0}
-            self.add_space_prefix, self.add_bos, self.add_eos = False, False, True
-        self.add_space_prefix = meta_bool(metadata, "tokenizer.ggml.add_space_prefix", source, self.add_space_prefix)
+        d = kind_defaults(self.kind, model, pre)
+        self.add_bos, self.add_eos, self.add_sep, self.clean_spaces = d.add_bos, d.add_eos, d.add_sep, d.clean_spaces
+        self.add_space_prefix = meta_bool(metadata, "tokenizer.ggml.add_space_prefix", source, d.add_space_prefix)
 
         def key(name: str, default: int | None) -> int | None:
             v = metadata.get(f"tokenizer.ggml.{name}")  # out-of-range ids ignored, as llama.cpp
@@ -196,10 +215,9 @@ class Vocab:
             tok = v if isinstance(v, int) and 0 <= v < n else default
             return tok if tok is not None and 0 <= tok < n else None
 
-        bos, eos = key("bos_token_id", defaults["bos"]), key("eos_token_id", defaults["eos"])
-        self.unk = key("unknown_token_id", defaults["unknown"])
-        self.sep = key("seperator_token_id", defaults["seperator"])
-        self.pad, self.mask = key("padding_token_id", defaults["padding"]), key("mask_token_id", defaults.get("mask"))
+        bos, eos = key("bos_token_id", d.bos), key("eos_token_id", d.eos)
+        self.unk, self.sep = key("unknown_token_id", d.unk), key("seperator_token_id", d.sep)
+        self.pad, self.mask = key("padding_token_id", d.pad), key("mask_token_id", d.mask)
         if self.kind == "SPM" and (bos is None or eos is None or self.unk is None):
             raise ModelLoadError(f"{source}: the tokenizer has no valid bos/eos/unknown token id")
         eos_is_eog = eos is not None
@@ -214,14 +232,6 @@ class Vocab:
         if pre is not None and pre.type == "GEMMA4" and not self.add_bos:
             self.add_bos = True
             self.warnings.append("tokenizer.ggml.add_bos_token overridden to true for Gemma 4, as llama.cpp does")
-        lowercase = meta_bool(
-            metadata,
-            "tokenizer.ggml.normalizer.lowercase",
-            source,
-            True if pre is None or pre.lowercase is None else pre.lowercase,
-        )
-        strip_accents = meta_bool(metadata, "tokenizer.ggml.normalizer.strip_accents", source, lowercase)
-
         file_attr = attr.copy()  # what llama.cpp's Unigram trie is built from, before the text rules
         self._mark_specials(attr, eos if eos_is_eog else None, lambda name: key(name, None))
 
@@ -241,37 +251,55 @@ class Vocab:
         self._pre = pre
         self._pieces: dict[int, bytes] = {}  # decoded byte-level BPE texts, filled as they are asked for
         self._spm: SpmTokenizer | None = None
-        self._tok: Tokenizer
+        self._tok = self._tokenizer(tokens, scores, file_attr, metadata, source, sp_min_chars)
         if self.kind == "SPM":
-            assert self.unk is not None
-            self._tok = self._spm = SpmTokenizer(tokens, self._id, scores, self.unk, sp_min_chars)
             self.nl = self._id.get("<0x0A>", self._id.get("\n", self.pad))
         elif self.kind == "WPM":
-            if self.unk is None:
-                raise ModelLoadError(f"{source}: the WordPiece vocabulary has no valid unknown token id")
-            self._tok = WpmTokenizer(tokens, max_chars(tokens.lengths()), self.unk, lowercase, strip_accents)
             self.nl = self.pad
-        elif self.kind == "UGM":
-            if self.unk is None:
-                raise ModelLoadError(f"{source}: the Unigram vocabulary has no valid unknown token id")
+        else:  # llama.cpp tokenizes "\n" (before any special token is known)
+            self.nl = next(iter(self._tok.encode(["\n"])[0]), self.pad)
+
+    def _tokenizer(
+        self,
+        tokens: StringArray,
+        scores: np.ndarray,
+        file_attr: np.ndarray,
+        metadata: Mapping[str, object],
+        source: str,
+        sp_min_chars: int | None,
+    ) -> Tokenizer:
+        """The algorithm of this kind (llama_vocab::impl::init_tokenizer)."""
+        what = {"SPM": "", "WPM": "WordPiece ", "UGM": "Unigram ", "BPE": "BPE "}[self.kind]
+        if self.kind != "BPE" and self.unk is None:
+            raise ModelLoadError(f"{source}: the {what}vocabulary has no valid unknown token id")
+        lowercase = meta_bool(
+            metadata,
+            "tokenizer.ggml.normalizer.lowercase",
+            source,
+            True if self._pre is None or self._pre.lowercase is None else self._pre.lowercase,
+        )
+        unk = self.unk if self.unk is not None else -1
+        if self.kind == "SPM":
+            self._spm = SpmTokenizer(tokens, self._id, scores, unk, sp_min_chars)
+            return self._spm
+        if self.kind == "WPM":
+            strip_accents = meta_bool(metadata, "tokenizer.ggml.normalizer.strip_accents", source, lowercase)
+            return WpmTokenizer(tokens, max_chars(tokens.lengths()), unk, lowercase, strip_accents)
+        if self.kind == "UGM":
             charsmap = metadata.get("tokenizer.ggml.precompiled_charsmap")
             blob = np.asarray(charsmap).astype(np.uint8).tobytes() if charsmap is not None else None
             remove_extra = meta_bool(metadata, "tokenizer.ggml.remove_extra_whitespaces", source, False)
-            options = UgmOptions(self.add_space_prefix, remove_extra)
             try:
-                self._tok = UgmTokenizer(tokens, scores, file_attr, self.unk, blob, options)
+                return UgmTokenizer(
+                    tokens, scores, file_attr, unk, blob, UgmOptions(self.add_space_prefix, remove_extra)
+                )
             except ValueError as e:
                 raise ModelLoadError(f"{source}: tokenizer.ggml.precompiled_charsmap: {e}") from None
-            nl = self._tok.encode(["\n"])[0]
-            self.nl = nl[0] if nl else self.pad
-        else:
-            assert pre is not None
-            merges = _strings(metadata, "tokenizer.ggml.merges", source)
-            if merges is None:
-                raise ModelLoadError(f"{source}: the BPE vocabulary has no merges (tokenizer.ggml.merges)")
-            self._tok = BpeTokenizer(self._id, merges, pre, model == "whitespace", lowercase)
-            nl = self._tok.encode(["\n"])[0]
-            self.nl = nl[0] if nl else self.pad
+        assert self._pre is not None
+        merges = _strings(metadata, "tokenizer.ggml.merges", source)
+        if merges is None:
+            raise ModelLoadError(f"{source}: the BPE vocabulary has no merges (tokenizer.ggml.merges)")
+        return BpeTokenizer(self._id, merges, self._pre, self.model == "whitespace", lowercase)
 
     def _pre_tokenizer(self, metadata: Mapping[str, object], source: str) -> PreTokenizer | None:
         """llama.cpp's tokenizer.ggml.pre lookup (BPE only): absent -> default with a warning,
