@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Callable
+from itertools import chain
 
 import numpy as np
 
@@ -118,16 +119,20 @@ class BpeTokenizer:
         elif self._pre.escape_whitespaces:  # Gemma 4: whole lines; cut them where no merge can reach across
             cut = self._space_cuts or self._find_space_cuts()
             words = [w for line in words for w in cut.split(line)]
-        cache, out = self._cache, []
+        cache = self._cache
         if len(cache) > CACHE_WORDS:
             cache.clear()
             self._piece_ids.clear()
-        for w in words:
-            ids = cache.get(w)
-            if ids is None:
-                ids = cache[w] = self._word(byte_encode(w) if self._byte_encode else w)
-            out += ids
-        return out
+        found = list(map(cache.get, words))  # the cache first, in C; then the words it lacks
+        if None in found:
+            for i in [i for i, ids in enumerate(found) if ids is None]:
+                w = words[i]
+                ids = cache.get(w)
+                found[i] = ids if ids is not None else cache.setdefault(w, self._word(self._encode_word(w)))
+        return list(chain.from_iterable(found))  # type: ignore[arg-type]  # no None is left
+
+    def _encode_word(self, word: str) -> str:
+        return byte_encode(word) if self._byte_encode else word
 
     def _word(self, word: str) -> list[int]:
         """llm_tokenizer_bpe_session::tokenize for one (encoded) word."""
