@@ -242,3 +242,18 @@ def test_unified_kv_purges_idle_caches_when_full(gemma: Model) -> None:
     drain(sch)
     f = col.final(t)
     assert isinstance(f, Final) and f.n_decoded == 3 and sch.slots[0].cache == []
+
+
+def test_no_cells_postpones_prompt_rows_then_the_slot_holding_most_cells_gives_way(gemma: Model) -> None:
+    sch, col = make(gemma, n_slots=2, n_ctx=256, kv_unified=True), Collector()
+    a = submit(sch, col, [2] + [300] * 179, greedy(60))
+    for _ in range(3):
+        sch.step()
+    b = submit(sch, col, [2] + [301] * 99, greedy(60), 1)  # 100 prompt rows next to 182 cells: 74 free
+    drain(sch)
+    halved = [r for r in sch.records if r.retries and r.n_prompt]
+    assert halved and halved[0].n_gen == 1 and halved[0].n_prompt <= 74
+    fa, fb = col.final(a), col.final(b)
+    assert isinstance(fa, Failed) and fa.error.message == "Context size has been exceeded."  # it held the most cells
+    assert isinstance(fb, Final) and fb.n_decoded == 60
+    assert [r.reason for r in sch.releases] == ["error", "limit"]

@@ -4,7 +4,7 @@ llama-server's `prompt_progress` events (`"return_progress": true` on a streamed
 llama-server sends one progress event when a task starts on a slot (what the prompt cache
 already holds) and one after every decode that carried a chunk of its prompt, the last one
 before the first generated token. Kept out of the scheduler's loop so that loop stays about
-batching.
+batching: the runner advances a slot's prompt after each decode, the post-process reports it.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ def prompt_started(s: Slot, stats: SchedulerStats) -> None:
     report(s)
 
 
-def prompt_chunk_done(s: Slot, n: int) -> None:
-    """`n` more prompt tokens of the slot's task were decoded into its cells."""
+def advance_prompt(s: Slot, n: int) -> None:
+    """`n` more prompt tokens of the slot's task were decoded into its cells (the runner's
+    bookkeeping; the post-process then `report`s them)."""
     assert s.task is not None
     prompt = s.task.prompt
     s.cache.extend(prompt[s.i_prompt : s.i_prompt + n])
     s.i_prompt += n
     s.n_prompt_done += n
-    report(s)

@@ -1,16 +1,18 @@
 """The server's scheduler: -np slots, continuous batching, one `Context.decode` per iteration.
 
 The scheduler decides; it owns no thread. Slot i owns sequence id i. Each iteration, `step`
-(llama-server's update_slots):
-  1. frees the slots whose client went away, starts queued tasks on idle slots (reusing the
-     longest cached prefix of the prompt: the slot's own cells, another sequence's, or host
-     memory; engine/serve/prefix_index.py), shifts full contexts if allowed;
-  2. assembles ONE batch: a row from every generating slot (its last sampled token and its
-     draft), then prompt chunks of prefilling slots in slot order until n_batch rows;
-  3. decodes it; on "no KV slot" drops drafts, purges idle caches or postpones prompt rows
-     and retries;
-  4. lets each slot's Generation (engine/generation/generation.py) sample from its output row,
-     emits the events and ends the tasks that are done (finished, failed or cancelled).
+(llama-server's update_slots) is three calls, as nano-vllm's:
+  1. `schedule() -> Plan`: frees the slots whose client went away, starts queued tasks on idle
+     slots (reusing the longest cached prefix of the prompt: the slot's own cells, another
+     sequence's, or host memory; engine/serve/prefix_index.py), shifts full contexts if allowed,
+     and assembles ONE batch: a row from every generating slot (its last sampled token and its
+     draft), then prompt chunks of prefilling slots in slot order until n_batch rows
+     (engine/serve/slot_batch.py);
+  2. `runner.run(plan) -> Outcome` (engine/serve/runner.py): decodes it; on "no KV slot" drops
+     drafts, purges idle caches, postpones prompt rows or gives up a slot, and retries; then
+     lets each slot's Generation (engine/generation/generation.py) sample from its output rows;
+  3. `postprocess(plan, outcome)`: emits the events, records the decode and ends the tasks
+     that are done (finished, failed or cancelled).
 The server's engine loop (engine/serve/engine_loop.py) calls `step` on its thread, with the
 tasks that came in through its door (`accept`); `ubatch explain` calls it directly. Nothing here
 prints: callers read events, `records` (per iteration), `releases` (per ended task) and `stats`.
@@ -22,21 +24,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context
-from ubatch.engine.errors import EngineDown, EngineError, ErrorKind
+from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.generation.generation import Generation, GenerationParams, Step
-from ubatch.engine.grammar import GrammarError
-from ubatch.engine.kv.memory import DecodeError
 from ubatch.engine.sampling.chain import Sampler
 from ubatch.engine.serve.host_cache import DEFAULT_CACHE_RAM_MIB, HostCache
 from ubatch.engine.serve.prefix_index import PrefixIndex
-from ubatch.engine.serve.prompt_progress import prompt_chunk_done, prompt_started
+from ubatch.engine.serve.prompt_progress import prompt_started, report
+from ubatch.engine.serve.runner import Outcome, Runner
 from ubatch.engine.serve.slot import Slot, SlotState
-from ubatch.engine.serve.slot_batch import SlotRows, assemble, record_of
-from ubatch.engine.serve.slot_spec import drop_drafts, plan_drafts, verify_slot
+from ubatch.engine.serve.slot_batch import Plan, assemble, record_of
+from ubatch.engine.serve.slot_spec import plan_drafts
 from ubatch.engine.serve.stats import IterationRecord, PrefixReuse, ReleaseRecord, SchedulerStats
-from ubatch.engine.serve.task import Final, Job, Partial, Task, context_error, decode_failure
+from ubatch.engine.serve.task import Final, Job, Partial, Task, context_error
 from ubatch.engine.spec.speculative import Speculator
 
 __all__ = ["IterationRecord", "ReleaseRecord", "Scheduler", "SchedulerStats", "Slot", "SlotState"]
@@ -85,6 +85,7 @@ class Scheduler:
         # streams otherwise) and by host memory (cache_ram_mib MiB, -1 no limit, 0 off)
         self.host = HostCache(cache_ram_mib)
         self.prefixes = PrefixIndex(ctx, self.slots, self.host, prefix_sharing)
+        self.runner = Runner(ctx, self.prefixes, self.stats, speculator)  # the decode and the sampling
         # called on the engine thread as listener("launch" | "release", slot): for logging only
         self.listener: Callable[[str, Slot], None] | None = None
 
@@ -123,9 +124,17 @@ class Scheduler:
             else:
                 self._fail(s, err)
 
-    # -- one iteration ---------------------------------------------------------------------------
+    # -- one iteration: schedule, run, post-process -------------------------------------------
     def step(self) -> IterationRecord | None:
         """Run one iteration; returns its record, or None when there was nothing to decode."""
+        plan = self.schedule()
+        if plan is None:
+            return None
+        return self.postprocess(plan, self.runner.run(plan))
+
+    def schedule(self) -> Plan | None:
+        """Decide the iteration: cancelled tasks reaped, queued ones started, full contexts
+        shifted, drafts planned, the batch assembled; None when there is nothing to decode."""
         self.iteration += 1
         self._reap_cancelled()
         self._launch_queued()
@@ -138,82 +147,42 @@ class Scheduler:
                 n_keep = min(s.gen.params.n_keep, len(s.cache) - 1)
                 if s.gen.make_room(self.ctx.memory, s.id):  # cells after n_keep re-rotated: inexact
                     s.taint = n_keep if s.taint < 0 else min(s.taint, n_keep)
-        budget, retries = self.ctx.cparams.n_batch, 0
+        budget = self.ctx.cparams.n_batch
         plan_drafts(self.slots, self.speculator, budget)
-        while True:
-            batch, parts = assemble(self.slots, budget, self.cont_batching)
-            if batch.n_tokens == 0:
-                return None
-            t0 = time.perf_counter()
-            try:
-                self.ctx.decode(batch)
-                break
-            except DecodeError as e:
-                retries += 1
-                if e.code == 1:  # no room in the KV cache
-                    if drop_drafts(self.slots):
-                        continue
-                    if self.prefixes.evict_idle():
-                        self.stats.n_evictions += 1
-                        continue
-                    n_gen = sum(1 for s, n, _ in parts if s.state is SlotState.GENERATING)
-                    n_prompt = batch.n_tokens - n_gen
-                    if n_prompt > 1 or (n_prompt == 1 and n_gen > 0):
-                        budget = n_gen + n_prompt // 2  # halve the prompt rows, as llama-server
-                        continue
-                    # nothing left to postpone: the slot holding the most cells gives way
-                    victim = max((s for s, _, _ in parts), key=lambda s: len(s.cache))
-                    self._fail(victim, decode_failure(e))
-                    continue
-                for s, _, _ in parts:
-                    self._fail(s, decode_failure(e))
-                return None
-            except EngineDown:  # a lost rank: nothing can run any more; the engine loop answers 503 and stops
-                raise
-            except Exception as e:
-                for s, _, _ in parts:
-                    self._fail(s, decode_failure(e))
-                return None
-        rec = self._record(batch, parts, (time.perf_counter() - t0) * 1e3, retries)
-        self._after_decode(parts)
-        return rec
+        batch, parts = assemble(self.slots, budget, self.cont_batching)
+        if batch.n_tokens == 0:
+            return None
+        return Plan(self.iteration, self.slots, batch, parts, budget, self.cont_batching)
 
-    def _record(self, batch: Batch, parts: list[SlotRows], ms: float, retries: int) -> IterationRecord:
-        rec = record_of(parts, self.iteration, batch, len(self.ctx.records), ms, retries, len(self.queue))
+    def postprocess(self, plan: Plan, out: Outcome) -> IterationRecord | None:
+        """The run's consequences: the tasks it gave up or that failed end, the decode is
+        recorded, prompts report progress, sampled tokens stream and finished tasks end."""
+        for s, why in plan.given_up:
+            self._fail(s, why)
+        if not out.decoded:
+            if (err := out.failure) is not None:
+                for s, _, _ in plan.parts:
+                    self._fail(s, err)
+            return None
+        rec = record_of(plan.parts, self.iteration, plan.batch, out.n_ubatch, out.ms, plan.retries, len(self.queue))
         self.stats.count_decode(rec, sum(s.busy for s in self.slots))
         self.records.append(rec)
-        return rec
-
-    def _after_decode(self, parts: list[SlotRows]) -> None:
-        out_row = {b: i for i, b in enumerate(self.ctx.output_ids)}
         now = time.perf_counter()
-        for s, n, out in parts:
-            gen = s.gen
-            assert gen is not None  # set when the task took the slot
-            if s.state is SlotState.GENERATING:
-                gen.decoded()
-            else:
-                prompt_chunk_done(s, n)  # and its prompt_progress event (engine/serve/prompt_progress.py)
+        for (s, _, o), res in zip(plan.parts, out.results, strict=True):
+            if s.state is SlotState.PROCESSING_PROMPT:
+                report(s)  # its prompt_progress event (engine/serve/prompt_progress.py)
             self.stats.n_tokens_max = max(self.stats.n_tokens_max, len(s.cache))
-            if out < 0:
+            if o < 0:
                 continue
             if s.state is SlotState.PROCESSING_PROMPT:
                 s.state, s.t_prompt_done = SlotState.GENERATING, now
                 self.stats.prompt_done(s.n_prompt_done, (now - s.t_start) * 1e3)
-            try:
-                if s.draft.tokens and self.speculator is not None:
-                    r = out_row[out]
-                    rows = self.ctx.logits[r : r + 1 + len(s.draft.tokens)]
-                    for step in verify_slot(s, rows, self.ctx.memory, self.speculator, len(self.ctx.records)):
-                        self._emit(s, step)
-                else:
-                    self._emit(s, gen.sample(self.ctx.logits[out_row[out]]))
-            except GrammarError as e:  # too ambiguous to follow, or no way left: the request's grammar
-                self._fail(s, EngineError(ErrorKind.INVALID_REQUEST, f"the grammar could not be followed: {e}"))
-            except EngineDown:  # a rejected draft's cells are removed on every rank: one may be gone
-                raise
-            except Exception as e:
-                self._fail(s, EngineError(ErrorKind.INTERNAL, f"sampling failed: {e}"))
+            if isinstance(res, EngineError):
+                self._fail(s, res)
+                continue
+            for step in res:
+                self._emit(s, step)
+        return rec
 
     def _emit(self, s: Slot, step: Step) -> None:
         """One sampled token of the slot: stream it, finish on a stop rule."""

@@ -1,14 +1,18 @@
 """Which rows go into one scheduler iteration's batch: llama-server's order, generation rows first
 (one per generating slot: its last sampled token), then prompt chunks of the slots still
-processing their prompt, in slot order, until n_batch rows. Kept apart from the loop because it
-is the rule that decides how full each decode call is."""
+processing their prompt, in slot order, until n_batch rows; and what gives way when the KV cache
+has no cells for them. Kept apart from the loop, and free of the context, because these are the
+rules that decide how full each decode call is (tests/test_slot_batch.py runs them on fake slots).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ubatch.engine.batch import Batch
+from ubatch.engine.errors import EngineError
 from ubatch.engine.serve.slot import Slot, SlotState
 from ubatch.engine.serve.stats import IterationRecord
 
@@ -19,6 +23,28 @@ class SlotRows(NamedTuple):
     slot: Slot
     n: int
     out: int
+
+
+@dataclass(slots=True)
+class Plan:
+    """One iteration as the scheduler decided it (engine/serve/scheduler.py `schedule`). The
+    runner (engine/serve/runner.py) rebuilds `batch` and `parts` in place when the KV cache has
+    no cells for them, and lists the slots it gave up to make room; the post-process reads the
+    plan as it was decoded."""
+
+    iteration: int
+    slots: Sequence[Slot]  # every slot, in order: a rebuilt batch may take rows of one not in it yet
+    batch: Batch
+    parts: list[SlotRows]
+    budget: int  # prompt rows allowed: n_batch, halved while the cells run out
+    cont_batching: bool = True
+    retries: int = 0  # decode calls refused before this one
+    given_up: list[tuple[Slot, EngineError]] = field(default_factory=list)
+
+    def reassemble(self) -> None:
+        """The batch again from the slots' state, within `budget`, without the slots given up."""
+        skip = {s.id for s, _ in self.given_up}
+        self.batch, self.parts = assemble([s for s in self.slots if s.id not in skip], self.budget, self.cont_batching)
 
 
 def assemble(slots: Sequence[Slot], budget: int, cont_batching: bool = True) -> tuple[Batch, list[SlotRows]]:
@@ -44,6 +70,21 @@ def assemble(slots: Sequence[Slot], budget: int, cont_batching: bool = True) -> 
             b.add(prompt[s.i_prompt + j], pos0 + j, s.id, last and j == n - 1)
         parts.append(SlotRows(s, n, b.n_tokens - 1 if last else -1))
     return b, parts
+
+
+def halved_budget(parts: Collection[SlotRows], n_tokens: int) -> int | None:
+    """No cells for this batch (its drafts already dropped): the budget that postpones half of
+    its prompt rows, as llama-server does, or None when no prompt row can wait."""
+    n_gen = sum(1 for s, _, _ in parts if s.state is SlotState.GENERATING)
+    n_prompt = n_tokens - n_gen
+    if n_prompt > 1 or (n_prompt == 1 and n_gen > 0):
+        return n_gen + n_prompt // 2
+    return None
+
+
+def victim(parts: Collection[SlotRows]) -> Slot:
+    """Nothing left to postpone: the slot holding the most cells gives way."""
+    return max((s for s, _, _ in parts), key=lambda s: len(s.cache))
 
 
 def record_of(

@@ -8,6 +8,8 @@ verification of every slot rides in the same decode call as everything else of t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ubatch.engine.generation.generation import Step
@@ -31,7 +33,7 @@ def plan_drafts(slots: list[Slot], spec: Speculator | None, n_batch: int) -> Non
             room -= len(s.draft.tokens)
 
 
-def drop_drafts(slots: list[Slot]) -> bool:
+def drop_drafts(slots: Sequence[Slot]) -> bool:
     """No room in the KV cache: verify nothing this iteration (True if there was a draft)."""
     had = any(s.draft.tokens for s in slots)
     for s in slots:
