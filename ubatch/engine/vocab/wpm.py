@@ -8,6 +8,8 @@ start, is covered by longest-first matches; a word that cannot be covered is the
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from ubatch.engine.gguf.string_array import StringArray
@@ -38,16 +40,16 @@ class WpmTokenizer:
         return [self._encode(t) for t in texts]
 
     def _encode(self, text: str) -> list[int]:
-        out: list[int] = []
         cache = self._cache
         if len(cache) > 1 << 17:
             cache.clear()
-        for w in self.words(text):
-            ids = cache.get(w)
-            if ids is None:
-                ids = cache[w] = self._word(w)
-            out += ids
-        return out
+        words = self.words(text)
+        found = list(map(cache.get, words))  # the cache first, in C; then the words it lacks
+        if None in found:
+            for i in [i for i, ids in enumerate(found) if ids is None]:
+                ids = cache.get(words[i])
+                found[i] = ids if ids is not None else cache.setdefault(words[i], self._word(words[i]))
+        return list(chain.from_iterable(found))  # type: ignore[arg-type]  # no None is left
 
     def words(self, text: str) -> list[str]:
         """llm_tokenizer_wpm_session::preprocess, vectorised: whitespace separates, control
