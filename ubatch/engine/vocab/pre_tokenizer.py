@@ -217,7 +217,7 @@ class _Step:
             joined = _SEP.join(pieces)
             if joined.count(_SEP) == len(pieces) - 1:  # no NUL of the text's own
                 return [w for w in _SEP.join(self.pattern.split(joined)).split(_SEP) if w]
-        return [w for p in pieces for w in self.pieces(p)]
+        return [w for p in pieces for w in (self.pieces(p) if len(p) > 1 else (p,))]  # one character is one word
 
     def pieces(self, s: str) -> list[str]:
         """`s` cut at the matches, the text between matches kept: [gap, match, gap, ...] less the
