@@ -148,8 +148,12 @@ def _retrieved(fut: asyncio.Future[Any]) -> None:
 
 
 async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    """Returns when the client has gone (the connection's receive fails: gone too)."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:
+        return
 
 
 # a JSON string: its brackets are text, not nesting (an unterminated one is invalid JSON anyway)
