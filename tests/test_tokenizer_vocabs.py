@@ -121,6 +121,7 @@ def test_unigram_normalises_and_adds_eos() -> None:
     ids = v.tokenize("  Hello   wörld  ")
     assert ids[0] == v.bos and ids[-1] == v.eos and v.detokenize(ids[1:-1]) == "Hello wörld"
     assert v.tokenize("ｈｅｌｌｏ", add_special=False) == v.tokenize("hello", add_special=False)  # NFKC
+    assert v.tokenize("cafe\u0301 x", add_special=False) == v.tokenize("café x", add_special=False)  # a key after ASCII
 
 
 def test_bpe_special_tokens_and_add_bos() -> None:

@@ -12,6 +12,7 @@ consecutive unknowns become one. Pure Python, one step per byte: correct, not fa
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,22 @@ class Charsmap:
             raise ValueError("precompiled charsmap: index out of bounds")
         self.xcda = np.frombuffer(blob[4 : 4 + size], "<u4").tolist()
         self.replacements = blob[4 + size :]
+
+    def keeps_in_ascii(self, c: int) -> bool:
+        """Is ASCII byte c, followed by an ASCII byte, never the start of a key? (No key is c
+        itself, and none goes on from c with an ASCII byte.)"""
+        xcda, n = self.xcda, len(self.xcda)
+
+        def base(i: int) -> int:
+            return (xcda[i] >> 10) << ((xcda[i] & (1 << 9)) >> 6)
+
+        node = base(0) ^ c
+        if node >= n or xcda[node] & ((1 << 31) | 0xFF) != c:
+            return True  # no key starts with c
+        if (xcda[node] >> 8) & 1:
+            return False  # c alone is a key
+        after = node ^ base(node)
+        return not any((k := after ^ d) < n and xcda[k] & ((1 << 31) | 0xFF) == d for d in range(1, 0x80))
 
     def match(self, s: bytes, at: int) -> tuple[bytes, int] | None:
         """(replacement, bytes consumed) of the longest charsmap key at s[at:], or None."""
@@ -91,6 +108,18 @@ class UgmTokenizer:
         self._scores = [0.0 if i in user else float(scores[i]) for i in range(len(texts))]
         self._sorted = sorted(self._ids)  # prefix tests by bisection stand in for llama.cpp's trie
         self._user_sorted = sorted(texts.piece(i) for i in user)
+        # ASCII bytes normalisation leaves alone between ASCII bytes (no charsmap key starts
+        # there, no user-defined token starts with them; not the space): runs of them are
+        # copied at once, up to the last one before a non-ASCII byte (a key may start there)
+        plain = [
+            c
+            for c in range(1, 0x80)
+            if c != 0x20
+            and (self._charsmap is None or self._charsmap.keeps_in_ascii(c))
+            and not _has_prefix(self._user_sorted, bytes((c,)))
+        ]
+        run = b"[" + b"".join(re.escape(bytes((c,))) for c in plain) + b"]+(?=[\\x00-\\x7f]|\\Z)"
+        self._plain_run = re.compile(run).match
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [self._viterbi(self.normalize(t.encode("utf-8", "surrogateescape"))) for t in texts]
@@ -103,7 +132,17 @@ class UgmTokenizer:
         prepend = not o.treat_whitespace_as_suffix and o.add_space_prefix
         merge = o.remove_extra_whitespaces
         out, prepended, in_word, at = bytearray(), False, False, 0
+        plain_run = self._plain_run
         while at < len(text):
+            if m := plain_run(text, at):  # what the loop below does for each such byte
+                if not in_word:
+                    in_word = True
+                    if (prepend and not prepended) or merge:
+                        out += space
+                        prepended = True
+                out += m.group()
+                at = m.end()
+                continue
             piece, used = self._normalize_prefix(text, at)
             for c in piece:
                 if c != 0x20:
