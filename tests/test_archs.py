@@ -148,6 +148,24 @@ def test_family_logits_match_transformers(
     assert top1 == 1.0 and kld <= 1e-4, (kld, top1)
 
 
+@pytest.mark.parametrize("family", ["qwen2", "gemma2"])
+def test_family_on_the_cuda_backend(family_dirs: Path, family: str) -> None:
+    """The cuda backend (Triton's interpreter without a GPU) on the ops it hands to the
+    reference: qwen2's biases, gemma2's soft-capped attention; prefill and decode steps against
+    transformers."""
+    import triton_interp  # noqa: F401  (interpreter mode before any kernel module is imported)
+
+    ids = SEQ[:20]
+    ctx = _context(_source(family_dirs, family, "f32"), "cuda", 512)
+    ctx.decode(Batch.from_tokens(ids[:17], 0, all_logits=True))
+    rows = [ctx.logits.clone()]
+    for i in range(17, 20):
+        ctx.decode(Batch.from_tokens(ids[i : i + 1], i))
+        rows.append(ctx.logits.clone())
+    kld, top1 = _kld_top1(_reference(family, tuple(ids)), torch.cat(rows))
+    assert top1 == 1.0 and kld <= 1e-4, (kld, top1)
+
+
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_family_several_sequences_in_one_ubatch(family_dirs: Path, family: str) -> None:
     """Three sequences of different lengths decoded together: each gets its own logits."""
