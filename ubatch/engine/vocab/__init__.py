@@ -1,1 +1,2 @@
-"""The SPM tokenizer exactly as llama.cpp runs it, and streaming detokenisation."""
+"""Every tokenizer llama.cpp reads (SPM, BPE with its pre-tokenisers, WordPiece, Unigram), exactly
+as it runs them, and streaming detokenisation."""
