@@ -18,7 +18,7 @@ import numpy as np
 from ubatch.engine.gguf.string_array import StringArray
 from ubatch.engine.vocab.spm_merge import spm_merge
 from ubatch.engine.vocab.spm_model import sentencepiece_for
-from ubatch.engine.vocab.tables import BYTE_TEXTS, SPM_SPACE
+from ubatch.engine.vocab.tables import BYTE_TEXTS
 from ubatch.engine.vocab.token_index import TokenIndex
 
 if TYPE_CHECKING:
@@ -97,6 +97,3 @@ def _is_utf8(text: str) -> bool:
         return True
     except UnicodeEncodeError:
         return False
-
-
-__all__ = ["SP_MIN_CHARS", "SPM_SPACE", "SpmTokenizer"]
