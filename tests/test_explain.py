@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from cli_inproc import run_cli
 
-from ubatch.engine.batch import Batch
+from ubatch.engine.batch import Batch, RowKind
 from ubatch.engine.context.context import Context
 from ubatch.engine.explain.mask import EMPTY, FUTURE, OTHER_SEQ, VISIBLE, WINDOW, classify
 from ubatch.engine.model.model import Model
@@ -119,8 +119,8 @@ def test_the_mask_reasons_agree_exactly_with_the_engine_mask(tiny_gemma_model: M
     ctx.decode(b)
     for k in range(3):
         b = Batch()
-        b.add(60 + k, 20 + k, 0, True, "g")
-        b.add(70 + k, 12 + k, 1, True, "g")
+        b.add(60 + k, 20 + k, 0, True, RowKind.GENERATED)
+        b.add(70 + k, 12 + k, 1, True, RowKind.GENERATED)
         ctx.decode(b)
     assert seen == ({VISIBLE, EMPTY, OTHER_SEQ, FUTURE, WINDOW} if unified else {VISIBLE, EMPTY, FUTURE, WINDOW})
 

@@ -193,11 +193,11 @@ def test_cell_owners_runs_and_shared_sets() -> None:
 
 
 def test_row_runs_by_sequence_and_kind() -> None:
-    from ubatch.engine.batch import make_ubatch
+    from ubatch.engine.batch import RowKind, make_ubatch
 
     b = Batch()
-    b.add(5, 10, 0, True, "g")
-    b.add(6, 11, 0, True, "d")
+    b.add(5, 10, 0, True, RowKind.GENERATED)
+    b.add(6, 11, 0, True, RowKind.DRAFTED)
     b.add(7, 0, 1)
     b.add(8, 1, 1, True)
     import numpy as np

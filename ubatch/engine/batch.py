@@ -10,8 +10,17 @@ when every sequence has its own stream of cells.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
+
+
+class RowKind(StrEnum):
+    """What a batch row is; its value is the letter `explain` draws for it."""
+
+    PROMPT = "p"
+    GENERATED = "g"
+    DRAFTED = "d"  # a speculative draft's token: its cell may be removed again after verification
 
 
 @dataclass(slots=True)
@@ -20,28 +29,30 @@ class Batch:
     pos: list[int] = field(default_factory=list)
     seq_id: list[list[int]] = field(default_factory=list)
     logits: list[bool] = field(default_factory=list)
-    # what each row is: "p" prompt, "g" generated, "d" drafted (empty: not said). `explain` draws
-    # it; the placement reads it once: drafted rows may be removed again, so a batch with them
-    # keeps the window cells its first row still sees (engine/kv/memory.py init_batch)
-    kind: list[str] = field(default_factory=list)
+    # what each row is (empty: not said, a prompt). `explain` draws it; the placement reads it
+    # once: drafted rows may be removed again, so a batch with them keeps the window cells its
+    # first row still sees (engine/kv/memory.py init_batch)
+    kind: list[RowKind] = field(default_factory=list)
 
     @property
     def n_tokens(self) -> int:
         return len(self.token)
 
-    def add(self, token: int, pos: int, seq_ids: list[int] | int, logits: bool = False, kind: str = "p") -> None:
+    def add(
+        self, token: int, pos: int, seq_ids: list[int] | int, logits: bool = False, kind: RowKind = RowKind.PROMPT
+    ) -> None:
         self.token.append(int(token))
         self.pos.append(int(pos))
         self.seq_id.append([seq_ids] if isinstance(seq_ids, int) else list(seq_ids))
         self.logits.append(bool(logits))
         self.kind.append(kind)
 
-    def kind_of(self, i: int) -> str:
-        return self.kind[i] if i < len(self.kind) else "p"
+    def kind_of(self, i: int) -> RowKind:
+        return self.kind[i] if i < len(self.kind) else RowKind.PROMPT
 
     @classmethod
     def from_tokens(
-        cls, tokens: list[int], pos0: int, seq_id: int = 0, all_logits: bool = False, kind: str = "p"
+        cls, tokens: list[int], pos0: int, seq_id: int = 0, all_logits: bool = False, kind: RowKind = RowKind.PROMPT
     ) -> Batch:
         """Consecutive tokens of one sequence; only the last one is an output unless all_logits."""
         n = len(tokens)

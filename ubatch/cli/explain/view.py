@@ -16,12 +16,13 @@ from ubatch.cli.explain.mask_view import mask_section
 from ubatch.cli.explain.run import Explanation
 from ubatch.cli.explain.whatif import WhatIf
 from ubatch.cli.memory_view import plan_table, size
+from ubatch.engine.batch import RowKind
 from ubatch.engine.explain.observer import CacheUse, UBatchView
 from ubatch.engine.spec.speculative import SpecStats
 
 SEQ_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 DIAGRAM_WIDTH = 20
-KINDS = {"p": "prompt", "g": "generated", "d": "drafted"}
+KINDS = {RowKind.PROMPT: "prompt", RowKind.GENERATED: "generated", RowKind.DRAFTED: "drafted"}
 
 
 def seq_style(s: int) -> str:
@@ -202,13 +203,13 @@ def verdict(e: Explanation) -> Text:
 def spec_line(e: Explanation, st: SpecStats) -> Text:
     """Speculative decoding: the drafts, and the passes their verification took."""
     ub = e.cparams.n_ubatch
-    drafted = [c for c in e.calls if "d" in c.batch.kind]
+    drafted = [c for c in e.calls if RowKind.DRAFTED in c.batch.kind]
     t = Text.assemble(
         ("speculative", "bold"),
         f": {st.n_drafts} drafts, {st.n_drafted} tokens drafted, {st.n_accepted} accepted; "
         f"the {len(drafted)} calls with drafted rows took {sum(len(c.ubatches) for c in drafted)} forward passes",
     )
-    longest = max((c.batch.kind.count("d") for c in drafted), default=0)
+    longest = max((c.batch.kind.count(RowKind.DRAFTED) for c in drafted), default=0)
     if longest + 1 > ub:
         t.append(f" (a {longest}-token draft and its sampled row are {longest + 1} rows: more than -ub {ub})")
     return t

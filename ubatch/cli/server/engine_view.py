@@ -58,10 +58,9 @@ class DecodeView:
 
 def row_runs(batch: Batch, ub: UBatch) -> list[list[Any]]:
     """The ubatch's rows as runs of equal (sequence, kind): a handful of entries, not its tokens."""
-    kinds = batch.kind
     runs: list[list[Any]] = []
     for s, i in zip(ub.seq_id0.tolist(), ub.batch_idx.tolist()):
-        k = kinds[i] if i < len(kinds) else "p"
+        k = batch.kind_of(i).value
         if runs and runs[-1][0] == s and runs[-1][1] == k:
             runs[-1][2] += 1
         else:

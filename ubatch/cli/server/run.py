@@ -41,7 +41,7 @@ from ubatch.cli.spec_view import spec_startup_lines, spec_summary_lines
 from ubatch.engine.context.context import Context
 from ubatch.engine.serve.embedding_task import EmbeddingRunner
 from ubatch.engine.serve.engine_loop import EngineLoop
-from ubatch.engine.serve.scheduler import Scheduler
+from ubatch.engine.serve.scheduler import Scheduler, SlotEvent
 from ubatch.engine.serve.slot import Slot
 from ubatch.engine.serve.state_task import StateRunner
 
@@ -264,11 +264,11 @@ def start_engine(scheduler: Scheduler) -> ServerEngine:
     return ServerEngine(scheduler, loop, embeddings)
 
 
-def _slot_logger(sch: Scheduler) -> Callable[[str, Slot], None]:
+def _slot_logger(sch: Scheduler) -> Callable[[SlotEvent, Slot], None]:
     """llama-server's per-slot INFO lines, printed from the engine thread."""
 
-    def on(kind: str, s: Slot) -> None:
-        if kind == "launch":
+    def on(kind: SlotEvent, s: Slot) -> None:
+        if kind is SlotEvent.LAUNCH:
             t = s.task
             assert t is not None
             log(

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ubatch.engine.batch import Batch
+from ubatch.engine.batch import Batch, RowKind
 from ubatch.engine.context.context import Context
 from ubatch.engine.errors import ContextError
 from ubatch.engine.generation.generation import Generation, GenerationParams, Step
-from ubatch.engine.kv.memory import DecodeError
+from ubatch.engine.kv.memory import DecodeError, DecodeStatus
 from ubatch.engine.params import context_holds
 from ubatch.engine.sampling.chain import Sampler
 from ubatch.engine.spec.speculative import Draft, SpecStats, Speculator, n_draft_max
@@ -68,17 +68,17 @@ def decode_step(
     te = time.perf_counter()  # eval time: drafting and the decode (sampling is counted apart)
     n = n_draft_max(gen.n_ctx, len(cache), p.n_predict, gen.n_decoded, spec.n_max) if spec else 0
     draft = spec.draft(seq_id, cache, gen.sampled, n) if spec is not None and n > 0 else Draft([])
-    b = Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g")
+    b = Batch.from_tokens([gen.sampled], len(cache), seq_id, kind=RowKind.GENERATED)
     for i, t in enumerate(draft.tokens):
-        b.add(t, len(cache) + 1 + i, seq_id, True, "d")
+        b.add(t, len(cache) + 1 + i, seq_id, True, RowKind.DRAFTED)
     td = time.perf_counter()
     try:
         ctx.decode(b)
     except DecodeError as e:  # no cells for the draft (a full window cache): verify nothing
-        if e.code != 1 or not draft.tokens:
+        if e.code is not DecodeStatus.NO_KV_SLOT or not draft.tokens:
             raise
         draft = Draft([])
-        ctx.decode(Batch.from_tokens([gen.sampled], len(cache), seq_id, kind="g"))
+        ctx.decode(Batch.from_tokens([gen.sampled], len(cache), seq_id, kind=RowKind.GENERATED))
     t_end = time.perf_counter()
     stats.t_eval_ms += (t_end - te) * 1e3
     # the counts follow the cache list at once, not after sampling: a caller reading them after an

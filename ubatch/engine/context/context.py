@@ -25,7 +25,7 @@ from ubatch.engine.errors import ContextError, allocate
 from ubatch.engine.graph.cuda_graphs import run_step
 from ubatch.engine.graph.forward import GraphShape, build_forward
 from ubatch.engine.graph.graph import Graph, bind_output, input_views
-from ubatch.engine.kv.memory import DecodeError, KVMemory
+from ubatch.engine.kv.memory import DecodeError, DecodeStatus, KVMemory
 from ubatch.engine.model.hparams import POOLING_TYPES
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams, derive
@@ -169,42 +169,44 @@ class Context:
         """llama_batch_allocr::init's checks; a failure leaves the memory untouched (code -1)."""
         cp, n_vocab = self.cparams, self.model.hparams.n_vocab
         if batch.n_tokens == 0:
-            raise DecodeError(-1, "n_tokens == 0")
+            raise DecodeError(DecodeStatus.INVALID, "n_tokens == 0")
         if batch.n_tokens > cp.n_batch:
             raise DecodeError(
-                -1,
+                DecodeStatus.INVALID,
                 f"n_tokens = {batch.n_tokens} > n_batch = {cp.n_batch}: a decode takes at most n_batch tokens; split the batch or raise -b",
             )
         n = batch.n_tokens
         if not (len(batch.pos) == len(batch.seq_id) == len(batch.logits) == n):
-            raise DecodeError(-1, "batch arrays (token, pos, seq_id, logits) differ in length")
+            raise DecodeError(DecodeStatus.INVALID, "batch arrays (token, pos, seq_id, logits) differ in length")
         tok = np.asarray(batch.token)
         bad = np.flatnonzero((tok < 0) | (tok >= n_vocab))
         if bad.size:
-            raise DecodeError(-1, f"invalid token[{bad[0]}] = {tok[bad[0]]}")
+            raise DecodeError(DecodeStatus.INVALID, f"invalid token[{bad[0]}] = {tok[bad[0]]}")
         seen: dict[int, list[int]] = {}
         sets: dict[int, frozenset[int]] = {}
         for i, sids in enumerate(batch.seq_id):
             if not sids:
-                raise DecodeError(-1, f"entry {i} has no sequence id")
+                raise DecodeError(DecodeStatus.INVALID, f"entry {i} has no sequence id")
             for j, s in enumerate(sids):
                 if not 0 <= s < cp.n_seq_max:
-                    raise DecodeError(-1, f"invalid seq_id[{i}][{j}] = {s} >= {cp.n_seq_max}")
+                    raise DecodeError(DecodeStatus.INVALID, f"invalid seq_id[{i}][{j}] = {s} >= {cp.n_seq_max}")
             fs = frozenset(sids)
             for s in sids:
                 if s in sets and sets[s] != fs and (sets[s] & fs) != min((sets[s], fs), key=len):
-                    raise DecodeError(-1, f"sequence {s} belongs to incompatible sequence sets (not allowed)")
+                    raise DecodeError(
+                        DecodeStatus.INVALID, f"sequence {s} belongs to incompatible sequence sets (not allowed)"
+                    )
                 sets.setdefault(s, fs)
                 seen.setdefault(s, []).append(batch.pos[i])
         for s, ps in seen.items():
             if any(b < a for a, b in zip(ps, ps[1:])):
-                raise DecodeError(-1, f"sequence {s} positions are decreasing (not allowed)")
+                raise DecodeError(DecodeStatus.INVALID, f"sequence {s} positions are decreasing (not allowed)")
             if max(ps) - min(ps) + 1 > len(set(ps)):
-                raise DecodeError(-1, f"sequence {s} positions are not continuous")
+                raise DecodeError(DecodeStatus.INVALID, f"sequence {s} positions are not continuous")
             x = self.memory.seq_pos_max(s)
             if x >= 0 and min(ps) != x + 1:
                 raise DecodeError(
-                    -1,
+                    DecodeStatus.INVALID,
                     f"the tokens of sequence {s} in the input batch have inconsistent sequence "
                     f"positions:\n - the last position stored in the memory module of the "
                     f"context (i.e. the KV cache) for sequence {s} is X = {x}\n - the tokens "
@@ -246,7 +248,7 @@ class Context:
         n_outputs = sum(batch.logits)
         if n_outputs > self.cparams.n_outputs_max and not embd:
             raise DecodeError(
-                -1,
+                DecodeStatus.INVALID,
                 f"batch requests {n_outputs} outputs but n_outputs_max = {self.cparams.n_outputs_max}; raise --n-outputs-max",
             )
         t0 = time.perf_counter()

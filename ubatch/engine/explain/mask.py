@@ -51,7 +51,7 @@ class MaskGrid:
     streams: list[int]
     row_seq: list[int]  # the sequence id each query row attends as
     row_pos: list[int]
-    row_kind: str  # "p" prompt, "g" generated, "d" drafted per row
+    row_kind: str  # per row, its RowKind's letter (engine/batch.py)
     cell_pos: list[list[int]]  # per group: the position held by each shown cell (-1: empty)
     codes: list[list[list[int]]]  # [group][row of the group][cell]
 

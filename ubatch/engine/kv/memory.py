@@ -8,10 +8,12 @@ start of a decode.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import numpy as np
 import torch
 
-from ubatch.engine.batch import Batch, SplitError, UBatch, split_equal, split_simple
+from ubatch.engine.batch import Batch, RowKind, SplitError, UBatch, split_equal, split_simple
 from ubatch.engine.errors import ContextError
 from ubatch.engine.kv.cache import KVCache, NoCellsError, round_up
 from ubatch.engine.model.hparams import HParams
@@ -19,10 +21,18 @@ from ubatch.engine.params import CParams
 from ubatch.kernels.ops import Ops
 
 
-class DecodeError(ContextError):
-    """A batch llama_decode would refuse; `code` is llama.cpp's return value (-1 invalid, 1 no slot)."""
+class DecodeStatus(IntEnum):
+    """Why llama_decode refused a batch: its return values."""
 
-    def __init__(self, code: int, msg: str) -> None:
+    NO_KV_SLOT = 1  # no cells for the batch: the caller may free some and retry
+    INVALID = -1  # the batch itself is wrong (tokens, positions, sequence ids)
+    FAILED = -2  # the cache broke its own promise (a bug)
+
+
+class DecodeError(ContextError):
+    """A batch llama_decode would refuse, with its `DecodeStatus`."""
+
+    def __init__(self, code: DecodeStatus, msg: str) -> None:
         super().__init__(msg)
         self.code = code
 
@@ -73,7 +83,7 @@ class KVMemory:
     def init_batch(self, batch: Batch, n_ubatch: int) -> list[UBatch]:
         """Split as llama.cpp's memory does and check every ubatch fits (error code 1 if not)."""
         floor: dict[int, int] = {}
-        if "d" in batch.kind:  # a verification: its drafts may be removed again (seq_rm)
+        if RowKind.DRAFTED in batch.kind:  # a verification: its drafts may be removed again (seq_rm)
             for pos, sids in zip(batch.pos, batch.seq_id):
                 for s in sids:
                     floor[s] = min(floor.get(s, pos), pos)
@@ -97,11 +107,11 @@ class KVMemory:
             else:
                 ubs = split_equal(batch, n_ubatch, sequential=True)
         except SplitError as e:
-            raise DecodeError(1, str(e)) from None
+            raise DecodeError(DecodeStatus.NO_KV_SLOT, str(e)) from None
         if not self.prepare(ubs):
             used = ", ".join(f"{c.name or 'KV'} {c.used}/{c.size * c.n_stream}" for c in self.caches)
             raise DecodeError(
-                1,
+                DecodeStatus.NO_KV_SLOT,
                 f"failed to find a memory slot for batch of size {batch.n_tokens} (cells used: {used}); raise -c or free sequences",
             )
         return ubs
@@ -147,7 +157,7 @@ class KVMemory:
         for c in self.caches:
             found = c.find_slot(ub)
             if found is None:  # prepare() said it fits; this would be a bug
-                raise DecodeError(-2, "KV slot vanished between prepare and apply")
+                raise DecodeError(DecodeStatus.FAILED, "KV slot vanished between prepare and apply")
             c.apply_ubatch(ub, found)
             out.append(found)
         return out

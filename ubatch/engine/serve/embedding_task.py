@@ -26,7 +26,7 @@ import torch
 from ubatch.engine.context.context import Context
 from ubatch.engine.errors import ContextError, EngineDown, EngineError, ErrorKind
 from ubatch.engine.generation.embedding import RankHead, can_split, embed_sequences, fits_together, normalize, pool
-from ubatch.engine.kv.memory import DecodeError
+from ubatch.engine.kv.memory import DecodeError, DecodeStatus
 from ubatch.engine.serve.prompt_cache import purge_idle
 from ubatch.engine.serve.side_runner import SideRunner
 from ubatch.engine.serve.slot import Slot
@@ -112,9 +112,11 @@ class EmbeddingRunner(SideRunner[EmbdTask]):
                 self._embed(pack, idle[: len(pack)])
                 return
             except DecodeError as e:
-                if e.code == 1 and purge_idle(self.slots, self.ctx.memory, self.ctx.cparams.kv_unified):
+                if e.code is DecodeStatus.NO_KV_SLOT and purge_idle(
+                    self.slots, self.ctx.memory, self.ctx.cparams.kv_unified
+                ):
                     continue
-                if e.code == 1 and len(pack) > 1:  # no room for all of them: half now, half later
+                if e.code is DecodeStatus.NO_KV_SLOT and len(pack) > 1:  # no room for all of them: half now, half later
                     self.pending.extendleft(reversed(pack[len(pack) // 2 :]))
                     del pack[len(pack) // 2 :]
                     continue

@@ -19,7 +19,7 @@ from ubatch.engine.context.context import Context
 from ubatch.engine.errors import EngineDown, EngineError, ErrorKind
 from ubatch.engine.generation.generation import Step
 from ubatch.engine.grammar import GrammarError
-from ubatch.engine.kv.memory import DecodeError
+from ubatch.engine.kv.memory import DecodeError, DecodeStatus
 from ubatch.engine.serve.prefix_index import PrefixIndex
 from ubatch.engine.serve.prompt_progress import advance_prompt
 from ubatch.engine.serve.slot import SlotState
@@ -60,7 +60,7 @@ class Runner:
                 break
             except DecodeError as e:
                 plan.retries += 1
-                if e.code != 1:
+                if e.code is not DecodeStatus.NO_KV_SLOT:
                     return Outcome(False, failure=decode_failure(e))
                 self._give_way(plan, e)
             except EngineDown:  # a lost rank: nothing can run any more; the engine loop answers 503 and stops

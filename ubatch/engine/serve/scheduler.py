@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from enum import StrEnum
 
 from ubatch.engine.context.context import Context
 from ubatch.engine.errors import EngineError, ErrorKind
@@ -39,7 +40,14 @@ from ubatch.engine.serve.stats import IterationRecord, PrefixReuse, ReleaseRecor
 from ubatch.engine.serve.task import Final, Job, Partial, Task, context_error
 from ubatch.engine.spec.speculative import Speculator
 
-__all__ = ["IterationRecord", "ReleaseRecord", "Scheduler", "SchedulerStats", "Slot", "SlotState"]
+__all__ = ["IterationRecord", "ReleaseRecord", "Scheduler", "SchedulerStats", "Slot", "SlotEvent", "SlotState"]
+
+
+class SlotEvent(StrEnum):
+    """What the scheduler's listener is told about a slot (llama-server's slot log lines)."""
+
+    LAUNCH = "launch"  # a task took the slot
+    RELEASE = "release"  # its task ended
 
 
 class Scheduler:
@@ -86,8 +94,8 @@ class Scheduler:
         self.host = HostCache(cache_ram_mib)
         self.prefixes = PrefixIndex(ctx, self.slots, self.host, prefix_sharing)
         self.runner = Runner(ctx, self.prefixes, self.stats, speculator)  # the decode and the sampling
-        # called on the engine thread as listener("launch" | "release", slot): for logging only
-        self.listener: Callable[[str, Slot], None] | None = None
+        # called on the engine thread as listener(event, slot): for logging only
+        self.listener: Callable[[SlotEvent, Slot], None] | None = None
 
     # -- what the engine loop drives ----------------------------------------------------------------
     def accept(self, task: Job) -> bool:
@@ -243,7 +251,7 @@ class Scheduler:
         s.n_prompt_cache = s.i_prompt = s.reuse.total
         s.gen.accept_prompt(prompt)
         prompt_started(s, self.stats)
-        self._notify("launch", s)
+        self._notify(SlotEvent.LAUNCH, s)
 
     # -- how a task ends: finished, failed, cancelled -------------------------------------------------
     def _finish(self, s: Slot, stop_type: str = "", reason: str = "") -> None:
@@ -305,14 +313,14 @@ class Scheduler:
         s.last_task, s.task = task, None
         s.state = SlotState.IDLE
         s.t_last_used = time.perf_counter()
-        self._notify("release", s)
+        self._notify(SlotEvent.RELEASE, s)
 
     @property
     def n_cells_shared(self) -> int:
         """KV cells held by more than one sequence right now (each would otherwise be two)."""
         return self.ctx.memory.n_shared
 
-    def _notify(self, kind: str, s: Slot) -> None:
+    def _notify(self, kind: SlotEvent, s: Slot) -> None:
         if self.listener is not None:
             try:
                 self.listener(kind, s)

@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ubatch.engine.batch import Batch
+from ubatch.engine.batch import Batch, RowKind
 from ubatch.engine.errors import EngineError
 from ubatch.engine.serve.slot import Slot, SlotState
 from ubatch.engine.serve.stats import IterationRecord
@@ -54,9 +54,9 @@ def assemble(slots: Sequence[Slot], budget: int, cont_batching: bool = True) -> 
     for s in slots:
         if s.state is SlotState.GENERATING and s.gen is not None:
             parts.append(SlotRows(s, 1 + len(s.draft.tokens), b.n_tokens))
-            b.add(s.gen.sampled, len(s.cache), s.id, True, "g")
+            b.add(s.gen.sampled, len(s.cache), s.id, True, RowKind.GENERATED)
             for i, t in enumerate(s.draft.tokens):  # speculative: each drafted token, an output each
-                b.add(t, len(s.cache) + 1 + i, s.id, True, "d")
+                b.add(t, len(s.cache) + 1 + i, s.id, True, RowKind.DRAFTED)
     if not cont_batching and b.n_tokens:
         return b, parts
     for s in slots:

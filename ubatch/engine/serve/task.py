@@ -17,7 +17,7 @@ from typing import Protocol
 from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.generation.generation import TokenProb
 from ubatch.engine.grammar import Grammar
-from ubatch.engine.kv.memory import DecodeError
+from ubatch.engine.kv.memory import DecodeError, DecodeStatus
 from ubatch.engine.sampling.chain import SamplerParams
 
 INT32_MAX = 2**31 - 1
@@ -165,6 +165,7 @@ def decode_failure(e: Exception) -> EngineError:
     left in the KV cache, a batch the context refused, or a failure while computing."""
     if isinstance(e, DecodeError):
         return EngineError(
-            ErrorKind.INTERNAL, "Context size has been exceeded." if e.code == 1 else f"Invalid input batch. ({e})"
+            ErrorKind.INTERNAL,
+            "Context size has been exceeded." if e.code is DecodeStatus.NO_KV_SLOT else f"Invalid input batch. ({e})",
         )
     return EngineError(ErrorKind.INTERNAL, f"Compute error. ({e})")

@@ -15,7 +15,7 @@ import random
 import numpy as np
 import torch
 
-from ubatch.engine.batch import Batch, common_prefix
+from ubatch.engine.batch import Batch, RowKind, common_prefix
 from ubatch.engine.context.context import Context
 from ubatch.engine.model.model import Model
 from ubatch.engine.spec.speculative import Draft, Drafter, SpecError, SpecParams, Speculator
@@ -120,7 +120,7 @@ class DraftModel:
             out.append(tok)
             if len(out) >= n_max:
                 break
-            self.ctx.decode(Batch.from_tokens([tok], len(cached), seq_id, kind="d"))
+            self.ctx.decode(Batch.from_tokens([tok], len(cached), seq_id, kind=RowKind.DRAFTED))
             self.n_decode += 1
             cached.append(tok)
         return Draft(out, q=q)
