@@ -1,0 +1,85 @@
+"""A GGUF of a real model's shape with random Q4_K_M-like blocks, for any registered architecture.
+
+    python scripts/synth_family.py qwen3-1.7b OUT.gguf
+    python scripts/synth_family.py llama-3.2-1b OUT.gguf
+
+The tensors are the architecture's own declarations (engine/model/archs: every layer tensor the
+forward reads, by name and shape), so a new family needs only its shape here. Matrices are Q4_K
+(Q6_K for attn_v and ffn_down of every other layer), the embedding Q4_K and tied to the output
+as in both models, norms 1 + noise, biases small (scripts/gpu_synth.py's random blocks). The
+vocabulary is a placeholder SentencePiece one of the model's size. For speed comparisons
+(`python scripts/bench_cpu.py -m OUT.gguf`), not for text.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gpu_synth import _vocab, random_blocks
+
+from ubatch.engine.model.archs import expected_tensors
+from ubatch.engine.model.hparams import hparams_from_metadata
+
+# name -> (arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, rope_freq_base)
+SHAPES = {
+    "qwen3-1.7b": ("qwen3", 2048, 28, 16, 8, 128, 6144, 151936, 1_000_000.0),
+    "qwen3-0.6b": ("qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 1_000_000.0),
+    "llama-3.2-1b": ("llama", 2048, 16, 32, 8, 64, 8192, 128256, 500_000.0),
+    "qwen2.5-0.5b": ("qwen2", 896, 24, 14, 2, 64, 4864, 151936, 1_000_000.0),
+}
+
+
+def write(name: str, out: Path, seed: int = 0) -> Path:
+    arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, base = SHAPES[name]
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_context_length(4096)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(base)
+    w.add_tokenizer_model("llama")
+    tokens, scores, types = _vocab(n_vocab)
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    meta = {k: v.value for k, v in w.kv_data[0].items() if not k.startswith("tokenizer.")}
+    hp = hparams_from_metadata(meta | {f"{arch}.vocab_size": n_vocab}, name)
+    for spec in expected_tensors(hp).values():
+        if spec.name in ("output.weight", "rope_freqs.weight"):
+            continue  # tied output, no rope scaling
+        if len(spec.shape) == 1:
+            n = spec.shape[0]
+            x = 0.1 * rng.standard_normal(n) + (0.0 if spec.kind == "bias" else 1.0)
+            w.add_tensor(spec.name, x.astype(np.float32))
+            continue
+        rows, cols = spec.shape
+        il = int(spec.name.split(".")[1]) if spec.name.startswith("blk.") else 0
+        heavy = spec.name.endswith(("attn_v.weight", "ffn_down.weight")) and il % 2 == 0
+        qtype = T.Q6_K if heavy else T.Q4_K
+        if cols % 256:
+            qtype = T.Q8_0
+        w.add_tensor(spec.name, random_blocks(rng, qtype, rows, cols), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in SHAPES:
+        sys.exit(f"usage: python scripts/synth_family.py {{{','.join(SHAPES)}}} OUT.gguf")
+    print(write(sys.argv[1], Path(sys.argv[2])))
