@@ -65,8 +65,9 @@ def ubatch_logprobs(path: Path, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(ctx.logits.double(), -1)
 
 
-def llama_cpp_logprobs(path: Path, ids: list[int], n_vocab: int) -> torch.Tensor:
-    """llama-server's whole next-token distribution after each prefix of ids."""
+def llama_cpp_logprobs(path: Path, ids: list[int], n_vocab: int) -> torch.Tensor | str:
+    """llama-server's whole next-token distribution after each prefix of ids, or why it did not
+    start (its last error line: llama.cpp's phi3 vocabulary wants Phi's own special tokens)."""
     port = free_port()
     cmd = [str(BIN / "llama-server"), "-m", str(path), "--port", str(port), "-c", "1024", "-np", "1", "-t", "2"]
     cmd += ["-ctk", "f32", "-ctv", "f32"]  # as ubatch's side: the weights are what is compared
@@ -81,7 +82,9 @@ def llama_cpp_logprobs(path: Path, ids: list[int], n_vocab: int) -> torch.Tensor
             except httpx.TransportError:
                 pass
             if time.time() > deadline or proc.poll() is not None:
-                raise SystemExit(f"llama-server did not start on {path}")
+                proc.kill()
+                errors = [x for x in (proc.stderr.read() if proc.stderr else "").splitlines() if " E " in x]
+                return (errors[-1].split(" E ", 1)[1] if errors else "no error line").strip()
             time.sleep(0.2)
         # the server holds back a sampled token that ends inside a UTF-8 character, with its probs:
         # byte tokens are never sampled (logit_bias acts on sampling; n_probs reports raw logits)
@@ -143,9 +146,11 @@ def main() -> int:
                 f = gguf_of(d, work, family, qtype)
                 ours = ubatch_logprobs(f, ids)
                 theirs = llama_cpp_logprobs(f, ids, ref.shape[1])
-                (uk, ut), (lk, lt) = kld(ref, ours), kld(ref, theirs)
-                cross, _ = kld(theirs, ours)
-                arch = tiny_families.FAMILIES[family].gguf_arch
+                (uk, ut), arch = kld(ref, ours), tiny_families.FAMILIES[family].gguf_arch
+                if isinstance(theirs, str):
+                    print(f"| {family} | {arch} | {qtype} | {uk:.2e} | {100 * ut:.1f}% | llama.cpp: {theirs} | | |")
+                    continue
+                (lk, lt), (cross, _) = kld(ref, theirs), kld(theirs, ours)
                 print(
                     f"| {family} | {arch} | {qtype} | {uk:.2e} | {100 * ut:.1f}% | {lk:.2e} | {100 * lt:.1f}% | {cross:.2e} |",
                     flush=True,
