@@ -113,7 +113,7 @@ class Solo:
             run(self.sch, [t], check=False)
             f = sink.result(t)
             assert isinstance(f, Final)
-            self.memo[key] = f.tokens
+            self.memo[key] = list(f.tokens)
         return self.memo[key]
 
 
@@ -191,10 +191,10 @@ def test_random_rounds_answer_as_solo_runs_and_account_for_every_cell(
             n_failed += isinstance(r, Failed)
             if t.cancelled or isinstance(r, Failed) or r is None:
                 continue
-            assert r.tokens == solo.tokens(t.prompt, want[t.id]), f"task {t.id} differs from its solo run"
+            assert list(r.tokens) == solo.tokens(t.prompt, want[t.id]), f"task {t.id} differs from its solo run"
             compared += 1
             if len(t.prompt) + len(r.tokens) < sch.n_ctx_slot // 2:
-                done.append(t.prompt + r.tokens[:-1])
+                done.append(t.prompt + list(r.tokens[:-1]))
     st = sch.stats
     print(  # shown with -s: what the rounds exercised
         f"{arch} unified={unified}: rounds {rounds}, compared {compared}, failed {n_failed}, cancelled {st.n_cancelled}, "
@@ -224,7 +224,7 @@ def test_shared_prefix_is_computed_once_and_held_once(tiny_llama_model: Model) -
     solo = Solo(tiny_llama_model, sch.n_ctx_slot, False)
     for t in tasks:
         r = t.sink.result(t)  # type: ignore[attr-defined]
-        assert isinstance(r, Final) and r.tokens == solo.tokens(t.prompt, 4)
+        assert isinstance(r, Final) and list(r.tokens) == solo.tokens(t.prompt, 4)
         assert r.timings.cache_n == (0 if t.id == 0 else 100)
 
 
@@ -262,7 +262,7 @@ def test_a_prefix_that_leaves_the_cache_is_restored_from_host_memory(tiny_llama_
         assert sch.host.n_saved == (2 if mib else 0)  # a, then b when the third request took the slot
         r = tasks[2].sink.result(tasks[2])  # type: ignore[attr-defined]
         assert isinstance(r, Final) and r.timings.prompt_n == len(a) - n_ram
-        assert r.tokens == Solo(tiny_llama_model, 256, False).tokens(a + [5], 3)
+        assert list(r.tokens) == Solo(tiny_llama_model, 256, False).tokens(a + [5], 3)
 
 
 def test_eviction_takes_idle_cells_nobody_else_holds_first(tiny_llama_model: Model) -> None:
@@ -320,7 +320,7 @@ def test_a_slot_keeps_its_own_prefix_and_takes_only_what_it_lacks(
         assert not full.seq[own_cells, 0].any()  # still its own, next to slot 0's copy
         assert sch.n_cells_shared >= n_prefix - 40 - (8 + 64 if arch == "gemma" else 0)
     r = t.sink.result(t)  # type: ignore[attr-defined]
-    assert isinstance(r, Final) and r.tokens == Solo(model, sch.n_ctx_slot, False).tokens(t.prompt, 3)
+    assert isinstance(r, Final) and list(r.tokens) == Solo(model, sch.n_ctx_slot, False).tokens(t.prompt, 3)
 
 
 def test_an_embedding_that_borrows_a_slot_saves_its_prompt_to_host_memory(tiny_llama_model: Model) -> None:
@@ -347,4 +347,4 @@ def test_an_embedding_that_borrows_a_slot_saves_its_prompt_to_host_memory(tiny_l
     run(sch, [t])
     assert sch.slots[0].reuse.n_ram == len(a) and sch.host.n_saved == 1
     r = t.sink.result(t)  # type: ignore[attr-defined]
-    assert isinstance(r, Final) and r.tokens == Solo(tiny_llama_model, 256, False).tokens(a + [7], 3)
+    assert isinstance(r, Final) and list(r.tokens) == Solo(tiny_llama_model, 256, False).tokens(a + [7], 3)

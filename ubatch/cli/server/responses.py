@@ -11,12 +11,12 @@ import json
 import math
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ubatch.engine.chat.tools.types import ChatDelta, ChatMessageOut
 from ubatch.engine.generation.generation import TokenProb
-from ubatch.engine.serve.prompt_progress import Progress
-from ubatch.engine.serve.task import Final, Partial, TaskParams, Timings
+from ubatch.engine.serve.task import Final, Partial, Progress, TaskParams, Timings
 from ubatch.engine.units import tokens_per_second
 
 FLT_LOWEST = -3.4028234663852886e38  # llama.cpp sends this instead of -inf (not valid JSON)
@@ -118,7 +118,7 @@ def _text(piece: bytes) -> str:
     return piece.decode("utf-8", errors="ignore")
 
 
-def probs_json(probs: list[TokenProb], post: bool = False) -> list[dict[str, Any]]:
+def probs_json(probs: Sequence[TokenProb], post: bool = False) -> list[dict[str, Any]]:
     """completion_probabilities (also the `content` of OpenAI logprobs)."""
 
     def lp(v: float) -> float:

@@ -25,8 +25,7 @@ from ubatch.cli.server.resume import StreamSession
 from ubatch.engine.chat.tools import ChatDelta, ChatMessageOut
 from ubatch.engine.errors import EngineError
 from ubatch.engine.serve.engine_loop import EngineLoop
-from ubatch.engine.serve.prompt_progress import Progress
-from ubatch.engine.serve.task import Failed, Final, Job, Partial, Sink
+from ubatch.engine.serve.task import Failed, Final, Job, Partial, Progress, Sink, with_prefill
 
 
 class Reader:
@@ -205,10 +204,7 @@ async def sse_events(
             return
         if prefill and isinstance(ev, Partial | Final) and ev.task.index not in started:
             started.add(ev.task.index)
-            if isinstance(ev, Partial):
-                ev.text = prefill + ev.text
-            else:
-                ev.content = prefill + ev.content
+            ev = with_prefill(ev, prefill)
         if isinstance(ev, Progress) and kind == "native":
             chunks = [sj.native_progress(ev)]
         elif kind == "native":

@@ -50,7 +50,7 @@ class GenerationParams:
     grammar: Grammar | None = None  # GBNF the generated text must follow (engine/grammar)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class TokenProb:
     """The sampled token's log-probability and the top-n candidates (before sampling)."""
 

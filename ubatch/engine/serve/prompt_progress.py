@@ -10,23 +10,12 @@ batching: the runner advances a slot's prompt after each decode, the post-proces
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from ubatch.engine.serve.slot import Slot
 from ubatch.engine.serve.stats import SchedulerStats
-from ubatch.engine.serve.task import Task
+from ubatch.engine.serve.task import Progress
 
-
-@dataclass(slots=True)
-class Progress:
-    """How far a streamed task's prompt has been read (server-task.cpp result_prompt_progress)."""
-
-    task: Task
-    id_slot: int
-    total: int  # prompt tokens
-    cache: int  # of which were found in the slot's cache
-    processed: int  # tokens in the slot's cells so far (cached + evaluated)
-    time_ms: int  # since the task started on its slot
+__all__ = ["Progress", "advance_prompt", "prompt_started", "report"]
 
 
 def report(s: Slot) -> None:

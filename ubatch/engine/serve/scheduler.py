@@ -265,7 +265,7 @@ class Scheduler:
                 task,
                 s.id,
                 content,
-                list(gen.tokens),
+                tuple(gen.tokens),
                 gen.n_decoded,
                 len(task.prompt),
                 len(s.cache),
@@ -274,7 +274,7 @@ class Scheduler:
                 gen.truncated,
                 gen.has_new_line,
                 s.timings(),
-                gen.probs,
+                tuple(gen.probs),
             )
         )
         self.stats.generation_done(gen.n_decoded, (s.t_last - s.t_prompt_done) * 1e3)

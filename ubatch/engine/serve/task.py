@@ -4,15 +4,18 @@ completion's parameters, and the events a running task emits.
 The scheduler and the HTTP layer share these types, so they live in the engine; reading request
 bodies into them and writing them as llama-server's JSON is the HTTP layer's (cli/server/). A
 task that fails gets a `Failed` event carrying an `EngineError`, whose kind the HTTP layer turns
-into a status code; nothing here knows about HTTP.
+into a status code; nothing here knows about HTTP. A completion's events are one typed union,
+`Event` (`Partial | Final | Failed | Progress`), frozen: the engine thread builds each one whole
+and the HTTP thread that reads it gets a value nobody changes afterwards (a route that adds to a
+text, as a continued assistant message does, makes a new event with `dataclasses.replace`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
 
 from ubatch.engine.errors import EngineError, ErrorKind
 from ubatch.engine.generation.generation import TokenProb
@@ -86,7 +89,7 @@ class Task(Job):
     cancel_iteration: int = -1
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Timings:
     cache_n: int = 0
     prompt_n: int = 0
@@ -97,7 +100,7 @@ class Timings:
     draft_n_accepted: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Partial:
     """One sampled token of a streaming task; `text` is what may be sent now."""
 
@@ -111,12 +114,14 @@ class Partial:
     timings: Timings | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Final:
+    """The end of a completion: its text, tokens, why it stopped and its timings."""
+
     task: Task
     id_slot: int
     content: str  # the whole text (for streams: only what was not yet sent)
-    tokens: list[int]
+    tokens: tuple[int, ...]
     n_decoded: int
     n_prompt: int
     n_cached: int
@@ -125,13 +130,41 @@ class Final:
     truncated: bool
     has_new_line: bool
     timings: Timings
-    probs: list[TokenProb] = field(default_factory=list)
+    probs: tuple[TokenProb, ...] = ()
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Failed:
+    """A task that ends without a result (also a side runner's): the error names its kind."""
+
     task: Job
     error: EngineError
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a streamed task's prompt has been read (server-task.cpp result_prompt_progress)."""
+
+    task: Task
+    id_slot: int
+    total: int  # prompt tokens
+    cache: int  # of which were found in the slot's cache
+    processed: int  # tokens in the slot's cells so far (cached + evaluated)
+    time_ms: int  # since the task started on its slot
+
+
+Event = Partial | Final | Failed | Progress  # what a completion task emits
+
+TextEvent = TypeVar("TextEvent", Partial, Final)
+
+
+def with_prefill(ev: TextEvent, prefill: str) -> TextEvent:
+    """The event with `prefill` (a continued assistant message) before its text: a new event."""
+    if not prefill:
+        return ev
+    if isinstance(ev, Partial):
+        return replace(ev, text=prefill + ev.text)
+    return replace(ev, content=prefill + ev.content)
 
 
 class IdCounter:

@@ -28,7 +28,7 @@ from ubatch.cli.server.state import ServerState
 from ubatch.cli.server.stream import EventStream, Reader, sse_events
 from ubatch.engine.chat.tools import ChatMessageOut
 from ubatch.engine.grammar.tokens import token_table
-from ubatch.engine.serve.task import Final, Task, TaskParams, context_error
+from ubatch.engine.serve.task import Final, Task, TaskParams, context_error, with_prefill
 from ubatch.engine.vocab.vocab import Vocab
 
 
@@ -151,8 +151,7 @@ async def _respond(
                 break
         ev = await reader.get()
     reader.close()
-    for f in finals:
-        f.content = prep.prefill + f.content
+    finals = [with_prefill(f, prep.prefill) for f in finals]
     if kind == "chat":
         messages = await off_loop(parse_replies, finals, prep.plan)
         return JSONResponse(sj.oai_chat(finals, cid, model, messages))

@@ -32,7 +32,7 @@ from ubatch.cli.server.state import ServerState
 from ubatch.cli.server.stream import EventStream, Reader, ReplyStream
 from ubatch.engine.chat.tools import ChatDelta, ChatMessageOut
 from ubatch.engine.serve.prompt_progress import Progress
-from ubatch.engine.serve.task import Final, Partial, Task, Timings
+from ubatch.engine.serve.task import Final, Partial, Task, Timings, with_prefill
 
 
 def _rid(prefix: str) -> str:
@@ -306,10 +306,8 @@ async def create_response(st: ServerState, request: Request) -> Response:
         ev = await reader.get()
         if (end := reader.ending(ev)) is not None:
             return end
-        if isinstance(ev, Partial) and prep.prefill:
-            ev.text = prep.prefill + ev.text
-        elif isinstance(ev, Final) and prep.prefill:
-            ev.content = prep.prefill + ev.content
+        if isinstance(ev, Partial | Final):
+            ev = with_prefill(ev, prep.prefill)
         if params.stream:
             return EventStream(guarded(_events(reader, ev, head, plan), reader), reader)
         while not isinstance(ev, Final):
