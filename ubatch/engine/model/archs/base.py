@@ -67,12 +67,11 @@ class HParams:
     attn_scale: float  # applied to q after RoPE
     embd_scale: float  # 1.0 = none (llama); sqrt(n_embd) for gemma
     final_logit_softcap: float  # 0 = off
-    sandwich_norm: bool  # gemma: post-attention / post-ffn norms before the residual add
+    sandwich_norm: bool  # post-attention / post-FFN norms before the residual add (gemma2, gemma3)
     qk_norm: bool  # per-head RMS norms of Q and K before RoPE
     ffn_act: str  # "silu" (llama) or "gelu_tanh" (gemma)
     causal_attn: bool  # `{arch}.attention.causal` (true when absent): false lets a query see later tokens
     pooling_type: str  # `{arch}.pooling_type` as a POOLING_TYPES name; llama.cpp's default is none
-    attn_bias: bool = False  # Q/K/V projections add a bias (qwen2)
     attn_softcap: float = 0.0  # attention scores soft-capped as c·tanh(s / c) (gemma2); 0 = off
     residual_scale: float = 1.0  # attention and FFN outputs scaled before the residual add (granite)
     logit_scale: float = 1.0  # the logits divided by it (granite)

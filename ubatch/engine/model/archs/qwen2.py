@@ -19,7 +19,8 @@ from ubatch.engine.model.archs.hf_keys import text_model_keys
 
 
 def read_hparams(meta: Meta, source: str) -> HParams:
-    return replace(read_core(meta, "qwen2", source), rope_neox=True, attn_bias=True)
+    """The biases need no hparam: the attention block adds those the layer has."""
+    return replace(read_core(meta, "qwen2", source), rope_neox=True)
 
 
 def layer_tensors(hp: HParams, il: int) -> list[TensorSpec]:
