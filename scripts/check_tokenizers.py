@@ -2,6 +2,7 @@
 
     python scripts/check_tokenizers.py [--texts N] [--seed S] [VOCAB ...]   ids and detokenisation
     python scripts/check_tokenizers.py --bench [VOCAB ...]                  llama-tokenize vs ubatch tokenize
+    python scripts/check_tokenizers.py --bench-encode [VOCAB ...]           llama_tokenize vs Vocab.tokenize
 
 The vocabularies are llama.cpp's test ones (models/ggml-vocab-*.gguf of its sdist, found with
 `LLAMA_CPP_SRC=1 ../shared/tools/llama-cpp.sh`). The comparison calls llama.cpp's own
@@ -38,6 +39,7 @@ _HELPER_C = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 static void quiet(enum ggml_log_level l, const char * t, void * u) { (void) l; (void) t; (void) u; }
 int main(int argc, char ** argv) {
     llama_log_set(quiet, NULL);
@@ -53,14 +55,18 @@ int main(int argc, char ** argv) {
         if (n && fread(text, 1, n, stdin) != n) return 1;
         int cap = n + 16;
         llama_token * ids = malloc(sizeof(llama_token) * cap);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         int k = llama_tokenize(v, text, n, ids, cap, fl & 1, fl & 2);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        long long ns = (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
         if (k < 0) { cap = -k; ids = realloc(ids, sizeof(llama_token) * cap); k = llama_tokenize(v, text, n, ids, cap, fl & 1, fl & 2); }
         int tcap = 16 * k + 64;
         char * out = malloc(tcap);
         int t = llama_detokenize(v, ids, k, out, tcap, false, false);
         if (t < 0) { tcap = -t; out = realloc(out, tcap); t = llama_detokenize(v, ids, k, out, tcap, false, false); }
         fwrite(&k, 4, 1, stdout); fwrite(ids, sizeof(llama_token), k, stdout);
-        fwrite(&t, 4, 1, stdout); fwrite(out, 1, t, stdout); fflush(stdout);
+        fwrite(&t, 4, 1, stdout); fwrite(out, 1, t, stdout); fwrite(&ns, 8, 1, stdout); fflush(stdout);
         free(text); free(ids); free(out);
     }
     return 0;
@@ -101,6 +107,7 @@ class LlamaTokenizer:
 
     def __init__(self, helper: Path, vocab: Path) -> None:
         self.p = subprocess.Popen([str(helper), str(vocab)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.last_ns = 0
 
     def run(self, text: bytes, add_special: bool, parse_special: bool) -> tuple[list[int], bytes]:
         assert self.p.stdin and self.p.stdout
@@ -109,7 +116,9 @@ class LlamaTokenizer:
         (k,) = struct.unpack("<i", self.p.stdout.read(4))
         ids = list(struct.unpack(f"<{k}i", self.p.stdout.read(4 * k)))
         (t,) = struct.unpack("<i", self.p.stdout.read(4))
-        return ids, self.p.stdout.read(t)
+        text_out = self.p.stdout.read(t)
+        (self.last_ns,) = struct.unpack("<q", self.p.stdout.read(8))  # llama_tokenize's own time
+        return ids, text_out
 
     def close(self) -> None:
         assert self.p.stdin
@@ -304,6 +313,41 @@ def bench(names: list[str], src: Path, repeat: int) -> None:
             )
 
 
+def bench_in_process(names: list[str], src: Path, repeat: int) -> None:
+    """Encoding alone, in one process each: llama_tokenize's time on the text (libllama, timed in
+    C) beside Vocab.tokenize's on a freshly loaded vocabulary (its word cache empty)."""
+    from ubatch.engine.gguf.file import open_gguf
+    from ubatch.engine.vocab.vocab import Vocab
+
+    text = mixed_text(1 << 20)
+    raw = text.encode()
+    with tempfile.TemporaryDirectory() as d:
+        helper = build_helper(src, Path(d))
+        if helper is None:
+            raise SystemExit(f"no libllama.so in {llama_bin()} (or no C compiler): build it with {TOOL}")
+        print(f"text: {len(raw)} bytes of prose, code, CJK, emoji and digits; cpu: {_cpu()}; best of {repeat}")
+        print(f"{'vocab':15s} {'kind':4s} {'tokens':>7s}   {'llama_tokenize':>14s}   {'Vocab.tokenize':>14s}")
+        for name in names:
+            path = src / "models" / f"ggml-vocab-{name}.gguf"
+            ref = LlamaTokenizer(helper, path)
+            t_llama, ids = float("inf"), list[int]()
+            for _ in range(repeat):
+                ids, _ = ref.run(raw, True, False)
+                t_llama = min(t_llama, ref.last_ns / 1e9)
+            ref.close()
+            t_ours, same = float("inf"), True
+            for _ in range(repeat):
+                v = Vocab.from_metadata(open_gguf(path).metadata, name)
+                v.tokenize("Hello zqxjv")  # tables built on first use (llama.cpp builds them at load)
+                t = time.perf_counter()
+                got = v.tokenize(text, True, False)
+                t_ours, same = min(t_ours, time.perf_counter() - t), same and got == ids
+            n = len(ids)
+            print(
+                f"{name:15s} {v.kind:4s} {n:7d}   {n / t_llama:12.0f}/s   {n / t_ours:12.0f}/s{'' if same else '  (ids differ!)'}"
+            )
+
+
 def _cpu() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -319,10 +363,14 @@ def main() -> None:
     ap.add_argument("--bench", action="store_true", help="time llama-tokenize and ubatch tokenize on 1 MB")
     ap.add_argument("--repeat", type=int, default=3, help="--bench: runs of each command (the fastest counts)")
     ap.add_argument("--all-pre", action="store_true", help="every tokenizer.ggml.pre name, on the gpt-2 vocabulary")
+    ap.add_argument("--bench-encode", action="store_true", help="encoding alone: llama_tokenize vs Vocab.tokenize")
     a = ap.parse_args()
     src = llama_src()
     if a.bench:
         bench(a.vocabs, src, a.repeat)
+        return
+    if a.bench_encode:
+        bench_in_process(a.vocabs, src, a.repeat)
         return
     with tempfile.TemporaryDirectory() as d:
         helper = build_helper(src, Path(d))
