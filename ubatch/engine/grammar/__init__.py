@@ -70,15 +70,17 @@ class Grammar:
 def compile_grammar(text: str, tokenize: Callable[[str], list[int]] | None = None, *, probe: bool = False) -> Grammar:
     """GBNF text -> Grammar, starting at rule `root`. `tokenize` resolves `<text>` token
     references; GrammarError names the problem and its line and column. `probe` also walks
-    the first characters (Matcher.probe), so that a grammar too ambiguous to match is refused
+    the first characters, and from each repetition of an item that can match nothing
+    (Matcher.probe), so that a grammar too ambiguous to match is refused
     here rather than by the generation that meets it: what a server wants for a request's (one
     probing compile at a time: budget.py `probing_turn`)."""
     if not probe:
         return Grammar(text, Matcher(parse_gbnf(text, tokenize)))
     with probing_turn():
-        grammar = Grammar(text, Matcher(parse_gbnf(text, tokenize)))
+        parsed = parse_gbnf(text, tokenize)
+        grammar = Grammar(text, Matcher(parsed))
         with grammar.matcher.session(probing=True):
-            grammar.matcher.probe()
+            grammar.matcher.probe(parsed.ambiguous)
     return grammar
 
 

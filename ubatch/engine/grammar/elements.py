@@ -28,4 +28,6 @@ class ParsedGrammar:
     rules: list[Rule]
     symbols: dict[str, int]  # rule name -> rule id (generated rules included)
     root: int
-    repeats: tuple[int, ...] = ()  # the first optional rule of each bounded repetition `x{m,n}`
+    repeats: tuple[int, ...] = ()  # the first optional rule of each repetition with optional parts
+    # those of repetitions whose item can match the empty text (`(a{0,9}){0,9}`): ambiguous
+    ambiguous: tuple[int, ...] = ()

@@ -22,7 +22,7 @@ import bisect
 import itertools
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -81,7 +81,6 @@ class Matcher:
             self.starts.append(len(self.elems))
             self.elems.extend(rule)
         check_left_recursion(g)
-        self.repeats = g.repeats
         self._classes: dict[int, tuple[bool, list[tuple[int, int]], int]] = {}
         self._lock = threading.Lock()
         self._active = 0  # sessions in progress: states are only dropped when there are none
@@ -98,20 +97,19 @@ class Matcher:
         self.start = 0  # the start state keeps id 0 whenever the states are dropped
         _POOL.add(self)
 
-    def probe(self, repeats: bool = False) -> None:
+    def probe(self, roots: Sequence[int] = ()) -> None:
         """Walk PROBE_STEPS characters from the start, each time into the largest next state
         not seen yet: where an ambiguous grammar's states grow, so the budget's GrammarError
         comes now (at compile time, for a server) rather than mid-generation. The states built
-        stay for the first generation. With `repeats`, walk from each bounded repetition too
-        (as if it started the text): a small grammar's nested repetition is found however much
-        text comes before it (a JSON-schema pattern's check, pattern_check.py)."""
+        stay for the first generation. Then walk from each rule of `roots` too (as if it
+        started the text): a repetition of an item that can match nothing (the nested shape,
+        ParsedGrammar.ambiguous) is found however much text comes before it."""
         self._walk_from(self.start)
-        if repeats:
-            for rule in self.repeats:
-                first: set[Stack] = set()
-                for alt in self.alternatives(rule):
-                    first |= self.advance(() if self.end_of_seq(alt) else (alt,))
-                self._walk_from(self.intern(frozenset(first)))
+        for rule in roots:
+            first: set[Stack] = set()
+            for alt in self.alternatives(rule):
+                first |= self.advance(() if self.end_of_seq(alt) else (alt,))
+            self._walk_from(self.intern(frozenset(first)))
 
     def _walk_from(self, sid: int) -> None:
         if sid == DEAD:

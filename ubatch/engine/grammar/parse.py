@@ -65,7 +65,7 @@ class Parser:
         self.rules: list[Rule | None] = []
         self.terms: dict[int, list[Term]] = {}  # rule id -> its repetition terms (budget.py)
         self.n_repeated = 0  # elements repetitions added (bounded by MAX_GRAMMAR_ELEMENTS)
-        self.repeats: list[int] = []  # each repetition's first optional rule (ParsedGrammar.repeats)
+        self.repeats: list[tuple[int, Rule]] = []  # each repetition's first optional rule, and its item
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -158,7 +158,16 @@ class Parser:
             raise GrammarError("grammar does not contain a 'root' rule")
         rules = [r if r is not None else [(END, 0)] for r in self.rules]
         check_expansion(self.terms, names, self.symbols["root"])
-        return ParsedGrammar(rules, dict(self.symbols), self.symbols["root"], tuple(self.repeats))
+        heads = tuple(head for head, _ in self.repeats)
+        return ParsedGrammar(rules, dict(self.symbols), self.symbols["root"], heads, self.ambiguous(rules))
+
+    def ambiguous(self, rules: list[Rule]) -> tuple[int, ...]:
+        """The repetitions whose item is only references to rules that can match the empty text."""
+        items = [(head, [v for _, v in item]) for head, item in self.repeats if all(t == RULE_REF for t, _ in item)]
+        if not items:
+            return ()
+        empty = nullable_rules(rules, [r for _, refs in items for r in refs])
+        return tuple(head for head, refs in items if all(r in empty for r in refs))
 
     def rule(self, i: int) -> int:
         j = self.name(i)
@@ -324,7 +333,7 @@ class Parser:
             prev_id = rid
         if n_opt > 0:
             rule.append((RULE_REF, prev_id))
-            self.repeats.append(prev_id)
+            self.repeats.append((prev_id, item))
         group.n_prev *= total
         group.item = [(mult * total, ref) for mult, ref in group.item]
 
@@ -350,6 +359,47 @@ class Parser:
         if len(ids) != 1:
             raise self.fail(f"invalid token '{self.src[i : end + 1]}' (not exactly one token)", i)
         return ids[0], end + 1
+
+
+def nullable_rules(rules: list[Rule], starts: list[int]) -> set[int]:
+    """The rules that can match the empty text, among those reachable from `starts` through
+    alternatives made only of references (one with a terminal never matches nothing): a
+    worklist over that part of the grammar, so its cost is the size of the part."""
+    alts: list[tuple[int, list[int]]] = []  # (rule, its references) of each all-reference alternative
+    users: dict[int, list[int]] = {}  # rule -> the alternatives that reference it (once per reference)
+    seen, todo, empty = set(starts), list(starts), []
+    while todo:
+        r = todo.pop()
+        refs: list[int] | None = []
+        for kind, value in rules[r]:
+            if kind in (ALT, END):
+                if refs is not None:
+                    if not refs:
+                        empty.append(r)
+                    else:
+                        alts.append((r, refs))
+                        for x in refs:
+                            users.setdefault(x, []).append(len(alts) - 1)
+                            if x not in seen:
+                                seen.add(x)
+                                todo.append(x)
+                refs = []
+            elif kind == RULE_REF and refs is not None:
+                refs.append(value)
+            else:
+                refs = None
+    need = [len(refs) for _, refs in alts]
+    out: set[int] = set()
+    while empty:
+        r = empty.pop()
+        if r in out:
+            continue
+        out.add(r)
+        for a in users.get(r, ()):
+            need[a] -= 1
+            if need[a] == 0:
+                empty.append(alts[a][0])
+    return out
 
 
 def parse_gbnf(text: str, tokenize: Callable[[str], list[int]] | None = None) -> ParsedGrammar:

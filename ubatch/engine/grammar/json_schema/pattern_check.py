@@ -51,9 +51,10 @@ def _probe(rules: dict[str, str], top: str) -> str:
         text = f"root ::= {top}\n" + text
     try:
         with probing_turn():
-            m = Matcher(parse_gbnf(text))
+            parsed = parse_gbnf(text)
+            m = Matcher(parsed)
             with m.session(probing=True):
-                m.probe(repeats=True)
+                m.probe(parsed.repeats)
     except WorkCancelled:
         raise
     except GrammarError as e:
