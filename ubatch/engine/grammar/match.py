@@ -11,9 +11,9 @@ What a matcher does and keeps is bounded (budget.py): each step and each session
 work as it goes (`Work`, one per session and thread), so a state or a step too large for any
 sane grammar is a GrammarError while it is being built, not after; the interned states are
 dropped once they pass the matcher's budget, or when all live matchers together pass
-MAX_TOTAL_ENTRIES. Dropping renumbers states, so it only
-happens between `session`s: a caller holds state ids only inside one, and keeps the state's
-stacks (`states[sid]`) to find its id again in the next (GrammarSampler does).
+MAX_TOTAL_ENTRIES. Dropping renumbers states, so it only happens between `session`s: a caller
+holds state ids only inside one, and keeps the state's stacks (`states[sid]`) to find its id
+again in the next (GrammarSampler does).
 """
 
 from __future__ import annotations
