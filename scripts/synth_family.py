@@ -2,13 +2,15 @@
 
     python scripts/synth_family.py qwen3-1.7b OUT.gguf
     python scripts/synth_family.py llama-3.2-1b OUT.gguf
+    python scripts/synth_family.py qwen3-0.6b OUT.gguf .../llama.cpp/models/ggml-vocab-qwen2.gguf
 
 The tensors are the architecture's own declarations (engine/model/archs: every layer tensor the
 forward reads, by name and shape), so a new family needs only its shape here. Matrices are Q4_K
 (Q6_K for attn_v and ffn_down of every other layer), the embedding Q4_K and tied to the output
 as in both models, norms 1 + noise, biases small (scripts/gpu_synth.py's random blocks). The
-vocabulary is a placeholder SentencePiece one of the model's size. For speed comparisons
-(`python scripts/bench_cpu.py -m OUT.gguf`), not for text.
+vocabulary is a placeholder SentencePiece one of the model's size, or another file's (VOCAB.gguf,
+e.g. llama.cpp's models/ggml-vocab-qwen2.gguf) so that text runs through the real tokenizer. For
+speed comparisons (`python scripts/bench_cpu.py -m OUT.gguf`) and end-to-end runs, not for meaning.
 """
 
 from __future__ import annotations
@@ -33,8 +35,13 @@ SHAPES = {
 }
 
 
-def write(name: str, out: Path, seed: int = 0) -> Path:
+def write(name: str, out: Path, seed: int = 0, vocab: Path | None = None) -> Path:
+    """The file; with `vocab`, that GGUF's tokenizer keys (e.g. llama.cpp's models/ggml-vocab-qwen2.gguf)
+    and its size, so that text goes through the real tokenizer end to end."""
     arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, base = SHAPES[name]
+    src = gguf.GGUFReader(vocab) if vocab is not None else None
+    if src is not None:
+        n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(out), arch)
     w.add_context_length(4096)
@@ -48,13 +55,20 @@ def write(name: str, out: Path, seed: int = 0) -> Path:
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(base)
-    w.add_tokenizer_model("llama")
-    tokens, scores, types = _vocab(n_vocab)
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    if src is not None:
+        for key, field in src.fields.items():
+            if key.startswith("tokenizer."):
+                vtype = field.types[0]
+                value = field.contents()
+                w.add_key_value(key, value, vtype, field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    else:
+        w.add_tokenizer_model("llama")
+        tokens, scores, types = _vocab(n_vocab)
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
     meta = {k: v.value for k, v in w.kv_data[0].items() if not k.startswith("tokenizer.")}
     hp = hparams_from_metadata(meta | {f"{arch}.vocab_size": n_vocab}, name)
     for spec in expected_tensors(hp).values():
@@ -80,6 +94,6 @@ def write(name: str, out: Path, seed: int = 0) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in SHAPES:
-        sys.exit(f"usage: python scripts/synth_family.py {{{','.join(SHAPES)}}} OUT.gguf")
-    print(write(sys.argv[1], Path(sys.argv[2])))
+    if len(sys.argv) not in (3, 4) or sys.argv[1] not in SHAPES:
+        sys.exit(f"usage: python scripts/synth_family.py {{{','.join(SHAPES)}}} OUT.gguf [VOCAB.gguf]")
+    print(write(sys.argv[1], Path(sys.argv[2]), vocab=Path(sys.argv[3]) if len(sys.argv) == 4 else None))
