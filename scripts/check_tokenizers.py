@@ -161,7 +161,10 @@ def random_text(rng: random.Random) -> bytes:
         elif r < 0.9:
             parts.append(rng.choice([b" ", b"\n", b"\t", b"  ", b"\r\n"]) * rng.randrange(1, 6))
         else:
-            parts.append(bytes(rng.randrange(0x80, 0x100) for _ in range(rng.randrange(1, 3))))
+            # bytes that are not UTF-8; not F5-F7, which with continuations decode past U+10FFFF in
+            # llama.cpp and abort it (unicode_cpt_to_utf8 throws); ubatch makes them U+FFFD
+            bad = [b for b in range(0x80, 0x100) if not 0xF5 <= b <= 0xF7]
+            parts.append(bytes(rng.choice(bad) for _ in range(rng.randrange(1, 3))))
     return b"".join(parts)
 
 

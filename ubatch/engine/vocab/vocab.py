@@ -299,7 +299,7 @@ class Vocab:
         merges = _strings(metadata, "tokenizer.ggml.merges", source)
         if merges is None:
             raise ModelLoadError(f"{source}: the BPE vocabulary has no merges (tokenizer.ggml.merges)")
-        return BpeTokenizer(self._id, merges, self._pre, self.model == "whitespace", lowercase)
+        return BpeTokenizer(tokens, merges, self._pre, self.model == "whitespace", lowercase)
 
     def _pre_tokenizer(self, metadata: Mapping[str, object], source: str) -> PreTokenizer | None:
         """llama.cpp's tokenizer.ggml.pre lookup (BPE only): absent -> default with a warning,
