@@ -21,10 +21,10 @@ from fastapi import FastAPI
 from test_server import Live, start_server_engine
 
 from ubatch.cli.server.app import ServerEngine, ServerOptions, create_app
-from ubatch.cli.server.engine_view import cell_owners, row_runs
 from ubatch.cli.server.routes.webui import WEBUI_DIR, add_webui_routes, public_pages
 from ubatch.engine.batch import Batch
 from ubatch.engine.kv.cells import KVCells
+from ubatch.engine.serve.snapshot import cell_owners, row_runs
 
 OPTION_FIELDS = {f.name for f in fields(ServerOptions)}
 
@@ -203,7 +203,7 @@ def test_row_runs_by_sequence_and_kind() -> None:
     import numpy as np
 
     ub = make_ubatch(b, np.arange(4))
-    assert row_runs(b, ub) == [[0, "g", 1], [0, "d", 1], [1, "p", 2]]
+    assert row_runs(b, ub) == ((0, "g", 1), (0, "d", 1), (1, "p", 2))
 
 
 # -- options ----------------------------------------------------------------------------------

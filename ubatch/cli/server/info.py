@@ -32,8 +32,8 @@ def ftype_name(metadata: dict[str, Any]) -> str:
 
 def models_json(st: ServerState) -> dict[str, Any]:
     """GET /v1/models: the Ollama-style `models` list and the OpenAI-style `data` list."""
-    s = st.sch()
-    m = s.ctx.model
+    s = st.handle()
+    m = s.model
     hp, name = m.hparams, st.model_id
     aliases = st.options.model_aliases() or [name]  # llama-server adds the path as the one alias
     ollama = {
@@ -72,7 +72,7 @@ def models_json(st: ServerState) -> dict[str, Any]:
             "n_embd": hp.n_embd,
             "n_params": m.n_params,
             "size": m.size_bytes,
-            "ftype": ftype_name(m.gguf.metadata),
+            "ftype": ftype_name(m.metadata),
         },
     }
     return {"models": [ollama], "object": "list", "data": [info]}
@@ -97,16 +97,16 @@ def template_caps(st: ServerState) -> dict[str, bool]:
 
 def props_json(st: ServerState) -> dict[str, Any]:
     """GET /props, with llama-server's keys."""
-    s, o = st.sch(), st.options
+    s, o = st.handle(), st.options
     vocab = s.vocab
     assert st.chat is not None
     params = TaskParams(n_predict=st.defaults.n_predict, sampling=st.defaults.sampling, cache_prompt=o.cache_prompt)
     return {
         "default_generation_settings": {"params": sj.params_json(params), "n_ctx": s.n_ctx_slot},
-        "total_slots": len(s.slots),
+        "total_slots": s.n_slots,
         "model_alias": st.model_id,
-        "model_ftype": ftype_name(s.ctx.model.gguf.metadata),
-        "model_path": str(s.ctx.model.path),
+        "model_ftype": ftype_name(s.model.metadata),
+        "model_path": str(s.model.path),
         "modalities": {"vision": False, "video": False, "audio": False},
         "media_marker": MEDIA_MARKER,
         "endpoint_slots": o.slots,

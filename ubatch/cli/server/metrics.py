@@ -1,6 +1,6 @@
 """llama-server's monitoring bodies: one /slots entry per slot and the Prometheus /metrics text.
 
-These read the scheduler's live state (slots, counters) rather than one request's events, and
+These read a snapshot of the engine (engine/serve/snapshot.py) rather than one request's events, and
 /metrics is where ubatch adds its batching counters (sequences and rows per decode), so they
 are apart from the completion bodies in cli/server/responses.py.
 """
@@ -11,30 +11,27 @@ import os
 from typing import Any
 
 from ubatch.cli.server.responses import params_json
-from ubatch.engine.serve.scheduler import Scheduler, Slot
-from ubatch.engine.spec.speculative import SpecStats
+from ubatch.engine.serve.snapshot import SlotView, Snapshot
+from ubatch.engine.serve.stats import TokenTotals
 from ubatch.engine.units import tokens_per_second
 
 SLOTS_DEBUG = os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "") not in ("", "0")
 
 
-def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
+def slot_json(s: SlotView, detokenize: Any) -> dict[str, Any]:
     """One /slots entry with llama-server's keys (plus `n_cache_tokens`, the cells the slot
-    holds); the prompt and generated text only with LLAMA_SERVER_SLOTS_DEBUG set, as there.
-    It is read on the event loop while the engine thread runs the slot, so the task and
-    generation are read once (a slot that starts a task meanwhile swaps them)."""
-    task, gen = s.task or s.last_task, s.gen
-    n_decoded = gen.n_decoded if gen is not None else 0
+    holds); the prompt and generated text only with LLAMA_SERVER_SLOTS_DEBUG set, as there."""
+    task = s.task
     res: dict[str, Any] = {
         "id": s.id,
         "n_ctx": s.n_ctx,
         "speculative": s.speculative,
         "is_processing": s.busy,
-        "n_cache_tokens": len(s.cache),
+        "n_cache_tokens": s.n_cache,
     }
     if task is not None:
         p = task.params
-        n_remain = p.n_predict - n_decoded if p.n_predict >= 0 else -1
+        n_remain = p.n_predict - s.n_decoded if p.n_predict >= 0 else -1
         res.update(
             {
                 "id_task": task.id,
@@ -50,16 +47,16 @@ def slot_json(s: Slot, detokenize: Any) -> dict[str, Any]:
                 "next_token": [
                     {
                         "has_next_token": s.busy,
-                        "has_new_line": bool(gen and gen.has_new_line),
+                        "has_new_line": s.has_new_line,
                         "n_remain": n_remain,
-                        "n_decoded": n_decoded,
+                        "n_decoded": s.n_decoded,
                     }
                 ],
             }
         )
         if SLOTS_DEBUG:
             res["prompt"] = task.prompt_text or detokenize(task.prompt)
-            res["generated"] = gen.text if gen is not None else ""
+            res["generated"] = s.text
     return res
 
 
@@ -89,11 +86,12 @@ def _num(v: float) -> str:
     return f"{float(v):g}"
 
 
-def metrics_text(sch: Scheduler, n_deferred: int) -> str:
+def metrics_text(snap: Snapshot, since: TokenTotals) -> str:
     """Prometheus text with llama.cpp's `llamacpp:` metrics, then this project's `ubatch:` ones
-    (how many sequences and rows each decode carried); `n_deferred`: the tasks not started yet."""
-    st = sch.stats
-    spec = sch.speculator.stats if sch.speculator is not None else SpecStats()
+    (how many sequences and rows each decode carried). The throughput gauges are averaged over
+    the window since the last read, whose totals were `since`."""
+    st, spec = snap.stats, snap.spec
+    t = st.total
     counters = [
         st.total.n_prompt_tokens,
         st.n_prompt_cached_total,
@@ -107,13 +105,12 @@ def metrics_text(sch: Scheduler, n_deferred: int) -> str:
         spec.n_drafts,
     ]
     gauges = [
-        tokens_per_second(st.bucket.n_prompt_tokens, st.bucket.t_prompt_ms),
-        tokens_per_second(st.bucket.n_predicted, st.bucket.t_predicted_ms),
-        sum(s.busy for s in sch.slots),
-        n_deferred,
+        tokens_per_second(t.n_prompt_tokens - since.n_prompt_tokens, t.t_prompt_ms - since.t_prompt_ms),
+        tokens_per_second(t.n_predicted - since.n_predicted, t.t_predicted_ms - since.t_predicted_ms),
+        sum(s.busy for s in snap.slots),
+        snap.n_deferred,
         st.n_busy_slots_total / max(st.n_decode_total, 1),
     ]
-    st.reset_bucket()  # the gauges are averaged over the window between two scrapes
     lines = []
     for kind, items, vals in (("counter", _COUNTERS, counters), ("gauge", _GAUGES, gauges)):
         for (name, help), v in zip(items, vals):
@@ -128,7 +125,7 @@ def metrics_text(sch: Scheduler, n_deferred: int) -> str:
         for label, x in v if isinstance(v, list) else [("", v)]:
             lines.append(f"ubatch:{name}{label} {_num(x)}")
 
-    emit("iterations_total", "Scheduler iterations.", "counter", sch.iteration)
+    emit("iterations_total", "Scheduler iterations.", "counter", snap.iteration)
     emit("decode_rows_total", "Token rows submitted to decode calls.", "counter", st.n_rows_total)
     emit("ubatches_total", "Ubatches (forward passes) run by decode calls.", "counter", st.n_ubatch_total)
     emit(
@@ -145,7 +142,7 @@ def metrics_text(sch: Scheduler, n_deferred: int) -> str:
     )
     emit("requests_total", "Completion tasks accepted.", "counter", st.n_requests)
     emit("requests_cancelled_total", "Tasks cancelled because the client disconnected.", "counter", st.n_cancelled)
-    emit("kv_cells_used", "KV cache cells in use.", "gauge", sch.ctx.memory.used)
+    emit("kv_cells_used", "KV cache cells in use.", "gauge", snap.kv_used)
 
     def by_source(own: int, shared: int, ram: int) -> list[tuple[str, float]]:
         return [('{source="own"}', own), ('{source="shared"}', shared), ('{source="ram"}', ram)]
@@ -154,9 +151,9 @@ def metrics_text(sch: Scheduler, n_deferred: int) -> str:
     emit("prompt_tokens_reused_total", "Prompt tokens reused, by where they were found.", "counter", reused)
     hits = by_source(st.n_hits_own, st.n_hits_shared, st.n_hits_ram)
     emit("prompt_cache_hits_total", "Requests that reused a prefix, by where it was found.", "counter", hits)
-    emit("kv_cells_shared", "KV cells held by more than one sequence.", "gauge", sch.n_cells_shared)
-    emit("host_cache_bytes", "Prompt states kept in host memory (--cache-ram).", "gauge", sch.host.nbytes)
-    emit("host_cache_entries", "Prompt states kept in host memory.", "gauge", len(sch.host.entries))
+    emit("kv_cells_shared", "KV cells held by more than one sequence.", "gauge", snap.n_cells_shared)
+    emit("host_cache_bytes", "Prompt states kept in host memory (--cache-ram).", "gauge", snap.host_bytes)
+    emit("host_cache_entries", "Prompt states kept in host memory.", "gauge", snap.host_entries)
     emit("kv_evictions_total", "Idle sequences' cells given up under KV pressure.", "counter", st.n_evictions)
     emit(
         "prefix_waits_total",

@@ -18,7 +18,9 @@ from ubatch.engine.grammar import Grammar
 from ubatch.engine.sampling.chain import SamplerParams
 from ubatch.engine.serve.embedding_task import EmbeddingRunner
 from ubatch.engine.serve.engine_loop import EngineLoop
+from ubatch.engine.serve.handle import EngineHandle
 from ubatch.engine.serve.scheduler import Scheduler
+from ubatch.engine.serve.stats import TokenTotals
 from ubatch.engine.serve.task import IdCounter, context_error
 
 
@@ -103,31 +105,35 @@ class ServerState:
         self.model_id = self.options.alias or ""
         self.chat: ChatTemplate | None = None
         self.max_token_chars = 1  # the longest token text: no token covers more of a prompt
+        self._handle: EngineHandle | None = None
+        self.scraped = TokenTotals()  # the token totals at the last /metrics read
 
     def attach(self, engine: ServerEngine) -> None:
-        scheduler = engine.scheduler
-        o, m = self.options, scheduler.ctx.model
-        self.chat = ChatTemplate.for_model(m, o.chat_template, o.jinja)  # a bad --chat-template fails here
+        h = EngineHandle.of(engine.scheduler)
+        o, m = self.options, h.model
+        model = engine.scheduler.ctx.model  # at start-up, before any request: the routes read `h`
+        self.chat = ChatTemplate.for_model(model, o.chat_template, o.jinja)  # a bad --chat-template fails here
         sampling = replace(
             o.sampling, reasoning_budget_tokens=o.reasoning_budget, reasoning_budget_message=o.reasoning_budget_message
         )
         self.defaults = ServerDefaults(
             sampling=sampling,
             n_predict=o.n_predict,
-            n_ctx_slot=scheduler.n_ctx_slot,
-            n_parallel=len(scheduler.slots),
+            n_ctx_slot=h.n_ctx_slot,
+            n_parallel=h.n_slots,
             n_vocab=m.hparams.n_vocab,
             cache_prompt=o.cache_prompt,
-            n_cache_reuse=scheduler.cache_reuse,
+            n_cache_reuse=h.cache_reuse,
             stop=list(o.stop),
             grammar=o.grammar,
             n_keep=o.n_keep,
             special=o.special,
-            vocab=scheduler.vocab,
+            vocab=h.vocab,
         )
         self.model_id = o.model_name(m.path)  # llama-server's: the first alias, else the path
-        v = scheduler.vocab
+        v = h.vocab
         self.max_token_chars = max(1, max((len(v.token_text(i)) for i in range(v.n_tokens)), default=1))
+        self._handle = h
         self.engine = engine  # last: this makes the server ready
 
     def eng(self) -> ServerEngine:
@@ -135,8 +141,10 @@ class ServerState:
         assert self.engine is not None
         return self.engine
 
-    def sch(self) -> Scheduler:
-        return self.eng().scheduler
+    def handle(self) -> EngineHandle:
+        """What the routes may know of the engine (vocab, model metadata, per-slot context)."""
+        assert self._handle is not None
+        return self._handle
 
     def tokenize_prompt(
         self, parts: list[str | int], add_special: bool = True, parse_special: bool = True, n_ctx: int = 0
@@ -151,7 +159,7 @@ class ServerState:
             at_least = sum(1 for p in parts if not isinstance(p, str)) + -(-n_chars // self.max_token_chars)
             if (err := context_error(at_least, n_ctx, at_least=True)) is not None:
                 raise err
-        vocab, out = self.sch().vocab, []
+        vocab, out = self.handle().vocab, []
         for i, p in enumerate(parts):
             if isinstance(p, str):
                 out += vocab.tokenize(p, add_special and i == 0, parse_special)

@@ -34,14 +34,14 @@ from ubatch.engine.serve.stats import SchedulerStats
 from ubatch.engine.serve.task import Job, Sink, context_error, decode_failure
 
 
-def input_error(n_tokens: int, ctx: Context, n_ctx_slot: int) -> EngineError | None:
-    """What llama-server answers for a prompt this context cannot embed (its messages; the
-    caller's to fix, the client's or the operator's, not a server fault)."""
+def input_error(n_tokens: int, pooling: str, causal_attn: bool, n_ubatch: int, n_ctx_slot: int) -> EngineError | None:
+    """What llama-server answers for a prompt a context with this pooling, attention and
+    n_ubatch cannot embed (its messages; the caller's to fix, the client's or the operator's,
+    not a server fault)."""
     if n_tokens == 0:
         return EngineError(ErrorKind.INVALID_REQUEST, "Input content cannot be empty")
-    if can_split(ctx.pooling, ctx.cparams.causal_attn):
+    if can_split(pooling, causal_attn):
         return context_error(n_tokens, n_ctx_slot)
-    n_ubatch = ctx.cparams.n_ubatch
     if n_tokens > n_ubatch:
         return EngineError(
             ErrorKind.INVALID_REQUEST,
@@ -63,7 +63,8 @@ def fit_prompt(ctx: Context, tokens: list[int], truncate: bool, n_ctx: int) -> l
     limit = n_ctx - 1 if can_split(ctx.pooling, ctx.cparams.causal_attn) else min(ctx.cparams.n_ubatch, n_ctx)
     if truncate and len(tokens) > limit:
         tokens = tokens[:limit]
-    if (err := input_error(len(tokens), ctx, n_ctx)) is not None:
+    cp = ctx.cparams
+    if (err := input_error(len(tokens), ctx.pooling, cp.causal_attn, cp.n_ubatch, n_ctx)) is not None:
         raise ContextError(err.message)
     return tokens
 

@@ -13,17 +13,23 @@ door: from then on `submit` answers "unavailable" at once, and the engine thread
 iterations, drains every worker (a generating task ends with its text so far, the others fail),
 then exits. So a server stops within one iteration whatever `n_predict` is, and every client
 gets an answer.
+
+What the HTTP side shows of the engine (`/slots`, `/metrics`, `/engine`) it asks for through
+the same door: `snapshot` has the engine thread build one (engine/serve/snapshot.py) at its next
+iteration boundary, or at once when it is idle, and hands back that value.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ubatch.engine.errors import EngineDown, EngineError, ErrorKind
 from ubatch.engine.serve.scheduler import Scheduler
+from ubatch.engine.serve.snapshot import DecodeWatch, Snapshot, take
 from ubatch.engine.serve.task import Job
 
 
@@ -65,12 +71,18 @@ class EngineLoop:
         # the engine cannot go on (a tensor-parallel rank is gone): held tasks get 503, then this
         self.down: EngineDown | None = None
         self.on_down: Callable[[EngineDown], None] | None = None
+        self._want_snapshot = False  # a reader waits for the next one
+        self._snapshot: Snapshot | None = None
+        self._n_snapshots = 0
+        self.watch = DecodeWatch()  # on the context while someone watches the decodes
+        self._n_watchers = 0
 
     @property
     def shutting_down(self) -> bool:
         return self._shutdown
 
     def start(self) -> None:
+        self._snapshot = self._take()  # the engine thread is not running yet: readers start from this
         self._thread = threading.Thread(target=self._run, name="ubatch-scheduler", daemon=True)
         self._thread.start()
 
@@ -79,7 +91,7 @@ class EngineLoop:
         at once (safe from any thread). `stop` then waits for the engine thread."""
         with self._cv:
             self._shutdown = True
-            self._cv.notify()
+            self._cv.notify_all()
 
     def stop(self) -> None:
         self.shutdown()
@@ -93,7 +105,7 @@ class EngineLoop:
                 task.fail(shutdown_error())
                 return
             self._incoming.append(task)
-            self._cv.notify()
+            self._cv.notify_all()
 
     def cancel(self, task: Job) -> None:
         """The client went away: its slot and cells are freed at the start of the next iteration."""
@@ -102,11 +114,59 @@ class EngineLoop:
         with self._cv:
             task.cancel_iteration = self.scheduler.iteration
             task.cancelled = True
-            self._cv.notify()
+            self._cv.notify_all()
 
     @property
     def n_deferred(self) -> int:
         return len(self._incoming) + sum(w.n_waiting for w in self.workers)
+
+    # -- what the HTTP side reads --------------------------------------------------------------------
+    def snapshot(self, timeout_s: float = 5.0) -> Snapshot:
+        """The engine's state as the engine thread sees it at its next iteration boundary (from
+        any thread; blocks until then). An iteration longer than `timeout_s` (a long prompt on a
+        slow machine) answers the last snapshot taken instead."""
+        with self._cv:
+            if not self._engine_running():  # nothing moves: read it here
+                return self._take()
+            n = self._n_snapshots
+            self._want_snapshot = True
+            self._cv.notify_all()
+            deadline = time.monotonic() + timeout_s
+            while self._n_snapshots == n and self._engine_running():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(min(left, 0.1))
+            if self._n_snapshots == n and not self._engine_running():
+                return self._take()
+            assert self._snapshot is not None  # taken in start()
+            return self._snapshot
+
+    def watch_decodes(self, on: bool) -> None:
+        """A watcher of the decode calls came (`on`) or left: the observer is on the context
+        while anyone watches. The context's list is replaced, never changed, so the engine
+        thread's loop over the old one is not disturbed."""
+        with self._cv:
+            self._n_watchers = self._n_watchers + 1 if on else max(0, self._n_watchers - 1)
+            ctx = self.scheduler.ctx
+            if self._n_watchers and self.watch not in ctx.observers:
+                ctx.observers = [*ctx.observers, self.watch]
+            elif not self._n_watchers:
+                ctx.observers = [o for o in ctx.observers if o is not self.watch]
+
+    def _engine_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and threading.current_thread() is not self._thread
+
+    def _take(self) -> Snapshot:
+        return take(self.scheduler, self.n_deferred, self.watch if self._n_watchers else None)
+
+    def _publish(self) -> None:
+        """On the engine thread, between iterations: the snapshot a reader waits for."""
+        snap = self._take()
+        with self._cv:
+            self._snapshot, self._want_snapshot = snap, False
+            self._n_snapshots += 1
+            self._cv.notify_all()
 
     def iterate(self) -> None:
         """One iteration on the calling thread: hand out what came in, step every worker. A
@@ -133,11 +193,20 @@ class EngineLoop:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._shutdown and not self._incoming and not any(w.busy for w in self.workers):
+                while (
+                    not self._shutdown
+                    and not self._incoming
+                    and not self._want_snapshot
+                    and not any(w.busy for w in self.workers)
+                ):
                     self._cv.wait()
                 if self._shutdown:
                     break
-            self.iterate()
+                work = bool(self._incoming) or any(w.busy for w in self.workers)
+            if work:
+                self.iterate()
+            if self._want_snapshot:
+                self._publish()
         self._hand_out()  # nothing is submitted after shutdown: what came in is drained too
         err = shutdown_error() if self.down is None else EngineError(ErrorKind.UNAVAILABLE, str(self.down))
         for w in self.workers:

@@ -53,8 +53,8 @@ class ReleaseRecord:
 
 @dataclass(slots=True)
 class TokenTotals:
-    """Prompt and generated tokens and the milliseconds they took: llama-server's metrics keep
-    these over the server's life and again since the last /metrics read."""
+    """Prompt and generated tokens and the milliseconds they took, over the server's life
+    (/metrics' gauges are the difference between two reads)."""
 
     n_prompt_tokens: int = 0
     t_prompt_ms: float = 0.0
@@ -76,7 +76,6 @@ class SchedulerStats:
 
     t_start: float = field(default_factory=time.time)
     total: TokenTotals = field(default_factory=TokenTotals)
-    bucket: TokenTotals = field(default_factory=TokenTotals)  # since the last /metrics read
     n_prompt_cached_total: int = 0  # prompt tokens found in a slot's cache
     n_reused_own_total: int = 0  # ... of which the slot's own cells held
     n_reused_shared_total: int = 0  # ... another sequence's cells held (shared or copied)
@@ -105,16 +104,11 @@ class SchedulerStats:
         self.n_hits_shared += r.n_shared > 0
         self.n_hits_ram += r.n_ram > 0
 
-    def reset_bucket(self) -> None:
-        self.bucket = TokenTotals()
-
     def prompt_done(self, n_tokens: int, ms: float) -> None:
         self.total.add_prompt(n_tokens, ms)
-        self.bucket.add_prompt(n_tokens, ms)
 
     def generation_done(self, n_tokens: int, ms: float) -> None:
         self.total.add_generation(n_tokens, ms)
-        self.bucket.add_generation(n_tokens, ms)
 
     def count_decode(self, rec: IterationRecord, n_busy: int) -> None:
         """One decode call: the batching counters behind /metrics' rows-per-decode figures."""

@@ -61,7 +61,7 @@ def chat_prompt(st: ServerState, body: dict[str, Any]) -> ChatPrompt:
     o = st.options
     # every template spends a token or more on each message: a conversation of more messages than
     # the context has cells is refused before rendering (millions of tiny messages took minutes)
-    if (err := context_error(len(body["messages"]), st.sch().n_ctx_slot, at_least=True)) is not None:
+    if (err := context_error(len(body["messages"]), st.handle().n_ctx_slot, at_least=True)) is not None:
         raise err
     req = chat_request(body, o.jinja, o.enable_thinking)
     budget = requested_budget(body, o.reasoning_budget)

@@ -70,7 +70,7 @@ def prepare(st: ServerState, body: Any, kind: str) -> Prepared:
     """Everything before the tasks: the prompt (a chat template rendered), the parameters (a
     grammar compiled, logit_bias tokenized) and the tokens. On the request workers: any of it
     can take seconds for a hostile body, and the event loop serves everyone else meanwhile."""
-    s = st.sch()
+    s = st.handle()
     vocab = s.vocab
     body, prompts, chat = read_prompts(st, body, kind)
     params = parse_params(body, st.defaults, lambda t: vocab.tokenize(t, False, False), vocab.eog)

@@ -29,8 +29,8 @@ def _model(body: dict[str, Any], st: ServerState) -> str:
 
 
 def _checked(st: ServerState, tokens: list[int]) -> list[int]:
-    s = st.sch()
-    if (err := input_error(len(tokens), s.ctx, s.n_ctx_slot)) is not None:
+    s = st.handle()
+    if (err := input_error(len(tokens), s.pooling, s.causal_attn, s.n_ubatch, s.n_ctx_slot)) is not None:
         raise err
     return tokens
 
@@ -53,7 +53,7 @@ async def _run(st: ServerState, request: Request, prompts: list[list[int]], **kw
 
 def _embedding_prompts(st: ServerState, prompt: Any) -> list[list[int]]:
     """The inputs tokenized and checked (on the request workers: a long input takes a while)."""
-    n_ctx = st.sch().n_ctx_slot
+    n_ctx = st.handle().n_ctx_slot
     return [_checked(st, st.tokenize_prompt(p, True, True, n_ctx)) for p in split_prompts(prompt, "input")]
 
 
@@ -64,10 +64,10 @@ def _pooling_origin(st: ServerState) -> str:
 
 async def embeddings(st: ServerState, request: Request, oai: bool) -> Response:
     """llama-server's handle_embeddings_impl: the checks in its order, then one task per input."""
-    o, s = st.options, st.sch()
+    o, s = st.options, st.handle()
     if not (o.embedding or o.reranking):
         raise not_started_with("embeddings", "--embeddings")
-    pooling = s.ctx.pooling
+    pooling = s.pooling
     if oai and pooling == "none":
         raise bad_request(  # llama-server's words, then where 'none' came from and the fix
             "Pooling type 'none' is not OAI compatible. Please use a different pooling type "
@@ -115,9 +115,9 @@ async def embeddings(st: ServerState, request: Request, oai: bool) -> Response:
 def rerank_prompt(st: ServerState, query: str, doc: str) -> list[int]:
     """llama-server's format_prompt_rerank: the model's `rerank` template when it has one, else
     BOS? query EOS? document EOS? (each as the vocabulary adds them)."""
-    s = st.sch()
+    s = st.handle()
     v, n_ctx = s.vocab, s.n_ctx_slot
-    template = s.ctx.model.gguf.metadata.get("tokenizer.chat_template.rerank")
+    template = s.model.metadata.get("tokenizer.chat_template.rerank")
     if isinstance(template, str):
         text = template.replace("{query}", query).replace("{document}", doc)
         return st.tokenize_prompt([text], False, True, n_ctx)
@@ -127,8 +127,8 @@ def rerank_prompt(st: ServerState, query: str, doc: str) -> list[int]:
 
 
 async def rerank(st: ServerState, request: Request) -> Response:
-    o, s = st.options, st.sch()
-    if not ((o.embedding or o.reranking) and s.ctx.pooling == "rank"):
+    o, s = st.options, st.handle()
+    if not ((o.embedding or o.reranking) and s.pooling == "rank"):
         raise not_started_with("reranking", "--reranking")
     if st.eng().embeddings.head is None:
         raise bad_request(

@@ -28,8 +28,8 @@ _SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's chunk separator without F
 
 def fim_tokens(st: ServerState) -> dict[str, int | None]:
     """The FIM token ids: from the GGUF keys, else the lowest id with one of llama.cpp's texts."""
-    s = st.sch()
-    md, vocab = s.ctx.model.gguf.metadata, s.vocab
+    s = st.handle()
+    md, vocab = s.model.metadata, s.vocab
     names = ("fim_pre", "fim_suf", "fim_mid", "fim_rep", "fim_sep")
     keys = {n: md.get(f"tokenizer.ggml.{n}_token_id") for n in names}
     out: dict[str, int | None] = {n: v if isinstance(v, int) else None for n, v in keys.items()}
@@ -62,7 +62,7 @@ def _check(body: Any) -> dict[str, Any]:
 
 
 def infill_prompt(st: ServerState, body: dict[str, Any], fim: dict[str, int | None]) -> list[int]:
-    s = st.sch()
+    s = st.handle()
     vocab, d = s.vocab, st.defaults
 
     def tok(text: str) -> list[int]:
@@ -82,7 +82,7 @@ def infill_prompt(st: ServerState, body: dict[str, Any], fim: dict[str, int | No
         extra += tok(chunk["text"])
     if fim["fim_sep"] is not None:
         extra += [fim["fim_sep"], *tok("filename\n")]
-    n_batch = s.ctx.cparams.n_batch
+    n_batch = s.n_batch
     n_prefix = min(len(prefix), 3 * (n_batch // 4))
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
     n_extra = min(max(0, d.n_ctx_slot - n_batch - 2 * d.n_predict), len(extra))
@@ -95,12 +95,12 @@ def infill_prompt(st: ServerState, body: dict[str, Any], fim: dict[str, int | No
 
 
 def add_infill_routes(app: FastAPI, st: ServerState) -> None:
-    cache: dict[int, dict[str, int | None]] = {}  # by scheduler: read once
+    cache: dict[int, dict[str, int | None]] = {}  # by engine handle: read once
 
     @app.post("/infill")
     @api
     async def infill(request: Request) -> Response:
-        fim = cache.get(id(st.sch())) or cache.setdefault(id(st.sch()), await off_loop(fim_tokens, st))
+        fim = cache.get(id(st.handle())) or cache.setdefault(id(st.handle()), await off_loop(fim_tokens, st))
         missing = [
             w for k, w in (("fim_pre", "prefix"), ("fim_suf", "suffix"), ("fim_mid", "middle")) if fim[k] is None
         ]

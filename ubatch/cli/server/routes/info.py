@@ -1,11 +1,16 @@
 """The monitoring routes of `ubatch server`: /health, /models, /props (and POST /props), /slots,
 /metrics and ubatch's own /iterations.
 
-Monitoring and client discovery read the scheduler's state without submitting work; keeping
-them apart from the completion path keeps each module about one thing.
+Monitoring and client discovery read the engine without submitting work: the fixed facts from
+its handle, what moves from a snapshot the engine thread takes between two iterations
+(engine/serve/snapshot.py); keeping them apart from the completion path keeps each module about
+one thing.
 """
 
 from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
@@ -51,17 +56,18 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
     @api
     async def slots(request: Request) -> Response:
         _require_slots_endpoint(st)
-        s = st.sch()
-        if request.query_params.get("fail_on_no_slot") and all(x.busy for x in s.slots):  # any value
+        snap = await asyncio.to_thread(st.eng().loop.snapshot)
+        if request.query_params.get("fail_on_no_slot") and all(x.busy for x in snap.slots):  # any value
             raise EngineError(ErrorKind.UNAVAILABLE, "no slot available")
-        return JSONResponse([server_metrics.slot_json(x, s.vocab.detokenize) for x in s.slots])
+        detokenize = st.handle().vocab.detokenize
+        return JSONResponse([server_metrics.slot_json(x, detokenize) for x in snap.slots])
 
     @app.get("/iterations")
     @api
     async def iterations(request: Request) -> Response:
         """ubatch's own: the last decode calls (rows per sequence) and slot releases."""
         _require_slots_endpoint(st)
-        s = st.sch()
+        s = await asyncio.to_thread(st.eng().loop.snapshot)
         return JSONResponse(
             {
                 "iteration": s.iteration,
@@ -78,7 +84,7 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
                         "retries": r.retries,
                         "n_queued": r.n_queued,
                     }
-                    for r in list(s.records)
+                    for r in s.records
                 ],
                 "releases": [
                     {
@@ -88,7 +94,7 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
                         "iteration": r.iteration,
                         "cancel_iteration": r.cancel_iteration,
                     }
-                    for r in list(s.releases)
+                    for r in s.releases
                 ],
             }
         )
@@ -98,8 +104,9 @@ def add_info_routes(app: FastAPI, st: ServerState) -> None:
     async def metrics(request: Request) -> Response:
         if not st.options.metrics:
             raise not_started_with("metrics endpoint", "--metrics")
-        s = st.sch()
+        s = await asyncio.to_thread(st.eng().loop.snapshot)
+        since, st.scraped = st.scraped, replace(s.stats.total)  # the gauges' window: since the last read
         return Response(  # exactly llama-server's content type (Starlette would add a charset)
-            server_metrics.metrics_text(s, st.eng().loop.n_deferred).encode(),
+            server_metrics.metrics_text(s, since).encode(),
             headers={"Content-Type": "text/plain; version=0.0.4", "Process-Start-Time-Unix": str(int(s.stats.t_start))},
         )

@@ -31,7 +31,7 @@ def _input_tokens(st: ServerState, body: Any) -> Response:
 
 
 def _tokenize(st: ServerState, body: Any) -> Response:
-    vocab = st.sch().vocab
+    vocab = st.handle().vocab
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     content = body.get("content")
@@ -55,7 +55,7 @@ def _tokenize(st: ServerState, body: Any) -> Response:
 
 
 def _detokenize(st: ServerState, body: Any) -> Response:
-    vocab = st.sch().vocab
+    vocab = st.handle().vocab
     toks = body.get("tokens", []) if isinstance(body, dict) else None
     if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
         raise bad_request("Field 'tokens': expected an array of token ids")

@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import FileResponse, Response, StreamingResponse
 
-from ubatch.cli.server.engine_view import DEFAULT_INTERVAL_S, EngineView
+from ubatch.cli.server.engine_view import DEFAULT_INTERVAL_S, EngineView, state_json
 from ubatch.cli.server.http import api
 from ubatch.cli.server.state import ServerState
 
@@ -85,14 +85,14 @@ def sse(event: str, data: Any) -> bytes:
 def add_webui_routes(app: FastAPI, st: ServerState, path: Path | None = None) -> None:
     """The pages and the engine's event stream. Register after every API route: with `--path`,
     the folder's files are served by a catch-all that must not shadow them."""
-    views: dict[int, EngineView] = {}  # one per scheduler (the engine attaches after the app exists)
+    views: dict[int, EngineView] = {}  # one per engine (the engine attaches after the app exists)
 
     def view() -> EngineView:
-        sch = st.sch()
-        v = views.get(id(sch))
-        if v is None or v.sch is not sch:
+        loop = st.eng().loop
+        v = views.get(id(loop))
+        if v is None or v.loop is not loop:
             views.clear()
-            v = views[id(sch)] = EngineView(sch)
+            v = views[id(loop)] = EngineView(loop, st.handle())
         return v
 
     @app.get("/engine")
@@ -139,16 +139,13 @@ async def _events(v: EngineView, interval: float) -> AsyncIterator[bytes]:
     v.connect()
     try:
         yield sse("hello", v.hello())
-        last = v.watch.decodes[-1].id if v.watch.decodes else 0
+        first = await asyncio.to_thread(v.loop.snapshot)
+        last = first.decodes[-1].id if first.decodes else 0
         while True:
-            try:
-                snap = v.snapshot(last)
-            except (RuntimeError, IndexError, ValueError):  # the engine changed it mid-read: next tick
-                snap = None
-            if snap is not None:
-                if snap["decodes"]:
-                    last = snap["decodes"][-1]["id"]
-                yield sse("state", snap)
+            snap = state_json(await asyncio.to_thread(v.loop.snapshot), last)
+            if snap["decodes"]:
+                last = snap["decodes"][-1]["id"]
+            yield sse("state", snap)
             await asyncio.sleep(interval)
     finally:
         v.disconnect()
