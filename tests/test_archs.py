@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import tiny_families
 import torch
+import triton_interp  # noqa: F401  (interpreter mode before any kernel module is imported)
 
 from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context
@@ -153,8 +154,6 @@ def test_family_on_the_cuda_backend(family_dirs: Path, family: str) -> None:
     """The cuda backend (Triton's interpreter without a GPU) on the ops it hands to the
     reference: qwen2's biases, gemma2's soft-capped attention; prefill and decode steps against
     transformers."""
-    import triton_interp  # noqa: F401  (interpreter mode before any kernel module is imported)
-
     ids = SEQ[:20]
     ctx = _context(_source(family_dirs, family, "f32"), "cuda", 512)
     ctx.decode(Batch.from_tokens(ids[:17], 0, all_logits=True))

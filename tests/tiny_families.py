@@ -165,6 +165,7 @@ def convert_llama_cpp(d: Path, out: Path, outtype: str = "f32") -> Path:
     assert src is not None
     if not out.exists():
         cmd = [sys.executable, "-c", DRIVER, str(src), str(d), "--outfile", str(out), "--outtype", outtype]
+        cmd += ["--model-name", "tiny"]  # not the family's: llama.cpp keys vocabulary fixes off "phi3" in it
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
     return out
