@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ubatch.engine.grammar import Grammar
@@ -76,6 +77,18 @@ def find_partial_stop(text: str, word: str) -> int:
         if text.endswith(word[:n]):
             return len(text) - n
     return -1
+
+
+def add_bias(x: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A new row: `x` plus each bias at its token (repeated tokens add up). On the CPU through
+    numpy: torch's parallel scatter and copy wait for a second thread, which a busy machine may
+    not schedule for milliseconds (15-20 ms measured for ignore_eos's 3 biases on a 262k vocab
+    with the CPUs shared; 0.05 ms this way)."""
+    if x.device.type != "cpu":
+        return x.index_put((ids,), bias.to(x.device), accumulate=True)
+    row = x.numpy().copy()
+    np.add.at(row, ids.numpy(), bias.numpy())
+    return torch.from_numpy(row)
 
 
 def shift_sequence(memory: KVMemory, seq_id: int, n_past: int, n_keep: int, n_discard: int = 0) -> int:
@@ -157,7 +170,7 @@ class Generation:
         x = logits.float()
         lp = torch.log_softmax(x, -1) if p.n_probs > 0 else None
         if self._bias is not None:
-            x = x.index_put(self._bias[:1], self._bias[1], accumulate=True)
+            x = add_bias(x, *self._bias)
         x = self.sampler.constrain(x)  # the reasoning budget's forced token, if it forces one now
         tok = self.sampler.sample(x) if choose is None else choose(x)
         if self.grammar is not None:  # llama.cpp: check the chain's pick, resample only if refused
