@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ubatch.engine.batch import Batch, UBatch
+from ubatch.engine.context.messages import Decode, NewContext, new_key
 from ubatch.engine.context.mirror import MirroredMemory
 from ubatch.engine.context.reserve import Reservation, check_fits, plan_sizes, reserve
 from ubatch.engine.context.step_inputs import StepInputs
@@ -98,11 +99,13 @@ class Context:
             self.params = replace(self.params, n_threads=max(1, cores // model.shard.threads_share))
         self.cparams = derive(self.params, model.hparams)
         # tensor parallelism, rank 0: the other ranks build the same context from this message
-        self.channel = model.shard.channel if model.shard is not None else None
-        if self.channel is not None:
+        shard = model.shard
+        self.channel = shard.channel if shard is not None else None
+        self.tp_key = new_key()  # what rank 0's messages call this context
+        if shard is not None and self.channel is not None:
             with self.channel.turn():
-                self.channel.send(("context", id(self), id(model.shard), params, embeddings, pooling))
-            weakref.finalize(self, self.channel.release, id(self))
+                self.channel.send(NewContext(self.tp_key, shard.key, params, embeddings, pooling))
+            weakref.finalize(self, self.channel.release, self.tp_key)
         torch.set_num_threads(self.cparams.n_threads)
         self.ops = ops or make_backend(self.params.backend, self.cparams.n_threads)
         self.ops.prepare_weights(model.matrices())
@@ -114,7 +117,7 @@ class Context:
         else:
             mirrored = MirroredMemory.build(model.hparams, self.cparams, model.device)
             assert isinstance(mirrored, MirroredMemory)
-            self.memory = mirrored.attach(self.channel, id(self))
+            self.memory = mirrored.attach(self.channel, self.tp_key)
         self.step_inputs = StepInputs(model, self.ops, self.cparams.causal_attn)
         self.perf = PerfCounters()
         self.logits = torch.empty(0, model.hparams.n_vocab)
@@ -237,7 +240,7 @@ class Context:
         if self.channel is None:
             return self._decode(batch)
         with self.channel.turn():
-            self.channel.send(("decode", id(self), batch, self.embeddings))
+            self.channel.send(Decode(self.tp_key, batch, self.embeddings))
             return self._decode(batch)
 
     def _decode(self, batch: Batch) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from ubatch.engine.context.messages import MemoryOp
 from ubatch.engine.kv.memory import KVMemory
 from ubatch.engine.model.shard import Channel
 
@@ -39,7 +40,7 @@ class MirroredMemory(KVMemory):
     def _announced(self, name: str, *args: int) -> Iterator[None]:
         with self.channel.turn():
             if self._depth == 0:
-                self.channel.send(("memory", self.key, name, args))
+                self.channel.send(MemoryOp(self.key, name, args))
             self._depth += 1
             try:
                 yield

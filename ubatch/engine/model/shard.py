@@ -29,12 +29,12 @@ from ubatch.kernels.quant.weight import QWeight
 
 class Channel(Protocol):
     """Where rank 0 announces what its contexts do, so that every other rank does the same
-    (engine/parallel implements it). Messages are tuples of plain, picklable data."""
+    (engine/parallel implements it). Messages are the dataclasses of engine/context/messages.py."""
 
     def turn(self) -> AbstractContextManager[None]:
         """Held while a message and the collectives it starts run: one context's step at a time."""
 
-    def send(self, msg: tuple[object, ...]) -> None: ...
+    def send(self, msg: object) -> None: ...
 
     def release(self, key: int) -> None:
         """A context that rank 0 dropped: the others drop theirs with the next message (a
@@ -65,6 +65,7 @@ class Shard:
     vocab_rows: int  # the vocabulary rows each rank holds: n_vocab / world, rounded up
     channel: Channel | None = None  # rank 0 of a running group: announces its contexts' work
     local_ranks: int = 0  # ranks sharing this machine's cores (0: all `world`)
+    key: int = 0  # the model's key in rank 0's messages (engine/context/messages.py)
 
     @property
     def threads_share(self) -> int:

@@ -21,6 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ubatch.engine.context.messages import Decode, DropContext, LoadModel, MemoryOp, Message, NewContext, Stop
 from ubatch.engine.errors import ContextError, EngineDown
 
 CONTROL_TIMEOUT = timedelta(days=365)  # waiting for rank 0's next message: an idle server is not a fault
@@ -154,7 +155,7 @@ class TPGroup:
         with self._lock:
             yield
 
-    def send(self, msg: tuple[object, ...]) -> None:
+    def send(self, msg: object) -> None:
         """Rank 0: broadcast a message (preceded by the drops finalizers queued). Once a rank is
         lost nothing is sent: rank 0 only keeps its own bookkeeping while it winds down."""
         if self.lost is not None:
@@ -162,13 +163,13 @@ class TPGroup:
         with self._lock:
             dropped, self._released[:] = list(self._released), []
             for key in dropped:
-                self._broadcast(("drop", key))
+                self._broadcast(DropContext(key))
             self._broadcast(msg)
 
     def release(self, key: int) -> None:
         self._released.append(key)
 
-    def receive(self) -> tuple[object, ...]:
+    def receive(self) -> Message:
         """The other ranks: the next message from rank 0 (waits as long as rank 0 lives)."""
         box: list[object] = [None]
         try:
@@ -177,11 +178,11 @@ class TPGroup:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise RankLost(f"tensor parallelism: rank 0 is gone ({first}); rank {self.rank} stops") from None
         msg = box[0]
-        if not isinstance(msg, tuple):
+        if not isinstance(msg, LoadModel | NewContext | Decode | MemoryOp | DropContext | Stop):
             raise RankLost(f"tensor parallelism: rank {self.rank} got {type(msg).__name__} from rank 0, not a message")
         return msg
 
-    def _broadcast(self, msg: tuple[object, ...]) -> None:
+    def _broadcast(self, msg: object) -> None:
         try:
             dist.broadcast_object_list([msg], src=0, group=self.control)
         except (RuntimeError, dist.DistError, pickle.PicklingError) as e:

@@ -21,6 +21,7 @@ from multiprocessing.process import BaseProcess
 import torch
 import torch.multiprocessing as mp
 
+from ubatch.engine.context.messages import Stop
 from ubatch.engine.errors import ContextError, UbatchError
 from ubatch.engine.parallel.group import Rendezvous, TPGroup, from_torchrun, join, leave
 from ubatch.engine.parallel.worker import Worker
@@ -83,7 +84,7 @@ class Ranks:
         self.stopped = True
         try:
             if not self.dead():
-                self.group.send(("stop",))
+                self.group.send(Stop())
         except UbatchError:
             pass  # a rank is gone already: the processes below are ended either way
         for p in self.procs:
