@@ -5,17 +5,17 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import subprocess
 import sys
 from functools import cache
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.gguf.file import open_gguf
 from ubatch.engine.vocab.bpe import byte_decode, byte_encode
 from ubatch.engine.vocab.partition import group_specials, partition
@@ -204,12 +204,45 @@ def test_digit_groups_join_the_text_before_them() -> None:
     assert Splitter("TINY_AYA").words("ab1234567 x") == ["ab", "1", "234", "567", " x"]  # its next regex
 
 
-def test_unknown_pre_is_refused_and_missing_pre_warns() -> None:
+def test_unknown_pre_falls_back_to_default_and_missing_pre_warns() -> None:
     meta = dict(open_gguf(llama_src() / "models" / "ggml-vocab-gpt-2.gguf").metadata)
-    with pytest.raises(ModelLoadError, match=r"^x: unknown pre-tokenizer type 'nope'"):
-        Vocab.from_metadata({**meta, "tokenizer.ggml.pre": "nope"}, "x")
+    text = "Hello  world's 12345 ünïcode\n\n  x"
+    default = Vocab.from_metadata({**meta, "tokenizer.ggml.pre": "default"}, "x")
+    v = Vocab.from_metadata({**meta, "tokenizer.ggml.pre": "nope"}, "x")
+    assert v.pre == "default" and v.warnings[0].startswith("unknown pre-tokenizer type 'nope'")
+    assert v.tokenize(text) == default.tokenize(text) != vocab("gpt-2").tokenize(text)
     v = Vocab.from_metadata({k: x for k, x in meta.items() if k != "tokenizer.ggml.pre"}, "x")
     assert v.pre == "default" and "tokenizer.ggml.pre" in v.warnings[0]
+
+
+def test_tokenize_cli_warns_on_unknown_pre_and_reads_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    """`ubatch tokenize`: the vocabulary's warnings as llama.cpp's `load:` lines on stderr; -p, -f
+    and --stdin bytes that are not UTF-8 tokenized as llama-tokenize does them, as is Llama.tokenize."""
+    from cli_inproc import run_cli
+
+    from ubatch.llama import Llama
+
+    src = llama_src() / "models" / "ggml-vocab-gpt-2.gguf"
+    odd = check_tokenizers.with_pre(src, "nope-v9", tmp_path / "odd.gguf")
+    r = run_cli(["tokenize", "-m", str(odd), "-p", "Hello world", "--ids"])
+    assert r.returncode == 0 and r.stderr.startswith("load: unknown pre-tokenizer type 'nope-v9'"), r.stderr
+    raw = b"caf\xe9 \xff\xfe ok \xc3\xa9\x80 \xe2\x82"  # Latin-1, stray and cut-off bytes
+    (tmp_path / "in.txt").write_bytes(raw)
+    runs = [
+        run_cli(["tokenize", "-m", str(src), "-p", raw.decode("utf-8", "surrogateescape"), "--ids"]),
+        run_cli(["tokenize", "-m", str(src), "-f", str(tmp_path / "in.txt"), "--ids"]),
+    ]
+    assert [(x.returncode, x.stderr) for x in runs] == [(0, ""), (0, "")]
+    ids = json.loads(runs[0].stdout)
+    assert json.loads(runs[1].stdout) == ids
+    assert Llama.tokenize(SimpleNamespace(vocab=vocab("gpt-2")), raw, False) == ids  # type: ignore[arg-type]
+    helper = check_tokenizers.build_helper(llama_src(), tmp_path)
+    if helper is not None:  # llama.cpp's own ids for the same bytes
+        llama = check_tokenizers.LlamaTokenizer(helper, src)
+        try:
+            assert llama.run(raw, False, True)[0] == ids
+        finally:
+            llama.close()
 
 
 def test_clean_spaces_passes() -> None:

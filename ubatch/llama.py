@@ -131,7 +131,9 @@ class Llama:
         return self.vocab.eos
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        return self.vocab.tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
+        """llama_tokenize of `text`'s bytes: bytes that are not UTF-8 are tokenized as llama.cpp
+        does them (through surrogate escapes), not replaced."""
+        return self.vocab.tokenize(text.decode("utf-8", errors="surrogateescape"), add_bos, special)
 
     def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes:
         out = b"".join(self.vocab.token_to_piece(t, special) for t in tokens)

@@ -52,14 +52,15 @@ def user_errors(fn: F) -> F:
     return cast(F, wrapper)  # functools.wraps keeps fn's signature; mypy cannot see that
 
 
-def read_text_file(path: Path, what: str = "prompt file") -> str:
-    """A text file's contents, or a one-line UbatchError (missing, unreadable, not UTF-8)."""
+def read_text_file(path: Path, what: str = "prompt file", errors: str = "strict") -> str:
+    """A text file's contents, or a one-line UbatchError (missing, unreadable, not UTF-8 unless
+    `errors` says how to decode such bytes)."""
     try:
         data = path.read_bytes()
     except OSError as e:
         raise UbatchError(f"{path}: cannot read {what} ({e.strerror})") from None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8", errors)
     except UnicodeDecodeError as e:
         raise UbatchError(f"{path}: {what} is not UTF-8 text (invalid byte at offset {e.start})") from None
 

@@ -25,7 +25,8 @@ def startup_lines(
     model: Model | None = None,
     params: ContextParams | None = None,
 ) -> list[str]:
-    """llama.cpp's startup log: the model, the context parameters, then the MemoryPlan's lines.
+    """llama.cpp's startup log: the model (and its vocabulary's warnings), the context parameters,
+    then the MemoryPlan's lines.
     Without a context (`ubatch info` allocates none), `model` and `params` say the same."""
     if ctx is not None:
         m, cp, p = ctx.model, ctx.cparams, plan or memory_plan(ctx)
@@ -37,6 +38,7 @@ def startup_lines(
     return [
         f"llama_model_loader: loaded {m.path.name}: {m.name} ({hp.arch}), {p.n_params / 1e6:.2f} M params, "
         f"{mib(p.model_bytes):.2f} MiB, {p.bits_per_weight:.2f} BPW",
+        *vocab_lines(m.vocab.warnings),
         f"print_info: n_ctx_train = {hp.n_ctx_train}, n_embd = {hp.n_embd}, n_layer = {hp.n_layer}, "
         f"n_head = {hp.n_head}, n_head_kv = {hp.n_head_kv}, n_swa = {hp.n_swa}, n_vocab = {hp.n_vocab}",
         "llama_context: constructing llama_context",
@@ -54,6 +56,11 @@ def startup_lines(
         f"llama_context: n_threads             = {cp.n_threads}",
         *llama_lines(p),
     ]
+
+
+def vocab_lines(warnings: list[str]) -> list[str]:
+    """The vocabulary's load warnings as llama.cpp's llama_vocab::load logs them, one line each."""
+    return [f"load: {w}" for w in warnings]
 
 
 def perf_lines(ctx: Context, st: CompletionStats, load_ms: float, total_ms: float) -> list[str]:

@@ -33,6 +33,8 @@ def tokenize(
 
     g = open_model_file(resolve_model(model))
     vocab = Vocab.from_metadata(g.metadata, str(g.path))
+    for w in vocab.warnings:  # as llama-tokenize's log shows them, on stderr
+        sys.stderr.write(f"load: {w}\n")
     add_special, parse_special = not no_bos, not no_parse_special
     if jsonl:
         for n, line in enumerate(sys.stdin, 1):
@@ -48,17 +50,15 @@ def tokenize(
             sys.stdout.write(json.dumps(vocab.tokenize(text, add_special, parse_special)) + "\n")
         sys.stdout.flush()
         return
+    # Bytes that are not UTF-8 reach the tokenizer as surrogate escapes (Python decodes argv so),
+    # which it tokenizes as llama-tokenize does the raw bytes.
     if prompt is None and file is not None:
-        prompt = read_text_file(file, "input file")
+        prompt = read_text_file(file, "input file", errors="surrogateescape")
     if prompt is None and stdin:
-        data = sys.stdin.buffer.read()
-        try:
-            prompt = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UbatchError(f"stdin is not UTF-8 text (invalid byte at offset {e.start})") from None
+        prompt = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
     if prompt is None:
         raise UbatchError("nothing to tokenize: give -p TEXT, -f FILE, --stdin or --jsonl")
-    toks = vocab.tokenize(check_text(prompt, "the text"), add_special, parse_special)
+    toks = vocab.tokenize(prompt, add_special, parse_special)
     if ids:
         print("[" + ", ".join(map(str, toks)) + "]")
     else:

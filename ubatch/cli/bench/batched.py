@@ -130,6 +130,8 @@ def run_batched_bench(
     if model is None:
         emit(BenchEvent("load", text=str(p.model)))
         model = Model.load(p.model)
+        for w in model.vocab.warnings:
+            emit(BenchEvent("note", text=f"load: {w}"))
     params = context_params(
         ctx_size=p.n_ctx,
         batch_size=p.n_batch,

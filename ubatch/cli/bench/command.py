@@ -32,6 +32,7 @@ def _progress(
     """The progress bar on stderr (a terminal only) and the event callback that moves it: notes,
     the model load and each finished test alike for both benchmarks; `step` says what a
     repetition shows, as (description, rep) (None: nothing for that event)."""
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     progress = Progress(
@@ -49,7 +50,7 @@ def _progress(
 
     def on_event(e: BenchEvent) -> None:
         if e.kind == "note":
-            progress.console.print(f"[yellow]note:[/] {e.text}", highlight=False)
+            progress.console.print(f"[yellow]note:[/] {escape(e.text)}", highlight=False)
         elif e.kind == "load":
             progress.update(task, description=f"loading {Path(e.text).name}")
         elif e.kind == "done":

@@ -108,6 +108,8 @@ def run_bench(
         if path not in models:
             emit(BenchEvent("load", text=str(path)))
             models[path] = Model.load(path)
+            for w in models[path].vocab.warnings:
+                emit(BenchEvent("note", text=f"load: {w}"))
     check_tests(tests, {k: m.hparams.n_ctx_train for k, m in models.items()})
     warned: set[tuple[int, int]] = set()
     for t in tests:

@@ -101,7 +101,7 @@ def startup_rows(
     rows.append(("sampling", f"{samp} · seed {sampler.seed} · {n_pred}"))
     if system:
         rows.append(("system", system if len(system) < 80 else system[:77] + "..."))
-    rows += [("warning", w) for w in plan.warnings]
+    rows += [("warning", w) for w in [*m.vocab.warnings, *plan.warnings]]
     return rows
 
 

@@ -302,8 +302,9 @@ class Vocab:
         return BpeTokenizer(tokens, merges, self._pre, self.model == "whitespace", lowercase)
 
     def _pre_tokenizer(self, metadata: Mapping[str, object], source: str) -> PreTokenizer | None:
-        """llama.cpp's tokenizer.ggml.pre lookup (BPE only): absent -> default with a warning,
-        unknown -> refused, as llama.cpp refuses it."""
+        """llama.cpp's tokenizer.ggml.pre lookup (BPE only): absent or unknown -> 'default' with a
+        warning. (llama.cpp refuses an unknown name; a file from a newer converter still loads here,
+        and the warning says its words may split differently.)"""
         raw = metadata.get("tokenizer.ggml.pre")
         self.pre = raw if isinstance(raw, str) else "default"
         if self.kind != "BPE":
@@ -316,7 +317,11 @@ class Vocab:
                 "generation quality will be degraded: consider regenerating the model"
             )
         if self.pre not in PRE_TOKENIZERS:
-            raise ModelLoadError(f"{source}: unknown pre-tokenizer type '{self.pre}' (tokenizer.ggml.pre)")
+            self.warnings.append(
+                f"unknown pre-tokenizer type {self.pre!r} (tokenizer.ggml.pre); using 'default', "
+                "words may be split unlike the model's own tokenizer (llama.cpp refuses this file)"
+            )
+            self.pre = "default"
         pre = PRE_TOKENIZERS[self.pre]
         if pre.type in UNSUPPORTED_PRE:
             raise ModelLoadError(f"{source}: pre-tokenizer '{self.pre}' is not supported ({UNSUPPORTED_PRE[pre.type]})")
