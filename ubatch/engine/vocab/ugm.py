@@ -120,9 +120,41 @@ class UgmTokenizer:
         ]
         run = b"[" + b"".join(re.escape(bytes((c,))) for c in plain) + b"]+(?=[\\x00-\\x7f]|\\Z)"
         self._plain_run = re.compile(run).match
+        self._cuts: bool | None = None  # may the Viterbi pass run word by word? (found on first use)
+        self._cache: dict[bytes, list[int]] = {}
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        return [self._viterbi(self.normalize(t.encode("utf-8", "surrogateescape"))) for t in texts]
+        return [self._encode(self.normalize(t.encode("utf-8", "surrogateescape"))) for t in texts]
+
+    def _encode(self, s: bytes) -> list[int]:
+        """The Viterbi pass, word by word where that is the same: when no token reaches across
+        the start of a "▁" (so every path goes through it), the best path is the best paths between
+        them joined, and those repeat (a cache of words, as for BPE). The scores summed are float32
+        values in doubles, exactly while the text is shorter than ~2^20 words, so the ties fall as
+        in one pass; unknowns are merged again over the joins."""
+        if self._cuts is None:
+            self._cuts = not any(
+                t[i] == _SPACE[0] and _SPACE.startswith(t[i : i + 3]) for t in self._ids for i in range(1, len(t))
+            )
+        if not self._cuts or not s.isascii() and not _valid_utf8(s):  # (a cut must be where Viterbi steps)
+            return self._viterbi(s)
+        cache = self._cache
+        if len(cache) > 1 << 17:
+            cache.clear()
+        parts = s.split(_SPACE)
+        words = [_SPACE + w for w in parts[1:]]
+        if parts[0]:
+            words.insert(0, parts[0])
+        found = list(map(cache.get, words))  # the cache first, in C; then the words it lacks
+        if None in found:
+            for i in [i for i, ids in enumerate(found) if ids is None]:
+                ids = cache.get(words[i])
+                found[i] = ids if ids is not None else cache.setdefault(words[i], self._viterbi(words[i]))
+        unk, out = self._unk, list[int]()
+        for ids in found:
+            assert ids is not None
+            out += ids[1:] if ids[0] == unk and out and out[-1] == unk else ids
+        return out
 
     # ---- normalisation -----------------------------------------------------------------------
 
@@ -224,6 +256,14 @@ def _longest_prefix(sorted_texts: list[bytes], s: bytes, at: int) -> int:
     while at + k < len(s) and _has_prefix(sorted_texts, s[at : at + k + 1]):
         k += 1
     return k
+
+
+def _valid_utf8(s: bytes) -> bool:
+    try:
+        s.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _utf8_size(s: bytes, at: int) -> int:
