@@ -38,7 +38,10 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 REQUEST_WORKERS = 4  # light work off the loop at once; more waits its turn (the GIL runs one anyway)
-PREPARE_WORKERS = 4  # request preparations at once, on workers of their own
+# Request preparations at once, on workers of their own. More than the light ones: a worker
+# waiting for its grammar's probing turn (engine/grammar/budget.py) holds no CPU, and a normal
+# request's preparation should find a free worker while hostile ones wait.
+PREPARE_WORKERS = 16
 INLINE_PARSE_BYTES = 64 * 1024  # smaller bodies parse on the loop: less than a millisecond
 _DEPTH_CHUNK = 1 << 20  # bytes scanned per numpy step: bounded temporary arrays
 
