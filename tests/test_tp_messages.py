@@ -46,3 +46,12 @@ def test_a_worker_replays_contexts_decodes_and_cell_operations_by_key(tiny_llama
         w.handle(MemoryOp(3, "format_disk", ()))
     with pytest.raises(RankLost, match="unknown message"):
         w.handle(("decode", 3))  # type: ignore[arg-type]  # the old tuples are not messages
+
+
+def test_a_set_up_fault_is_a_tensor_parallel_error_and_still_a_context_error() -> None:
+    from ubatch.engine.errors import ContextError, TensorParallelError
+    from ubatch.engine.parallel.launch import start
+
+    with pytest.raises(TensorParallelError, match="needs at least 2 ranks") as e:
+        start(1)
+    assert isinstance(e.value, ContextError)  # callers that catch a context's refusal still do

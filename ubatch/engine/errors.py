@@ -60,6 +60,12 @@ class ContextError(UbatchError):
     """A request does not fit the context (prompt too long, batch too large, bad sequence id)."""
 
 
+class TensorParallelError(ContextError):
+    """Tensor parallelism cannot start as asked (too few ranks or devices, ranks that do not meet):
+    a set-up fault, told apart from a context that does not fit; a rank lost while running is
+    `EngineDown` (engine/parallel/group.py `RankLost`)."""
+
+
 def allocate(what: str, nbytes: int, fn: Callable[[], T]) -> T:
     """Run an allocation; on failure say which buffer and how large (llama.cpp names it too)."""
     try:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ubatch.engine.context.messages import Decode, DropContext, LoadModel, MemoryOp, Message, NewContext, Stop
-from ubatch.engine.errors import ContextError, EngineDown
+from ubatch.engine.errors import EngineDown, TensorParallelError
 
 CONTROL_TIMEOUT = timedelta(days=365)  # waiting for rank 0's next message: an idle server is not a fault
 
@@ -73,7 +73,9 @@ def from_torchrun(world: int, timeout_s: float, cuda: bool) -> Rendezvous | None
         return None
     size = int(env["WORLD_SIZE"])
     if world not in (0, size):
-        raise ContextError(f"-tp {world} but torchrun started {size} processes; pass -tp {size} or leave -tp out")
+        raise TensorParallelError(
+            f"-tp {world} but torchrun started {size} processes; pass -tp {size} or leave -tp out"
+        )
     return Rendezvous(
         int(env["RANK"]),
         size,
@@ -214,7 +216,7 @@ def join(rv: Rendezvous) -> TPGroup:
         )
     except (RuntimeError, dist.DistError, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise ContextError(
+        raise TensorParallelError(
             f"tensor parallelism: rank {rv.rank} of {rv.world} could not meet the others at "
             f"{rv.where} within {rv.timeout_s:g} s ({first}); check that every rank was started "
             f"with the same --rdzv-endpoint / MASTER_ADDR and that the port is reachable"

@@ -22,7 +22,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ubatch.engine.context.messages import Stop
-from ubatch.engine.errors import ContextError, UbatchError
+from ubatch.engine.errors import TensorParallelError, UbatchError
 from ubatch.engine.parallel.group import Rendezvous, TPGroup, from_torchrun, join, leave
 from ubatch.engine.parallel.worker import Worker
 
@@ -117,9 +117,9 @@ def start(world: int, timeout_s: float = DEFAULT_TIMEOUT_S, cuda: bool = False) 
         atexit.register(ranks.stop)  # rank 0 tells the others to stop; the others only leave
         return ranks
     if world < 2:
-        raise ContextError(f"--tensor-parallel {world}: tensor parallelism needs at least 2 ranks")
+        raise TensorParallelError(f"--tensor-parallel {world}: tensor parallelism needs at least 2 ranks")
     if cuda and torch.cuda.device_count() < world:
-        raise ContextError(
+        raise TensorParallelError(
             f"--tensor-parallel {world} needs {world} CUDA devices, one per rank; this machine has "
             f"{torch.cuda.device_count()}"
         )
@@ -139,7 +139,7 @@ def start(world: int, timeout_s: float = DEFAULT_TIMEOUT_S, cuda: bool = False) 
         procs.append(proc)
     try:
         group = join(Rendezvous(0, world, 0, "127.0.0.1", 0, timeout_s, cuda, store=store))
-    except ContextError:
+    except TensorParallelError:
         for p in procs:
             p.kill()
         shutil.rmtree(private, ignore_errors=True)
