@@ -26,8 +26,7 @@ from ubatch.engine.model.default_model import default_model_path
 from ubatch.engine.model.hparams import POOLING_TYPES
 from ubatch.engine.model.model import Model
 from ubatch.engine.parallel.group import under_torchrun
-from ubatch.engine.parallel.launch import Ranks, start
-from ubatch.engine.parallel.worker import load_shard
+from ubatch.engine.parallel.launch import Ranks, launch
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling.chain import LLAMA_DEFAULT_SEED, SamplerParams
 from ubatch.engine.serve.embedding_task import fit_prompt
@@ -75,11 +74,10 @@ class Llama:
         self.model_path = str(model_path or default_model_path())
         self._ranks: Ranks | None = None
         if tensor_parallel > 1 or under_torchrun():
-            self._ranks = start(tensor_parallel if tensor_parallel > 1 else 0)
-            if self._ranks.rank != 0:
-                self._ranks.serve()
+            started = launch(self.model_path, tensor_parallel if tensor_parallel > 1 else 0)
+            if started is None:  # a rank other than 0 under torchrun: it served rank 0, which ended
                 raise SystemExit(0)
-            self.model = load_shard(self._ranks.group, self.model_path, "cpu")
+            self._ranks, self.model = started
         else:
             self.model = Model.load(self.model_path)
         self.vocab = self.model.vocab

@@ -119,11 +119,11 @@ class ParallelFlags:
             return
         import torch
 
-        from ubatch.engine.parallel.launch import start
+        from ubatch.engine.parallel.launch import launch
 
         cuda = torch.device(device).type == "cuda"
         n = self.world(cuda)
-        start(n if n > 1 else 0, self.tp_timeout, cuda).serve()  # 0: torchrun's world size
+        launch(None, n if n > 1 else 0, self.tp_timeout, cuda)  # serves rank 0 until it stops
         raise typer.Exit(0)
 
     def load(self, path: str | Path, device: str | torch.device) -> Model:
@@ -138,15 +138,12 @@ class ParallelFlags:
         n = self.world(cuda)
         if n == 1 and not under_torchrun():
             return Model.load(path, device)
-        from ubatch.engine.parallel.launch import start
-        from ubatch.engine.parallel.worker import load_shard
+        from ubatch.engine.parallel.launch import launch
 
-        ranks = self.ranks = start(n if n > 1 else 0, self.tp_timeout, cuda)  # 0: torchrun's world size
-        try:
-            return load_shard(ranks.group, str(path), str(ranks.group.rv.device) if cuda else "cpu")
-        except BaseException:
-            ranks.stop()
-            raise
+        started = launch(str(path), n if n > 1 else 0, self.tp_timeout, cuda)  # 0: torchrun's world size
+        assert started is not None  # the other ranks left in `follow`
+        self.ranks, model = started
+        return model
 
     def plan_model(self, model: Model, cuda: bool = False) -> Model:
         """For plans only (`info`): rank 0's cut of a loaded model without starting any rank."""

@@ -23,8 +23,9 @@ import torch.multiprocessing as mp
 
 from ubatch.engine.context.messages import Stop
 from ubatch.engine.errors import TensorParallelError, UbatchError
+from ubatch.engine.model.model import Model
 from ubatch.engine.parallel.group import Rendezvous, TPGroup, from_torchrun, join, leave
-from ubatch.engine.parallel.worker import Worker
+from ubatch.engine.parallel.worker import Worker, load_shard
 
 DEFAULT_TIMEOUT_S = 60.0  # a collective or a rendezvous that waits longer is a fault
 
@@ -148,3 +149,24 @@ def start(world: int, timeout_s: float = DEFAULT_TIMEOUT_S, cuda: bool = False) 
     group.failed = ranks.culprit
     atexit.register(ranks.stop)
     return ranks
+
+
+def launch(
+    path: str | None, world: int, timeout_s: float = DEFAULT_TIMEOUT_S, cuda: bool = False
+) -> tuple[Ranks, Model] | None:
+    """The one entry of the CLI, the server and `Llama`: join or start `world` ranks (0: torchrun's
+    size) and load rank 0's shard of the model at `path` (the other ranks load theirs when rank
+    0 announces it). On a rank other than 0 (under torchrun) it does what rank 0 announces until
+    rank 0 stops, then returns None: the caller ends."""
+    ranks = start(world, timeout_s, cuda)
+    if ranks.rank != 0:
+        ranks.serve()
+        return None
+    if path is None:
+        ranks.stop()
+        raise TensorParallelError("tensor parallelism: rank 0 was started without a model to load")
+    try:
+        return ranks, load_shard(ranks.group, path, str(ranks.group.rv.device) if cuda else "cpu")
+    except BaseException:
+        ranks.stop()
+        raise
