@@ -155,7 +155,7 @@ class Progress:
 
 Event = Partial | Final | Failed | Progress  # what a completion task emits
 
-TextEvent = TypeVar("TextEvent", Partial, Final)
+TextEvent = TypeVar("TextEvent", bound=Partial | Final)
 
 
 def with_prefill(ev: TextEvent, prefill: str) -> TextEvent:
