@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -122,6 +123,48 @@ def test_unigram_normalises_and_adds_eos() -> None:
     assert ids[0] == v.bos and ids[-1] == v.eos and v.detokenize(ids[1:-1]) == "Hello wörld"
     assert v.tokenize("ｈｅｌｌｏ", add_special=False) == v.tokenize("hello", add_special=False)  # NFKC
     assert v.tokenize("cafe\u0301 x", add_special=False) == v.tokenize("café x", add_special=False)  # a key after ASCII
+
+
+def _plain_normalize(u: object, text: bytes) -> bytes:
+    """llama.cpp's normalize loop, one prefix at a time: no plain runs, nothing remembered."""
+    o = u._opt  # type: ignore[attr-defined]
+    space = "\u2581".encode() if o.escape_whitespaces else b" "
+    prepend, merge = not o.treat_whitespace_as_suffix and o.add_space_prefix, o.remove_extra_whitespaces
+    out, prepended, in_word, at = bytearray(), False, False, 0
+    while at < len(text):
+        piece, used = u._normalize_prefix(text, at)  # type: ignore[attr-defined]
+        for c in piece:
+            if c != 0x20:
+                if not in_word:
+                    in_word = True
+                    if (prepend and not prepended) or merge:
+                        out += space
+                        prepended = True
+                out.append(c)
+            else:
+                in_word = False
+                if not merge:
+                    out += space
+        at += used
+    return bytes(out + space if o.treat_whitespace_as_suffix and o.add_space_prefix else out)
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_unigram_shortcuts_change_nothing(merge: bool) -> None:
+    """The remembered character normalisations and the word-by-word Viterbi pass against the
+    plain loops, on mixed text with spaces, newlines and characters the charsmap rewrites, twice
+    (the second time from warm caches)."""
+    u = vocab("nomic-bert-moe")._tok
+    u._opt = replace(u._opt, remove_extra_whitespaces=merge)
+    rng = random.Random(5)
+    texts = [check_tokenizers.random_text(rng) for _ in range(60)]
+    texts += ["ｈｅｌｌｏ  wörld\n\tcafe\u0301 x  ".encode(), "①②③ ﬁ ㌀ \u00a0 end ".encode()]
+    texts += [check_tokenizers.mixed_text(20_000, seed=2).encode()]
+    for raw in texts * 2:
+        got = u.normalize(raw)
+        assert got == _plain_normalize(u, raw)
+        assert u._encode(got) == u._viterbi(got)
+    assert len(u._chars) > 100 and u._cuts
 
 
 def test_bpe_special_tokens_and_add_bos() -> None:

@@ -24,6 +24,8 @@ from ubatch.engine.vocab.token_index import strings
 
 CACHE_WORDS = 1 << 17  # the word cache is dropped when it grows past this many words
 _SPACE = "\u2581"
+_SHORT_WORD = 48  # symbols: words up to this long merge on lists (_short_word), longer ones on a heap
+_NO_MERGE = 1 << 62  # the rank of a pair that no merge joins
 
 
 def _byte_to_unicode() -> list[str]:
@@ -147,6 +149,8 @@ class BpeTokenizer:
             self._pre.ignore_merges or (self._newline_words and not word.strip("\n")) or len(word) == 1
         ):
             return [whole]
+        if len(word) <= _SHORT_WORD:
+            return self._short_word(word, ranks.get, token_id)
         sym = list(word)
         n = len(sym)
         rank = ranks.get
@@ -175,6 +179,30 @@ class BpeTokenizer:
             out += self._piece(sym[i], token_id)
             i = nxt[i]
         return out
+
+    def _short_word(
+        self, word: str, rank: Callable[[str, int], int], token_id: Callable[[str], int | None]
+    ) -> list[int]:
+        """The same merges for a short word, on lists: the current pairs' ranks in one list, the
+        lowest (the leftmost of equals, as the heap's (rank, left) order) found by min and index
+        in C. Each merge costs a scan of the word, cheaper than heap entries below ~64 symbols."""
+        sym = list(word)
+        rk = [rank(f"{a} {b}", _NO_MERGE) for a, b in zip(sym, sym[1:])]
+        while rk:
+            r = min(rk)
+            if r == _NO_MERGE:
+                break
+            i = rk.index(r)
+            text = sym[i] = sym[i] + sym.pop(i + 1)
+            del rk[i]
+            if i:
+                rk[i - 1] = rank(f"{sym[i - 1]} {text}", _NO_MERGE)
+            if i < len(rk):
+                rk[i] = rank(f"{text} {sym[i + 1]}", _NO_MERGE)
+        ids = list(map(token_id, sym))
+        if None not in ids:
+            return ids  # type: ignore[return-value]  # no None
+        return [t for p in sym for t in self._piece(p, token_id)]
 
     def _piece(self, piece: str, token_id: Callable[[str], int | None]) -> list[int]:
         tok = token_id(piece)

@@ -6,7 +6,9 @@ else the longest match in SentencePiece's precompiled charsmap (a XOR-compressed
 not UTF-8 becomes U+FFFD); spaces become "▁", one is put before the text, and runs of them may
 be merged. Then a Viterbi pass picks the tokenisation with the best summed score (user-defined
 tokens score 0; a character no token covers costs the lowest score less 10, as unknown), and
-consecutive unknowns become one. Pure Python, one step per byte: correct, not fast.
+consecutive unknowns become one. Pure Python, made fast by remembering: a character's
+normalisation where it alone decided it, and each word's Viterbi path (the pass runs word by word
+where no token reaches across a "▁").
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ubatch.engine.gguf.string_array import StringArray
 from ubatch.engine.vocab.tables import A_NORMAL, A_UNUSED, A_USER_DEFINED
 
 _SPACE = "\u2581".encode()
+_SHORT = 6  # token prefixes up to this many bytes are kept in a set (~7 MB for 250k tokens)
 _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)  # by high nibble, as unicode_len_utf8
 
 
@@ -60,32 +63,40 @@ class Charsmap:
 
     def match(self, s: bytes, at: int) -> tuple[bytes, int] | None:
         """(replacement, bytes consumed) of the longest charsmap key at s[at:], or None."""
+        return self.match_reading(s, at)[0]
+
+    def match_reading(self, s: bytes, at: int) -> tuple[tuple[bytes, int] | None, int]:
+        """match's answer, and the end of the bytes it depended on (len(s) + 1 if it read to the
+        end: the text's end, too, decided it)."""
         xcda, n = self.xcda, len(self.xcda)
 
         def base(i: int) -> int:
             v = xcda[i]
             return (v >> 10) << ((v & (1 << 9)) >> 6)
 
-        node, best_len, best_at = base(0), 0, 0
+        node, best_len, best_at, read = base(0), 0, 0, len(s) + 1
         for p in range(at, len(s)):
             c = s[p]
             if c == 0:
+                read = p + 1
                 break
             node ^= c
             if node >= n or xcda[node] & ((1 << 31) | 0xFF) != c:
+                read = p + 1
                 break
             leaf = (xcda[node] >> 8) & 1
             node ^= base(node)
             if node >= n:
+                read = p + 1
                 break
             if leaf:
                 best_len, best_at = p - at + 1, xcda[node] & ((1 << 31) - 1)
         if not best_len:
-            return None
+            return None, read
         end = self.replacements.find(b"\0", best_at)
         if best_at >= len(self.replacements) or end < 0:
             raise ValueError("precompiled charsmap: unterminated replacement")
-        return self.replacements[best_at:end], best_len
+        return (self.replacements[best_at:end], best_len), read
 
 
 class UgmTokenizer:
@@ -120,6 +131,10 @@ class UgmTokenizer:
         ]
         run = b"[" + b"".join(re.escape(bytes((c,))) for c in plain) + b"]+(?=[\\x00-\\x7f]|\\Z)"
         self._plain_run = re.compile(run).match
+        self._user_first = frozenset(t[0] for t in self._user_sorted)
+        self._chars: dict[bytes, tuple[bytes, int]] = {}  # a character -> its normalisation, where only it decides
+        # prefixes of up to _SHORT bytes of the tokens: the Viterbi walk's "does a token go on?" in one lookup
+        self._short = {t[:k] for t in self._ids for k in range(1, min(len(t), _SHORT) + 1)}
         self._cuts: bool | None = None  # may the Viterbi pass run word by word? (found on first use)
         self._cache: dict[bytes, list[int]] = {}
 
@@ -164,7 +179,7 @@ class UgmTokenizer:
         prepend = not o.treat_whitespace_as_suffix and o.add_space_prefix
         merge = o.remove_extra_whitespaces
         out, prepended, in_word, at = bytearray(), False, False, 0
-        plain_run = self._plain_run
+        plain_run, chars = self._plain_run, self._chars
         while at < len(text):
             if m := plain_run(text, at):  # what the loop below does for each such byte
                 if not in_word:
@@ -175,7 +190,25 @@ class UgmTokenizer:
                 out += m.group()
                 at = m.end()
                 continue
-            piece, used = self._normalize_prefix(text, at)
+            size = _UTF8_LEN[text[at] >> 4]
+            hit = chars.get(text[at : at + size]) or chars.get(text[at : at + size + 1])
+            if hit is None:
+                piece, used = self._normalize_char(text, at, size)
+            else:
+                piece, used = hit
+                at += used
+                if piece == b" ":  # (a cached piece is one space or holds none)
+                    in_word = False
+                    if not merge:
+                        out += space
+                    continue
+                if not in_word:
+                    in_word = True
+                    if (prepend and not prepended) or merge:
+                        out += space
+                        prepended = True
+                out += piece
+                continue
             for c in piece:
                 if c != 0x20:
                     if not in_word:
@@ -193,6 +226,28 @@ class UgmTokenizer:
             out += space
         return bytes(out)
 
+    def _normalize_char(self, s: bytes, at: int, size: int) -> tuple[bytes, int]:
+        """_normalize_prefix, remembered when the character of `size` bytes at s[at] decided it
+        (no user-defined token starts with its first byte, the charsmap walk stopped inside it, it
+        is whole), or it and the byte after it did, and the result is one space or not empty and
+        without spaces.
+        The two keys differ in length for the same first byte: never confused."""
+        if s[at] in self._user_first:
+            return self._normalize_prefix(s, at)
+        read = at
+        hit = None
+        if self._charsmap is not None:
+            hit, read = self._charsmap.match_reading(s, at)
+        if hit is None:
+            n = _utf8_size(s, at)
+            hit = (s[at : at + n], n) if n else ("\ufffd".encode(), 1)
+        if (hit[0] == b" " or hit[0] and 0x20 not in hit[0]) and len(self._chars) < 1 << 17:
+            if read <= at + size <= len(s):
+                self._chars[s[at : at + size]] = hit
+            elif read <= at + size + 1 <= len(s):
+                self._chars[s[at : at + size + 1]] = hit
+        return hit
+
     def _normalize_prefix(self, s: bytes, at: int) -> tuple[bytes, int]:
         # the longest prefix of a user-defined token (llama.cpp's trie walk stops where no token goes on)
         k = _longest_prefix(self._user_sorted, s, at)
@@ -209,7 +264,7 @@ class UgmTokenizer:
         n = len(s)
         if not n:
             return []
-        unk, ids, scores, tokens = self._unk, self._ids, self._scores, self._sorted
+        unk, ids, scores, tokens, short = self._unk, self._ids, self._scores, self._sorted, self._short
         best_tok, best_from = [unk] * (n + 1), [0] * (n + 1)
         best = [-float("inf")] * (n + 1)
         best[0] = 0.0
@@ -221,7 +276,10 @@ class UgmTokenizer:
             while end <= n:
                 tok = ids.get(s[at:end])
                 if tok is None:  # llama.cpp's trie walk goes on while some token starts with this
-                    if not _has_prefix(tokens, s[at:end]):
+                    if end - at <= _SHORT:
+                        if s[at:end] not in short:
+                            break
+                    elif not _has_prefix(tokens, s[at:end]):
                         break
                 else:
                     whole = whole or end - at == size
