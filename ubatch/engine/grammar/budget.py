@@ -14,10 +14,13 @@ second of one core and some tens of MiB, and work a caller cancels (`cancel_scop
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import gc
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ubatch.engine.grammar.elements import GrammarError
@@ -92,17 +95,39 @@ def cancel_scope(cancel: threading.Event) -> Iterator[None]:
 
 
 _PROBING = threading.RLock()  # re-entrant: a probe inside a probe (none today) must not deadlock
+_HEAVY = threading.Event()  # a probe went past PROBE_YIELD_AFTER since the last turn began
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where there is none."""
+    name = ctypes.util.find_library("c")
+    try:
+        f = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+    if f is not None:
+        f.argtypes, f.restype = [ctypes.c_size_t], ctypes.c_int
+    return f
 
 
 @contextmanager
 def probing_turn() -> Iterator[None]:
     """Compile-time probes take turns across threads: however many hostile grammars arrive at
     once, one at a time holds memory (a grammar's budget, not four). Waiting stays cancellable.
+    After a probe that went far, the next turn hands the freed memory back to the system: each
+    request worker has its own malloc arena, and sixteen of them kept a refusal's sets each.
     The cyclic garbage collector pauses during a turn (at most MAX_SESSION_CPU_S): its full
     passes over a large grammar's objects were 60% of a 20,000-value enum's probe, and CPU
-    time counts against the budget."""
+    time counts against the budget. The turn ends with one pass over what it allocated, or
+    back-to-back turns (a sustained attack) would leave no gap for a collection."""
     while not _PROBING.acquire(timeout=0.02):
         check_cancelled()
+    if _HEAVY.is_set():  # the last heavy probe's sets are freed by now, in its thread's malloc arena
+        _HEAVY.clear()
+        trim = _malloc_trim()
+        if trim is not None:
+            trim(0)
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -110,6 +135,7 @@ def probing_turn() -> Iterator[None]:
     finally:
         if collecting:
             gc.enable()
+            gc.collect(0)  # what the turn allocated is all young: a refused probe's cycles go now
         _PROBING.release()
 
 
@@ -156,6 +182,7 @@ class Work:
             if self._cpu0 is None:
                 return
             if self.total > PROBE_YIELD_AFTER:
+                _HEAVY.set()
                 time.sleep(PROBE_YIELD_S)
             cpu = time.thread_time() - self._cpu0
             if cpu > MAX_SESSION_CPU_S:
