@@ -258,7 +258,9 @@ def test_unknown_pre_falls_back_to_default_and_missing_pre_warns() -> None:
     assert v.pre == "default" and "tokenizer.ggml.pre" in v.warnings[0]
 
 
-def test_tokenize_cli_warns_on_unknown_pre_and_reads_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+def test_tokenize_cli_warns_on_unknown_pre_and_reads_bytes_that_are_not_utf8(
+    tmp_path: Path, odd_bpe_model: str
+) -> None:
     """`ubatch tokenize`: the vocabulary's warnings as llama.cpp's `load:` lines on stderr; -p, -f
     and --stdin bytes that are not UTF-8 tokenized as llama-tokenize does them, as is Llama.tokenize."""
     from cli_inproc import run_cli
@@ -266,8 +268,7 @@ def test_tokenize_cli_warns_on_unknown_pre_and_reads_bytes_that_are_not_utf8(tmp
     from ubatch.llama import Llama
 
     src = llama_src() / "models" / "ggml-vocab-gpt-2.gguf"
-    odd = check_tokenizers.with_pre(src, "nope-v9", tmp_path / "odd.gguf")
-    r = run_cli(["tokenize", "-m", str(odd), "-p", "Hello world", "--ids"])
+    r = run_cli(["tokenize", "-m", odd_bpe_model, "-p", "Hello world", "--ids"])
     assert r.returncode == 0 and r.stderr.startswith("load: unknown pre-tokenizer type 'nope-v9'"), r.stderr
     raw = b"caf\xe9 \xff\xfe ok \xc3\xa9\x80 \xe2\x82"  # Latin-1, stray and cut-off bytes
     (tmp_path / "in.txt").write_bytes(raw)
@@ -286,6 +287,41 @@ def test_tokenize_cli_warns_on_unknown_pre_and_reads_bytes_that_are_not_utf8(tmp
             assert llama.run(raw, False, True)[0] == ids
         finally:
             llama.close()
+
+
+@pytest.fixture(scope="module")
+def odd_bpe_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny llama with gpt-2's vocabulary, its tokenizer.ggml.pre an unknown name ('nope-v9')."""
+    import gguf
+    import tiny_models
+
+    src = gguf.GGUFReader(llama_src() / "models" / "ggml-vocab-gpt-2.gguf")
+    keys = {k: f for k, f in src.fields.items() if k.startswith("tokenizer.")}
+    tokens = keys["tokenizer.ggml.tokens"].contents()
+
+    def bpe_keys(w: gguf.GGUFWriter, rng: object) -> None:  # in place of the tiny SPM keys
+        for k, f in keys.items():
+            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.kv_data[0][k] = gguf.GGUFValue(f.contents(), f.types[0], sub)
+        w.kv_data[0]["tokenizer.ggml.pre"] = gguf.GGUFValue("nope-v9", gguf.GGUFValueType.STRING)
+
+    spec = tiny_models.TinySpec(
+        arch="llama", n_layer=1, vocab=(tokens, [0.0] * len(tokens), [1] * len(tokens)), extra=bpe_keys
+    )
+    return str(tiny_models.write_tiny_model(tmp_path_factory.mktemp("odd") / "tiny-bpe.gguf", spec))
+
+
+def test_model_logs_show_the_vocabulary_warnings(odd_bpe_model: str) -> None:
+    """`ubatch cli` and `bench` on that model: llama.cpp's `load:` line in the startup log (a
+    bench note)."""
+    from cli_inproc import run_cli
+
+    m = odd_bpe_model
+    line = "load: unknown pre-tokenizer type 'nope-v9' (tokenizer.ggml.pre); using 'default'"
+    r = run_cli(["cli", "-m", m, "-p", "Hello", "-n", "2", "--temp", "0", "-c", "64", "-no-cnv"])
+    assert r.returncode == 0 and line in r.stderr, r.stderr[-2000:]
+    r = run_cli(["bench", "-m", m, "-p", "8", "-n", "0", "-r", "1"])
+    assert r.returncode == 0 and f"note: {line}" in " ".join(r.stderr.split()), r.stderr[-2000:]
 
 
 def test_clean_spaces_passes() -> None:
