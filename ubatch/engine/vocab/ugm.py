@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,7 +165,7 @@ class UgmTokenizer:
         if None in found:
             for i in [i for i, ids in enumerate(found) if ids is None]:
                 ids = cache.get(words[i])
-                found[i] = ids if ids is not None else cache.setdefault(words[i], self._viterbi(words[i]))
+                found[i] = ids if ids is not None else cache.setdefault(words[i], self._viterbi(words[i], True))
         unk, out = self._unk, list[int]()
         for ids in found:
             assert ids is not None
@@ -260,7 +261,10 @@ class UgmTokenizer:
 
     # ---- Viterbi -----------------------------------------------------------------------------
 
-    def _viterbi(self, s: bytes) -> list[int]:
+    def _viterbi(self, s: bytes, valid: bool = False) -> list[int]:
+        """The best path over s, from each character start. With `valid` (s is UTF-8), tokens are
+        tried only where characters end: a path that stops inside a character can neither go on
+        (nothing starts there) nor end the text, so those ends change nothing."""
         n = len(s)
         if not n:
             return []
@@ -268,12 +272,17 @@ class UgmTokenizer:
         best_tok, best_from = [unk] * (n + 1), [0] * (n + 1)
         best = [-float("inf")] * (n + 1)
         best[0] = 0.0
-        at = 0
+        bounds = [i for i in range(n) if s[i] & 0xC0 != 0x80] + [n] if valid and not s.isascii() else None
+        at = k = 0
         while at < n:
-            size = min(_UTF8_LEN[s[at] >> 4], n - at)
+            ends: Sequence[int]
+            if bounds is None:
+                size, ends = min(_UTF8_LEN[s[at] >> 4], n - at), range(at + 1, n + 1)
+            else:
+                k += 1
+                size, ends = bounds[k] - at, bounds[k:]
             here, whole = best[at], False
-            end = at + 1
-            while end <= n:
+            for end in ends:
                 tok = ids.get(s[at:end])
                 if tok is None:  # llama.cpp's trie walk goes on while some token starts with this
                     if end - at <= _SHORT:
@@ -286,7 +295,6 @@ class UgmTokenizer:
                     score = here + scores[tok]
                     if score > best[end]:
                         best[end], best_tok[end], best_from[end] = score, tok, at
-                end += 1
             if not whole:
                 score = here + self._unknown_score
                 if score > best[at + size]:
