@@ -80,6 +80,17 @@ def from_header(src_dir: Path, out: Path, seed: int = 0) -> Path:
     return out
 
 
+def add_spm_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
+    """A synthetic SentencePiece vocabulary of `n_vocab` tokens (BOS 1, EOS 2) in the file."""
+    w.add_tokenizer_model("llama")
+    tokens, scores, types = _vocab(n_vocab)
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
 def _vocab(n: int) -> tuple[list[str], list[float], list[int]]:
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [2, 3, 3] + [6] * 256
@@ -102,13 +113,7 @@ def write_llama(out: Path, n_embd: int = 4096, n_layer: int = 32, n_head: int = 
     w.add_rope_dimension_count(n_embd // n_head)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_tokenizer_model("llama")
-    tokens, scores, types = _vocab(n_vocab)
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    add_spm_vocab(w, n_vocab)
     kq = T.Q4_K if n_embd % 256 == 0 else T.Q8_0
 
     def mat(name: str, rows: int, cols: int, qtype: int) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gpu_synth import _vocab, random_blocks
+from gpu_synth import add_spm_vocab, random_blocks
 
 from ubatch.engine.model.archs import expected_tensors
 from ubatch.engine.model.hparams import hparams_from_metadata
@@ -62,13 +62,7 @@ def write(name: str, out: Path, seed: int = 0, vocab: Path | None = None) -> Pat
                 value = field.contents()
                 w.add_key_value(key, value, vtype, field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
     else:
-        w.add_tokenizer_model("llama")
-        tokens, scores, types = _vocab(n_vocab)
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
+        add_spm_vocab(w, n_vocab)
     meta = {k: v.value for k, v in w.kv_data[0].items() if not k.startswith("tokenizer.")}
     hp = hparams_from_metadata(meta | {f"{arch}.vocab_size": n_vocab}, name)
     for spec in expected_tensors(hp).values():
