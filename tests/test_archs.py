@@ -3,6 +3,7 @@ else in the engine branches on an architecture."""
 
 from __future__ import annotations
 
+import math
 import re
 from functools import cache
 from pathlib import Path
@@ -151,8 +152,8 @@ def test_family_logits_match_transformers(
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma2"])
 def test_family_on_the_cuda_backend(family_dirs: Path, family: str) -> None:
-    """The cuda backend (Triton's interpreter without a GPU) on the ops it hands to the
-    reference: qwen2's biases, gemma2's soft-capped attention; prefill and decode steps against
+    """The cuda backend (Triton's interpreter without a GPU) on the families' own ops: qwen2's
+    biases, gemma2's soft-capped attention and logits; prefill and decode steps against
     transformers."""
     ids = SEQ[:20]
     ctx = _context(_source(family_dirs, family, "f32"), "cuda", 512)
@@ -200,6 +201,22 @@ def test_family_greedy_tokens_match_transformers(family_dirs: Path, family: str)
         for _ in range(32):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
     assert ours == ids[len(prompt) :]
+
+
+def test_longrope_factors_follow_the_context_per_sequence_length(family_dirs: Path) -> None:
+    """LongRoPE's long factors once a sequence's context exceeds the original length (16 in the
+    tiny file), the short ones within it (llama.cpp's rule); with -np 8 a 256-cell context is
+    still 256 per sequence when unified, 256 / 8 = 32 > 16 otherwise: long either way here."""
+    model = Model.load(_source(family_dirs, "phi3-longrope", "f32"))
+    assert model.hparams.n_ctx_orig == 16 and model.rope_long is not None and model.rope_short is not None
+    assert model.rope_factors(16) is model.rope_short
+    assert model.rope_factors(17) is model.rope_long
+    assert not torch.equal(model.rope_long, model.rope_short)
+    ctx = Context(model, ContextParams(n_ctx=256, n_threads=1, backend="cpu"))
+    assert ctx.rope_freqs is model.rope_long
+    # the cos/sin magnitude sqrt(1 + ln(2048 / 16) / ln(16)) the converter wrote, on the tables only
+    assert abs(model.hparams.rope_mscale - (1 + math.log(128) / math.log(16)) ** 0.5) < 1e-6
+    assert model.hparams.attn_scale == 1 / 8
 
 
 def test_a_family_whose_norms_span_every_head_refuses_tensor_parallelism(family_dirs: Path) -> None:

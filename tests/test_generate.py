@@ -63,7 +63,7 @@ def test_shift_re_rotates_the_kept_keys_to_their_new_positions(llama: Model) -> 
     ids = [2] + [7 + (i * 37) % 300 for i in range(254)]
     ctx.decode(Batch.from_tokens(ids, 0))
     assert 255 - shift_sequence(ctx.memory, 0, 255, 4) == 130
-    ctx.memory.update(m.hparams, ctx.ops, m.rope_freqs)
+    ctx.memory.update(m.hparams, ctx.ops, ctx.rope_freqs)
     fresh = Context(m, ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     fresh.decode(Batch.from_tokens(ids[:4] + ids[129:], 0))
     got, ref = ctx.memory.caches[0], fresh.memory.caches[0]

@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 from test_dequant import F16_FIELDS, random_rows
 
 from ubatch.kernels import backends
+from ubatch.kernels.cpu.bind import ATTN_MAX_ROWS
 from ubatch.kernels.cpu.ops import KERNEL_TYPES, CpuOps
 from ubatch.kernels.quant.dequant import dequantize
 from ubatch.kernels.quant.weight import QWeight
@@ -245,6 +246,17 @@ def test_rms_norm_and_rope_match_the_reference(ops) -> None:
 def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple[int, int]) -> None:
     """Two groups (streams) reading their own cells, masked cells and whole hidden chunks; the
     backend's own planned scratch (t = 40: several of the CPU's fused row blocks per chunk)."""
+    attention_case(ops, kv_type, t, heads, 0.0)
+
+
+@pytest.mark.parametrize("t", [1, 40])
+def test_soft_capped_attention_matches_the_reference(ops, t: int) -> None:
+    """gemma2's scores (c·tanh(s / c) before the scale) through the backend's own kernels: the
+    CPU's decode pass (t = 1) and its fused prefill chunks (t = 40), not the reference's tiles."""
+    attention_case(ops, "f16", t, (4, 2), 5.0)
+
+
+def attention_case(ops, kv_type: str, t: int, heads: tuple[int, int], softcap: float) -> None:
     from ubatch.kernels.ops import KV_CHUNK, AttentionArgs, KVTensor
     from ubatch.kernels.quant.quantize import QUANTIZERS
     from ubatch.kernels.torch_ops import TorchOps
@@ -267,12 +279,16 @@ def test_attention_matches_the_reference(ops, kv_type: str, t: int, heads: tuple
     starts = torch.tensor([0, size])
     visible = (mask != float("-inf")).view(g * t, n_kv // KV_CHUNK, KV_CHUNK).any(2).any(0)
 
+    args = AttentionArgs(q * 4 if softcap else q, k, v, starts, n_kv, mask, 0.125, visible, softcap=softcap)
+
     def run(o):
         out = torch.empty(g * t, h * d)
         scratch = [torch.empty(s, dtype=dt) for s, dt in o.attention_scratch(q.shape, k, v, n_kv)]
-        return o.attention(AttentionArgs(q, k, v, starts, n_kv, mask, 0.125, visible), out, scratch)
+        return o.attention(args, out, scratch)
 
     assert rel_err(run(ops), run(TorchOps())) <= 1e-5
+    if softcap and ops.name == "cpu" and t <= ATTN_MAX_ROWS and kv_type != "q8_0":  # the C decode pass
+        assert ops.kernels.attention(args, torch.empty(g * t, h * d)) is not None
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cpu-avx2", "cpu-portable"])

@@ -63,6 +63,8 @@ def test_glu_scale_add_softcap_rows() -> None:
     assert torch.equal(te.elementwise(te.OP_SCALE, g, None, 0.25, torch.empty_like(g)), g * 0.25)
     want = REF.softcap(g * 10, 30.0, torch.empty_like(g))
     assert rel_err(te.elementwise(te.OP_SOFTCAP, g * 10, None, 30.0, torch.empty_like(g)), want) <= 1e-6
+    b = torch.randn(g.shape[-1])
+    assert torch.equal(te.elementwise(te.OP_BIAS, g, b, 0.0, torch.empty_like(g)), g + b)
     idx = torch.tensor([2, 0, 2])
     assert torch.equal(tg.rows(g, idx, torch.empty(3, 1500)), g[idx])
 
@@ -148,3 +150,7 @@ def test_attention_matches_the_reference_with_the_mask_tensor_or_the_cells(
     )
     got = ta.attention(AttentionArgs(q, k, v, starts, n_kv, None, 0.125, visible, cells), torch.empty_like(out))
     assert rel_err(got, want) <= 1e-5  # one-chunk tiles
+    if kv_type == "f16":  # gemma2's soft-capped scores (c·tanh(s / c), then the scale), in the kernel
+        a = AttentionArgs(q * 4, k, v, starts, n_kv, mask, 0.125, visible, softcap=5.0)
+        want = REF.attention(a, out.clone(), scratch)
+        assert rel_err(ta.attention(a, torch.empty_like(out), tiles=tiles), want) <= 1e-5

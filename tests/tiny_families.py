@@ -71,6 +71,24 @@ FAMILIES = {
     ),
     # sliding_window None: llama.cpp disables Phi's window
     "phi3": Family("Phi3Config", "Phi3ForCausalLM", "phi3", {"sliding_window": None}),
+    # Phi-4-mini's shape of RoPE: LongRoPE factors over 3/4 of each head; the original context of
+    # 16 is below every test's prompt, so transformers uses the long factors, as ubatch does for
+    # any context longer than 16 per sequence (the short ones: test_archs)
+    "phi3-longrope": Family(
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        "phi3",
+        {
+            "sliding_window": None,
+            "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 16,
+            "rope_scaling": {
+                "rope_type": "longrope",
+                "long_factor": [1.0 + 0.4 * i for i in range(24)],
+                "short_factor": [1.0 + 0.03 * i for i in range(24)],
+            },
+        },
+    ),
     "olmo2": Family("Olmo2Config", "Olmo2ForCausalLM", "olmo2"),
     # four layers: the fourth has no RoPE
     "smollm3": Family("SmolLM3Config", "SmolLM3ForCausalLM", "smollm3", {"num_hidden_layers": 4}),

@@ -118,7 +118,9 @@ class Context:
             mirrored = MirroredMemory.build(model.hparams, self.cparams, model.device)
             assert isinstance(mirrored, MirroredMemory)
             self.memory = mirrored.attach(self.channel, self.tp_key)
-        self.step_inputs = StepInputs(model, self.ops, self.cparams.causal_attn)
+        # the per-pair RoPE divisors this context uses (LongRoPE's long or short ones by n_ctx_seq)
+        self.rope_freqs = model.rope_factors(self.cparams.n_ctx_seq)
+        self.step_inputs = StepInputs(model, self.ops, self.cparams.causal_attn, self.rope_freqs)
         self.perf = PerfCounters()
         self.logits = torch.empty(0, model.hparams.n_vocab)
         self.output_ids: list[int] = []  # batch index of each logits row
@@ -256,7 +258,7 @@ class Context:
             )
         t0 = time.perf_counter()
         hp = self.model.hparams
-        if self.memory.update(hp, self.ops, self.model.rope_freqs):
+        if self.memory.update(hp, self.ops, self.rope_freqs):
             self._prev_shape.clear()  # llama.cpp rebuilds graphs after a memory update
         ubatches = self.memory.init_batch(batch, self.cparams.n_ubatch)
         if embd and n_outputs > self._embd_out.shape[0]:

@@ -58,7 +58,7 @@ def _whole_cache(ctx: Context) -> None:
 def capture(ctx: Context, seq_id: int, tokens: list[int]) -> SeqState:
     """The state of sequence `seq_id`, whose cells hold `tokens` (by position)."""
     _whole_cache(ctx)
-    ctx.memory.update(ctx.model.hparams, ctx.ops, ctx.model.rope_freqs)  # queued copies and K-shifts first
+    ctx.memory.update(ctx.model.hparams, ctx.ops, ctx.rope_freqs)  # queued copies and K-shifts first
     tensors: dict[str, torch.Tensor] = {}
     for ci, c in enumerate(ctx.memory.caches):
         idx, rows = _cells(c, seq_id)
@@ -142,7 +142,7 @@ def restore(ctx: Context, state: SeqState, seq_id: int) -> int:
     """Replace sequence `seq_id`'s cells with the state's; returns the tokens restored."""
     _whole_cache(ctx)
     plan = _check(ctx, state, seq_id)
-    ctx.memory.update(ctx.model.hparams, ctx.ops, ctx.model.rope_freqs)
+    ctx.memory.update(ctx.model.hparams, ctx.ops, ctx.rope_freqs)
     ctx.memory.seq_rm(seq_id)
     for ci, (c, (cells_idx, first)) in enumerate(zip(ctx.memory.caches, plan)):
         st = c.stream_of(seq_id)

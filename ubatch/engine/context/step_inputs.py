@@ -25,10 +25,10 @@ ROPE_ROWS_MIN = 1024  # first table size; doubled past the largest position seen
 class StepInputs:
     """Fills the inputs of a context's graphs; holds the host RoPE tables between steps."""
 
-    def __init__(self, model: Model, ops: Ops, causal: bool = True) -> None:
+    def __init__(self, model: Model, ops: Ops, causal: bool = True, freq_factors: torch.Tensor | None = None) -> None:
         """`causal` False: a query also sees the later tokens of its sequence (models with
-        attention.causal = false)."""
-        self.model, self.ops, self.causal = model, ops, causal
+        attention.causal = false); `freq_factors`: the context's per-pair RoPE divisors."""
+        self.model, self.ops, self.causal, self.freq_factors = model, ops, causal, freq_factors
         self.rope = rope_keys(model)
         self._tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
 
@@ -46,7 +46,10 @@ class StepInputs:
 
     def _backend_rows(self, key: tuple[float, float], pos: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         base, scale = key
-        cos, sin = self.ops.rope_cache(pos, self.model.hparams.n_rot, base, scale, self.model.rope_freqs)
+        cos, sin = self.ops.rope_cache(pos, self.model.hparams.n_rot, base, scale, self.freq_factors)
+        m = self.model.hparams.rope_mscale  # yarn's and LongRoPE's magnitude, as ggml's rope applies it
+        if m != 1.0:
+            cos, sin = cos * m, sin * m
         return cos.cpu().numpy(), sin.cpu().numpy()
 
     def fill(

@@ -112,6 +112,17 @@ class Model:
     load_ms: float
     shard: Shard | None = None  # tensor parallelism: the part of the model this rank holds
     whole: HParams | None = None  # with a shard: the model's own hparams (`hparams` are one rank's)
+    rope_long: torch.Tensor | None = None  # LongRoPE (phi3 128k): per-pair divisors for long contexts
+    rope_short: torch.Tensor | None = None  # ... and for contexts within the original length
+
+    def rope_factors(self, n_ctx_seq: int) -> torch.Tensor | None:
+        """The per-pair frequency divisors of a context with n_ctx_seq cells per sequence:
+        rope_freqs (llama3's tensor, yarn's factors), else LongRoPE's long factors where n_ctx_seq
+        exceeds the original context and its short ones within it (llama.cpp's rule: fixed for
+        the context, whatever length a prompt has)."""
+        if self.rope_freqs is not None or self.rope_long is None:
+            return self.rope_freqs
+        return self.rope_long if n_ctx_seq > self.hparams.n_ctx_orig else self.rope_short
 
     @property
     def n_params(self) -> int:
@@ -169,6 +180,13 @@ class Model:
             layers.append(LayerWeights(mats, {t.field: vec(t) for t in specs if not t.stored_as_matrix}))
         release_startup_code()  # torch's import-time code pages (engine/model/code_pages.py)
         top = model_tensors(hp)
+        longrope = opt_vec(top["rope_long"])
+        if (longrope is None) != (top["rope_short"].name not in g.tensors):
+            raise ModelLoadError(
+                f"{src}: LongRoPE needs both rope_factors_long and rope_factors_short; the file is corrupt"
+            )
+        if longrope is not None and (top["rope_freqs"].name in g.tensors or hp.rope_yarn_factors):
+            raise ModelLoadError(f"{src}: both LongRoPE factors and rope_freqs/yarn scaling; only one is supported")
         tok_embd = qweight(top["tok_embd"])
         output = qweight(top["output"]) if top["output"].name in g.tensors else tok_embd
         return cls(
@@ -183,6 +201,8 @@ class Model:
             rope_freqs=rope_factors(opt_vec(top["rope_freqs"]), hp, dev, src),
             device=dev,
             load_ms=(time.perf_counter() - t0) * 1e3,
+            rope_long=longrope,
+            rope_short=opt_vec(top["rope_short"]) if longrope is not None else None,
         )
 
     def sharded(self, shard: Shard, device: str | torch.device | None = None) -> Model:
@@ -252,6 +272,8 @@ class Model:
             output_norm=self.output_norm.to(dev),
             layers=layers,
             rope_freqs=mv(self.rope_freqs),
+            rope_long=mv(self.rope_long),
+            rope_short=mv(self.rope_short),
             device=dev,
         )
 

@@ -111,9 +111,13 @@ class CpuKernels:
                 return CCall("rows", lib.ub_rows, (x.data_ptr(), idx.data_ptr(), idx.numel(), x[0].numel(), o))
             case ops.KVStoreArgs():
                 return self.kv_store(a.kv, a.cells, a.x)
+            case ops.BiasArgs():
+                return self.add_bias(a.x, a.b, out)
+            case ops.SoftcapArgs():
+                return self.softcap(a.x, a.c, out)
             case ops.AttentionArgs():
                 return self.attention(a, out)
-        return None  # softcap: the Python method
+        return None
 
     # -- one op each: the C call, or None where the kernels do not cover the types or layout -----
     def linear(self, x: Tensor, w: QWeight, out: Tensor, scratch: list[Tensor]) -> ops.Step | None:
@@ -179,6 +183,23 @@ class CpuKernels:
         args = (gate.data_ptr(), up.data_ptr(), gate.numel(), int(act == "gelu_tanh"), out.data_ptr())
         return CCall("glu", self.lib.ub_glu, (*args, self.n_threads))
 
+    def add_bias(self, x: Tensor, b: Tensor, out: Tensor) -> CCall | None:
+        """x (rows, n) + b (n) on contiguous rows (qwen2's Q/K/V, phi's projections)."""
+        n = x.shape[-1] if x.dim() else 0
+        if not _f32(x, b, out) or not (x.is_contiguous() and out.is_contiguous()) or b.numel() != n or n == 0:
+            return None
+        args = (x.data_ptr(), b.data_ptr(), x.numel() // n, n, out.data_ptr(), self.n_threads)
+        return CCall("add_bias", self.lib.ub_add_bias, args)
+
+    def softcap(self, x: Tensor, c: float, out: Tensor) -> CCall | None:
+        """c·tanh(x / c) row by row (gemma2's final logits)."""
+        n = x.shape[-1] if x.dim() else 0
+        if not _f32(x, out) or not (x.is_contiguous() and out.is_contiguous()) or n == 0 or c <= 0:
+            return None
+        return CCall(
+            "softcap", self.lib.ub_softcap, (x.data_ptr(), c, x.numel() // n, n, out.data_ptr(), self.n_threads)
+        )
+
     def kv_store(self, kv: ops.KVTensor, cells: Tensor, x: Tensor) -> CCall | None:
         if kv.ggml_type not in (T.F32, T.F16) or not _f32(x) or not kv.data.is_contiguous():
             return None
@@ -187,13 +208,12 @@ class CpuKernels:
         return CCall("kv_store", self.lib.ub_kv_store, (*args, kv.data.data_ptr()))
 
     def attention(self, a: ops.AttentionArgs[Tensor], out: Tensor) -> CCall | None:
-        """Decode-shaped attention (few rows per group) over f16/f32 cells and the mask tensor
-        (without soft-capping: gemma2's scores take the reference's tiles)."""
+        """Decode-shaped attention (few rows per group) over f16/f32 cells and the mask tensor,
+        gemma2's soft-capped scores included."""
         q, k, v, mask = a.q, a.k, a.v, a.mask
         g, t, h, d = q.shape
         if (
             t > ATTN_MAX_ROWS
-            or a.softcap
             or k.ggml_type not in (T.F32, T.F16)
             or v.ggml_type not in (T.F32, T.F16)
             or not _f32(q, out)
@@ -204,5 +224,5 @@ class CpuKernels:
             return None
         qa = (q.data_ptr(), g, t, h, d)
         kva = (k.data.data_ptr(), int(k.ggml_type == T.F16), v.data.data_ptr(), int(v.ggml_type == T.F16))
-        rest = (k.n_head, v.head_dim, a.starts.data_ptr(), a.n_kv, mask.data_ptr(), a.scale, out.data_ptr())
+        rest = (k.n_head, v.head_dim, a.starts.data_ptr(), a.n_kv, mask.data_ptr(), a.scale, a.softcap, out.data_ptr())
         return CCall("attention", self.lib.ub_attn, (*qa, *kva, *rest, self.n_threads))

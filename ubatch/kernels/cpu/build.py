@@ -31,7 +31,7 @@ from pathlib import Path
 from ubatch.kernels.cpu.program import check_arities
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 15
+ABI_VERSION = 16
 FAST_FLAGS = ("avx2", "fma", "f16c")
 # About how long a cold build takes, for the line a front end shows. The SIMD builds wait for
 # their slowest file (matmul.c, 2.4 s alone on a 2-core AVX-512 Xeon; the whole build 4 s there,
@@ -193,7 +193,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_rms_norm.restype = None
     lib.ub_rope.argtypes = [c_p, c_p, c_p, c_l, c_l, c_l, c_l, c_i, c_p, c_i]
     lib.ub_rope.restype = None
-    lib.ub_attn.argtypes = [c_p, c_l, c_l, c_l, c_l, c_p, c_i, c_p, c_i, c_l, c_l, c_p, c_l, c_p, c_f, c_p, c_i]
+    lib.ub_attn.argtypes = [c_p, c_l, c_l, c_l, c_l, c_p, c_i, c_p, c_i, c_l, c_l, c_p, c_l, c_p, c_f, c_f, c_p, c_i]
     lib.ub_attn.restype = None
     lib.ub_gemm.argtypes = [c_i, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_p, c_i]
     lib.ub_gemm.restype = c_i
@@ -206,9 +206,47 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_amx_init.restype = c_i
     lib.ub_mask_span.argtypes = [c_p, c_l, c_l, c_l, c_l, c_l]
     lib.ub_mask_span.restype = c_l
-    lib.ub_softmax_tile.argtypes = [c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_l, c_l, c_f, c_p, c_p, c_l, c_p, c_l, c_l, c_i]
+    lib.ub_softmax_tile.argtypes = [
+        c_p,
+        c_l,
+        c_l,
+        c_l,
+        c_p,
+        c_l,
+        c_l,
+        c_l,
+        c_l,
+        c_f,
+        c_f,
+        c_p,
+        c_p,
+        c_l,
+        c_p,
+        c_l,
+        c_l,
+        c_i,
+    ]
     lib.ub_softmax_tile.restype = None
-    lib.ub_attn_chunk.argtypes = [c_p, c_l, c_l, c_l, c_l, c_p, c_l, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_l, c_l, c_f]
+    lib.ub_attn_chunk.argtypes = [
+        c_p,
+        c_l,
+        c_l,
+        c_l,
+        c_l,
+        c_p,
+        c_l,
+        c_p,
+        c_l,
+        c_l,
+        c_l,
+        c_p,
+        c_l,
+        c_l,
+        c_l,
+        c_l,
+        c_f,
+        c_f,
+    ]
     lib.ub_attn_chunk.argtypes += [c_p, c_p, c_l, c_p, c_l, c_p, c_i]
     lib.ub_attn_chunk.restype = c_i
     lib.ub_attn_chunk_scratch.argtypes = [c_l, c_l, c_l, c_i]
@@ -218,7 +256,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_scale.argtypes = [c_p, c_f, c_l, c_p, c_i]
     lib.ub_rows.argtypes = [c_p, c_p, c_l, c_l, c_p]
     lib.ub_kv_store.argtypes = [c_p, c_l, c_l, c_p, c_i, c_p]
-    for f in (lib.ub_glu, lib.ub_add, lib.ub_scale, lib.ub_rows, lib.ub_kv_store):
+    lib.ub_add_bias.argtypes = [c_p, c_p, c_l, c_l, c_p, c_i]
+    lib.ub_softcap.argtypes = [c_p, c_f, c_l, c_l, c_p, c_i]
+    for f in (lib.ub_glu, lib.ub_add, lib.ub_scale, lib.ub_rows, lib.ub_kv_store, lib.ub_add_bias, lib.ub_softcap):
         f.restype = None
     lib.ub_run.argtypes = [c_p, c_l]
     lib.ub_run.restype = c_l

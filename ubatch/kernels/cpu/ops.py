@@ -85,7 +85,6 @@ class CpuTiles(AttentionTiles):
         m, rowsum, acc = state.m, state.rowsum, state.acc
         if not (
             need
-            and not state.softcap
             and len(scratch) > 1
             and scratch[1].numel() >= need
             and _rows_ok(qh, k, v, acc)
@@ -93,11 +92,12 @@ class CpuTiles(AttentionTiles):
             and _state_ok(state)
         ):
             return super().chunk_attention(qh, k, v, mask, c0, state, scratch)
-        grid = (mask[:, :, c0:].data_ptr(), b // mask.shape[0], state.r, mask.stride(0), mask.stride(1), state.scale)
+        grid = (mask[:, :, c0:].data_ptr(), b // mask.shape[0], state.r, mask.stride(0), mask.stride(1))
+        scales = (state.scale, state.softcap)
         tail = (m.data_ptr(), rowsum.data_ptr(), m.stride(0), acc.data_ptr(), acc.stride(0))
         self.kernels.lib.ub_attn_chunk(
             qh.data_ptr(), qh.stride(0), b, rows, d, k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), c, dv,
-            *grid, *tail, scratch[1].data_ptr(), self.kernels.n_threads,
+            *grid, *scales, *tail, scratch[1].data_ptr(), self.kernels.n_threads,
         )  # fmt: skip
 
     def visible_span(self, mask: Tensor, t0: int, tb: int, c0: int, c: int) -> tuple[int, int]:
@@ -115,7 +115,6 @@ class CpuTiles(AttentionTiles):
         m, rowsum, acc = state.m, state.rowsum, state.acc
         if not (
             s.is_contiguous()
-            and not state.softcap
             and mask.dtype == torch.float16
             and mask.stride(2) == 1
             and _state_ok(state)
@@ -123,9 +122,10 @@ class CpuTiles(AttentionTiles):
             and acc.stride(1) == acc.shape[2]
         ):
             return super().softmax_tile(s, mask, state)
-        grid = (b, rows, c, mask.data_ptr(), b // mask.shape[0], state.r, mask.stride(0), mask.stride(1), state.scale)
+        grid = (b, rows, c, mask.data_ptr(), b // mask.shape[0], state.r, mask.stride(0), mask.stride(1))
+        scales = (state.scale, state.softcap)
         tail = (m.data_ptr(), rowsum.data_ptr(), m.stride(0), acc.data_ptr(), acc.stride(0), acc.shape[2])
-        self.kernels.lib.ub_softmax_tile(s.data_ptr(), *grid, *tail, self.kernels.n_threads)
+        self.kernels.lib.ub_softmax_tile(s.data_ptr(), *grid, *scales, *tail, self.kernels.n_threads)
 
 
 class CpuOps(Ops):
@@ -265,7 +265,14 @@ class CpuOps(Ops):
         return self.ref.rows(x, idx, out)
 
     def softcap(self, x: Tensor, c: float, out: Tensor) -> Tensor:
-        return self.ref.softcap(x, c, out)
+        if not _run(self.kernels.softcap(x, c, out)):
+            self.ref.softcap(x, c, out)
+        return out
+
+    def add_bias(self, x: Tensor, b: Tensor, out: Tensor) -> Tensor:
+        if not _run(self.kernels.add_bias(x, b, out)):
+            self.ref.add_bias(x, b, out)
+        return out
 
     def kv_store(self, kv: KVTensor, cells: Tensor, x: Tensor, scratch: list[Tensor] | None = None) -> None:
         if not _run(self.kernels.kv_store(kv, cells.long().contiguous(), x.contiguous())):

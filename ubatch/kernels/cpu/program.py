@@ -28,9 +28,11 @@ PROGRAM_OPS: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "scale": (6, 5, (1,)),
     "rows": (7, 5, ()),
     "kv_store": (8, 6, ()),
-    "attention": (9, 17, (14,)),
+    "attention": (9, 18, (14, 15)),
     "gemm": (10, 12, ()),
     "gemm_amx": (11, 12, ()),
+    "add_bias": (12, 6, ()),
+    "softcap": (13, 6, (1,)),
 }
 
 

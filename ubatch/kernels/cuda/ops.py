@@ -174,6 +174,12 @@ class CudaOps(Ops):
     def softcap(self, x: Tensor, c: float, out: Tensor) -> Tensor:
         return out if self._elementwise(self._te.OP_SOFTCAP, x, None, c, out) else self.ref.softcap(x, c, out)
 
+    def add_bias(self, x: Tensor, b: Tensor, out: Tensor) -> Tensor:
+        if _rows_ok(x, out, b) and x.dim() and b.numel() == x.shape[-1] and b.dtype == torch.float32:
+            self._te.elementwise(self._te.OP_BIAS, x, b, 0.0, out)
+            return out
+        return self.ref.add_bias(x, b, out)
+
     def glu(self, gate: Tensor, up: Tensor, act: str, out: Tensor) -> Tensor:
         if act in ("gelu_tanh", "silu") and _rows_ok(gate, up, out):
             return self._te.glu(gate, up, act, out)
@@ -202,8 +208,7 @@ class CudaOps(Ops):
             a.mask is not None and a.mask.dtype == torch.float16 and a.mask.stride(-1) == 1
         )
         if (
-            not a.softcap
-            and a.k.ggml_type in ta.KV_TYPES
+            a.k.ggml_type in ta.KV_TYPES
             and a.v.ggml_type in ta.KV_TYPES
             and a.q.stride(-1) == 1
             and _rows_ok(out)
@@ -211,7 +216,7 @@ class CudaOps(Ops):
         ):
             part = scratch[0] if len(scratch) == 1 else None  # the planned split partials
             return ta.attention(a, out, part=part)
-        if len(scratch) < attn_scratch_count(a.k.n_head):  # soft-capped scores: the reference's tiles
+        if len(scratch) < attn_scratch_count(a.k.n_head):  # a cache type the kernel does not read
             g, t, h, d = a.q.shape
             shapes = attn_scratch(g, t, h, a.k.n_head, a.n_kv, d, a.v.head_dim)
             scratch = [torch.empty(s, dtype=dt, device=out.device) for s, dt in shapes]

@@ -78,6 +78,12 @@ class HParams:
     rope_layers: tuple[bool, ...] = ()  # per layer: RoPE applied (empty: every layer; smollm3 skips some)
     qk_norm_full: bool = False  # Q and K normed over the whole projection, before the heads (olmo2)
     rope_yarn_factors: tuple[float, ...] = ()  # yarn: each rotated pair's frequency divided by its factor
+    # `rope.scaling.original_context_length` (0: n_ctx_train): LongRoPE's long factors apply to a
+    # context whose per-sequence length exceeds it
+    n_ctx_orig: int = 0
+    # cos and sin of every rotated pair scaled by it (yarn's magnitude, `rope.scaling.attn_factor`):
+    # on both q and k, so m² on the rotated dims' share of q·k and nothing on unrotated dims
+    rope_mscale: float = 1.0
 
     def is_swa(self, il: int) -> bool:
         return self.swa_layers[il]
@@ -137,9 +143,13 @@ def read_core(meta: Meta, arch: str, source: str) -> HParams:
     freq_base = meta_float(meta, a + "rope.freq_base", source, 10000.0, positive=True)
     n_ctx_train = meta_int(meta, a + "context_length", source)
     yarn_factors: tuple[float, ...] = ()
-    mscale = 1.0
+    # cos and sin scaled by it (llama.cpp multiplies every context's attention factor by it; phi3's
+    # LongRoPE files write it), on top of yarn's own magnitude
+    mscale = meta_float(meta, a + "rope.scaling.attn_factor", source, 1.0, positive=True)
+    n_ctx_orig = meta_int(meta, a + "rope.scaling.original_context_length", source, n_ctx_train)
     if scaling_type == "yarn" and freq_scale != 1.0:
-        yarn_factors, mscale = _yarn(meta, a, source, n_rot, freq_base, freq_scale, n_ctx_train)
+        yarn_factors, yarn_mscale = _yarn(meta, a, source, n_rot, freq_base, freq_scale, n_ctx_orig)
+        mscale *= yarn_mscale
         freq_scale = 1.0  # carried by the per-pair factors
     return HParams(
         arch=arch,
@@ -161,7 +171,7 @@ def read_core(meta: Meta, arch: str, source: str) -> HParams:
         rope_freq_scale_swa=1.0,
         n_swa=0,
         swa_layers=(False,) * n_layer,
-        attn_scale=mscale * mscale / math.sqrt(head_k),  # yarn's cos/sin magnitude, on q·k instead
+        attn_scale=1.0 / math.sqrt(head_k),
         embd_scale=1.0,
         final_logit_softcap=meta_float(meta, a + "final_logit_softcapping", source, 0.0),
         sandwich_norm=False,
@@ -170,17 +180,18 @@ def read_core(meta: Meta, arch: str, source: str) -> HParams:
         causal_attn=meta_bool(meta, a + "attention.causal", source, True),
         pooling_type=POOLING_TYPES[meta_int(meta, a + "pooling_type", source, 0, lo=0, hi=len(POOLING_TYPES) - 1)],
         rope_yarn_factors=yarn_factors,
+        n_ctx_orig=n_ctx_orig,
+        rope_mscale=mscale,
     )
 
 
 def _yarn(
-    meta: Meta, a: str, source: str, n_rot: int, base: float, freq_scale: float, n_ctx_train: int
+    meta: Meta, a: str, source: str, n_rot: int, base: float, freq_scale: float, orig: int
 ) -> tuple[tuple[float, ...], float]:
     """YaRN as ggml computes it (ggml_rope_yarn_corr_dims, rope_yarn; llama_context's attention
     factor), as per-pair divisors of each frequency and the cos/sin magnitude. A pair's angle is
     the interpolated one mixed with the extrapolated by the ramp: theta·(s·(1 - r) + r), so its
     divisor is 1 / (s·(1 - r) + r); the magnitude m scales both q and k, which is m² on q·k."""
-    orig = meta_int(meta, a + "rope.scaling.original_context_length", source, n_ctx_train)
     ext = meta_float(meta, a + "rope.scaling.yarn_ext_factor", source, 1.0)  # llama.cpp: unset is 1 under yarn
     fast = meta_float(meta, a + "rope.scaling.yarn_beta_fast", source, 32.0)
     slow = meta_float(meta, a + "rope.scaling.yarn_beta_slow", source, 1.0)
@@ -204,7 +215,7 @@ def _yarn(
         m = attn * (1 + 0.1 * math.log(f))
     else:
         m = meta_float(meta, a + "rope.scaling.yarn_attn_factor", source, 1.0)
-    return tuple(factors), m * meta_float(meta, a + "rope.scaling.attn_factor", source, 1.0)
+    return tuple(factors), m
 
 
 # -- tensors --------------------------------------------------------------------------------------
@@ -275,6 +286,13 @@ def model_tensors(hp: HParams) -> dict[str, TensorSpec]:
         "output": TensorSpec("output", "output.weight", (v, d), "matrix", "vocab", False),
         "output_norm": TensorSpec("output_norm", "output_norm.weight", (d,), "vector", "replicated"),
         "rope_freqs": TensorSpec("rope_freqs", "rope_freqs.weight", (hp.n_rot // 2,), "vector", "replicated", False),
+        # LongRoPE (phi3's 128k files): per-pair divisors for long and for short contexts
+        "rope_long": TensorSpec(
+            "rope_long", "rope_factors_long.weight", (hp.n_rot // 2,), "vector", "replicated", False
+        ),
+        "rope_short": TensorSpec(
+            "rope_short", "rope_factors_short.weight", (hp.n_rot // 2,), "vector", "replicated", False
+        ),
     }
 
 

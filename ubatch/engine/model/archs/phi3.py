@@ -1,13 +1,19 @@
 """Phi-3 and Phi-4 (dense): llama's layer over fused tensors (Q, K and V in one `attn_qkv`, gate
 and up in one `ffn_up`, split into views of their rows, still as stored), RoPE on NEOX pairs over
-`rope.dimension_count` dims (Phi-4-mini rotates 3/4 of each head). llama.cpp disables Phi's
-sliding window; so does ubatch."""
+`rope.dimension_count` dims (Phi-4-mini rotates 3/4 of each head). The 128k files (Phi-3-mini-128k,
+Phi-3.5, Phi-4-mini) carry LongRoPE: two per-pair frequency divisors, `rope_factors_long` and
+`rope_factors_short`, of which a context uses the long one when its per-sequence context exceeds
+`rope.scaling.original_context_length` (llama.cpp's rule, fixed for the context; transformers
+switches per forward by length), and `rope.scaling.attn_factor` on cos and sin. llama.cpp
+disables Phi's sliding window; so does ubatch."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import gguf
+import numpy as np
 
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.model.archs import llama
@@ -22,11 +28,46 @@ HF_LAYER_NAMES = {
     "mlp.gate_up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
-LONGROPE = "LongRoPE (rope_factors_long / rope_factors_short, Phi-3 128k) is not supported yet; use a 4k-context file"
 
 
 def read_hparams(meta: Meta, source: str) -> HParams:
     return replace(read_core(meta, "phi3", source), rope_neox=True)
+
+
+def longrope(cfg: Config, src: str) -> tuple[list[float], list[float], float] | None:
+    """LongRoPE's (long factors, short factors, attention factor) as the converter reads them
+    from config.json (`su` is its old name), or None without them."""
+    rs = rope_config(cfg) or {}
+    kind = str(rs.get("rope_type", rs.get("type", ""))).lower()
+    long, short = rs.get("long_factor"), rs.get("short_factor")
+    if not long and kind not in ("longrope", "su"):
+        return None
+    if kind not in ("longrope", "su"):
+        raise ModelLoadError(f"{src}: rope scaling {kind!r} with long_factor is not supported (only longrope)")
+    n_embd, n_head = cfg_int(cfg, "hidden_size", src), cfg_int(cfg, "num_attention_heads", src)
+    rot = cfg_num({"r": cfg.get("partial_rotary_factor", rs.get("partial_rotary_factor", 1.0))}, "r", src)
+    half = int(rot * n_embd) // n_head // 2
+    factors: list[list[float]] = []
+    for key, v in (("long_factor", long), ("short_factor", short)):
+        if not isinstance(v, list) or len(v) != half or not all(isinstance(x, (int, float)) and x > 0 for x in v):
+            raise ModelLoadError(f"{src}: rope_scaling.{key}: expected {half} positive numbers (one per rotated pair)")
+        factors.append([float(x) for x in v])
+    n_ctx = cfg_int(cfg, "max_position_embeddings", src)
+    orig = cfg_int(rs if "original_max_position_embeddings" in rs else cfg, "original_max_position_embeddings", src)
+    scale = n_ctx / orig
+    attn = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
+    return factors[0], factors[1], attn
+
+
+def longrope_tensors(cfg: Config, src: str) -> dict[str, np.ndarray]:
+    """The two factor tensors the converter writes for a LongRoPE checkpoint."""
+    lr = longrope(cfg, src)
+    if lr is None:
+        return {}
+    return {
+        "rope_factors_long.weight": np.array(lr[0], dtype=np.float32),
+        "rope_factors_short.weight": np.array(lr[1], dtype=np.float32),
+    }
 
 
 def layer_tensors(hp: HParams, il: int) -> list[TensorSpec]:
@@ -48,10 +89,9 @@ def hf_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
     """The keys the converter's Phi3MiniModel writes."""
     n_embd, n_head = cfg_int(cfg, "hidden_size", src), cfg_int(cfg, "num_attention_heads", src)
     rs = rope_config(cfg) or {}
-    if rs.get("long_factor") or rs.get("rope_type", rs.get("type")) in ("longrope", "su"):
-        raise ModelLoadError(f"{src}: {LONGROPE}")
     w.add_context_length(cfg_int(cfg, "max_position_embeddings", src))
-    w.add_rope_scaling_orig_ctx_len(cfg_int(cfg, "original_max_position_embeddings", src, 4096))
+    orig_from = rs if "original_max_position_embeddings" in rs else cfg
+    w.add_rope_scaling_orig_ctx_len(cfg_int(orig_from, "original_max_position_embeddings", src, 4096))
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(cfg_int(cfg, "intermediate_size", src))
     w.add_block_count(cfg_int(cfg, "num_hidden_layers", src))
@@ -65,6 +105,9 @@ def hf_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
     w.add_rope_freq_base(rope_theta(cfg, src) or 10000.0)
     sw = cfg.get("sliding_window")
     w.add_sliding_window(cfg_int(cfg, "sliding_window", src) if sw is not None else 0)
+    lr = longrope(cfg, src)
+    if lr is not None:
+        w.add_rope_scaling_attn_factors(lr[2])
 
 
 ARCH = Arch(
@@ -73,7 +116,6 @@ ARCH = Arch(
     read_hparams=read_hparams,
     layer_tensors=layer_tensors,
     layer=llama.layer,  # the fused tensors are split into the blocks' fields at load
-    hf=HFTable(HF_LAYER_NAMES, hf_keys),
+    hf=HFTable(HF_LAYER_NAMES, hf_keys, extra_tensors=longrope_tensors),
     chat_template="phi3",
-    refused=(("rope_factors_long.weight", LONGROPE), ("rope_factors_short.weight", LONGROPE)),
 )

@@ -55,11 +55,12 @@ static void axpy_kv(float *acc, float a, const void *v, int f16, int64_t d) {
 }
 
 /* q (g, t, h, d) f32; k, v: cells x (hkv, d | dv) in f32 or f16; starts[g]: first cell of group
- * g's stream; mask (g, t, n_kv) f16 additive (-inf hides a cell); out (g * t, h * dv).
+ * g's stream; mask (g, t, n_kv) f16 additive (-inf hides a cell); softcap > 0: each score
+ * becomes softcap * tanh(score / softcap) before the scale (gemma2); out (g * t, h * dv).
  * One online-softmax pass per (group, token, head): each visible cell is read once per head. */
 void ub_attn(const float *q, int64_t g, int64_t t, int64_t h, int64_t d, const void *k, int k_f16,
              const void *v, int v_f16, int64_t hkv, int64_t dv, const int64_t *starts, int64_t n_kv,
-             const uint16_t *mask, float scale, float *out, int nth) {
+             const uint16_t *mask, float scale, float softcap, float *out, int nth) {
     int64_t r = h / hkv, n_rows = g * t * h;
 #pragma omp parallel for num_threads(nth) schedule(static)
     for (int64_t row = 0; row < n_rows; row++) {
@@ -74,7 +75,9 @@ void ub_attn(const float *q, int64_t g, int64_t t, int64_t h, int64_t d, const v
             int64_t cell = starts[gi] + c;
             const uint8_t *kc = (const uint8_t *)k + (cell * hkv + kh) * d * (k_f16 ? 2 : 4);
             const uint8_t *vc = (const uint8_t *)v + (cell * hkv + kh) * dv * (v_f16 ? 2 : 4);
-            float s = dot_kv(qr, kc, k_f16, d) * scale + (mr[c] ? h2f(mr[c]) : 0.0f);
+            float s = dot_kv(qr, kc, k_f16, d);
+            if (softcap > 0) s = softcap1(s, softcap); /* llama.cpp's order: cap, scale, mask */
+            s = s * scale + (mr[c] ? h2f(mr[c]) : 0.0f);
             if (s > mx) {
                 float corr = expf(mx - s);
                 for (int64_t i = 0; i < dv; i++) acc[i] *= corr;
@@ -98,10 +101,11 @@ void ub_attn(const float *q, int64_t g, int64_t t, int64_t h, int64_t d, const v
  * s * scale + mask, the running max *mp and sum *lp are updated, the accumulator row a (dv
  * floats) is rescaled by exp(m_old - m_new), and x is left holding exp(x - m_new) for the P.V
  * product that follows. torch needs ten passes over a tile for this; here it is two. */
-void ub_softmax_row(float *x, int64_t cc, const uint16_t *mr, float scale, float *mp, float *lp, float *a,
-                    int64_t dv) {
+void ub_softmax_row(float *x, int64_t cc, const uint16_t *mr, float scale, float softcap, float *mp, float *lp,
+                    float *a, int64_t dv) {
     float mx = -INFINITY, sum = 0.0f;
     int64_t c = 0;
+    if (softcap > 0) softcap_span(x, cc, softcap, x); /* gemma2: the raw scores capped first */
 #if UB_AVX512
     __m512 ws = _mm512_set1_ps(scale), wmx = _mm512_set1_ps(-INFINITY);
     for (; c + 16 <= cc; c += 16) {
@@ -161,13 +165,13 @@ void ub_softmax_row(float *x, int64_t cc, const uint16_t *mr, float scale, float
 /* The step on a score tile s of nb x rows score rows of cc cells (batch bi = group x KV head;
  * row j is token j / r, query head j % r); m, l and acc rows as in ub_softmax_row. */
 void ub_softmax_tile(float *s, int64_t nb, int64_t rows, int64_t cc, const uint16_t *mask, int64_t hkv,
-                     int64_t r, int64_t mask_sg, int64_t mask_st, float scale, float *m, float *l,
+                     int64_t r, int64_t mask_sg, int64_t mask_st, float scale, float softcap, float *m, float *l,
                      int64_t ml_sb, float *acc, int64_t acc_sb, int64_t dv, int nth) {
     int64_t n = nb * rows;
 #pragma omp parallel for num_threads(nth) schedule(static) if (n * cc > 16384)
     for (int64_t i = 0; i < n; i++) {
         int64_t bi = i / rows, j = i % rows;
-        ub_softmax_row(s + i * cc, cc, mask + (bi / hkv) * mask_sg + (j / r) * mask_st, scale,
+        ub_softmax_row(s + i * cc, cc, mask + (bi / hkv) * mask_sg + (j / r) * mask_st, scale, softcap,
                        m + bi * ml_sb + j, l + bi * ml_sb + j, acc + bi * acc_sb + j * dv, dv);
     }
 }

@@ -98,4 +98,38 @@ static inline __m256 exp_avx2(__m256 x) { UB_EXP_BODY(256, _mm256_round_ps) }
 static inline __m512 exp_avx512(__m512 x) { UB_EXP_BODY(512, _mm512_roundscale_ps) }
 #endif
 #endif
+
+/* Soft-capping c * tanh(x / c) (gemma2's attention scores and logits) as c - 2c / (exp(2x / c) + 1):
+ * exp saturates at both ends, so large |x| give exactly +-c and nothing divides by zero. The
+ * scalar form is the lanes' formula, so a row's values do not depend on where its vector loop ends. */
+static inline float softcap1(float x, float c) {
+    float z = 2.0f * x / c;
+    z = z < -87.0f ? -87.0f : z > 88.0f ? 88.0f : z;
+    return c - 2.0f * c / (expf(z) + 1.0f);
+}
+#if UB_AVX2
+static inline __m256 softcap_avx2(__m256 x, float c) {
+    __m256 vc = _mm256_set1_ps(c), one = _mm256_set1_ps(1.0f);
+    __m256 e = exp_avx2(_mm256_mul_ps(x, _mm256_set1_ps(2.0f / c)));
+    return _mm256_sub_ps(vc, _mm256_div_ps(_mm256_add_ps(vc, vc), _mm256_add_ps(e, one)));
+}
+#endif
+#if UB_AVX512
+static inline __m512 softcap_avx512(__m512 x, float c) {
+    __m512 vc = _mm512_set1_ps(c), one = _mm512_set1_ps(1.0f);
+    __m512 e = exp_avx512(_mm512_mul_ps(x, _mm512_set1_ps(2.0f / c)));
+    return _mm512_sub_ps(vc, _mm512_div_ps(_mm512_add_ps(vc, vc), _mm512_add_ps(e, one)));
+}
+#endif
+/* n values capped in place or into out: 16, then 8 lanes, then the scalar form */
+static inline void softcap_span(const float *x, int64_t n, float c, float *out) {
+    int64_t i = 0;
+#if UB_AVX512
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, softcap_avx512(_mm512_loadu_ps(x + i), c));
+#endif
+#if UB_AVX2
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, softcap_avx2(_mm256_loadu_ps(x + i), c));
+#endif
+    for (; i < n; i++) out[i] = softcap1(x[i], c);
+}
 #endif

@@ -9,7 +9,7 @@
  * the tile kernel's panels: K transposed (panel[d][NR] of NR cells), V as NR-column strips. */
 #include "tile.h"
 
-void ub_softmax_row(float *x, int64_t cc, const uint16_t *mr, float scale, float *mp, float *lp, float *a,
+void ub_softmax_row(float *x, int64_t cc, const uint16_t *mr, float scale, float softcap, float *mp, float *lp, float *a,
                     int64_t dv);
 int64_t ub_mask_span(const uint16_t *mask, int64_t g, int64_t tb, int64_t c, int64_t sg, int64_t st);
 
@@ -53,7 +53,8 @@ static void pack_v(const float *v, int64_t c, int64_t cp, int64_t dv, int64_t q,
  * Returns 0 where this build has no tile kernel (the caller then takes the tile products). */
 int ub_attn_chunk(const float *q, int64_t q_sb, int64_t b, int64_t rows, int64_t d, const float *k, int64_t k_sb,
                   const float *v, int64_t v_sb, int64_t c, int64_t dv, const uint16_t *mask, int64_t hkv, int64_t r,
-                  int64_t mask_sg, int64_t mask_st, float scale, float *m, float *l, int64_t ml_sb, float *acc,
+                  int64_t mask_sg, int64_t mask_st, float scale, float softcap, float *m, float *l, int64_t ml_sb,
+                  float *acc,
                   int64_t acc_sb, float *scratch, int nth) {
 #if UB_AVX2
     int64_t cp = round_up(c, NR), n_kp = cp / NR, n_vp = (dv + NR - 1) / NR, n_tasks = (rows + RB - 1) / RB;
@@ -93,7 +94,7 @@ int ub_attn_chunk(const float *q, int64_t q_sb, int64_t b, int64_t rows, int64_t
                 for (int64_t i = 0; i < nrow; i++) {
                     int64_t j = j0 + i;
                     float *x = sb + i * cw;
-                    ub_softmax_row(x, hi - cs, mk + (j / r) * mask_st + cs, scale, m + bi * ml_sb + j,
+                    ub_softmax_row(x, hi - cs, mk + (j / r) * mask_st + cs, scale, softcap, m + bi * ml_sb + j,
                                    l + bi * ml_sb + j, acc + bi * acc_sb + j * dv, dv);
                     memset(x + (hi - cs), 0, sizeof(float) * (cw - (hi - cs))); /* cells no row sees */
                 }
@@ -118,7 +119,7 @@ int ub_attn_chunk(const float *q, int64_t q_sb, int64_t b, int64_t rows, int64_t
     return 1;
 #else
     (void)q, (void)q_sb, (void)b, (void)rows, (void)d, (void)k, (void)k_sb, (void)v, (void)v_sb, (void)c, (void)dv;
-    (void)mask, (void)hkv, (void)r, (void)mask_sg, (void)mask_st, (void)scale, (void)m, (void)l, (void)ml_sb;
+    (void)mask, (void)hkv, (void)r, (void)mask_sg, (void)mask_st, (void)scale, (void)softcap, (void)m, (void)l, (void)ml_sb;
     (void)acc, (void)acc_sb, (void)scratch, (void)nth;
     return 0;
 #endif

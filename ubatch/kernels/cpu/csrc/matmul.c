@@ -7,7 +7,7 @@
 #include "quant_codes.h"
 #include "quant_i16.h"
 
-int ub_abi_version(void) { return 15; }
+int ub_abi_version(void) { return 16; }
 int ub_simd(void) { return UB_AVX512 ? 3 : UB_AVX2 ? 2 : 0; } /* 3: AVX-512F, 2: AVX2+FMA+F16C, 0: portable */
 
 #if UB_AVX2

@@ -15,14 +15,17 @@ void ub_scale(const float *, float, int64_t, float *, int);
 void ub_rows(const float *, const int64_t *, int64_t, int64_t, float *);
 void ub_kv_store(const float *, int64_t, int64_t, const int64_t *, int, void *);
 void ub_attn(const float *, int64_t, int64_t, int64_t, int64_t, const void *, int, const void *, int, int64_t,
-             int64_t, const int64_t *, int64_t, const uint16_t *, float, float *, int);
+             int64_t, const int64_t *, int64_t, const uint16_t *, float, float, float *, int);
+void ub_add_bias(const float *, const float *, int64_t, int64_t, float *, int);
+void ub_softcap(const float *, float, int64_t, int64_t, float *, int);
 int ub_gemm(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t,
             float *, int);
 int ub_gemm_amx(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t,
                 float *, int);
 
-enum { P_GEMV, P_GET_ROWS, P_RMS_NORM, P_ROPE, P_GLU, P_ADD, P_SCALE, P_ROWS, P_KV_STORE, P_ATTN, P_GEMM, P_GEMM_AMX, P_N };
-static const int ARITY[P_N] = {12, 8, 9, 10, 6, 5, 5, 5, 6, 17, 12, 12};
+enum { P_GEMV, P_GET_ROWS, P_RMS_NORM, P_ROPE, P_GLU, P_ADD, P_SCALE, P_ROWS, P_KV_STORE, P_ATTN, P_GEMM, P_GEMM_AMX,
+       P_ADD_BIAS, P_SOFTCAP, P_N };
+static const int ARITY[P_N] = {12, 8, 9, 10, 6, 5, 5, 5, 6, 18, 12, 12, 6, 6};
 
 int ub_program_arity(int op) { return op >= 0 && op < P_N ? ARITY[op] : -1; }
 
@@ -60,8 +63,10 @@ int64_t ub_run(const int64_t *prog, int64_t n) {
         case P_KV_STORE: ub_kv_store(FPTR(0), a[1], a[2], I64P(3), (int)a[4], PTR(5)); break;
         case P_ATTN:
             ub_attn(FPTR(0), a[1], a[2], a[3], a[4], PTR(5), (int)a[6], PTR(7), (int)a[8], a[9], a[10], I64P(11),
-                    a[12], (const uint16_t *)PTR(13), fbits(a[14]), FPTR(15), (int)a[16]);
+                    a[12], (const uint16_t *)PTR(13), fbits(a[14]), fbits(a[15]), FPTR(16), (int)a[17]);
             break;
+        case P_ADD_BIAS: ub_add_bias(FPTR(0), FPTR(1), a[2], a[3], FPTR(4), (int)a[5]); break;
+        case P_SOFTCAP: ub_softcap(FPTR(0), fbits(a[1]), a[2], a[3], FPTR(4), (int)a[5]); break;
         case P_GEMM:
             if (!ub_gemm((int)a[0], PTR(1), a[2], a[3], a[4], FPTR(5), a[6], a[7], FPTR(8), a[9], FPTR(10), (int)a[11]))
                 return i;

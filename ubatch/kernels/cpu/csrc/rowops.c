@@ -117,6 +117,23 @@ void ub_scale(const float *x, float s, int64_t n, float *out, int nth) {
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * s;
 }
 
+/* out (rows, n) = x + b with b (n) on every row: a projection's bias (qwen2's Q/K/V, phi's) */
+void ub_add_bias(const float *x, const float *b, int64_t rows, int64_t n, float *out, int nth) {
+#pragma omp parallel for num_threads(nth) schedule(static) if (rows * n >= ELT_PAR)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        for (int64_t i = 0; i < n; i++) o[i] = xr[i] + b[i];
+    }
+}
+
+/* out (rows, n) = c * tanh(x / c), row by row (gemma2's final logits: each row's values are the
+ * same whatever other rows share the call) */
+void ub_softcap(const float *x, float c, int64_t rows, int64_t n, float *out, int nth) {
+#pragma omp parallel for num_threads(nth) schedule(static) if (rows * n >= ELT_PAR)
+    for (int64_t r = 0; r < rows; r++) softcap_span(x + r * n, n, c, out + r * n);
+}
+
 /* out[i] = x[idx[i]] for rows of n floats (the rows that produce outputs) */
 void ub_rows(const float *x, const int64_t *idx, int64_t n_idx, int64_t n, float *out) {
     for (int64_t i = 0; i < n_idx; i++) memcpy(out + i * n, x + idx[i] * n, sizeof(float) * n);

@@ -61,7 +61,7 @@ def _store_rows(O, acc, l_i, g, t, h, rm, T, so, DV: tl.constexpr, BDV: tl.const
 @triton.jit
 def attention_kernel(
     Q, K, K8, K16, V, V8, V16, STARTS, MASK, VIS, CPOS, CSEQ, QPOS, QLIM, QSEQ, O, PART,  # noqa: E741
-    T, R, n_head_kv, n_kv, sq_g, sq_t, sq_h, sk, k_rb, sv, v_rb, sm_g, sm_t, so, n_swa, scale,
+    T, R, n_head_kv, n_kv, sq_g, sq_t, sq_h, sk, k_rb, sv, v_rb, sm_g, sm_t, so, n_swa, scale, softcap,
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     KQ8: tl.constexpr, VQ8: tl.constexpr, MASK_CELLS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr,
@@ -93,7 +93,10 @@ def attention_kernel(
             cell = start + cols
             cm = cols < n_kv
             k = _load_kv(K, K8, K16, cell, cm, hk, sk, k_rb, D, BD, KQ8)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            if softcap > 0:  # gemma2: the raw scores capped first, then scaled (llama.cpp's order)
+                s = (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0) * softcap
+            s = s * scale
             if MASK_CELLS:
                 cpos = tl.load(CPOS + g * n_kv + cols, mask=cm, other=-1)
                 cseq = tl.load(CSEQ + g * n_kv + cols, mask=cm, other=0)
@@ -246,7 +249,7 @@ def attention(
     attention_kernel[(*grid, sp)](
         q, kf, k8, k16, vf, v8, v16, starts, mk, visible, cpos, cseq, qpos, qlim, qseq, out, part,
         t, r, k.n_head, n_kv, q.stride(0), q.stride(1), q.stride(2), sk, k_rb, sv, v_rb, sm[0], sm[1],
-        out.stride(0), n_swa, a.scale,
+        out.stride(0), n_swa, a.scale, a.softcap,
         D=d, DV=v.head_dim, BD=triton.next_power_of_2(d), BDV=bdv,
         KQ8=k.ggml_type == T.Q8_0, VQ8=v.ggml_type == T.Q8_0, MASK_CELLS=cells is not None,
         BM=bm, BN=bn, CHUNK=KV_CHUNK, SPLIT=sp, num_warps=nw,
@@ -266,7 +269,7 @@ def _spec(d: int, kv: str, q8: bool, mask_cells: bool, rows: int, split: int = 1
            "QPOS": "*i32", "QLIM": "*i32", "QSEQ": "*i64", "O": "*fp32", "PART": "*fp32"}  # fmt: skip
     sig |= {a: "i32" for a in ("T", "R", "n_head_kv", "n_kv", "sq_g", "sq_t", "sq_h", "sk", "k_rb", "sv", "v_rb",
                                "sm_g", "sm_t", "so", "n_swa")}  # fmt: skip
-    sig["scale"] = "fp32"
+    sig["scale"] = sig["softcap"] = "fp32"
     const = {"D": d, "DV": d, "BD": d, "BDV": d, "KQ8": q8, "VQ8": q8, "MASK_CELLS": mask_cells,
              "BM": bm, "BN": bn, "CHUNK": KV_CHUNK, "SPLIT": split}  # fmt: skip
     sig |= {c: "constexpr" for c in const}

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 ELEM_BLOCK = 1024  # elements per program of the flat element-wise kernels
-OP_ADD, OP_SCALE, OP_SOFTCAP = 0, 1, 2
+OP_ADD, OP_SCALE, OP_SOFTCAP, OP_BIAS = 0, 1, 2, 3
 
 
 @triton.jit
@@ -79,13 +79,16 @@ def glu_kernel(G, U, Y, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def unary_binary_kernel(A, B, Y, n, s, OP: tl.constexpr, BLOCK: tl.constexpr):
-    """OP_ADD: a + b; OP_SCALE: a · s; OP_SOFTCAP: tanh(a / s) · s."""
+def unary_binary_kernel(A, B, Y, n, ncol, s, OP: tl.constexpr, BLOCK: tl.constexpr):
+    """OP_ADD: a + b; OP_SCALE: a · s; OP_SOFTCAP: tanh(a / s) · s; OP_BIAS: a + b[i % ncol] (a
+    projection's bias on each of its rows of ncol values)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     a = tl.load(A + i, mask=m, other=0.0)
     if OP == 0:
         y = a + tl.load(B + i, mask=m, other=0.0)
+    elif OP == 3:
+        y = a + tl.load(B + i % ncol, mask=m, other=0.0)
     elif OP == 1:
         y = a * s
     else:
@@ -138,10 +141,12 @@ def glu(gate: torch.Tensor, up: torch.Tensor, act: str, out: torch.Tensor) -> to
 
 
 def elementwise(op: int, a: torch.Tensor, b: torch.Tensor | None, s: float, out: torch.Tensor) -> torch.Tensor:
+    """Contiguous a, out (and b: a's shape, or with OP_BIAS one row of a's last dimension)."""
     n = a.numel()
     if n:
         grid = (triton.cdiv(n, ELEM_BLOCK),)
-        unary_binary_kernel[grid](a, a if b is None else b, out, n, float(s), OP=op, BLOCK=ELEM_BLOCK)
+        ncol = a.shape[-1] if a.dim() else 1
+        unary_binary_kernel[grid](a, a if b is None else b, out, n, ncol, float(s), OP=op, BLOCK=ELEM_BLOCK)
     return out
 
 
@@ -168,8 +173,8 @@ COMPILE_SPECS = [
     ],
     *[
         ("elementwise", unary_binary_kernel,
-         {"A": _F, "B": _F, "Y": _F, "n": "i32", "s": "fp32", "OP": "constexpr", "BLOCK": "constexpr"},
+         {"A": _F, "B": _F, "Y": _F, "n": "i32", "ncol": "i32", "s": "fp32", "OP": "constexpr", "BLOCK": "constexpr"},
          {"OP": op, "BLOCK": ELEM_BLOCK})
-        for op in (OP_ADD, OP_SCALE, OP_SOFTCAP)
+        for op in (OP_ADD, OP_SCALE, OP_SOFTCAP, OP_BIAS)
     ],
 ]  # fmt: skip
