@@ -223,7 +223,9 @@ def test_bad_checkpoints_are_one_line(tmp_path: Path) -> None:
         "shard missing": (two, lambda d: (d / "model-00002-of-00002.safetensors").unlink(), "model-00002-of-00002"),
         "tensor missing": (one, lambda d: drop(d, "model.layers.1.mlp.up_proj.weight"), "blk.1.ffn_up.weight"),
         "shape": (one, lambda d: cfg(d, intermediate_size=128), "but config.json implies"),
-        "no tokenizer": (one, lambda d: (d / "tokenizer.model").unlink(), "no tokenizer.model"),
+        "no tokenizer": (one, lambda d: (d / "tokenizer.model").unlink(), "neither tokenizer.model nor tokenizer.json"),
+        "bad tokenizer.json": (one, lambda d: _bpe_only(d, "{not json"), "tokenizer.json: not valid JSON"),
+        "unknown pre": (one, lambda d: _bpe_only(d, None), "pre-tokenizer is not one llama.cpp knows"),
     }
     dirs = {k: _broken(tmp_path, k.replace(" ", "_"), spec, edit) for k, (spec, edit, _) in cases.items()}
     runs = ubatch_inproc({k: ["cli", "-m", d, "-p", "x", "-n", "1"] for k, d in dirs.items()})
@@ -232,3 +234,76 @@ def test_bad_checkpoints_are_one_line(tmp_path: Path) -> None:
     conv = ubatch_inproc({"outtype": ["convert", dirs["shape"], "-o", tmp_path / "x.gguf", "--outtype", "q4_k"]})
     assert_user_error(conv["outtype"], "--outtype")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def _bpe_only(d: Path, text: str | None) -> None:
+    """tokenizer.model replaced by a tokenizer.json: `text`, or a small BPE of its own whose
+    check-text hash no converter knows."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    (d / "tokenizer.model").unlink()
+    if text is not None:
+        (d / "tokenizer.json").write_text(text)
+        return
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate("abcdefgh")}, merges=[], unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+
+
+@pytest.mark.parametrize("name", ["gpt-2", "llama-bpe", "qwen2"])
+def test_a_tokenizer_json_reads_as_the_converter_reads_it(tmp_path: Path, name: str) -> None:
+    """A real BPE tokenizer (llama.cpp's test vocabulary as tokenizer.json): every token and type
+    as the vocabulary holds them, and the pre-tokenizer named by the converter's hash of the ids
+    the tokenizers library gives for its check text (Llama 3's starts with its BOS)."""
+    import tiny_bpe
+    import tiny_families
+
+    from ubatch.engine.model.hf.tokenizer import bpe_tables
+
+    src = tiny_families.llama_cpp_src()
+    if src is None:
+        pytest.skip("llama.cpp's test vocabularies are not available (../shared/tools/llama-cpp.sh)")
+    tokens, types = tiny_bpe.write_tokenizer_json(tmp_path, src, name)
+    got_tokens, got_types, pre = bpe_tables(tmp_path, len(tokens))
+    assert pre == name and got_tokens == tokens
+    # ids past the tokenizer's own are [PAD] placeholders: UNUSED today, USER_DEFINED in older files
+    held = [i for i, t in enumerate(tokens) if t != f"[PAD{i}]"]
+    assert [got_types[i] for i in held] == [types[i] for i in held]
+
+
+def test_a_bpe_checkpoint_directory_runs_as_its_conversion(tmp_path: Path) -> None:
+    """-m DIR on a qwen2 checkpoint whose only tokenizer is tokenizer.json (Qwen 2's vocabulary):
+    the tokenizer keys equal those llama.cpp's converter writes from the same directory, and
+    `ubatch tokenize` gives the same ids for the directory and for that file."""
+    import tiny_bpe
+    import tiny_families
+    import transformers
+
+    src = tiny_families.llama_cpp_src()
+    if src is None:
+        pytest.skip("llama.cpp's converter is not available (../shared/tools/llama-cpp.sh)")
+    d = tmp_path / "qwen2-bpe"
+    cfg = transformers.Qwen2Config(
+        vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=512, bos_token_id=151643, eos_token_id=151643,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(cfg).float().save_pretrained(d, safe_serialization=True)
+    tiny_bpe.write_tokenizer_json(d, src, "qwen2")
+    gguf_file = tiny_families.convert_llama_cpp(d, tmp_path / "qwen2-bpe.gguf", own_vocab=True)
+    ours, theirs = open_checkpoint_meta(d), open_gguf(gguf_file).metadata
+    keys = [k for k in theirs if k.startswith("tokenizer.") and k != "tokenizer.chat_template"]
+    assert "tokenizer.ggml.merges" in keys and theirs["tokenizer.ggml.pre"] == "qwen2"
+    for k in keys:
+        a, b = ours.get(k), theirs[k]
+        assert a == b if isinstance(b, (str, int, float, bool)) else list(a) == list(b), k  # type: ignore[call-overload]
+    text = "Hello world! 3333 tokens,\n\tnew   lines 😁 and 'quotes'"
+    ids = [ubatch("tokenize", "-m", str(p), "-p", text, "--ids").stdout for p in (d, gguf_file)]
+    assert ids[0] == ids[1] and ids[0].strip().startswith("[")
+
+
+def open_checkpoint_meta(d: Path) -> dict[str, object]:
+    from ubatch.engine.model.hf.checkpoint import open_checkpoint
+
+    return dict(open_checkpoint(d)[0].metadata)

@@ -177,12 +177,14 @@ runpy.run_path(script, run_name="__main__")
 """
 
 
-def convert_llama_cpp(d: Path, out: Path, outtype: str = "f32") -> Path:
-    """d converted by llama.cpp's convert_hf_to_gguf.py (with its own gguf-py)."""
+def convert_llama_cpp(d: Path, out: Path, outtype: str = "f32", own_vocab: bool = False) -> Path:
+    """d converted by llama.cpp's convert_hf_to_gguf.py (with its own gguf-py); `own_vocab`: the
+    converter's own choice of tokenizer reader (a BPE tokenizer.json directory)."""
     src = llama_cpp_src()
     assert src is not None
     if not out.exists():
-        cmd = [sys.executable, "-c", DRIVER, str(src), str(d), "--outfile", str(out), "--outtype", outtype]
+        driver = DRIVER.replace("TextModel.set_vocab = ", "pass  # ") if own_vocab else DRIVER
+        cmd = [sys.executable, "-c", driver, str(src), str(d), "--outfile", str(out), "--outtype", outtype]
         cmd += ["--model-name", "tiny"]  # not the family's: llama.cpp keys vocabulary fixes off "phi3" in it
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]

@@ -1,14 +1,20 @@
-"""A checkpoint's `tokenizer.model` turned into the tokenizer.ggml.* keys, as llama.cpp's converter does.
+"""A checkpoint's tokenizer turned into the tokenizer.ggml.* keys, as llama.cpp's converter does.
 
-The SentencePiece model is read with the `sentencepiece` library; each piece gets its text, score
-and token type, ids past the model's pieces are `[PAD{i}]` placeholders, `added_tokens.json` and
-`tokenizer_config.json`'s `added_tokens_decoder` override pieces, and `gguf.SpecialVocab` reads
-the special ids, add_bos/add_eos and the chat template. The engine's Vocab then reads these keys
-exactly as it reads a GGUF file's, so one tokenizer runs for both.
+`tokenizer.model` (SentencePiece: Llama 2, Mistral, Gemma, Phi-3) is read with the `sentencepiece`
+library; each piece gets its text, score and token type, ids past the model's pieces are
+`[PAD{i}]` placeholders, `added_tokens.json` and `tokenizer_config.json`'s `added_tokens_decoder`
+override pieces. Without one, `tokenizer.json` (byte-level BPE: Llama 3, Qwen, OLMo 2, SmolLM3,
+Granite) is read with Hugging Face's `tokenizers` library, as the converter reads it through
+transformers: the vocabulary by id, added tokens as control or user-defined, and the
+pre-tokenizer named by the hash of the ids the tokenizer gives for the converter's check text
+(`bpe_pre.py`). Either way `gguf.SpecialVocab` reads the special ids, add_bos/add_eos, the merges
+and the chat template. The engine's Vocab then reads these keys exactly as it reads a GGUF
+file's, so one tokenizer runs for both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -19,6 +25,7 @@ from gguf import TokenType
 
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.model.archs import ARCHS
+from ubatch.engine.model.hf.bpe_pre import CHKTXT, PRE_BY_HASH
 
 
 def _looks_special(token: str) -> bool:
@@ -40,10 +47,6 @@ def spm_tables(d: Path, vocab_size: int | None) -> tuple[list[str], list[float],
     from sentencepiece import SentencePieceProcessor
 
     f = d / "tokenizer.model"
-    if not f.is_file():
-        raise ModelLoadError(
-            f"{d}: no tokenizer.model; ubatch reads SentencePiece tokenizers only (tokenizer.json alone is not supported)"
-        )
     sp = SentencePieceProcessor()
     try:
         sp.LoadFromFile(str(f))
@@ -84,8 +87,66 @@ def spm_tables(d: Path, vocab_size: int | None) -> tuple[list[str], list[float],
     return tokens, scores, types
 
 
+def bpe_tables(d: Path, vocab_size: int | None) -> tuple[list[str], list[int], str]:
+    """(tokens, token types, pre-tokenizer name) of tokenizer.json's byte-level BPE for ids
+    0 .. vocab_size-1 (the config's, else the tokenizer's), as the converter's get_vocab_base."""
+    from tokenizers import Tokenizer
+
+    f = d / "tokenizer.json"
+    kind = (_json(f).get("model") or {}).get("type")
+    if kind != "BPE":
+        raise ModelLoadError(f"{f}: a {kind} tokenizer without tokenizer.model; ubatch reads BPE tokenizer.json only")
+    try:
+        tok = Tokenizer.from_file(str(f))
+    except Exception as e:  # the library raises its own exception types
+        raise ModelLoadError(f"{f}: not a tokenizer the tokenizers library reads ({str(e).splitlines()[0]})") from None
+    vocab = tok.get_vocab(with_added_tokens=True)
+    n = vocab_size or len(vocab)
+    if vocab and max(vocab.values()) >= n:
+        raise ModelLoadError(f"{f}: token id {max(vocab.values())} is past config.json's vocab_size = {n}")
+    reverse = {i: t for t, i in vocab.items()}
+    added = tok.get_added_tokens_decoder()
+    tokens, types = [], []
+    for i in range(n):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(int(TokenType.UNUSED))
+            continue
+        text = reverse[i]
+        if i in added:
+            a = added[i]
+            if not a.normalized:  # the converter's encode-then-decode, which gives such a token back as written
+                text = tok.decode(tok.encode(text, add_special_tokens=False).ids, skip_special_tokens=False)
+            if a.special or _looks_special(text):
+                types.append(int(TokenType.CONTROL))
+            else:
+                text = text.replace("\u2581", " ")
+                types.append(int(TokenType.USER_DEFINED))
+        else:
+            types.append(int(TokenType.NORMAL))
+        tokens.append(text)
+    chkhsh = hashlib.sha256(str(tok.encode(CHKTXT).ids).encode()).hexdigest()
+    pre = PRE_BY_HASH.get(chkhsh)
+    if pre is None:
+        raise ModelLoadError(
+            f"{f}: its BPE pre-tokenizer is not one llama.cpp knows (check hash {chkhsh[:16]}...), as llama.cpp's "
+            "converter would say; use a GGUF file converted with a llama.cpp that supports it"
+        )
+    return tokens, types, pre
+
+
 def write_tokenizer(w: gguf.GGUFWriter, d: Path, arch: str, vocab_size: int | None) -> int:
     """The tokenizer keys into w; returns the number of tokens."""
+    if not (d / "tokenizer.model").is_file():
+        if not (d / "tokenizer.json").is_file():
+            raise ModelLoadError(f"{d}: neither tokenizer.model nor tokenizer.json; the directory has no tokenizer")
+        tokens, types, pre = bpe_tables(d, vocab_size)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        _special_vocab(w, d, len(tokens), merges=True)
+        return len(tokens)
     tokens, scores, types = spm_tables(d, vocab_size)
     space_prefix = ARCHS[arch].hf.space_prefix
     if space_prefix == "config":
@@ -98,12 +159,17 @@ def write_tokenizer(w: gguf.GGUFWriter, d: Path, arch: str, vocab_size: int | No
     w.add_token_list(tokens)
     w.add_token_scores(scores)
     w.add_token_types(types)
-    log = logging.getLogger("gguf.vocab")
-    level, log.level = log.level, logging.ERROR  # its per-key info/warnings are not ours to print
-    try:
-        gguf.SpecialVocab(d, n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
-    finally:
-        log.setLevel(level)
+    _special_vocab(w, d, len(tokens), merges=False)
     if space_prefix == "never":
         w.add_add_space_prefix(False)
     return len(tokens)
+
+
+def _special_vocab(w: gguf.GGUFWriter, d: Path, n_vocab: int, merges: bool) -> None:
+    """Special ids, add_bos/add_eos, the chat template (and BPE's merges) as gguf's SpecialVocab reads them."""
+    log = logging.getLogger("gguf.vocab")
+    level, log.level = log.level, logging.ERROR  # its per-key info/warnings are not ours to print
+    try:
+        gguf.SpecialVocab(d, load_merges=merges, n_vocab=n_vocab).add_to_gguf(w, quiet=True)
+    finally:
+        log.setLevel(level)
