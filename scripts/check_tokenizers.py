@@ -55,18 +55,21 @@ int main(int argc, char ** argv) {
         if (n && fread(text, 1, n, stdin) != n) return 1;
         int cap = n + 16;
         llama_token * ids = malloc(sizeof(llama_token) * cap);
-        struct timespec t0, t1;
+        struct timespec t0, t1, c0, c1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
         int k = llama_tokenize(v, text, n, ids, cap, fl & 1, fl & 2);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         long long ns = (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+        long long cpu = (c1.tv_sec - c0.tv_sec) * 1000000000LL + (c1.tv_nsec - c0.tv_nsec);
         if (k < 0) { cap = -k; ids = realloc(ids, sizeof(llama_token) * cap); k = llama_tokenize(v, text, n, ids, cap, fl & 1, fl & 2); }
         int tcap = 16 * k + 64;
         char * out = malloc(tcap);
         int t = llama_detokenize(v, ids, k, out, tcap, false, false);
         if (t < 0) { tcap = -t; out = realloc(out, tcap); t = llama_detokenize(v, ids, k, out, tcap, false, false); }
         fwrite(&k, 4, 1, stdout); fwrite(ids, sizeof(llama_token), k, stdout);
-        fwrite(&t, 4, 1, stdout); fwrite(out, 1, t, stdout); fwrite(&ns, 8, 1, stdout); fflush(stdout);
+        fwrite(&t, 4, 1, stdout); fwrite(out, 1, t, stdout); fwrite(&ns, 8, 1, stdout); fwrite(&cpu, 8, 1, stdout); fflush(stdout);
         free(text); free(ids); free(out);
     }
     return 0;
@@ -107,7 +110,7 @@ class LlamaTokenizer:
 
     def __init__(self, helper: Path, vocab: Path) -> None:
         self.p = subprocess.Popen([str(helper), str(vocab)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.last_ns = 0
+        self.last_ns = self.last_cpu_ns = 0
 
     def run(self, text: bytes, add_special: bool, parse_special: bool) -> tuple[list[int], bytes]:
         assert self.p.stdin and self.p.stdout
@@ -117,7 +120,7 @@ class LlamaTokenizer:
         ids = list(struct.unpack(f"<{k}i", self.p.stdout.read(4 * k)))
         (t,) = struct.unpack("<i", self.p.stdout.read(4))
         text_out = self.p.stdout.read(t)
-        (self.last_ns,) = struct.unpack("<q", self.p.stdout.read(8))  # llama_tokenize's own time
+        self.last_ns, self.last_cpu_ns = struct.unpack("<qq", self.p.stdout.read(16))  # llama_tokenize's own time
         return ids, text_out
 
     def close(self) -> None:
@@ -318,7 +321,10 @@ def bench(names: list[str], src: Path, repeat: int) -> None:
 
 def bench_in_process(names: list[str], src: Path, repeat: int) -> None:
     """Encoding alone, in one process each: llama_tokenize's time on the text (libllama, timed in
-    C) beside Vocab.tokenize's on a freshly loaded vocabulary (its word cache empty)."""
+    C) beside Vocab.tokenize's on a freshly loaded vocabulary (its word cache empty), each the
+    best of `repeat`, in rounds (llama.cpp's run, then ubatch's, per vocabulary and round) so that
+    both meet the same load. Wall time, and the thread's CPU time (what a loaded machine's other
+    work does not add to); the ratio is ubatch's tokens/s over llama.cpp's (above 1: faster)."""
     from ubatch.engine.gguf.file import open_gguf
     from ubatch.engine.vocab.vocab import Vocab
 
@@ -329,26 +335,38 @@ def bench_in_process(names: list[str], src: Path, repeat: int) -> None:
         if helper is None:
             raise SystemExit(f"no libllama.so in {llama_bin()} (or no C compiler): build it with {TOOL}")
         print(f"text: {len(raw)} bytes of prose, code, CJK, emoji and digits; cpu: {_cpu()}; best of {repeat}")
-        print(f"{'vocab':15s} {'kind':4s} {'tokens':>7s}   {'llama_tokenize':>14s}   {'Vocab.tokenize':>14s}")
+        print(f"load average before: {_load()}")
+        head = f"{'llama_tokenize':>14s}   {'Vocab.tokenize':>14s}"
+        print(f"{'vocab':15s} {'kind':4s} {'tokens':>7s}   wall: {head} {'ratio':>6s}   cpu: {head} {'ratio':>6s}")
         for name in names:
             path = src / "models" / f"ggml-vocab-{name}.gguf"
             ref = LlamaTokenizer(helper, path)
-            t_llama, ids = float("inf"), list[int]()
+            t_llama = c_llama = t_ours = c_ours = float("inf")
+            ids, same = list[int](), True
             for _ in range(repeat):
                 ids, _ = ref.run(raw, True, False)
-                t_llama = min(t_llama, ref.last_ns / 1e9)
-            ref.close()
-            t_ours, same = float("inf"), True
-            for _ in range(repeat):
+                t_llama, c_llama = min(t_llama, ref.last_ns / 1e9), min(c_llama, ref.last_cpu_ns / 1e9)
                 v = Vocab.from_metadata(open_gguf(path).metadata, name)
                 v.tokenize("Hello zqxjv")  # tables built on first use (llama.cpp builds them at load)
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.thread_time()
                 got = v.tokenize(text, True, False)
-                t_ours, same = min(t_ours, time.perf_counter() - t), same and got == ids
+                c, t = time.thread_time() - c, time.perf_counter() - t
+                t_ours, c_ours, same = min(t_ours, t), min(c_ours, c), same and got == ids
+            ref.close()
             n = len(ids)
             print(
-                f"{name:15s} {v.kind:4s} {n:7d}   {n / t_llama:12.0f}/s   {n / t_ours:12.0f}/s{'' if same else '  (ids differ!)'}"
+                f"{name:15s} {v.kind:4s} {n:7d}   wall: {n / t_llama:12.0f}/s   {n / t_ours:12.0f}/s {t_llama / t_ours:6.2f}"
+                f"   cpu: {n / c_llama:12.0f}/s   {n / c_ours:12.0f}/s {c_llama / c_ours:6.2f}"
+                f"{'' if same else '  (ids differ!)'}"
             )
+        print(f"load average after: {_load()}")
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 def _cpu() -> str:

@@ -18,6 +18,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from ubatch.engine.gguf.file import open_gguf
+from ubatch.engine.gguf.string_array import StringArray
 from ubatch.engine.vocab.bpe import byte_decode, byte_encode
 from ubatch.engine.vocab.partition import group_specials, partition
 from ubatch.engine.vocab.pre_tokenizer import PRE_TOKENIZERS, UNSUPPORTED_PRE, Splitter
@@ -372,3 +373,27 @@ def test_consumers_read_pieces_not_stored_texts(name: str) -> None:
     assert key == v.token_to_piece(tok).decode() and key.strip() == "world"
     (colon,) = v.tokenize(":", add_special=False)[-1:]
     assert () in breaker_table(v, (":",))[colon]  # the ":" token completes the ":" breaker by itself
+
+
+@pytest.mark.parametrize("name", ["llama-bpe", "gemma-4", "gpt-2", "falcon", "bert-bge"])
+def test_native_loops_give_the_python_loops_ids(name: str) -> None:
+    """The C loops (native.py, csrc/words.c) against the Python ones, on every word of mixed and
+    random texts, a word longer than the C merge loop takes, and bytes no token holds."""
+    from ubatch.engine.vocab.native import NativeBpe, library
+
+    if library() is None:
+        pytest.skip("no C compiler: the Python loops run")
+    v = Vocab.from_metadata(open_gguf(llama_src() / "models" / f"ggml-vocab-{name}.gguf").metadata, name)
+    t = v._tok
+    rng = random.Random(11)
+    text = check_tokenizers.mixed_text(60_000, seed=4)
+    text += "".join(check_tokenizers.random_text(rng).decode("utf-8", "surrogateescape") for _ in range(300))
+    if v.kind == "WPM":
+        words = list(dict.fromkeys(t.words(text))) + ["x" * 300, "\U0001fae0" * 3]
+        assert t._new_words(words) == list(map(t._word, words)) and t._native
+        return
+    words = list(dict.fromkeys(t._split.words(llama_text(text)))) + ["ab" * 2500, "\U0001fae0\u4e00" * 40, "\x00\x01"]
+    assert t._new_words(words) == t._new_words(words, use_native=False) and t._native
+    # a merge of texts that are not tokens: only the Python loop merges by text
+    assert NativeBpe.build(StringArray.from_strings(["a", "b"]), StringArray.from_strings(["a b"]), [-1] * 256) is None
+    assert NativeBpe.build(StringArray.from_strings(["a", "b", "ab"]), StringArray.from_strings(["a b"]), [-1] * 256)

@@ -4,21 +4,25 @@ A raw fragment is split into words by the pre-tokeniser; each word is byte-encod
 byte -> printable character map) unless the vocabulary is raw UTF-8 (Gemma 4), then merged by
 llm_tokenizer_bpe_session's loop: repeatedly join the adjacent pair with the lowest merge rank
 (leftmost on ties); a final piece that is no token falls back to single-byte tokens. Words repeat
-(prose reuses a few thousand), so each word's ids are cached: a long prompt is mostly lookups.
+(prose reuses a few thousand), so each word's ids are cached: a long prompt is mostly lookups,
+and the words it brings new are merged in C (native.py) where that is built, else here.
 """
 
 from __future__ import annotations
 
 import heapq
+import operator
 import re
-from collections.abc import Callable
-from itertools import chain
+from collections.abc import Callable, Iterable
+from itertools import chain, compress, repeat
+from typing import Literal
 
 import numpy as np
 
 from ubatch.engine.gguf.string_array import StringArray
 from ubatch.engine.vocab import unicode
-from ubatch.engine.vocab.pre_tokenizer import PreTokenizer, Splitter
+from ubatch.engine.vocab.native import NativeBpe
+from ubatch.engine.vocab.pre_tokenizer import PreTokenizer, Splitter, cut
 from ubatch.engine.vocab.tables import BYTE_TEXTS
 from ubatch.engine.vocab.token_index import strings
 
@@ -43,6 +47,21 @@ UNICODE_TO_BYTE = {c: b for b, c in enumerate(BYTE_TO_UNICODE)}
 def byte_encode(word: str) -> str:
     """The word's UTF-8 bytes, one printable character each."""
     return unicode.utf8(word).decode("latin-1").translate(_ENCODE)
+
+
+_ENCODE_TABLE = np.array([ord(c) for c in BYTE_TO_UNICODE], "<u2")  # (all below U+0144: one UTF-16 unit)
+
+
+def byte_encode_all(words: list[str]) -> list[str]:
+    """byte_encode of each word, in one pass over all their bytes (numpy) and one split."""
+    joined = "".join(words)
+    raw = unicode.utf8(joined)
+    if len(raw) == len(joined):  # ASCII: a byte per character
+        lengths: Iterable[int] = map(len, words)
+    else:
+        lengths = [len(unicode.utf8(w)) for w in words]
+    encoded = _ENCODE_TABLE[np.frombuffer(raw, np.uint8)].tobytes().decode("utf-16-le")
+    return cut(encoded, lengths)
 
 
 def byte_decode(text: str) -> bytes:
@@ -77,6 +96,7 @@ class BpeTokenizer:
         self._whitespace_model, self._lowercase = whitespace_model, lowercase
         self._cache: dict[str, list[int]] = {}
         self._space_cuts: re.Pattern[str] | None = None
+        self._native: NativeBpe | Literal[False] | None = None  # the C merge loop (built on first use), False: none
 
     def _build_tables(self) -> tuple[dict[str, int], dict[str, int]]:
         """Token text -> id, and merge line -> rank (a repeated line keeping its first, as
@@ -129,26 +149,49 @@ class BpeTokenizer:
             cache.clear()
         found = list(map(cache.get, words))  # the cache first, in C; then the words it lacks
         if None in found:
-            for i in [i for i, ids in enumerate(found) if ids is None]:
-                w = words[i]
-                ids = cache.get(w)
-                found[i] = ids if ids is not None else cache.setdefault(w, self._word(self._encode_word(w)))
+            new = list(dict.fromkeys(compress(words, map(operator.is_, found, repeat(None)))))
+            cache.update(zip(new, self._new_words(new)))
+            found = list(map(cache.get, words))
         return list(chain.from_iterable(found))  # type: ignore[arg-type]  # no None is left
 
-    def _encode_word(self, word: str) -> str:
-        return byte_encode(word) if self._byte_encode else word
+    def _new_words(self, words: list[str], use_native: bool = True) -> list[list[int]]:
+        """llm_tokenizer_bpe_session::tokenize for words not in the cache: a word that is a token
+        as a whole where llama.cpp takes it so, the rest merged: in C (native.py) where it can
+        be, else here."""
+        ids, _ = self._tables()
+        encoded = byte_encode_all(words) if self._byte_encode else words
+        whole: list[int | None]
+        if self._pre.ignore_merges:  # a word that is a token is that token
+            whole = list(map(ids.get, encoded))
+        elif self._newline_words:  # so is a run of newlines
+            whole = [None if e.strip("\n") else ids.get(e) for e in encoded]
+        else:  # (a one-character word merges to itself)
+            whole = [None] * len(encoded)
+        rest = list(compress(encoded, map(operator.is_, whole, repeat(None))))
+        merged: list[list[int] | None] = [None] * len(rest)
+        if use_native and rest:
+            if self._native is None:
+                self._native = NativeBpe.build(self._texts, self._merges, self._byte_ids(ids)) or False
+            if self._native:
+                merged = self._native.words(rest)
+        done = (m if m is not None else self._merge(e) for e, m in zip(rest, merged))
+        return [[t] if t is not None else next(done) for t in whole]
 
-    def _word(self, word: str) -> list[int]:
-        """llm_tokenizer_bpe_session::tokenize for one (encoded) word."""
-        ids, ranks = (
-            (self._ids, self._ranks) if self._ids is not None and self._ranks is not None else self._build_tables()
-        )
+    def _byte_ids(self, ids: dict[str, int]) -> list[int]:
+        """What _piece gives for each byte of a piece that is no token (-1: nothing)."""
+        if self._byte_encode:
+            return [ids.get(chr(b), -1) if b < 0x80 else -1 for b in range(256)]
+        return [ids.get(t, -1) for t in BYTE_TEXTS]
+
+    def _tables(self) -> tuple[dict[str, int], dict[str, int]]:
+        if self._ids is not None and self._ranks is not None:
+            return self._ids, self._ranks
+        return self._build_tables()
+
+    def _merge(self, word: str) -> list[int]:
+        """The merge loop over one (encoded) word that is not taken whole."""
+        ids, ranks = self._tables()
         token_id = ids.get
-        whole = token_id(word)
-        if whole is not None and (
-            self._pre.ignore_merges or (self._newline_words and not word.strip("\n")) or len(word) == 1
-        ):
-            return [whole]
         if len(word) <= _SHORT_WORD:
             return self._short_word(word, ranks.get, token_id)
         sym = list(word)

@@ -270,12 +270,12 @@ class Splitter:
         for step in self.steps:
             s = views[step.view]
             if s is not view:  # the previous step cut another view of the text: cut this one alike
-                pieces, view = _cut(s, map(len, pieces)), s
+                pieces, view = cut(s, map(len, pieces)), s
             pieces = step.split(pieces)
-        return pieces if view is text else _cut(text, map(len, pieces))
+        return pieces if view is text else cut(text, map(len, pieces))
 
 
-def _cut(s: str, lengths: Iterable[int]) -> list[str]:
+def cut(s: str, lengths: Iterable[int]) -> list[str]:
     """`s` cut into parts of these lengths: NUL put between them with numpy and one str.split
     (a slice per word costs more once a text has 300k words)."""
     ends = np.cumsum(np.fromiter(lengths, np.int64))

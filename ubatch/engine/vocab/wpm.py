@@ -8,12 +8,15 @@ start, is covered by longest-first matches; a word that cannot be covered is the
 
 from __future__ import annotations
 
-from itertools import chain
+import operator
+from itertools import chain, compress, repeat
+from typing import Literal
 
 import numpy as np
 
 from ubatch.engine.gguf.string_array import StringArray
 from ubatch.engine.vocab import unicode
+from ubatch.engine.vocab.native import NativeWpm
 from ubatch.engine.vocab.token_index import strings
 
 _SPACE = "\u2581"
@@ -35,6 +38,7 @@ class WpmTokenizer:
         self._ids: dict[str, int] | None = None  # text -> id, built on first use: the longest-first search probes a lot
         self._lowercase, self._strip = lowercase, strip_accents
         self._cache: dict[str, list[int]] = {}
+        self._native: NativeWpm | Literal[False] | None = None  # the C loop (built on first use), False: none
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [self._encode(t) for t in texts]
@@ -46,10 +50,18 @@ class WpmTokenizer:
         words = self.words(text)
         found = list(map(cache.get, words))  # the cache first, in C; then the words it lacks
         if None in found:
-            for i in [i for i, ids in enumerate(found) if ids is None]:
-                ids = cache.get(words[i])
-                found[i] = ids if ids is not None else cache.setdefault(words[i], self._word(words[i]))
+            new = list(dict.fromkeys(compress(words, map(operator.is_, found, repeat(None)))))
+            cache.update(zip(new, self._new_words(new)))
+            found = list(map(cache.get, words))
         return list(chain.from_iterable(found))  # type: ignore[arg-type]  # no None is left
+
+    def _new_words(self, words: list[str]) -> list[list[int]]:
+        """Each word's cover: in C (native.py) where it is built, else _word."""
+        if self._native is None:
+            self._native = NativeWpm.build(self._texts) or False
+        if self._native:
+            return self._native.words([_SPACE + w for w in words], self._max, self._unk)
+        return list(map(self._word, words))
 
     def words(self, text: str) -> list[str]:
         """llm_tokenizer_wpm_session::preprocess, vectorised: whitespace separates, control
