@@ -76,6 +76,11 @@ def library() -> ctypes.CDLL | None:
     lib.ub_tab_free.argtypes = [p]
     lib.ub_wpm_words.argtypes = [p, p, p, i64, i64, i32, p, i64, p]
     lib.ub_wpm_words.restype = i64
+    lib.ub_ugm_new.argtypes = [p, p, i64, p, p, i32, ctypes.c_double]
+    lib.ub_ugm_new.restype = p
+    lib.ub_ugm_free.argtypes = [p]
+    lib.ub_ugm_words.argtypes = [p, p, p, i64, p, i64, p]
+    lib.ub_ugm_words.restype = i64
     return lib
 
 
@@ -87,9 +92,12 @@ def _ptr(a: np.ndarray | bytes) -> int:
 
 def _batch(words: list[str]) -> tuple[bytes, np.ndarray]:
     """The words' UTF-8 (as llama.cpp writes code points: surrogates too) in one buffer, and offsets."""
-    encoded = [w.encode("utf-8", "surrogatepass") for w in words]
-    off = np.zeros(len(words) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, encoded), np.int64, len(words)), out=off[1:])
+    return _batch_bytes([w.encode("utf-8", "surrogatepass") for w in words])
+
+
+def _batch_bytes(encoded: list[bytes]) -> tuple[bytes, np.ndarray]:
+    off = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=off[1:])
     return b"".join(encoded), off
 
 
@@ -179,4 +187,33 @@ class NativeWpm(_Native):
             self._h, _ptr(text), _ptr(off), len(words), max_len, unk, _ptr(ids), len(ids), _ptr(counts)
         )
         assert n >= 0  # at most one id per byte, or the unknown one per word
+        return _groups(ids[:n], counts)
+
+
+class NativeUgm(_Native):
+    """llm_tokenizer_ugm_session's Viterbi pass over each word (normalised bytes)."""
+
+    _free = "ub_ugm_free"
+
+    @classmethod
+    def build(
+        cls, texts: StringArray, keep: np.ndarray, scores: list[float], unk: int, unknown_score: float
+    ) -> NativeUgm | None:
+        """The trie of the tokens with `keep`; scores per token id (the file's float32 values,
+        user-defined ones 0)."""
+        lib = library()
+        if lib is None:
+            return None
+        blob, off = _texts(texts)
+        k = np.ascontiguousarray(keep, np.uint8)
+        sc = np.asarray(scores, np.float32)  # (float32 values: exact)
+        h = lib.ub_ugm_new(_ptr(blob), _ptr(off), len(texts), _ptr(k), _ptr(sc), unk, unknown_score)
+        return cls(lib, h) if h else None
+
+    def words(self, words: list[bytes]) -> list[list[int]]:
+        text, off = _batch_bytes(words)
+        ids = np.empty(len(text) + 1, np.int32)
+        counts = np.zeros(len(words), np.int32)
+        n = self._lib.ub_ugm_words(self._h, _ptr(text), _ptr(off), len(words), _ptr(ids), len(ids), _ptr(counts))
+        assert n >= 0  # at most one id per byte
         return _groups(ids[:n], counts)

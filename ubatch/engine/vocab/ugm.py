@@ -14,18 +14,26 @@ where no token reaches across a "▁").
 from __future__ import annotations
 
 import bisect
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from typing import Literal
 
 import numpy as np
 
 from ubatch.engine.gguf.string_array import StringArray
+from ubatch.engine.vocab.native import NativeUgm
 from ubatch.engine.vocab.tables import A_NORMAL, A_UNUSED, A_USER_DEFINED
 
 _SPACE = "\u2581".encode()
 _SHORT = 6  # token prefixes up to this many bytes are kept in a set (~7 MB for 250k tokens)
 _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)  # by high nibble, as unicode_len_utf8
+# what decides a character's normalisation (_char_flags): _KNOWN alone, it is itself; _CHANGES:
+# the charsmap replaces it alone; _WIDE_NEXT: a key may go on with a non-ASCII character after it;
+# _ALWAYS: a key may go on with any, or a user-defined token starts with its first byte
+_KNOWN, _CHANGES, _WIDE_NEXT, _ALWAYS = 1, 2, 4, 8
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,55 @@ class Charsmap:
         if size + 4 >= len(blob):
             raise ValueError("precompiled charsmap: index out of bounds")
         self.xcda = np.frombuffer(blob[4 : 4 + size], "<u4").tolist()
+        self._xcda = np.frombuffer(blob[4 : 4 + size], "<u4").astype(np.int64)
         self.replacements = blob[4 + size :]
+
+    def walk_chars(self, chars: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """match_reading at each character alone, all at once (numpy): the longest key's length
+        in bytes (0: none) and replacement offset, and whether a key goes on after the whole
+        character with an ASCII byte, and with any byte."""
+        x, n = self._xcda, len(self._xcda)
+        mask = (1 << 31) | 0xFF
+
+        def base(v: np.ndarray) -> np.ndarray:
+            return (v >> 10) << ((v & (1 << 9)) >> 6)
+
+        raw = [c.encode("utf-8") for c in chars]
+        length = np.fromiter(map(len, raw), np.int64, len(raw))
+        table = np.zeros((len(raw), 4), np.int64)
+        table.reshape(-1)[:] = np.frombuffer(b"".join(r.ljust(4, b"\0") for r in raw), np.uint8)
+        node = np.full(len(raw), int(base(x[:1])[0]), np.int64)
+        alive = np.ones(len(raw), bool)
+        best_len, best_at = np.zeros(len(raw), np.int64), np.zeros(len(raw), np.int64)
+        for k in range(4):
+            c = table[:, k]
+            step = alive & (k < length)
+            alive &= ~(step & (c == 0))
+            step &= c != 0
+            nd = node ^ c
+            ok = step & (nd < n)
+            lab = np.where(ok, x[np.where(ok, nd, 0)], 0)
+            ok &= (lab & mask) == c
+            nd2 = nd ^ base(lab)
+            ok2 = ok & (nd2 < n)
+            alive &= ~(step & ~ok2)
+            hit = ok2 & ((lab >> 8) & 1 == 1)
+            best_len = np.where(hit, k + 1, best_len)
+            best_at = np.where(hit, x[np.where(ok2, nd2, 0)] & ((1 << 31) - 1), best_at)
+            node = np.where(ok2, nd2, node)
+        d = np.arange(1, 256, dtype=np.int64)
+        child = node[alive, None] ^ d
+        inside = child < n
+        goes_on = inside & ((x[np.where(inside, child, 0)] & mask) == d)
+        ascii_on, any_on = np.zeros(len(raw), bool), np.zeros(len(raw), bool)
+        ascii_on[alive], any_on[alive] = goes_on[:, :127].any(1), goes_on.any(1)
+        return best_len, best_at, ascii_on, any_on
+
+    def replacement(self, at: int) -> bytes:
+        end = self.replacements.find(b"\0", at)
+        if at >= len(self.replacements) or end < 0:
+            raise ValueError("precompiled charsmap: unterminated replacement")
+        return self.replacements[at:end]
 
     def keeps_in_ascii(self, c: int) -> bool:
         """Is ASCII byte c, followed by an ASCII byte, never the start of a key? (No key is c
@@ -138,9 +194,17 @@ class UgmTokenizer:
         self._short = {t[:k] for t in self._ids for k in range(1, min(len(t), _SHORT) + 1)}
         self._cuts: bool | None = None  # may the Viterbi pass run word by word? (found on first use)
         self._cache: dict[bytes, list[int]] = {}
+        self._native: NativeUgm | Literal[False] | None = None  # the C pass (built on first use), False: none
+        self._texts, self._keep = texts, (attrs & (A_NORMAL | A_USER_DEFINED | A_UNUSED)) != 0
+        self._flags: np.ndarray | None = None  # per code point: how its normalisation goes (_char_flags)
+        self._rep: dict[str, str] = {}  # a character -> what the charsmap makes of it alone
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        return [self._encode(self.normalize(t.encode("utf-8", "surrogateescape"))) for t in texts]
+        out = []
+        for t in texts:
+            s = self._normalize_text(t)
+            out.append(self._encode(s if s is not None else self.normalize(t.encode("utf-8", "surrogateescape"))))
+        return out
 
     def _encode(self, s: bytes) -> list[int]:
         """The Viterbi pass, word by word where that is the same: when no token reaches across
@@ -153,7 +217,7 @@ class UgmTokenizer:
                 t[i] == _SPACE[0] and _SPACE.startswith(t[i : i + 3]) for t in self._ids for i in range(1, len(t))
             )
         if not self._cuts or not s.isascii() and not _valid_utf8(s):  # (a cut must be where Viterbi steps)
-            return self._viterbi(s)
+            return self._new_words([s])[0]
         cache = self._cache
         if len(cache) > 1 << 17:
             cache.clear()
@@ -163,9 +227,9 @@ class UgmTokenizer:
             words.insert(0, parts[0])
         found = list(map(cache.get, words))  # the cache first, in C; then the words it lacks
         if None in found:
-            for i in [i for i, ids in enumerate(found) if ids is None]:
-                ids = cache.get(words[i])
-                found[i] = ids if ids is not None else cache.setdefault(words[i], self._viterbi(words[i], True))
+            new = list(dict.fromkeys(compress(words, map(operator.is_, found, repeat(None)))))
+            cache.update(zip(new, self._new_words(new)))
+            found = list(map(cache.get, words))
         unk, out = self._unk, list[int]()
         for ids in found:
             assert ids is not None
@@ -173,6 +237,112 @@ class UgmTokenizer:
         return out
 
     # ---- normalisation -----------------------------------------------------------------------
+
+    def _char_flags(self, cps: np.ndarray) -> np.ndarray:
+        """Each code point's _KNOWN/_CHANGES/_WIDE_NEXT/_ALWAYS flags, classifying those not seen
+        before all at once (Charsmap.walk_chars); their context-free normalisation in self._rep."""
+        if self._flags is None:
+            self._flags = np.zeros(0x110000, np.uint8)
+        f = self._flags[cps]
+        new = np.unique(cps[f == 0])
+        if len(new):
+            chars = [chr(c) for c in new.tolist()]
+            lead = np.frombuffer(b"".join(c.encode()[:1] for c in chars), np.uint8)
+            flags = np.full(len(chars), _KNOWN, np.uint8)
+            flags[np.isin(lead, np.fromiter(self._user_first, np.uint8, len(self._user_first)))] |= _ALWAYS
+            if self._charsmap is not None:
+                best_len, best_at, ascii_on, any_on = self._charsmap.walk_chars(chars)
+                size = np.fromiter((len(c.encode()) for c in chars), np.int64, len(chars))
+                flags[(best_len > 0) & (best_len < size)] |= _ALWAYS  # a key ends inside the character
+                flags[ascii_on] |= _ALWAYS
+                flags[any_on & ~ascii_on] |= _WIDE_NEXT  # a key goes on only with a non-ASCII character
+                for i in np.flatnonzero(best_len == size).tolist():
+                    try:
+                        rep = self._charsmap.replacement(int(best_at[i])).decode()
+                    except UnicodeDecodeError:
+                        flags[i] |= _ALWAYS
+                        continue
+                    if rep != chars[i]:
+                        self._rep[chars[i]] = rep
+                        flags[i] |= _CHANGES
+            self._flags[new] = flags
+            f = self._flags[cps]
+        return f
+
+    def _normalize_text(self, text: str) -> bytes | None:
+        """normalize(), on the code points rather than byte by byte: most characters are their
+        own normalisation whatever follows them (found once per character, with numpy), so only
+        the others are visited: a character the charsmap replaces alone, one per distinct
+        character with str.replace; one where a key may go on, or a user-defined token start, by
+        _normalize_prefix on the bytes from there. None where this does not apply (text that is
+        not UTF-8, whitespace as a suffix), for normalize() to do."""
+        o = self._opt
+        if o.treat_whitespace_as_suffix or not text or "\0" in text:
+            return None
+        try:
+            cps = np.frombuffer(text.encode("utf-32-le"), np.uint32)
+        except UnicodeEncodeError:
+            return None  # surrogates: bytes that are not UTF-8
+        f = self._char_flags(cps)
+        wide_next = np.zeros(len(cps), bool)
+        wide_next[:-1] = cps[1:] >= 0x80
+        visit = np.flatnonzero((f & (_CHANGES | _ALWAYS)) | ((f & _WIDE_NEXT) != 0) & wide_next)
+        if len(visit):
+            here = np.flatnonzero((f[visit] & _ALWAYS) | ((f[visit] & _WIDE_NEXT) != 0) & wide_next[visit])
+            raws, done, at = [], [], 0
+            for p in visit[here].tolist():
+                if p < at:
+                    continue  # inside what a key before it took
+                piece = self._prefix_at(text, p)
+                if piece is None:
+                    return None
+                raws.append(text[at:p])
+                done.append(piece[0])
+                at = p + piece[1]
+            raws.append(text[at:])
+            joined = "\0".join(raws)
+            changed = [c for c in self._rep if c in joined] if len(self._rep) < 64 else None
+            if changed is None:
+                changed = [chr(c) for c in np.unique(cps[visit]).tolist() if chr(c) in self._rep]
+            for c in changed:
+                if any(c in self._rep[d] for d in changed) or "\0" in self._rep[c]:
+                    return None  # a replacement that another would rewrite
+            for c in changed:
+                joined = joined.replace(c, self._rep[c])
+            parts = joined.split("\0")
+            text = "".join(x for pair in zip(parts, [*done, ""]) for x in pair)
+        space = "\u2581" if o.escape_whitespaces else " "
+        if o.remove_extra_whitespaces:
+            words = [w for w in text.split(" ") if w]
+            return (space + space.join(words)).encode() if words else b""
+        first = len(text) - len(text.lstrip(" "))
+        head, rest = text[:first].replace(" ", space), text[first:].replace(" ", space)
+        return (head + (space if o.add_space_prefix and rest else "") + rest).encode()
+
+    def _prefix_at(self, text: str, p: int) -> tuple[str, int] | None:
+        """_normalize_prefix at text[p], on a window of bytes that holds all it reads: (the
+        piece, the characters it took), or None if the piece is not whole characters."""
+        size = 64
+        while True:
+            window = text[p : p + size].encode()
+            more = p + size < len(text)  # the window ends before the text
+            k = _longest_prefix(self._user_sorted, window, 0)
+            if k:
+                if k == len(window) and more:
+                    size *= 4
+                    continue
+                piece, used = window[:k], k
+                break
+            hit, read = self._charsmap.match_reading(window, 0) if self._charsmap else (None, 1)
+            if read > len(window) and more:
+                size *= 4
+                continue
+            piece, used = hit if hit is not None else (window[: _utf8_size(window, 0)], _utf8_size(window, 0))
+            break
+        try:
+            return piece.decode(), len(window[:used].decode())
+        except UnicodeDecodeError:
+            return None
 
     def normalize(self, text: bytes) -> bytes:
         o = self._opt
@@ -260,6 +430,16 @@ class UgmTokenizer:
         return (s[at : at + size], size) if size else ("\ufffd".encode(), 1)
 
     # ---- Viterbi -----------------------------------------------------------------------------
+
+    def _new_words(self, words: list[bytes]) -> list[list[int]]:
+        """The Viterbi pass over each word: in C (native.py) where it is built, else here."""
+        if self._native is None:
+            self._native = (
+                NativeUgm.build(self._texts, self._keep, self._scores, self._unk, self._unknown_score) or False
+            )
+        if self._native:
+            return self._native.words(words)
+        return [self._viterbi(w) for w in words]
 
     def _viterbi(self, s: bytes, valid: bool = False) -> list[int]:
         """The best path over s, from each character start. With `valid` (s is UTF-8), tokens are

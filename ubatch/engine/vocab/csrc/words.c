@@ -233,3 +233,152 @@ int64_t ub_wpm_words(const void *p, const uint8_t *text, const int64_t *woff, in
     }
     return out;
 }
+
+/* ---- Unigram ------------------------------------------------------------------------------- */
+
+/* The token trie as edges in one open-addressing table: an edge (node << 8 | byte) holds its child
+ * node and the token the child spells (-1: none) with its score, so a step of the walk reads one
+ * slot; the root's edges are a plain array. */
+typedef struct {
+    uint32_t key;  /* 0 = empty (no key is 0: the root's edges are not here) */
+    int32_t child, tok;
+    float score;
+} edge;
+
+typedef struct {
+    int64_t mask, n_keys, n_nodes;
+    edge *slot;
+    edge root[256];
+    int32_t unk;
+    double unk_score;
+} ugm;
+
+void ub_ugm_free(void *p) {
+    ugm *u = p;
+    if (!u) return;
+    free(u->slot); free(u);
+}
+
+static inline const edge *trie_edge(const ugm *u, int32_t node, uint8_t c) {
+    if (node == 0) return u->root[c].child >= 0 ? &u->root[c] : NULL;
+    uint32_t key = (uint32_t) node << 8 | c;
+    for (uint64_t i = hash_u64(key) & u->mask;; i = (i + 1) & u->mask) {
+        const edge *e = &u->slot[i];
+        if (e->key == 0) return NULL;
+        if (e->key == key) return e;
+    }
+}
+
+static edge *trie_put(ugm *u, edge e) {
+    for (uint64_t i = hash_u64(e.key) & u->mask;; i = (i + 1) & u->mask)
+        if (u->slot[i].key == 0) { u->slot[i] = e; return &u->slot[i]; }
+}
+
+static int trie_grow(ugm *u) {
+    int64_t old = u->mask + 1, size = 2 * old;
+    edge *slot = u->slot;
+    u->slot = calloc(size, sizeof(edge));
+    if (!u->slot) { u->slot = slot; return -1; }
+    u->mask = size - 1;
+    for (int64_t i = 0; i < old; i++) if (slot[i].key) trie_put(u, slot[i]);
+    free(slot);
+    return 0;
+}
+
+/* llama.cpp's token trie: the tokens with keep[id] (normal, user-defined, unused); score per id
+ * (float32 values: the file's, or 0 for user-defined tokens) */
+void *ub_ugm_new(const uint8_t *blob, const int64_t *off, int64_t n, const uint8_t *keep, const float *score,
+                 int32_t unk, double unk_score) {
+    ugm *u = calloc(1, sizeof(ugm));
+    if (!u) return NULL;
+    u->unk = unk; u->unk_score = unk_score;
+    u->mask = (1 << 16) - 1;
+    u->slot = calloc(u->mask + 1, sizeof(edge));
+    if (!u->slot) { ub_ugm_free(u); return NULL; }
+    for (int c = 0; c < 256; c++) u->root[c] = (edge) {0, -1, -1, 0.0f};
+    u->n_nodes = 1;
+    for (int64_t id = 0; id < n; id++) {
+        if (!keep[id] || off[id + 1] == off[id]) continue;
+        int32_t node = 0;
+        edge *e = NULL;
+        for (int64_t k = off[id]; k < off[id + 1]; k++) {
+            e = (edge *) trie_edge(u, node, blob[k]);
+            if (!e) {
+                if (u->n_nodes >= (1 << 24)) { ub_ugm_free(u); return NULL; }  /* (keys hold 24-bit nodes) */
+                int32_t next = (int32_t) u->n_nodes++;
+                if (node == 0) {
+                    e = &u->root[blob[k]];
+                    *e = (edge) {0, next, -1, 0.0f};
+                } else {
+                    if (2 * (u->n_keys + 1) > u->mask + 1 && trie_grow(u)) { ub_ugm_free(u); return NULL; }
+                    e = trie_put(u, (edge) {(uint32_t) node << 8 | blob[k], next, -1, 0.0f});
+                    u->n_keys++;
+                }
+            }
+            node = e->child;
+        }
+        if (e->tok < 0) { e->tok = (int32_t) id; e->score = score[id]; }  /* the first of equal texts */
+    }
+    return u;
+}
+
+/* llama.cpp's Viterbi pass over each word: from each character start (its length by the lead
+ * byte), every token the trie walk finds ends a path there; a character no token covers exactly
+ * costs the unknown score; the best path is read back with consecutive unknowns as one. */
+int64_t ub_ugm_words(const void *p, const uint8_t *text, const int64_t *woff, int64_t n_words, int32_t *ids,
+                     int64_t cap, int32_t *counts) {
+    const ugm *u = p;
+    int64_t longest = 0, out = 0;
+    for (int64_t w = 0; w < n_words; w++)
+        if (woff[w + 1] - woff[w] > longest) longest = woff[w + 1] - woff[w];
+    double *best = malloc(sizeof(double) * (longest + 1));
+    int32_t *btok = malloc(sizeof(int32_t) * (longest + 1));
+    int64_t *bfrom = malloc(sizeof(int64_t) * (longest + 1));
+    if (!best || !btok || !bfrom) { out = -((int64_t) 1 << 41); goto done; }
+    for (int64_t w = 0; w < n_words; w++) {
+        const uint8_t *s = text + woff[w];
+        int64_t n = woff[w + 1] - woff[w], before = out;
+        if (n == 0) { counts[w] = 0; continue; }
+        for (int64_t i = 0; i <= n; i++) { best[i] = -1.7976931348623157e308; btok[i] = u->unk; bfrom[i] = 0; }
+        best[0] = 0.0;
+        for (int64_t at = 0; at < n;) {
+            int64_t size = utf8_len(s[at]);
+            if (size > n - at) size = n - at;
+            double here = best[at];
+            int whole = 0;
+            int32_t node = 0;
+            for (int64_t end = at + 1; end <= n; end++) {
+                const edge *e = trie_edge(u, node, s[end - 1]);
+                if (!e) break;
+                node = e->child;
+                int32_t tok = e->tok;
+                if (tok < 0) continue;
+                if (end - at == size) whole = 1;
+                double score = here + (double) e->score;
+                if (score > best[end]) { best[end] = score; btok[end] = tok; bfrom[end] = at; }
+            }
+            if (!whole) {
+                double score = here + u->unk_score;
+                if (score > best[at + size]) { best[at + size] = score; btok[at + size] = u->unk; bfrom[at + size] = at; }
+            }
+            at += size;
+        }
+        /* read back (reversed), then reverse in place */
+        int prev_unk = 0;
+        for (int64_t pos = n;;) {
+            int32_t tok = btok[pos];
+            if (!(prev_unk && tok == u->unk)) {
+                if (out >= cap) { out = -((int64_t) 1 << 40); goto done; }
+                ids[out++] = tok;
+            }
+            if (bfrom[pos] == 0) break;
+            prev_unk = tok == u->unk;
+            pos = bfrom[pos];
+        }
+        for (int64_t a = before, b = out - 1; a < b; a++, b--) { int32_t t = ids[a]; ids[a] = ids[b]; ids[b] = t; }
+        counts[w] = (int32_t) (out - before);
+    }
+done:
+    free(best); free(btok); free(bfrom);
+    return out;
+}
