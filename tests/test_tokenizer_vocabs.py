@@ -152,8 +152,8 @@ def _plain_normalize(u: object, text: bytes) -> bytes:
 
 @pytest.mark.parametrize("merge", [True, False])
 def test_unigram_shortcuts_change_nothing(merge: bool) -> None:
-    """The remembered character normalisations and the word-by-word Viterbi pass against the
-    plain loops, on mixed text with spaces, newlines and characters the charsmap rewrites, twice
+    """The remembered character normalisations, the normalisation on code points and the
+    word-by-word Viterbi pass against the plain loops, on mixed text with spaces, newlines and characters the charsmap rewrites, twice
     (the second time from warm caches)."""
     u = vocab("nomic-bert-moe")._tok
     u._opt = replace(u._opt, remove_extra_whitespaces=merge)
@@ -161,11 +161,15 @@ def test_unigram_shortcuts_change_nothing(merge: bool) -> None:
     texts = [check_tokenizers.random_text(rng) for _ in range(60)]
     texts += ["ｈｅｌｌｏ  wörld\n\tcafe\u0301 x  ".encode(), "①②③ ﬁ ㌀ \u00a0 end ".encode()]
     texts += [check_tokenizers.mixed_text(20_000, seed=2).encode()]
+    by_characters = 0
     for raw in texts * 2:
         got = u.normalize(raw)
         assert got == _plain_normalize(u, raw)
         assert u._encode(got) == u._viterbi(got)
-    assert len(u._chars) > 100 and u._cuts
+        fast = u._normalize_text(raw.decode("utf-8", "surrogateescape"))  # None: bytes that are not UTF-8
+        assert fast is None or fast == got
+        by_characters += fast is not None
+    assert len(u._chars) > 100 and u._cuts and by_characters > 40
 
 
 def test_bpe_special_tokens_and_add_bos() -> None:
@@ -375,10 +379,10 @@ def test_consumers_read_pieces_not_stored_texts(name: str) -> None:
     assert () in breaker_table(v, (":",))[colon]  # the ":" token completes the ":" breaker by itself
 
 
-@pytest.mark.parametrize("name", ["llama-bpe", "gemma-4", "gpt-2", "falcon", "bert-bge"])
+@pytest.mark.parametrize("name", ["llama-bpe", "gemma-4", "gpt-2", "falcon", "bert-bge", "nomic-bert-moe"])
 def test_native_loops_give_the_python_loops_ids(name: str) -> None:
-    """The C loops (native.py, csrc/words.c) against the Python ones, on every word of mixed and
-    random texts, a word longer than the C merge loop takes, and bytes no token holds."""
+    """The C loops (native.py, csrc/words.c) against the Python ones, on mixed and random texts
+    (bytes that are not UTF-8 included); for BPE also a word longer than the C merge loop takes."""
     from ubatch.engine.vocab.native import NativeBpe, library
 
     if library() is None:
@@ -386,14 +390,14 @@ def test_native_loops_give_the_python_loops_ids(name: str) -> None:
     v = Vocab.from_metadata(open_gguf(llama_src() / "models" / f"ggml-vocab-{name}.gguf").metadata, name)
     t = v._tok
     rng = random.Random(11)
-    text = check_tokenizers.mixed_text(60_000, seed=4)
-    text += "".join(check_tokenizers.random_text(rng).decode("utf-8", "surrogateescape") for _ in range(300))
-    if v.kind == "WPM":
-        words = list(dict.fromkeys(t.words(text))) + ["x" * 300, "\U0001fae0" * 3]
-        assert t._new_words(words) == list(map(t._word, words)) and t._native
-        return
-    words = list(dict.fromkeys(t._split.words(llama_text(text)))) + ["ab" * 2500, "\U0001fae0\u4e00" * 40, "\x00\x01"]
-    assert t._new_words(words) == t._new_words(words, use_native=False) and t._native
-    # a merge of texts that are not tokens: only the Python loop merges by text
-    assert NativeBpe.build(StringArray.from_strings(["a", "b"]), StringArray.from_strings(["a b"]), [-1] * 256) is None
-    assert NativeBpe.build(StringArray.from_strings(["a", "b", "ab"]), StringArray.from_strings(["a b"]), [-1] * 256)
+    texts = [check_tokenizers.mixed_text(60_000, seed=4), "ab" * 2500 + " \U0001fae0\u4e00" * 40 + "\x00\x01"]
+    texts += [check_tokenizers.random_text(rng).decode("utf-8", "surrogateescape") for _ in range(300)]
+    native = [v.tokenize(x, parse_special=True) for x in texts]
+    assert t._native  # built, and used above
+    t._native = False
+    t._cache.clear()
+    assert [v.tokenize(x, parse_special=True) for x in texts] == native
+    if v.kind == "BPE":  # a merge of texts that are not tokens: only the Python loop merges by text
+        merges = StringArray.from_strings(["a b"])
+        assert NativeBpe.build(StringArray.from_strings(["a", "b"]), merges, [-1] * 256) is None
+        assert NativeBpe.build(StringArray.from_strings(["a", "b", "ab"]), merges, [-1] * 256)

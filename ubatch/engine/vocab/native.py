@@ -76,6 +76,8 @@ def library() -> ctypes.CDLL | None:
     lib.ub_tab_free.argtypes = [p]
     lib.ub_wpm_words.argtypes = [p, p, p, i64, i64, i32, p, i64, p]
     lib.ub_wpm_words.restype = i64
+    lib.ub_wpm_text.argtypes = [p, p, i64, p, p, i64, i32, p, i64]
+    lib.ub_wpm_text.restype = i64
     lib.ub_ugm_new.argtypes = [p, p, i64, p, p, i32, ctypes.c_double]
     lib.ub_ugm_new.restype = p
     lib.ub_ugm_free.argtypes = [p]
@@ -188,6 +190,15 @@ class NativeWpm(_Native):
         )
         assert n >= 0  # at most one id per byte, or the unknown one per word
         return _groups(ids[:n], counts)
+
+    def text(self, cps: np.ndarray, cls: np.ndarray, to: np.ndarray, max_len: int, unk: int) -> list[int]:
+        """All of a text's ids, preprocessing included: code points, and per code point what
+        preprocessing does with it (cls) and the one it becomes (to); see ub_wpm_text."""
+        cps = np.ascontiguousarray(cps, np.uint32)
+        ids = np.empty(2 * len(cps) + 16, np.int32)  # a word of k characters: at most k + 1 ids
+        n = self._lib.ub_wpm_text(self._h, _ptr(cps), len(cps), _ptr(cls), _ptr(to), max_len, unk, _ptr(ids), len(ids))
+        assert n >= 0
+        return ids[:n].tolist()
 
 
 class NativeUgm(_Native):

@@ -203,34 +203,76 @@ void ub_tab_free(void *p) {
     free(t);
 }
 
-/* Longest-first cover of each word (its text already starts with the word-start mark), at most
- * max_len bytes a token; a word with a position no token starts at is the unknown token. Tokens
- * are tried only where characters end (each word is valid UTF-8). */
+/* Longest-first cover of one word (its text starts with the word-start mark), at most max_len
+ * bytes a token, tried only where characters end; the unknown token if a position has no match.
+ * Returns the new end of ids, or -1 if cap is short. */
+static int64_t wpm_cover(const strtab *t, const uint8_t *s, int64_t len, int64_t max_len, int32_t unk, int32_t *ids,
+                         int64_t out, int64_t cap) {
+    int64_t at = 0, before = out;
+    while (at < len) {
+        int64_t end = at + max_len < len ? at + max_len : len;
+        int32_t id = -1;
+        for (; end > at; end--) {
+            if (end < len && (s[end] & 0xC0) == 0x80) continue;
+            if ((id = tab_get(t, s + at, end - at)) >= 0) break;
+        }
+        if (id < 0) { out = before; break; }
+        if (out >= cap) return -1;
+        ids[out++] = id;
+        at = end;
+    }
+    if (at < len || len == 0) {
+        if (out >= cap) return -1;
+        ids[out++] = unk;
+    }
+    return out;
+}
+
 int64_t ub_wpm_words(const void *p, const uint8_t *text, const int64_t *woff, int64_t n_words, int64_t max_len,
                      int32_t unk, int32_t *ids, int64_t cap, int32_t *counts) {
-    const strtab *t = p;
     int64_t out = 0;
     for (int64_t w = 0; w < n_words; w++) {
-        const uint8_t *s = text + woff[w];
-        int64_t len = woff[w + 1] - woff[w], at = 0, before = out;
-        while (at < len) {
-            int64_t end = at + max_len < len ? at + max_len : len;
-            int32_t id = -1;
-            for (; end > at; end--) {
-                if (end < len && (s[end] & 0xC0) == 0x80) continue;
-                if ((id = tab_get(t, s + at, end - at)) >= 0) break;
-            }
-            if (id < 0) { out = before; break; }
-            if (out >= cap) return -((int64_t) 1 << 40);
-            ids[out++] = id;
-            at = end;
-        }
-        if (at < len || len == 0) {
-            if (out >= cap) return -((int64_t) 1 << 40);
-            ids[out++] = unk;
-        }
-        counts[w] = (int32_t) (out - before);
+        int64_t next = wpm_cover(p, text + woff[w], woff[w + 1] - woff[w], max_len, unk, ids, out, cap);
+        if (next < 0) return -((int64_t) 1 << 40);
+        counts[w] = (int32_t) (next - out);
+        out = next;
     }
+    return out;
+}
+
+static int utf8_put(uint8_t *o, uint32_t cp) {
+    if (cp < 0x80) { o[0] = (uint8_t) cp; return 1; }
+    if (cp < 0x800) { o[0] = 0xC0 | cp >> 6; o[1] = 0x80 | (cp & 0x3F); return 2; }
+    if (cp < 0x10000) { o[0] = 0xE0 | cp >> 12; o[1] = 0x80 | (cp >> 6 & 0x3F); o[2] = 0x80 | (cp & 0x3F); return 3; }
+    o[0] = 0xF0 | cp >> 18; o[1] = 0x80 | (cp >> 12 & 0x3F); o[2] = 0x80 | (cp >> 6 & 0x3F); o[3] = 0x80 | (cp & 0x3F);
+    return 4;
+}
+
+/* llm_tokenizer_wpm_session over a whole text of code points: cls[cp] says what preprocessing
+ * does with one (0 keep as map[cp], 1 whitespace: ends a word, 2 drop, 3 a word of its own) and
+ * each word, after the word-start mark U+2581, is covered as ub_wpm_words does. */
+int64_t ub_wpm_text(const void *p, const uint32_t *cps, int64_t n, const uint8_t *cls, const uint32_t *map,
+                    int64_t max_len, int32_t unk, int32_t *ids, int64_t cap) {
+    uint8_t *word = malloc(4 * (size_t) n + 8);
+    if (!word) return -((int64_t) 1 << 41);
+    int64_t out = 0, len = 3;
+    word[0] = 0xE2; word[1] = 0x96; word[2] = 0x81;
+#define FLUSH() do { if (len > 3) { out = wpm_cover(p, word, len, max_len, unk, ids, out, cap); len = 3; \
+                                    if (out < 0) { free(word); return -((int64_t) 1 << 40); } } } while (0)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t cp = cps[i];
+        uint8_t k = cls[cp];
+        if (k == 2) continue;
+        if (k == 1) { FLUSH(); continue; }
+        uint32_t ch = map[cp];
+        if (k == 3) FLUSH();
+        if (ch == 0x20) { FLUSH(); continue; }
+        if (ch != 0) len += utf8_put(word + len, ch);
+        if (k == 3) FLUSH();
+    }
+    FLUSH();
+#undef FLUSH
+    free(word);
     return out;
 }
 
