@@ -240,7 +240,9 @@ def test_family_on_two_ranks_gives_the_single_process_logits(family_dirs: Path, 
     path = _source(family_dirs, family, "f32")
 
     def run(model: Model) -> list[torch.Tensor]:
-        ctx = Context(model, ContextParams(n_ctx=256, n_threads=1, backend="cpu"))
+        # an f32 cache: an f16 one rounds each rank's differently summed K and V (6 gemma3 layers: 1e-3)
+        params = ContextParams(n_ctx=256, n_threads=1, backend="cpu", type_k="f32", type_v="f32")
+        ctx = Context(model, params)
         ctx.decode(Batch.from_tokens(SEQ[:30], 0, all_logits=True))
         out = [ctx.logits.clone()]
         for i in range(8):
@@ -256,3 +258,76 @@ def test_family_on_two_ranks_gives_the_single_process_logits(family_dirs: Path, 
         ranks.stop()
     for a, b in zip(want, got, strict=True):
         assert float((a - b).abs().max()) <= 1e-4 * float(a.abs().max())
+
+
+PROMPT = "the quick brown fox"
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_family_through_the_cli_entry_points(family_dirs: Path, family: str, tmp_path: Path) -> None:
+    """Each family through what a user runs: `info` (the plan from shapes), `explain`, `bench`,
+    a greedy completion, the same with the file as its own draft model (speculative decoding
+    accepts every draft, so the text is the same), and with its prompt's state saved to a
+    prompt cache and then reused."""
+    from test_cli import ubatch_inproc
+
+    path = _source(family_dirs, family, "f32")
+    cache_file = tmp_path / "prompt.state"
+    run = ["cli", "-m", path, "-p", PROMPT, "-n", "8", "--temp", "0", "-c", "256", "-t", "2"]
+    runs = ubatch_inproc(
+        {
+            "info": ["info", "-m", path, "-c", "512", "-np", "2"],
+            "explain": ["explain", "-m", path, "-p", PROMPT, "-p", "a second prompt", "-n", "3", "--temp", "0"],
+            "bench": ["bench", "-m", path, "-p", "16", "-n", "4", "-r", "1", "-t", "2"],
+            "plain": run,
+            "spec": [*run, "-md", path],
+            "save": [*run, "--prompt-cache", cache_file],
+            "reuse": [*run, "--prompt-cache", cache_file],
+        }
+    )
+    for name, r in runs.items():
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (name, r.stderr[-2000:])
+    assert tiny_families.FAMILIES[family].gguf_arch in runs["info"].stdout + runs["info"].stderr
+    assert "2 sequence(s)" in runs["explain"].stdout
+    assert "tg4" in runs["bench"].stdout
+    text = runs["plain"].stdout
+    assert text.startswith(PROMPT) and len(text) > len(PROMPT)
+    assert runs["spec"].stdout == text and runs["save"].stdout == text and runs["reuse"].stdout == text
+    assert cache_file.stat().st_size > 0
+
+
+SERVED = ["qwen2", "gemma2", "phi3-longrope", "smollm3"]  # biases, soft-capping, fused tensors + LongRoPE, NoPE layers
+
+
+def test_families_serve_greedy_text_as_the_cli_gives_it(family_dirs: Path) -> None:
+    """A real `ubatch server` for families whose layers differ most (started together; the CLI
+    test above runs every family through the same engine), each asked for a greedy completion
+    over HTTP: the text the CLI's greedy run of the same file gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from test_cli import ubatch_inproc
+    from test_server_cmdline import Server
+
+    paths = {f: _source(family_dirs, f, "f32") for f in SERVED}
+    want = {
+        f: r.stdout[len(PROMPT) :]
+        for f, r in ubatch_inproc(
+            {
+                f: ["cli", "-m", p, "-p", PROMPT, "-n", "8", "--temp", "0", "-c", "256", "-t", "1"]
+                for f, p in paths.items()
+            }
+        ).items()
+    }
+    with ThreadPoolExecutor(len(paths)) as pool:
+        servers = dict(zip(paths, pool.map(lambda p: Server(["-m", str(p), "-c", "256"]), paths.values())))
+    try:
+        for f, s in servers.items():
+            body = {"prompt": PROMPT, "n_predict": 8, "temperature": 0}
+            got = httpx.post(s.url + "/completion", json=body, timeout=120).json()["content"]
+            assert got == want[f].rstrip("\n"), (f, got, want[f])
+    finally:
+        for s in servers.values():
+            s.stop()
+        for s in servers.values():
+            s.wait()

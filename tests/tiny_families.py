@@ -63,6 +63,26 @@ FAMILIES = {
             "tie_word_embeddings": True,  # the converter drops lm_head: gemma2 is tied
         },
     ),
+    # Gemma 3 as transformers 5 writes it, rope_theta per attention type in rope_parameters; six
+    # layers, the sixth global, as llama.cpp lays gemma3 out whatever layer_types says
+    "gemma3": Family(
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        "gemma3",
+        {
+            "head_dim": 64,
+            "query_pre_attn_scalar": 64,
+            "sliding_window": 64,
+            "num_hidden_layers": 6,
+            "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_theta": 200000.0, "rope_type": "default"},
+                "sliding_attention": {"rope_theta": 5000.0, "rope_type": "default"},
+            },
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+        },
+    ),
     "granite": Family(
         "GraniteConfig",
         "GraniteForCausalLM",

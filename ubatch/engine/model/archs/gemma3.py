@@ -26,7 +26,7 @@ from ubatch.engine.model.archs.base import (
     read_core,
     swa_pattern,
 )
-from ubatch.engine.model.archs.hf_keys import cfg_int, cfg_num, rope_scaling
+from ubatch.engine.model.archs.hf_keys import cfg_int, cfg_num, rope_scaling, rope_theta, rope_theta_swa
 from ubatch.engine.model.archs.llama import HF_LAYER_NAMES as LLAMA_NAMES
 
 HF_LAYER_NAMES = {k: v for k, v in LLAMA_NAMES.items() if k != "post_attention_layernorm"} | {
@@ -89,9 +89,10 @@ def hf_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
     w.add_layer_norm_rms_eps(cfg_num(cfg, "rms_norm_eps", src, 1e-6))
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_freq_base(cfg_num(cfg, "rope_theta", src, 1_000_000.0))
-    if "rope_local_base_freq" in cfg:
-        w.add_rope_freq_base_swa(cfg_num(cfg, "rope_local_base_freq", src))
+    w.add_rope_freq_base(rope_theta(cfg, src) or 1_000_000.0)
+    swa_theta = rope_theta_swa(cfg, src)
+    if swa_theta is not None:
+        w.add_rope_freq_base_swa(swa_theta)
     if cfg.get("final_logit_softcapping"):
         w.add_final_logit_softcapping(cfg_num(cfg, "final_logit_softcapping", src))
     if cfg.get("sliding_window_pattern") != 1:

@@ -114,11 +114,27 @@ def llama_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
 
 
 def rope_theta(cfg: Config, src: str) -> float | None:
-    """rope_theta, where transformers writes it (at the top, or in `rope_parameters` since 5.0)."""
+    """rope_theta, where transformers writes it (at the top, or in `rope_parameters` since 5.0,
+    per attention type for models with sliding-window layers: the global layers' here)."""
     params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]
     if "rope_theta" not in cfg and isinstance(params, dict) and "rope_theta" in params:
         return cfg_num(params, "rope_theta", src)
     return cfg_num(cfg, "rope_theta", src) if "rope_theta" in cfg else None
+
+
+def rope_theta_swa(cfg: Config, src: str) -> float | None:
+    """The sliding-window layers' rope_theta: `rope_parameters.sliding_attention` (transformers 5)
+    or a top-level key (`rope_local_base_freq`, gemma3 under transformers 4), as the converter reads it."""
+    params = cfg.get("rope_parameters")
+    local = params.get("sliding_attention") if isinstance(params, dict) else None
+    if isinstance(local, dict) and "rope_theta" in local:
+        return cfg_num(local, "rope_theta", src)
+    for key in ("local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta", "rope_local_base_freq"):
+        if key in cfg:
+            return cfg_num(cfg, key, src)
+    return None
 
 
 def text_model_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
