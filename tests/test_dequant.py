@@ -24,6 +24,18 @@ F16_FIELDS = {
     T.Q4_K: (0, 2),
     T.Q5_K: (0, 2),
     T.Q6_K: (208,),
+    T.MXFP4: (),  # an E8M0 byte: every value is a power of two (2^128 * 6 overflows to inf, as in ggml)
+    T.IQ4_NL: (0,),
+    T.IQ4_XS: (0,),
+    T.IQ3_S: (0,),
+    T.IQ3_XXS: (0,),
+    T.IQ2_XXS: (0,),
+    T.IQ2_XS: (0,),
+    T.IQ2_S: (0,),
+    T.IQ1_S: (0,),
+    T.IQ1_M: (),  # its f16 scale is spread over the top nibbles of four u16 (random: NaN/inf included)
+    T.TQ1_0: (52,),
+    T.TQ2_0: (64,),
 }
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -66,6 +78,18 @@ def test_supported_types() -> None:
         "Q4_K",
         "Q5_K",
         "Q6_K",
+        "MXFP4",
+        "IQ4_NL",
+        "IQ4_XS",
+        "IQ3_S",
+        "IQ3_XXS",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ2_S",
+        "IQ1_S",
+        "IQ1_M",
+        "TQ1_0",
+        "TQ2_0",
     }
 
 
@@ -117,8 +141,8 @@ def test_float_types(t: T) -> None:
 
 def test_unsupported_type_raises() -> None:
     raw = torch.zeros(66, dtype=torch.uint8)
-    with pytest.raises(UnsupportedTypeError, match=r"IQ2_XS \(id 17\) is not supported; supported: F32"):
-        dequantize(raw, T.IQ2_XS, (1, 256))
+    with pytest.raises(UnsupportedTypeError, match=r"NVFP4 \(id 40\) is not supported; supported: F32"):
+        dequantize(raw, T.NVFP4, (1, 64))
     with pytest.raises(UnsupportedTypeError, match=r"blk\.0\.attn_q\.weight: .*Q8_1"):
         check_supported(T.Q8_1, "blk.0.attn_q.weight")
     with pytest.raises(UnsupportedTypeError, match=r"unknown \(id 99\)"):

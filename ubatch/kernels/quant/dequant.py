@@ -2,7 +2,7 @@
 
 Why this exists: `gguf.quants.dequantize` is numpy-only and allocates several full-size
 temporaries, so it is slow and cannot run on the GPU. Here every format is a handful of torch
-ops over all blocks of a chunk at once (no Python loop over blocks or rows), and a large tensor
+ops over all blocks of a chunk at once (the non-linear and grid types in dequant_iq.py) (no Python loop over blocks or rows), and a large tensor
 is processed a few million elements at a time into one preallocated output, so peak memory
 stays near the size of the result.
 
@@ -20,6 +20,8 @@ from collections.abc import Callable
 import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
+
+from ubatch.kernels.quant import dequant_iq
 
 # Elements dequantised per step: large enough that per-op overhead is negligible, small enough
 # that the uint8/float temporaries of one step stay a few MiB (cache-friendly on the CPU).
@@ -164,6 +166,7 @@ _KERNELS: dict[int, _Kernel] = {
     T.Q4_K: _q4_k,
     T.Q5_K: _q5_k,
     T.Q6_K: _q6_k,
+    **dequant_iq.KERNELS,  # MXFP4, the IQ types, TQ1_0/TQ2_0
 }
 # Plain float formats: reinterpret the bytes; f16/bf16 -> f32 conversion is exact (bf16 is
 # literally `u16 << 16`).
