@@ -62,9 +62,7 @@ def main() -> None:
         values = tuple(sorted({b for r in rows for b in r}))
         bits = max(1, (len(values) - 1).bit_length())
         digits = -(-bits * width // 4)
-        codes = "".join(
-            f"{sum(values.index(b) << (bits * j) for j, b in enumerate(r)):0{digits}x}" for r in rows
-        )
+        codes = "".join(f"{sum(values.index(b) << (bits * j) for j, b in enumerate(r)):0{digits}x}" for r in rows)
         chunks = [codes[i : i + 96] for i in range(0, len(codes), 96)]
         lines.append(f'    "{name}": ({values}, {bits}, {width}, (')
         lines += [f'        "{c}"' for c in chunks]

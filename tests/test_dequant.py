@@ -41,13 +41,17 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def random_rows(t: T, rows: int, blocks_per_row: int, seed: int = 0) -> np.ndarray:
-    """(rows, row_bytes) random blocks with finite f16 scale/min fields in +-0.05 (no NaN/Inf)."""
+    """(rows, row_bytes) random blocks with finite scales (f16 fields in +-0.05; no NaN/Inf)."""
     rng = np.random.default_rng(seed + int(t))
     _, type_size = GGML_QUANT_SIZES[t]
     blocks = rng.integers(0, 256, (rows * blocks_per_row, type_size), dtype=np.uint8)
     for off in F16_FIELDS[t]:
         vals = rng.uniform(-0.05, 0.05, (len(blocks), 1)).astype(np.float16)
         blocks[:, off : off + 2] = vals.view(np.uint8)
+    if t == T.MXFP4:  # E8M0 scales 2^-9 .. 2^0
+        blocks[:, 0] = rng.integers(118, 128, len(blocks))
+    if t == T.IQ1_M:  # its f16 scale's top exponent bit (bit 6 of byte 55) clear: finite, below 2
+        blocks[:, 55] &= 0xBF
     return blocks.reshape(rows, blocks_per_row * type_size)
 
 

@@ -19,7 +19,7 @@ from test_dequant import F16_FIELDS, random_rows
 
 from ubatch.kernels import backends
 from ubatch.kernels.cpu.bind import ATTN_MAX_ROWS
-from ubatch.kernels.cpu.ops import KERNEL_TYPES, CpuOps
+from ubatch.kernels.cpu.ops import IQ_TYPES, KERNEL_TYPES, CpuOps
 from ubatch.kernels.quant.dequant import dequantize
 from ubatch.kernels.quant.weight import QWeight
 
@@ -60,7 +60,8 @@ def x16_round(x: torch.Tensor) -> torch.Tensor:
 
 def reads_x16(ops, t: T) -> bool:
     """Does this backend multiply t's codes with x as 16-bit integers (the AVX2 build)?"""
-    return isinstance(ops, CpuOps) and ops.kernels.x16 and t not in FLOATS and int(t) in KERNEL_TYPES
+    x16 = int(t) in KERNEL_TYPES and int(t) not in IQ_TYPES  # the IQ types' GEMV and GEMM read x in f32
+    return isinstance(ops, CpuOps) and ops.kernels.x16 and t not in FLOATS and x16
 
 
 def reference(ops, w: QWeight, x: torch.Tensor) -> torch.Tensor:
@@ -86,7 +87,7 @@ def ops(request):
 @pytest.mark.parametrize("m", ROWS)
 @pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
 def test_linear_matches_dequantise_then_matmul(ops, t: T, m: int) -> None:
-    k = 512 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 160
+    k = 512 if GGML_QUANT_SIZES[t][0] == 256 else 160
     w = weight(t, 200, k, seed=m)  # 200 rows: several GEMM tiles when m > 64
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     assert rel_err(run_linear(ops, w, x), reference(ops, w, x)) <= 1e-5
@@ -161,7 +162,7 @@ def test_strided_activations_and_output_rows(ops) -> None:
 
 @pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
 def test_get_rows_is_bit_exact(ops, t: T) -> None:
-    k = 512 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 96
+    k = 512 if GGML_QUANT_SIZES[t][0] == 256 else 96
     w = weight(t, 50, k)
     ids = torch.tensor([3, 0, 49, 3, 17] * 3)
     out = torch.empty(len(ids), k)
@@ -175,7 +176,7 @@ def test_get_rows_is_bit_exact(ops, t: T) -> None:
 @pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
 def test_prefill_tiles_are_bit_exact_dequantisation(t: T, portable: bool) -> None:
     """The scratch tiles the GEMM reads hold exactly gguf's dequantised values."""
-    k = 256 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 64
+    k = 256 if GGML_QUANT_SIZES[t][0] == 256 else 64
     w = weight(t, 70, k)
     tile = torch.empty(70, k)
     CpuOps(2, portable).kernels.dequant_rows(w, 0, 70, tile)

@@ -17,6 +17,7 @@ from torch import Tensor
 from ubatch.kernels import ops
 from ubatch.kernels.cpu.build import CpuLibrary
 from ubatch.kernels.cpu.program import CCall
+from ubatch.kernels.quant.dequant_iq import KERNELS as IQ_KERNELS
 from ubatch.kernels.quant.repack import Repacks
 from ubatch.kernels.quant.weight import QWeight
 
@@ -27,8 +28,11 @@ ATTN_MAX_ROWS = 4  # query rows per group read straight from the cache; more: th
 # costs about as much as the products)
 AMX_MIN_ROWS = 64
 TILE_MIN_ROWS = 64  # a GEMM tile narrower than this loses BLAS efficiency
-KERNEL_TYPES = frozenset(
-    int(t) for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
+# MXFP4, the IQ and TQ types (csrc/quant_iq.c): f32 weights decoded a chunk at a time, also on AVX2
+IQ_TYPES = frozenset(int(t) for t in IQ_KERNELS)
+KERNEL_TYPES = (
+    frozenset(int(t) for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K))
+    | IQ_TYPES
 )
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ubatch.kernels.cpu.program import check_arities
+from ubatch.kernels.quant.dequant_iq import grid_raw
 
 CSRC = Path(__file__).with_name("csrc")
 ABI_VERSION = 16
@@ -264,6 +265,20 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_run.restype = c_l
     lib.ub_program_arity.argtypes = [c_i]
     lib.ub_program_arity.restype = c_i
+    lib.ub_iq_init.argtypes = [c_p] * 6
+    lib.ub_iq_init.restype = None
+
+
+# the IQ types' grids as the C kernels read them (entries of 8 or 4 bytes), handed over once at
+# load and kept alive here for as long as the process runs
+_IQ_GRIDS = ("iq2xxs_grid", "iq2xs_grid", "iq2s_grid", "iq3xxs_grid", "iq3s_grid", "iq1s_grid")
+_iq_tables: list[bytes] = []
+
+
+def _init_iq(lib: ctypes.CDLL) -> None:
+    if not _iq_tables:
+        _iq_tables.extend(grid_raw(name) for name in _IQ_GRIDS)
+    lib.ub_iq_init(*(ctypes.cast(ctypes.c_char_p(t), ctypes.c_void_p) for t in _iq_tables))
 
 
 _LOADED: dict[tuple[bool, bool], CpuLibrary] = {}
@@ -302,6 +317,7 @@ def load(portable: bool | None = None, no_avx512: bool = False) -> CpuLibrary:
     if lib.ub_abi_version() != ABI_VERSION:
         raise OSError(f"{path}: kernel ABI {lib.ub_abi_version()} != {ABI_VERSION}; delete it")
     check_arities(lib)
+    _init_iq(lib)
     simd = {3: "avx512", 2: "avx2"}.get(lib.ub_simd(), "portable")
     amx = simd == "avx512" and lib.ub_amx_init() == 1  # asks Linux once, at load
     _LOADED[portable, no_avx512] = CpuLibrary(lib, path, simd, built, notice, amx)

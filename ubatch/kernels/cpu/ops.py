@@ -22,7 +22,15 @@ import torch
 from gguf import GGMLQuantizationType as T
 from torch import Tensor
 
-from ubatch.kernels.cpu.bind import AMX_MIN_ROWS, ATTN_MAX_ROWS, GEMV_MAX_ROWS, KERNEL_TYPES, CpuKernels, tile_rows
+from ubatch.kernels.cpu.bind import (
+    AMX_MIN_ROWS,
+    ATTN_MAX_ROWS,
+    GEMV_MAX_ROWS,
+    IQ_TYPES,
+    KERNEL_TYPES,
+    CpuKernels,
+    tile_rows,
+)
 from ubatch.kernels.cpu.build import load
 from ubatch.kernels.cpu.program import fuse
 from ubatch.kernels.ops import KV_CHUNK, AttentionArgs, KVTensor, NodeArgs, Ops, ScratchSpec, Step
@@ -171,7 +179,7 @@ class CpuOps(Ops):
             return f"{gemv}, BLAS GEMM (more rows)"
         if self.kernels.has_gemm:
             tiles = f"; AMX tiles from {AMX_MIN_ROWS} rows, f32 values as three bf16 parts" if self.kernels.amx else ""
-            if self.kernels.x16 and ggml_type not in (T.F16, T.BF16):  # block types: csrc/quant_i16.h
+            if self.kernels.x16 and ggml_type not in (T.F16, T.BF16, *IQ_TYPES):  # block types: csrc/quant_i16.h
                 return f"{gemv}, register-blocked GEMM on 16-bit code panels (more rows); x as 16-bit integers"
             return f"{gemv}, register-blocked GEMM dequantising weight panels (more rows{tiles})"
         return f"{gemv}, dequantised tiles + BLAS GEMM (more rows)"

@@ -30,6 +30,11 @@ def grid_bytes(name: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int16)[idx]
 
 
+def grid_raw(name: str) -> bytes:
+    """A grid's entries as the C kernels read them: 8 or 4 bytes each (int8: every value fits)."""
+    return grid_bytes(name).to(torch.int8).numpy().tobytes()
+
+
 @functools.cache
 def _table(name: str, device: torch.device) -> torch.Tensor:
     """A lookup table as float32 on a device (grids from iq_grids.py, the 16-value ones above)."""

@@ -4,6 +4,7 @@
 #include "common.h"
 #include "quant_scalar.h"
 #include "quant_codes.h"
+#include "quant_iq.h"
 
 #if UB_AVX512
 /* 32 values of a 32-value block type as two zmm from the GEMV's integer codes: d * q (+ min),
@@ -67,6 +68,10 @@ static void k_span(const int type, const uint8_t *row, int64_t c0, int64_t c1, f
 /* values [k0, k0 + n) of one weight row of k values (k0 a multiple of 32, k0 + n one too or k):
  * the GEMM's packing, and (k0 = 0, n = k) every whole row below */
 void ub_dequant_span(int type, const uint8_t *row, int64_t k0, int64_t n, int64_t k, float *out) {
+    if (iq_type(type)) { /* MXFP4, the IQ and TQ types: quant_iq.c */
+        iq_span(type, row, k0, n, out);
+        return;
+    }
     int64_t end = k0 + n, nc = k / 32, c1 = end / 32 < nc ? end / 32 : nc;
 #if UB_AVX512
     if (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) {

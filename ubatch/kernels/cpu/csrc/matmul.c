@@ -6,6 +6,7 @@
 #include "quant_scalar.h"
 #include "quant_codes.h"
 #include "quant_i16.h"
+#include "quant_iq.h"
 
 int ub_abi_version(void) { return 16; }
 int ub_simd(void) { return UB_AVX512 ? 3 : UB_AVX2 ? 2 : 0; } /* 3: AVX-512F, 2: AVX2+FMA+F16C, 0: portable */
@@ -633,6 +634,10 @@ int64_t ub_gemv_scratch(int type, int64_t m, int64_t k) {
 /* scratch: ub_gemv_scratch(type, m, k) floats, planned by the caller (NULL: allocated here) */
 void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k,
              const float *x, int64_t m, int64_t ldx, float *y, int64_t ldy, float *scratch, int nth) {
+    if (iq_type(type)) { /* MXFP4, the IQ and TQ types: quant_iq.c */
+        iq_gemv(type, w, row_bytes, n_rows, k, x, m, ldx, y, ldy, nth);
+        return;
+    }
 #if UB_X16
     if (x16_type(type)) {
         x16_gemv(type, w, row_bytes, n_rows, k, x, m, ldx, y, ldy, scratch, nth);

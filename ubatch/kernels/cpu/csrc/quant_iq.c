@@ -1,0 +1,333 @@
+/* The non-linear and grid block types read as stored: a 32-value chunk decoded to floats with
+ * ggml's operations in ggml's order (compiled with -ffp-contract=off, so bit-exact to its
+ * dequantize_row_*), for the GEMM's panels (iq_span) and the decode GEMV (iq_gemv). MXFP4, IQ4_NL
+ * and IQ4_XS decode in vectors (a 16-entry table lookup with pshufb, then one multiply a value,
+ * the same bits as the scalar code); the grid types decode in scalar code into a buffer.
+ *
+ * The grids are facts of the formats that the Python side owns (kernels/quant/iq_grids.py); it
+ * hands them over once at load (ub_iq_init), so there is one copy of them. */
+#include "quant_iq.h"
+
+static const int8_t KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t KV_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static const float IQ1_DELTA = 0.125f;
+
+/* the grids, entries of 8 (IQ2, IQ1) or 4 (IQ3) bytes */
+static const uint8_t *G_IQ2XXS, *G_IQ2XS, *G_IQ2S, *G_IQ3XXS, *G_IQ3S;
+static const int8_t *G_IQ1S;
+
+void ub_iq_init(const uint8_t *iq2xxs, const uint8_t *iq2xs, const uint8_t *iq2s, const uint8_t *iq3xxs,
+                const uint8_t *iq3s, const int8_t *iq1s) {
+    G_IQ2XXS = iq2xxs, G_IQ2XS = iq2xs, G_IQ2S = iq2s, G_IQ3XXS = iq3xxs, G_IQ3S = iq3s, G_IQ1S = iq1s;
+}
+
+/* ggml's ksigns_iq2xs: a 7-bit index with the parity of its set bits as bit 7 */
+static inline uint8_t ksigns(uint32_t k) { return (uint8_t)(k | ((uint32_t)__builtin_parity(k) << 7)); }
+static inline float sgn(uint8_t s, int j) { return s & (1 << j) ? -1.f : 1.f; }
+
+/* 2^(e - 128): half of an E8M0 scale, as MXFP4's doubled values want it */
+static inline float e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static const int BLOCK_BYTES_256[40] = {[T_IQ2_XXS] = 66, [T_IQ2_XS] = 74, [T_IQ3_XXS] = 98, [T_IQ1_S] = 50,
+                                        [T_IQ3_S] = 110, [T_IQ2_S] = 82, [T_IQ4_XS] = 136, [T_IQ1_M] = 56,
+                                        [T_TQ1_0] = 54, [T_TQ2_0] = 66};
+
+/* TQ1_0: value l (0..255) of a block: base-3 digits of 48 bytes then 4, as ggml walks them */
+static inline float tq1_value(const uint8_t *b, int l, float d) {
+    static const uint8_t pow3[6] = {1, 3, 9, 27, 81, 243};
+    uint8_t q;
+    if (l < 160) q = (uint8_t)(b[l % 32] * pow3[l / 32]);
+    else if (l < 240) q = (uint8_t)(b[32 + (l - 160) % 16] * pow3[(l - 160) / 16]);
+    else q = (uint8_t)(b[48 + (l - 240) % 4] * pow3[(l - 240) / 4]);
+    int16_t xi = (int16_t)(((uint16_t)q * 3) >> 8);
+    return (float)(xi - 1) * d;
+}
+
+/* values [32c, 32c + 32) of a row into o, in scalar code */
+static void chunk_iq(int type, const uint8_t *row, int64_t c, float *o) {
+    if (type == T_MXFP4 || type == T_IQ4_NL) {
+        const uint8_t *b = row + c * (type == T_MXFP4 ? 17 : 18);
+        if (type == T_MXFP4) {
+            float d = e8m0_half(b[0]);
+            for (int j = 0; j < 16; j++) {
+                o[j] = (float)KV_MXFP4[b[1 + j] & 15] * d;
+                o[j + 16] = (float)KV_MXFP4[b[1 + j] >> 4] * d;
+            }
+        } else {
+            float d = h2f(rd16(b));
+            for (int j = 0; j < 16; j++) {
+                o[j] = d * (float)KV_IQ4NL[b[2 + j] & 15];
+                o[j + 16] = d * (float)KV_IQ4NL[b[2 + j] >> 4];
+            }
+        }
+        return;
+    }
+    const uint8_t *b = row + (c >> 3) * BLOCK_BYTES_256[type];
+    const int ib = (int)(c & 7);
+    switch (type) {
+    case T_IQ4_XS: {
+        int ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 0xf) | (((rd16(b + 2) >> 2 * ib) & 3) << 4);
+        float dl = h2f(rd16(b)) * (float)(ls - 32);
+        const uint8_t *qs = b + 8 + 16 * ib;
+        for (int j = 0; j < 16; j++) {
+            o[j] = dl * (float)KV_IQ4NL[qs[j] & 15];
+            o[j + 16] = dl * (float)KV_IQ4NL[qs[j] >> 4];
+        }
+        return;
+    }
+    case T_IQ2_XXS: {
+        uint32_t a0 = rd32(b + 2 + 8 * ib), a1 = rd32(b + 6 + 8 * ib);
+        float db = h2f(rd16(b)) * (0.5f + (float)(a1 >> 28)) * 0.25f;
+        for (int l = 0; l < 4; l++) {
+            const uint8_t *g = G_IQ2XXS + 8 * ((a0 >> 8 * l) & 255);
+            uint8_t s = ksigns((a1 >> 7 * l) & 127);
+            for (int j = 0; j < 8; j++) o[8 * l + j] = db * (float)g[j] * sgn(s, j);
+        }
+        return;
+    }
+    case T_IQ2_XS: case T_IQ2_S: {
+        float d = h2f(rd16(b));
+        uint8_t sc = b[(type == T_IQ2_XS ? 66 : 74) + ib];
+        float db[2] = {d * (0.5f + (float)(sc & 0xf)) * 0.25f, d * (0.5f + (float)(sc >> 4)) * 0.25f};
+        for (int l = 0; l < 4; l++) {
+            const uint8_t *g;
+            uint8_t s;
+            if (type == T_IQ2_XS) {
+                uint16_t q = rd16(b + 2 + 2 * (4 * ib + l));
+                g = G_IQ2XS + 8 * (q & 511), s = ksigns(q >> 9);
+            } else {
+                g = G_IQ2S + 8 * (b[2 + 4 * ib + l] | ((b[66 + ib] << (8 - 2 * l)) & 0x300));
+                s = b[34 + 4 * ib + l];
+            }
+            for (int j = 0; j < 8; j++) o[8 * l + j] = db[l / 2] * (float)g[j] * sgn(s, j);
+        }
+        return;
+    }
+    case T_IQ3_XXS: {
+        const uint8_t *qs = b + 2 + 8 * ib;
+        uint32_t aux = rd32(b + 66 + 4 * ib);
+        float db = h2f(rd16(b)) * (0.5f + (float)(aux >> 28)) * 0.5f;
+        for (int l = 0; l < 4; l++) {
+            uint8_t s = ksigns((aux >> 7 * l) & 127);
+            const uint8_t *g1 = G_IQ3XXS + 4 * qs[2 * l], *g2 = G_IQ3XXS + 4 * qs[2 * l + 1];
+            for (int j = 0; j < 4; j++) {
+                o[8 * l + j] = db * (float)g1[j] * sgn(s, j);
+                o[8 * l + j + 4] = db * (float)g2[j] * sgn(s, j + 4);
+            }
+        }
+        return;
+    }
+    case T_IQ3_S: {
+        const uint8_t *qs = b + 2 + 8 * ib, qh = b[66 + ib], *signs = b + 74 + 4 * ib;
+        float db = h2f(rd16(b)) * (float)(1 + 2 * ((b[106 + ib / 2] >> 4 * (ib % 2)) & 0xf));
+        for (int l = 0; l < 4; l++) {
+            const uint8_t *g1 = G_IQ3S + 4 * (qs[2 * l] | ((qh << (8 - 2 * l)) & 256));
+            const uint8_t *g2 = G_IQ3S + 4 * (qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256));
+            for (int j = 0; j < 4; j++) {
+                o[8 * l + j] = db * (float)g1[j] * sgn(signs[l], j);
+                o[8 * l + j + 4] = db * (float)g2[j] * sgn(signs[l], j + 4);
+            }
+        }
+        return;
+    }
+    case T_IQ1_S: {
+        uint16_t qh = rd16(b + 34 + 2 * ib);
+        float dl = h2f(rd16(b)) * (float)(2 * ((qh >> 12) & 7) + 1);
+        float delta = qh & 0x8000 ? -IQ1_DELTA : IQ1_DELTA;
+        for (int l = 0; l < 4; l++) {
+            const int8_t *g = G_IQ1S + 8 * (b[2 + 4 * ib + l] | (((qh >> 3 * l) & 7) << 8));
+            for (int j = 0; j < 8; j++) o[8 * l + j] = dl * ((float)g[j] + delta);
+        }
+        return;
+    }
+    case T_IQ1_M: {
+        uint16_t sc[4] = {rd16(b + 48), rd16(b + 50), rd16(b + 52), rd16(b + 54)};
+        uint16_t bits = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+        float d = h2f(bits);
+        float dl[2] = {d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2))) & 7) + 1),
+                       d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1)};
+        const uint8_t *qs = b + 4 * ib, *qh = b + 32 + 2 * ib;
+        for (int l = 0; l < 4; l++) {
+            uint8_t h = qh[l / 2] >> (4 * (l % 2));
+            const int8_t *g = G_IQ1S + 8 * (qs[l] | ((h & 7) << 8));
+            float delta = h & 8 ? -IQ1_DELTA : IQ1_DELTA;
+            for (int j = 0; j < 8; j++) o[8 * l + j] = dl[l / 2] * ((float)g[j] + delta);
+        }
+        return;
+    }
+    case T_TQ1_0: {
+        float d = h2f(rd16(b + 52));
+        for (int j = 0; j < 32; j++) o[j] = tq1_value(b, 32 * ib + j, d);
+        return;
+    }
+    case T_TQ2_0: {
+        float d = h2f(rd16(b + 64));
+        const uint8_t *qs = b + 32 * (ib / 4);
+        for (int j = 0; j < 32; j++) o[j] = (float)(((qs[j] >> 2 * (ib % 4)) & 3) - 1) * d;
+        return;
+    }
+    }
+}
+
+#if UB_AVX2
+#if UB_AVX512
+typedef __m512 ivec_t;
+enum { IQ = 2, IW = 16 };
+#define I_LOAD _mm512_loadu_ps
+#define I_FMA _mm512_fmadd_ps
+#define I_ZERO _mm512_setzero_ps
+#define I_HSUM _mm512_reduce_add_ps
+#define I_ADD _mm512_add_ps
+#else
+typedef __m256 ivec_t;
+enum { IQ = 4, IW = 8 };
+#define I_LOAD _mm256_loadu_ps
+#define I_FMA _mm256_fmadd_ps
+#define I_ZERO _mm256_setzero_ps
+#define I_HSUM hsum
+#define I_ADD _mm256_add_ps
+#endif
+
+/* 32 table values (the low nibbles of 16 bytes, then the high ones) times d, as vectors: the
+ * same single products as chunk_iq's */
+static inline __attribute__((always_inline)) void table_chunk(const uint8_t *qs, const int8_t *table, float d,
+                                                              ivec_t v[IQ]) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0xF);
+    const __m128i t = _mm_loadu_si128((const __m128i *)table);
+    __m128i q[2] = {_mm_shuffle_epi8(t, _mm_and_si128(x, m4)), _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(x, 4), m4))};
+#if UB_AVX512
+    for (int i = 0; i < 2; i++) v[i] = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q[i])));
+#else
+    for (int i = 0; i < 2; i++) {
+        v[2 * i] = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q[i])));
+        v[2 * i + 1] = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q[i], 8))));
+    }
+#endif
+}
+
+/* chunk c of a row as vectors: in vectors for the table types, through chunk_iq for the others */
+static inline __attribute__((always_inline)) void chunk_vec(const int type, const uint8_t *row, int64_t c,
+                                                            ivec_t v[IQ]) {
+    if (type == T_MXFP4) {
+        const uint8_t *b = row + c * 17;
+        table_chunk(b + 1, KV_MXFP4, e8m0_half(b[0]), v);
+    } else if (type == T_IQ4_NL) {
+        const uint8_t *b = row + c * 18;
+        table_chunk(b + 2, KV_IQ4NL, h2f(rd16(b)), v);
+    } else if (type == T_IQ4_XS) {
+        const uint8_t *b = row + (c >> 3) * 136;
+        const int ib = (int)(c & 7);
+        int ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 0xf) | (((rd16(b + 2) >> 2 * ib) & 3) << 4);
+        table_chunk(b + 8 + 16 * ib, KV_IQ4NL, h2f(rd16(b)) * (float)(ls - 32), v);
+    } else {
+        float buf[32] __attribute__((aligned(64)));
+        chunk_iq(type, row, c, buf);
+        for (int i = 0; i < IQ; i++) v[i] = I_LOAD(buf + IW * i);
+    }
+}
+
+/* M (1..8) rows of x against one weight row: even chunks into one chain, odd into the other
+ * (whatever M is, so a row's result does not depend on the rows sharing its call) */
+static inline __attribute__((always_inline)) void iq_dot_m(const int type, const int M, const uint8_t *row,
+                                                           int64_t nc, const float *x, int64_t ldx, float *res) {
+    ivec_t acc[2][8];
+    for (int r = 0; r < M; r++) acc[0][r] = acc[1][r] = I_ZERO();
+    for (int64_t c = 0; c < nc; c++) {
+        ivec_t v[IQ];
+        chunk_vec(type, row, c, v);
+        const float *xc = x + 32 * c;
+        for (int r = 0; r < M; r++)
+            for (int i = 0; i < IQ; i++) acc[c & 1][r] = I_FMA(v[i], I_LOAD(xc + r * ldx + IW * i), acc[c & 1][r]);
+    }
+    for (int r = 0; r < M; r++) res[r] = I_HSUM(I_ADD(acc[0][r], acc[1][r]));
+}
+
+#define IQ_CASE(T, n) case n: iq_dot_m(T, n, row, nc, x, ldx, res); break;
+#define IQ_DOT(T)                                                                                       \
+    static void iq_dot_##T(const uint8_t *row, int64_t nc, const float *x, int64_t ldx, int m, float *res) { \
+        switch (m) {                                                                                    \
+        IQ_CASE(T, 1) IQ_CASE(T, 2) IQ_CASE(T, 3) IQ_CASE(T, 4)                                         \
+        IQ_CASE(T, 5) IQ_CASE(T, 6) IQ_CASE(T, 7)                                                       \
+        default: iq_dot_m(T, 8, row, nc, x, ldx, res); break;                                           \
+        }                                                                                               \
+    }
+IQ_DOT(T_MXFP4) IQ_DOT(T_IQ4_NL) IQ_DOT(T_IQ4_XS)
+/* the grid types: one instance, the type a runtime value (their decoding is scalar anyway) */
+static void iq_dot_grid(int type, const uint8_t *row, int64_t nc, const float *x, int64_t ldx, int m, float *res) {
+    switch (m) {
+    case 1: iq_dot_m(type, 1, row, nc, x, ldx, res); break;
+    case 2: iq_dot_m(type, 2, row, nc, x, ldx, res); break;
+    case 3: iq_dot_m(type, 3, row, nc, x, ldx, res); break;
+    case 4: iq_dot_m(type, 4, row, nc, x, ldx, res); break;
+    default: iq_dot_m(type, 8, row, nc, x, ldx, res); break; /* 5..8: unused rows cost only time */
+    }
+}
+#endif
+
+static void iq_dot(int type, const uint8_t *row, int64_t nc, const float *x, int64_t ldx, int m, float *res) {
+#if UB_AVX2
+    switch (type) {
+    case T_MXFP4: iq_dot_T_MXFP4(row, nc, x, ldx, m, res); return;
+    case T_IQ4_NL: iq_dot_T_IQ4_NL(row, nc, x, ldx, m, res); return;
+    case T_IQ4_XS: iq_dot_T_IQ4_XS(row, nc, x, ldx, m, res); return;
+    }
+    if (m > 4 && m < 8) { /* the grid instance's 8-row case reads rows m..7 of x: keep them in range */
+        iq_dot_grid(type, row, nc, x, ldx, 4, res);
+        iq_dot_grid(type, row, nc, x + 4 * ldx, ldx, m - 4, res + 4);
+        return;
+    }
+    iq_dot_grid(type, row, nc, x, ldx, m, res);
+#else
+    float buf[32];
+    for (int r = 0; r < m; r++) res[r] = 0;
+    for (int64_t c = 0; c < nc; c++) {
+        chunk_iq(type, row, c, buf);
+        for (int r = 0; r < m; r++) {
+            float s = 0;
+            for (int l = 0; l < 32; l++) s += buf[l] * x[r * ldx + 32 * c + l];
+            res[r] += s;
+        }
+    }
+#endif
+}
+
+void iq_span(int type, const uint8_t *row, int64_t k0, int64_t n, float *out) {
+    for (int64_t c = k0 / 32; c < (k0 + n) / 32; c++, out += 32) {
+#if UB_AVX2
+        ivec_t v[IQ];
+        chunk_vec(type, row, c, v);
+        for (int i = 0; i < IQ; i++)
+#if UB_AVX512
+            _mm512_storeu_ps(out + IW * i, v[i]);
+#else
+            _mm256_storeu_ps(out + IW * i, v[i]);
+#endif
+#else
+        chunk_iq(type, row, c, out);
+#endif
+    }
+}
+
+enum { IQ_RB = 16 }; /* weight rows a thread takes at a time (as ub_gemv's GEMV_RB) */
+
+void iq_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k, const float *x, int64_t m,
+             int64_t ldx, float *y, int64_t ldy, int nth) {
+    const int64_t nc = k / 32, n_blocks = (n_rows + IQ_RB - 1) / IQ_RB;
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (int64_t nb = 0; nb < n_blocks; nb++) {
+        int64_t n1 = (nb + 1) * IQ_RB < n_rows ? (nb + 1) * IQ_RB : n_rows;
+        for (int64_t r0 = 0; r0 < m; r0 += 8) {
+            int mt = (int)(m - r0 < 8 ? m - r0 : 8);
+            for (int64_t n = nb * IQ_RB; n < n1; n++) {
+                float res[8];
+                iq_dot(type, w + n * row_bytes, nc, x + r0 * ldx, ldx, mt, res);
+                for (int r = 0; r < mt; r++) y[(r0 + r) * ldy + n] = res[r];
+            }
+        }
+    }
+}
