@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType as T
 F16_AT = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
     T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.MXFP4: (),  # MXFP4's scale is an E8M0 byte (random_blocks)
 }  # fmt: skip
 
 
@@ -44,6 +45,8 @@ def random_blocks(rng: np.random.Generator, qtype: int, rows: int, cols: int, no
     scale = np.array([1.0 / (40.0 * np.sqrt(cols))], dtype=np.float16).view(np.uint8)
     for off in F16_AT[qtype]:
         raw[..., off : off + 2] = scale
+    if qtype == T.MXFP4:  # 2^(e - 128) times codes up to 12: about the f16 types' scale times 16
+        raw[..., 0] = 128 + round(float(np.log2(1.0 / (40.0 * np.sqrt(cols)))))
     return raw.reshape(rows, -1)
 
 

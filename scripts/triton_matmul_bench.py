@@ -49,6 +49,8 @@ def random_weight(t: int, n: int, k: int, device: str = "cpu", seed: int = 0) ->
         for off in F16_AT[T(t)]:  # f16 fields kept finite and small (random bytes would be NaN/Inf)
             f16 = (torch.rand(len(raw), 1, generator=g) * 0.1 - 0.05).half()
             raw[:, off : off + 2] = f16.view(torch.uint8)
+        if t == T.MXFP4:  # E8M0 scales 2^-10 .. 2^-1 (random bytes reach 2^127)
+            raw[:, 0] = torch.randint(118, 128, (len(raw),), dtype=torch.uint8, generator=g)
     return QWeight(f"w.{type_name(t)}", raw.reshape(-1).to(device), int(t), (n, k))
 
 

@@ -30,7 +30,7 @@ import triton_matmul_bench as bench  # noqa: E402  (random valid blocks; the dev
 REL_TOL = 1e-5
 # K per type: an odd number of blocks (3 x 32, 3 x 256) and an odd float width; N = 21 leaves a
 # partial tile of weight rows in every kernel
-COLS = {T.F32: 37, T.F16: 37, T.BF16: 37, T.Q4_K: 768, T.Q5_K: 768, T.Q6_K: 768}
+COLS = {T.F32: 37, T.F16: 37, T.BF16: 37, T.Q4_K: 768, T.Q5_K: 768, T.Q6_K: 768, T.IQ4_XS: 768}
 N_ROWS = 21
 ROWS = (
     1,
@@ -51,7 +51,22 @@ def check(w: QWeight, m: int, seed: int = 1) -> float:
     return float((out.cpu().double() - ref).abs().max() / ref.abs().max())
 
 
-TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+TYPES = [
+    T.F32,
+    T.F16,
+    T.BF16,
+    T.Q4_0,
+    T.Q4_1,
+    T.Q5_0,
+    T.Q5_1,
+    T.Q8_0,
+    T.Q4_K,
+    T.Q5_K,
+    T.Q6_K,
+    T.MXFP4,
+    T.IQ4_NL,
+    T.IQ4_XS,
+]
 
 
 def test_supported_is_every_type_tested() -> None:
@@ -60,7 +75,7 @@ def test_supported_is_every_type_tested() -> None:
 
 # every row count for one plain and one K-quant type; the others at the edges of the three kernel
 # paths (the interpreter is slow, and 3 / 130 rows take the same code as 16 / 17)
-FULL = {T.Q8_0, T.Q4_K}
+FULL = {T.Q8_0, T.Q4_K, T.MXFP4}  # MXFP4: odd 17-byte blocks, rows at odd offsets
 CASES = [(t, m) for t in TYPES for m in ROWS if t in FULL or m in (1, 16, 17)]
 
 
@@ -82,7 +97,7 @@ def test_strided_rows_of_x_and_out() -> None:
         assert not obuf[:, :5].any() and not obuf[:, 5 + N_ROWS :].any()  # nothing outside out written
 
 
-@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.IQ4_NL], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.IQ2_XXS], ids=lambda t: t.name)
 def test_unsupported_type_is_refused(t: T) -> None:
     block, type_size = GGML_QUANT_SIZES[t]
     w = QWeight("blk.0.ffn_up.weight", torch.zeros(4 * type_size, dtype=torch.uint8), int(t), (4, block))

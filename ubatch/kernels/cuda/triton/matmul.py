@@ -42,6 +42,9 @@ from ubatch.kernels.cuda.triton.quant_tiles import (
     BF16,
     F16,
     F32,
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
     Q4_0,
     Q4_1,
     Q4_K,
@@ -55,7 +58,9 @@ from ubatch.kernels.cuda.triton.quant_tiles import (
 from ubatch.kernels.quant.dequant import type_name
 from ubatch.kernels.quant.weight import QWeight
 
-SUPPORTED: frozenset[int] = frozenset((F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K))
+SUPPORTED: frozenset[int] = frozenset(
+    (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS)
+)
 GEMV_MAX_ROWS = 16
 # Block sizes for sm_90, chosen so that no specialisation spills registers (cuobjdump, see
 # scripts/triton_compile_check.py); to be tuned by measurement on a device.
@@ -164,9 +169,12 @@ def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32 or out.dtype != torch.float32 or x.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("linear: x and out must be f32 with contiguous rows")
     raw = w.raw.reshape(-1)
-    if raw.storage_offset() % 2 or raw.numel() % 2:
+    if raw.storage_offset() % 2:
         raise ValueError(f"linear: {w.name}'s bytes must start at an even offset (f16 fields are read as 16-bit)")
-    args = (x, raw, raw.view(torch.int16), out, m, n, k, raw.numel() // n, x.stride(0), out.stride(0))
+    # every type with f16 fields has even blocks; MXFP4's odd 17-byte blocks have none, so the
+    # 16-bit view may leave out a last odd byte
+    wh = raw[: raw.numel() // 2 * 2].view(torch.int16)
+    args = (x, raw, wh, out, m, n, k, raw.numel() // n, x.stride(0), out.stride(0))
     if m <= GEMV_MAX_ROWS:
         bm = gemv_rows(m)
         bn, bk, nw = GEMV_CONFIGS[bm]

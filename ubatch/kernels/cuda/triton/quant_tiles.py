@@ -1,7 +1,8 @@
 """Triton device functions that dequantise weight tiles straight from the GGUF blocks.
 
 A tile is addressed in groups of 32 consecutive elements of a row (every block type is whole
-32-element groups: one block of Q4_0..Q8_0, one sub-block of the 256-element K-quants):
+32-element groups: one block of Q4_0..Q8_0, IQ4_NL and MXFP4, one sub-block of the 256-element
+K-quants and IQ4_XS):
 `rb` is each row's byte offset (int64), `s` the group index along the row (element k = 32 s + ln)
 and `ln` the lane 0..31, passed as broadcastable index tensors, e.g. rb [BN, 1, 1], s [1, NS, 1],
 ln [1, 1, 32] for a [BN, NS, 32] tile. The caller picks the axis order (GEMV wants rows first,
@@ -23,6 +24,7 @@ import triton.language as tl
 
 # ggml type ids (gguf's GGMLQuantizationType), spelled out: constexpr branches compare literals.
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+IQ4_NL, IQ4_XS, MXFP4 = 20, 23, 39
 GROUP = 32  # elements per group: the tile's innermost axis
 
 
@@ -145,6 +147,49 @@ def _q6_k(wq, wh, rb, s, ln, mask):
 
 
 @triton.jit
+def _iq4nl_value(q):
+    """ggml's kvalues_iq4nl[q] for 4-bit codes, from four int32 words holding its 16 bytes
+    (little-endian: code 0 is the low byte of the first word), sign-extended."""
+    w = tl.where(q < 4, -1079142271, tl.where(q < 8, -152379953, tl.where(q < 12, 0x26190D01, 0x71594535)))
+    b = (w >> ((q & 3) * 8)) & 255
+    return (b ^ 128) - 128
+
+
+@triton.jit
+def _e2m1_doubled(q):
+    """MXFP4's doubled e2m1 value of a 4-bit code: 0 1 2 3 4 6 8 12, negated where bit 3 is set."""
+    m = q & 7
+    mag = tl.where(m < 4, m, ((m & 1) + 2) << tl.maximum((m >> 1) - 1, 0))
+    return tl.where(q >= 8, -mag, mag)
+
+
+@triton.jit
+def _mxfp4(wq, wh, rb, s, ln, mask):
+    """Odd 17-byte blocks: one E8M0 byte (no f16 field), then 16 bytes of codes."""
+    blk = rb + s * 17
+    e = _u8(wq, blk, mask)
+    d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)  # 2^(e - 128)
+    return _e2m1_doubled(_nibble(wq, blk + 1, ln, mask)).to(tl.float32) * d
+
+
+@triton.jit
+def _iq4_nl(wq, wh, rb, s, ln, mask):
+    blk = rb + s * 18
+    return _f16(wh, blk, mask) * _iq4nl_value(_nibble(wq, blk + 2, ln, mask)).to(tl.float32)
+
+
+@triton.jit
+def _iq4_xs(wq, wh, rb, s, ln, mask):
+    """Group j = s % 8 of a 136-byte block: 6-bit scale from a nibble of scales_l and two bits of scales_h."""
+    blk = rb + (s // 8) * 136
+    j = s % 8
+    lo = (_u8(wq, blk + 4 + j // 2, mask) >> ((j % 2) * 4)) & 15
+    hi = (_u16(wh, (blk + 2) >> 1, mask).to(tl.int32) >> (2 * j)) & 3
+    dl = _f16(wh, blk, mask) * ((lo | (hi << 4)) - 32).to(tl.float32)
+    return dl * _iq4nl_value(_nibble(wq, blk + 8 + 16 * j, ln, mask)).to(tl.float32)
+
+
+@triton.jit
 def _u16(wh, idx, mask):
     return tl.load(wh + idx, mask=mask, other=0).to(tl.uint16, bitcast=True).to(tl.uint32)
 
@@ -185,6 +230,12 @@ def weight_groups(wq, wh, rb, s, ln, mask, TYPE: tl.constexpr):
         w = _q5_k(wq, wh, rb, s, ln, mask)
     elif TYPE == 14:
         w = _q6_k(wq, wh, rb, s, ln, mask)
+    elif TYPE == 39:
+        w = _mxfp4(wq, wh, rb, s, ln, mask)
+    elif TYPE == 20:
+        w = _iq4_nl(wq, wh, rb, s, ln, mask)
+    elif TYPE == 23:
+        w = _iq4_xs(wq, wh, rb, s, ln, mask)
     else:
         w = _float(wh, rb, s, ln, mask, TYPE)
     return tl.where(mask, w, 0.0)
