@@ -329,15 +329,15 @@ def write_tiny_with_unsupported_type(path: Path, monkeypatch: pytest.MonkeyPatch
 
     from ubatch.kernels.quant.dequant import SUPPORTED_TYPES
 
-    assert int(T.IQ4_NL) not in SUPPORTED_TYPES
+    assert int(T.NVFP4) not in SUPPORTED_TYPES
     orig = tiny_models._tensor
 
     def tensor(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: int, rng: np.random.Generator) -> None:
         if name != "blk.1.ffn_up.weight":
             return orig(w, name, arr, qtype, rng)
-        block, size = gguf.GGML_QUANT_SIZES[T.IQ4_NL]
+        block, size = gguf.GGML_QUANT_SIZES[T.NVFP4]
         raw = np.zeros((arr.shape[0], arr.shape[1] // block * size), np.uint8)
-        w.add_tensor(name, raw, raw_dtype=T.IQ4_NL)
+        w.add_tensor(name, raw, raw_dtype=T.NVFP4)
 
     with monkeypatch.context() as mp:
         mp.setattr(tiny_models, "_tensor", tensor)
@@ -354,7 +354,7 @@ def bad_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     (d / "tail.gguf").write_bytes(data[: len(data) - 4096])  # cut inside the tensor data
     write_gguf_arch(d / "mamba.gguf", "mamba")
     with pytest.MonkeyPatch.context() as mp:
-        write_tiny_with_unsupported_type(d / "iq4nl.gguf", mp)
+        write_tiny_with_unsupported_type(d / "nvfp4.gguf", mp)
     (d / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     m = ["-m", tiny_gemma]
     return ubatch_inproc(
@@ -366,7 +366,7 @@ def bad_runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
             "cut_header": ["cli", "-m", d / "head.gguf", "-p", "hi", "-n", 1],
             "cut_data": ["cli", "-m", d / "tail.gguf", "-p", "hi", "-n", 1],
             "arch": ["cli", "-m", d / "mamba.gguf", "-p", "hi", "-n", 1],
-            "qtype": ["cli", "-m", d / "iq4nl.gguf", "-p", "hi", "-n", 1],
+            "qtype": ["cli", "-m", d / "nvfp4.gguf", "-p", "hi", "-n", 1],
             "too_long": ["cli", *m, "-c", 256, "-p", "hello " * 300],
             "prompt_missing": ["cli", *m, "-f", d / "nope.txt"],
             "prompt_dir": ["cli", *m, "-f", d],
@@ -393,7 +393,7 @@ BAD = {
     "cut_header": ("head.gguf", "truncated"),
     "cut_data": ("tail.gguf", "truncated", "tensor"),
     "arch": ("mamba.gguf", "architecture", "mamba"),
-    "qtype": ("iq4nl.gguf", "IQ4_NL", "blk.1.ffn_up.weight", "not supported"),
+    "qtype": ("nvfp4.gguf", "NVFP4", "blk.1.ffn_up.weight", "not supported"),
     "too_long": ("303 tokens", "256", "-c"),
     "prompt_missing": ("nope.txt", "cannot read"),
     "prompt_dir": ("cannot read",),

@@ -15,6 +15,8 @@ from gguf import GGMLQuantizationType as T
 from tiny_vocab import add_spm_vocab, tiny_spm_vocab
 
 K_TYPES = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
+# types gguf-py cannot quantise whose f16 scale is a block's first two bytes: random blocks with it small
+RANDOM_IQ_TYPES = {T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S}
 
 
 @dataclass
@@ -52,9 +54,19 @@ def _random_k_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: int)
     return raw.reshape(rows, -1)
 
 
+def _random_iq_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: int) -> np.ndarray:
+    """Blocks of random bytes with a small f16 scale first (IQ4_NL's values reach 127 d)."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    raw[..., 0:2] = rng.uniform(0.00005, 0.0002, size=(rows, cols // block, 1)).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
 def _tensor(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: int, rng: np.random.Generator) -> None:
     if qtype in K_TYPES:
         w.add_tensor(name, _random_k_blocks(rng, arr.shape[0], arr.shape[1], qtype), raw_dtype=qtype)
+    elif qtype in RANDOM_IQ_TYPES:
+        w.add_tensor(name, _random_iq_blocks(rng, arr.shape[0], arr.shape[1], qtype), raw_dtype=qtype)
     elif qtype in (T.F32, T.F16):
         w.add_tensor(name, arr.astype(np.float32 if qtype == T.F32 else np.float16))
     else:
