@@ -10,6 +10,7 @@ grids in iq_grids.py (generated from ggml-common.h). Layouts: ggml-common.h's bl
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from gguf import GGMLQuantizationType as T
@@ -195,7 +196,7 @@ def _tq2_0(b: torch.Tensor, out: torch.Tensor) -> None:
     torch.mul((q - 1).float().flatten(1), _f16(b, 64), out=out)
 
 
-KERNELS = {
+KERNELS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
     T.MXFP4: _mxfp4,
     T.IQ4_NL: _iq4_nl,
     T.IQ4_XS: _iq4_xs,
