@@ -11,8 +11,9 @@ import itertools
 
 import pytest
 import torch
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
-from test_kernels import FLOATS, QUANT, run_linear, weight
+from test_kernels import FLOATS, QUANT, reads_x16, run_linear, weight
 
 from ubatch.kernels import backends
 from ubatch.kernels.cpu.ops import CpuOps
@@ -69,7 +70,7 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(t: T, backend: st
     10) to 16 rows of a chunk count divisible by 4 take the rows-in-lanes kernel (the 256 wide
     rows here), the others tiles of 8 rows: each must give a row the bits of the one-row call."""
     ops = backends.create(backend, 2)
-    kq = t in (T.Q4_K, T.Q5_K, T.Q6_K)
+    kq = GGML_QUANT_SIZES[t][0] == 256  # the K-quants, IQ4_XS and the grid types
     for k in (256,) if kq else (96, 256):
         w = weight(t, 40, k, seed=k)
         x = torch.randn(16, k, generator=torch.Generator().manual_seed(7))
@@ -118,18 +119,18 @@ def test_the_gemv_scratch_is_planned_and_its_contents_do_not_matter(t: T, backen
     kernel's own allocation (a direct call) and a strided x all give the same bits."""
     ops = backends.create(backend, 2)
     assert isinstance(ops, CpuOps)
-    kq = t in (T.Q4_K, T.Q5_K, T.Q6_K)
+    kq = GGML_QUANT_SIZES[t][0] == 256
     for k, m in itertools.product((512,) if kq else (160, 256), (1, 5, 8, 12, 16)):
         w = weight(t, 40, k)
         need = ops.kernels.gemv_scratch(m, w)
         spec = ops.linear_scratch(m, w)
         assert spec == ([((need,), torch.float32)] if need else [])
-        x16 = ops.kernels.x16 and t not in FLOATS  # int16 x (half a float a value), scales, sums
+        x16 = reads_x16(ops, t)  # int16 x (half a float a value), scales, sums
         # from 7 rows (K-quants: 10), where the chunks go in fours (not Q5_0/Q5_1 unless repacked
         # to Q8_0): the rows-in-lanes panel, per group of four rows and chunk 64 floats of x
         # pairs, 8 of scales, 8 of sums (+ 8 to align)
         fours = ops.kernels.repacks.kernel_type(w) not in (T.Q5_0, T.Q5_1)
-        rows = x16 and m >= (10 if kq else 7) and k % 128 == 0 and fours
+        rows = x16 and m >= (10 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 7) and k % 128 == 0 and fours
         panel = 8 + (m + 3) // 4 * (k // 32) * 80 if rows else 0
         assert need == ((m * k // 2 + 15) // 16 * 16 + 2 * m * (k // 32) + panel if x16 else 0)
         wide = torch.randn(m, k + 24, generator=torch.Generator().manual_seed(m))
