@@ -24,7 +24,9 @@ from gguf import GGMLQuantizationType as T
 F16_AT = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
     T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-    T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.MXFP4: (),  # MXFP4's scale is an E8M0 byte (random_blocks)
+    T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.IQ3_S: (0,), T.IQ3_XXS: (0,), T.IQ2_XXS: (0,), T.IQ2_XS: (0,),
+    T.IQ2_S: (0,), T.IQ1_S: (0,), T.TQ1_0: (52,), T.TQ2_0: (64,),
+    T.MXFP4: (), T.IQ1_M: (),  # an E8M0 byte; a scale spread over four words (random_blocks)
 }  # fmt: skip
 
 
@@ -47,6 +49,8 @@ def random_blocks(rng: np.random.Generator, qtype: int, rows: int, cols: int, no
         raw[..., off : off + 2] = scale
     if qtype == T.MXFP4:  # 2^(e - 128) times codes up to 12: about the f16 types' scale times 16
         raw[..., 0] = 128 + round(float(np.log2(1.0 / (40.0 * np.sqrt(cols)))))
+    if qtype == T.IQ1_M:  # the scale's top exponent bit clear: finite, below 2
+        raw[..., 55] &= 0xBF
     return raw.reshape(rows, -1)
 
 
@@ -103,8 +107,9 @@ def _vocab(n: int) -> tuple[list[str], list[float], list[int]]:
 
 
 def write_llama(out: Path, n_embd: int = 4096, n_layer: int = 32, n_head: int = 32, n_head_kv: int = 32,
-                n_ff: int = 11008, n_vocab: int = 32000, seed: int = 0) -> Path:  # fmt: skip
-    """A llama of the given shape (default: 7B) with Q4_K_M-like random blocks."""
+                n_ff: int = 11008, n_vocab: int = 32000, seed: int = 0, qtype: int = T.Q4_K) -> Path:  # fmt: skip
+    """A llama of the given shape (default: 7B) with Q4_K_M-like random blocks; with another
+    `qtype` (IQ4_XS, IQ4_NL, MXFP4) every matrix but the output head is of it."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(out), "llama")
     w.add_context_length(4096)
@@ -117,7 +122,7 @@ def write_llama(out: Path, n_embd: int = 4096, n_layer: int = 32, n_head: int = 
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     add_spm_vocab(w, n_vocab)
-    kq = T.Q4_K if n_embd % 256 == 0 else T.Q8_0
+    kq = qtype if n_embd % GGML_QUANT_SIZES[T(qtype)][0] == 0 else T.Q8_0
 
     def mat(name: str, rows: int, cols: int, qtype: int) -> None:
         qtype = qtype if cols % GGML_QUANT_SIZES[T(qtype)][0] == 0 else T.Q8_0
@@ -131,7 +136,7 @@ def write_llama(out: Path, n_embd: int = 4096, n_layer: int = 32, n_head: int = 
     mat("output.weight", n_vocab, n_embd, T.Q6_K if n_embd % 256 == 0 else T.Q8_0)
     dh = n_embd // n_head
     for il in range(n_layer):
-        p, hi = f"blk.{il}.", T.Q6_K if il % 2 == 0 and n_embd % 256 == 0 else kq
+        p, hi = f"blk.{il}.", T.Q6_K if il % 2 == 0 and n_embd % 256 == 0 and qtype == T.Q4_K else kq
         vec(p + "attn_norm.weight", n_embd)
         vec(p + "ffn_norm.weight", n_embd)
         mat(p + "attn_q.weight", n_head * dh, n_embd, kq)
@@ -140,7 +145,7 @@ def write_llama(out: Path, n_embd: int = 4096, n_layer: int = 32, n_head: int = 
         mat(p + "attn_output.weight", n_embd, n_head * dh, kq)
         mat(p + "ffn_gate.weight", n_ff, n_embd, kq)
         mat(p + "ffn_up.weight", n_ff, n_embd, kq)
-        mat(p + "ffn_down.weight", n_embd, n_ff, hi if n_ff % 256 == 0 else T.Q8_0)
+        mat(p + "ffn_down.weight", n_embd, n_ff, hi)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -148,8 +153,14 @@ def write_llama(out: Path, n_embd: int = 4096, n_layer: int = 32, n_head: int = 
     return out
 
 
-if __name__ == "__main__":  # python scripts/gpu_synth.py prepare MODEL OUT_DIR
+if __name__ == "__main__":  # python scripts/gpu_synth.py prepare MODEL OUT_DIR | llama OUT TYPE [N_EMBD N_LAYER N_FF]
     if len(sys.argv) == 4 and sys.argv[1] == "prepare":
         print(prepare(Path(sys.argv[2]), Path(sys.argv[3])))
+    elif len(sys.argv) in (4, 7) and sys.argv[1] == "llama":
+        dims = dict(zip(("n_embd", "n_layer", "n_ff"), map(int, sys.argv[4:]))) if len(sys.argv) == 7 else {}
+        heads = dims["n_embd"] // 128 if dims else 32
+        print(write_llama(Path(sys.argv[2]), n_head=heads, n_head_kv=heads, qtype=T[sys.argv[3]], **dims))
     else:
-        sys.exit("usage: python scripts/gpu_synth.py prepare MODEL.gguf OUT_DIR")
+        sys.exit(
+            "usage: python scripts/gpu_synth.py prepare MODEL.gguf OUT_DIR | llama OUT.gguf TYPE [N_EMBD N_LAYER N_FF]"
+        )

@@ -51,6 +51,8 @@ def random_weight(t: int, n: int, k: int, device: str = "cpu", seed: int = 0) ->
             raw[:, off : off + 2] = f16.view(torch.uint8)
         if t == T.MXFP4:  # E8M0 scales 2^-10 .. 2^-1 (random bytes reach 2^127)
             raw[:, 0] = torch.randint(118, 128, (len(raw),), dtype=torch.uint8, generator=g)
+        if t == T.IQ1_M:  # its scale's top exponent bit clear: finite
+            raw[:, 55] &= 0xBF
     return QWeight(f"w.{type_name(t)}", raw.reshape(-1).to(device), int(t), (n, k))
 
 

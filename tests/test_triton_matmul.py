@@ -30,7 +30,7 @@ import triton_matmul_bench as bench  # noqa: E402  (random valid blocks; the dev
 REL_TOL = 1e-5
 # K per type: an odd number of blocks (3 x 32, 3 x 256) and an odd float width; N = 21 leaves a
 # partial tile of weight rows in every kernel
-COLS = {T.F32: 37, T.F16: 37, T.BF16: 37, T.Q4_K: 768, T.Q5_K: 768, T.Q6_K: 768, T.IQ4_XS: 768}
+COLS = {T.F32: 37, T.F16: 37, T.BF16: 37} | {t: 768 for t in T if GGML_QUANT_SIZES.get(t, (0,))[0] == 256}
 N_ROWS = 21
 ROWS = (
     1,
@@ -51,22 +51,11 @@ def check(w: QWeight, m: int, seed: int = 1) -> float:
     return float((out.cpu().double() - ref).abs().max() / ref.abs().max())
 
 
-TYPES = [
-    T.F32,
-    T.F16,
-    T.BF16,
-    T.Q4_0,
-    T.Q4_1,
-    T.Q5_0,
-    T.Q5_1,
-    T.Q8_0,
-    T.Q4_K,
-    T.Q5_K,
-    T.Q6_K,
-    T.MXFP4,
-    T.IQ4_NL,
-    T.IQ4_XS,
-]
+# fmt: off
+TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K,
+         T.MXFP4, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_S, T.IQ1_M,
+         T.TQ1_0, T.TQ2_0]
+# fmt: on
 
 
 def test_supported_is_every_type_tested() -> None:
@@ -97,7 +86,7 @@ def test_strided_rows_of_x_and_out() -> None:
         assert not obuf[:, :5].any() and not obuf[:, 5 + N_ROWS :].any()  # nothing outside out written
 
 
-@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.IQ2_XXS], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.NVFP4], ids=lambda t: t.name)
 def test_unsupported_type_is_refused(t: T) -> None:
     block, type_size = GGML_QUANT_SIZES[t]
     w = QWeight("blk.0.ffn_up.weight", torch.zeros(4 * type_size, dtype=torch.uint8), int(t), (4, block))

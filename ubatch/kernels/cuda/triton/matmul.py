@@ -34,6 +34,8 @@ specialises 16-aligned arguments).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -42,6 +44,14 @@ from ubatch.kernels.cuda.triton.quant_tiles import (
     BF16,
     F16,
     F32,
+    GRID_OF,
+    IQ1_M,
+    IQ1_S,
+    IQ2_S,
+    IQ2_XS,
+    IQ2_XXS,
+    IQ3_S,
+    IQ3_XXS,
     IQ4_NL,
     IQ4_XS,
     MXFP4,
@@ -53,13 +63,17 @@ from ubatch.kernels.cuda.triton.quant_tiles import (
     Q5_K,
     Q6_K,
     Q8_0,
+    TQ1_0,
+    TQ2_0,
     weight_groups,
 )
 from ubatch.kernels.quant.dequant import type_name
+from ubatch.kernels.quant.dequant_iq import grid_raw
 from ubatch.kernels.quant.weight import QWeight
 
 SUPPORTED: frozenset[int] = frozenset(
     (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS)
+    + (IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0)
 )
 GEMV_MAX_ROWS = 16
 # Block sizes for sm_90, chosen so that no specialisation spills registers (cuobjdump, see
@@ -74,7 +88,7 @@ DOT_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
 
 
 @triton.jit
-def _groups(wq, wh, rb, n_ok, k0, K, TYPE: tl.constexpr, BLOCK_K: tl.constexpr):
+def _groups(wq, wh, gq, rb, n_ok, k0, K, TYPE: tl.constexpr, BLOCK_K: tl.constexpr):
     """The [BN, BLOCK_K // 32, 32] dequantised tile of columns k0.. of the rows at offsets rb [BN, 1, 1]."""
     s = (k0 // 32 + tl.arange(0, BLOCK_K // 32))[None, :, None]
     lane = tl.arange(0, 32)[None, None, :]
@@ -87,18 +101,18 @@ def _groups(wq, wh, rb, n_ok, k0, K, TYPE: tl.constexpr, BLOCK_K: tl.constexpr):
         mask = n_ok & (k < K)
     else:  # block rows are whole groups: mask groups (scales are loaded per group)
         mask = n_ok & (s * 32 < K)
-    return weight_groups(wq, wh, rb, s, lane, mask, TYPE), k
+    return weight_groups(wq, wh, gq, rb, s, lane, mask, TYPE), k
 
 
 @triton.jit
 def _dot_rows(
-    x, wq, wh, rb, n_ok, m, m_ok, K, stride_xm, TYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+    x, wq, wh, gq, rb, n_ok, m, m_ok, K, stride_xm, TYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
 ):
     """sum over K of x[m, k] * w[n, k] for the rows m and the weight rows at rb, on tensor cores."""
     xrow = x + m.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((m.shape[0], BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        w, _ = _groups(wq, wh, rb, n_ok, k0, K, TYPE, BLOCK_K)
+        w, _ = _groups(wq, wh, gq, rb, n_ok, k0, K, TYPE, BLOCK_K)
         w = tl.trans(tl.reshape(w, (BLOCK_N, BLOCK_K)))  # [BK, BN]
         k = k0 + tl.arange(0, BLOCK_K)
         xt = tl.load(xrow + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
@@ -111,6 +125,7 @@ def matmul_kernel(
     x,
     wq,
     wh,
+    gq,
     out,
     M,
     N,
@@ -140,16 +155,22 @@ def matmul_kernel(
     if BLOCK_M == 1:
         part = tl.zeros((BLOCK_N, BLOCK_K // 32, 32), dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=GEMV_STAGES):  # cp.async keeps blocks in flight
-            w, k = _groups(wq, wh, rb, n_ok[:, None, None], k0, K, TYPE, BLOCK_K)  # [BN, NS, 32]
+            w, k = _groups(wq, wh, gq, rb, n_ok[:, None, None], k0, K, TYPE, BLOCK_K)  # [BN, NS, 32]
             part += w * tl.load(x + k, mask=k < K, other=0.0)
         acc = tl.sum(tl.sum(part, axis=2), axis=1)[None, :]
     else:
-        acc = _dot_rows(x, wq, wh, rb, n_ok[:, None, None], m, m_ok, K, stride_xm, TYPE, BLOCK_N, BLOCK_K)
+        acc = _dot_rows(x, wq, wh, gq, rb, n_ok[:, None, None], m, m_ok, K, stride_xm, TYPE, BLOCK_N, BLOCK_K)
     if GEMV:  # at most 16 rows: 32-bit offsets
         o = out + m[:, None] * stride_om + n[None, :]
     else:
         o = out + m.to(tl.int64)[:, None] * stride_om + n[None, :]
     tl.store(o, acc, mask=m_ok[:, None] & n_ok[None, :])
+
+
+@functools.cache
+def grid_table(t: int, device: torch.device) -> torch.Tensor:
+    """The grid a grid type's tiles read (GRID_OF), as bytes on the weights' device, once per device."""
+    return torch.frombuffer(bytearray(grid_raw(GRID_OF[t])), dtype=torch.uint8).to(device)
 
 
 def gemv_rows(m: int) -> int:
@@ -174,7 +195,19 @@ def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor) -> torch.Tensor:
     # every type with f16 fields has even blocks; MXFP4's odd 17-byte blocks have none, so the
     # 16-bit view may leave out a last odd byte
     wh = raw[: raw.numel() // 2 * 2].view(torch.int16)
-    args = (x, raw, wh, out, m, n, k, raw.numel() // n, x.stride(0), out.stride(0))
+    args = (
+        x,
+        raw,
+        wh,
+        grid_table(t, raw.device) if t in GRID_OF else raw,
+        out,
+        m,
+        n,
+        k,
+        raw.numel() // n,
+        x.stride(0),
+        out.stride(0),
+    )
     if m <= GEMV_MAX_ROWS:
         bm = gemv_rows(m)
         bn, bk, nw = GEMV_CONFIGS[bm]
@@ -190,6 +223,7 @@ _SIGNATURE = {
     "x": "*fp32",
     "wq": "*u8",
     "wh": "*i16",
+    "gq": "*u8",
     "out": "*fp32",
     **dict.fromkeys(("M", "N", "K", "row_bytes", "stride_xm", "stride_om"), "i32"),
     **dict.fromkeys(("TYPE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GEMV"), "constexpr"),
