@@ -23,7 +23,38 @@ void ub_iq_init(const uint8_t *iq2xxs, const uint8_t *iq2xs, const uint8_t *iq2s
 
 /* ggml's ksigns_iq2xs: a 7-bit index with the parity of its set bits as bit 7 */
 static inline uint8_t ksigns(uint32_t k) { return (uint8_t)(k | ((uint32_t)__builtin_parity(k) << 7)); }
-static inline float sgn(uint8_t s, int j) { return s & (1 << j) ? -1.f : 1.f; }
+
+/* eight values d * g[j], negated where bit j of s is set (ggml's `* -1.f`, which compilers
+ * fold into a negation: a flipped sign bit, so no branch on random signs), as o[0..8) */
+static inline void put8(float *o, uint64_t g, float d, uint8_t s) {
+#if UB_AVX2
+    __m256 v = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)g))));
+    __m256i bit = _mm256_and_si256(_mm256_set1_epi32(s), _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128));
+    __m256i neg = _mm256_slli_epi32(_mm256_cmpeq_epi32(bit, _mm256_setzero_si256()), 31); /* sign bit where clear */
+    neg = _mm256_xor_si256(neg, _mm256_set1_epi32((int)0x80000000u));
+    _mm256_storeu_ps(o, _mm256_xor_ps(v, _mm256_castsi256_ps(neg)));
+#else
+    for (int j = 0; j < 8; j++) {
+        float v = d * (float)((g >> 8 * j) & 255);
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        u ^= (uint32_t)((s >> j) & 1) << 31;
+        memcpy(o + j, &u, 4);
+    }
+#endif
+}
+
+/* eight IQ1 values d * (g[j] + delta), g signed bytes */
+static inline void put8_iq1(float *o, const int8_t *g, float d, float delta) {
+#if UB_AVX2
+    __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)g)));
+    _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(q, _mm256_set1_ps(delta))));
+#else
+    for (int j = 0; j < 8; j++) o[j] = d * ((float)g[j] + delta);
+#endif
+}
+
+static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
 /* 2^(e - 128): half of an E8M0 scale, as MXFP4's doubled values want it */
 static inline float e8m0_half(uint8_t e) {
@@ -83,11 +114,7 @@ static void chunk_iq(int type, const uint8_t *row, int64_t c, float *o) {
     case T_IQ2_XXS: {
         uint32_t a0 = rd32(b + 2 + 8 * ib), a1 = rd32(b + 6 + 8 * ib);
         float db = h2f(rd16(b)) * (0.5f + (float)(a1 >> 28)) * 0.25f;
-        for (int l = 0; l < 4; l++) {
-            const uint8_t *g = G_IQ2XXS + 8 * ((a0 >> 8 * l) & 255);
-            uint8_t s = ksigns((a1 >> 7 * l) & 127);
-            for (int j = 0; j < 8; j++) o[8 * l + j] = db * (float)g[j] * sgn(s, j);
-        }
+        for (int l = 0; l < 4; l++) put8(o + 8 * l, rd64(G_IQ2XXS + 8 * ((a0 >> 8 * l) & 255)), db, ksigns((a1 >> 7 * l) & 127));
         return;
     }
     case T_IQ2_XS: case T_IQ2_S: {
@@ -104,7 +131,7 @@ static void chunk_iq(int type, const uint8_t *row, int64_t c, float *o) {
                 g = G_IQ2S + 8 * (b[2 + 4 * ib + l] | ((b[66 + ib] << (8 - 2 * l)) & 0x300));
                 s = b[34 + 4 * ib + l];
             }
-            for (int j = 0; j < 8; j++) o[8 * l + j] = db[l / 2] * (float)g[j] * sgn(s, j);
+            put8(o + 8 * l, rd64(g), db[l / 2], s);
         }
         return;
     }
@@ -114,11 +141,8 @@ static void chunk_iq(int type, const uint8_t *row, int64_t c, float *o) {
         float db = h2f(rd16(b)) * (0.5f + (float)(aux >> 28)) * 0.5f;
         for (int l = 0; l < 4; l++) {
             uint8_t s = ksigns((aux >> 7 * l) & 127);
-            const uint8_t *g1 = G_IQ3XXS + 4 * qs[2 * l], *g2 = G_IQ3XXS + 4 * qs[2 * l + 1];
-            for (int j = 0; j < 4; j++) {
-                o[8 * l + j] = db * (float)g1[j] * sgn(s, j);
-                o[8 * l + j + 4] = db * (float)g2[j] * sgn(s, j + 4);
-            }
+            uint64_t g = rd32(G_IQ3XXS + 4 * qs[2 * l]) | (uint64_t)rd32(G_IQ3XXS + 4 * qs[2 * l + 1]) << 32;
+            put8(o + 8 * l, g, db, s);
         }
         return;
     }
@@ -126,12 +150,9 @@ static void chunk_iq(int type, const uint8_t *row, int64_t c, float *o) {
         const uint8_t *qs = b + 2 + 8 * ib, qh = b[66 + ib], *signs = b + 74 + 4 * ib;
         float db = h2f(rd16(b)) * (float)(1 + 2 * ((b[106 + ib / 2] >> 4 * (ib % 2)) & 0xf));
         for (int l = 0; l < 4; l++) {
-            const uint8_t *g1 = G_IQ3S + 4 * (qs[2 * l] | ((qh << (8 - 2 * l)) & 256));
-            const uint8_t *g2 = G_IQ3S + 4 * (qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256));
-            for (int j = 0; j < 4; j++) {
-                o[8 * l + j] = db * (float)g1[j] * sgn(signs[l], j);
-                o[8 * l + j + 4] = db * (float)g2[j] * sgn(signs[l], j + 4);
-            }
+            uint64_t g = rd32(G_IQ3S + 4 * (qs[2 * l] | ((qh << (8 - 2 * l)) & 256))) |
+                         (uint64_t)rd32(G_IQ3S + 4 * (qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256))) << 32;
+            put8(o + 8 * l, g, db, signs[l]);
         }
         return;
     }
@@ -140,8 +161,7 @@ static void chunk_iq(int type, const uint8_t *row, int64_t c, float *o) {
         float dl = h2f(rd16(b)) * (float)(2 * ((qh >> 12) & 7) + 1);
         float delta = qh & 0x8000 ? -IQ1_DELTA : IQ1_DELTA;
         for (int l = 0; l < 4; l++) {
-            const int8_t *g = G_IQ1S + 8 * (b[2 + 4 * ib + l] | (((qh >> 3 * l) & 7) << 8));
-            for (int j = 0; j < 8; j++) o[8 * l + j] = dl * ((float)g[j] + delta);
+            put8_iq1(o + 8 * l, G_IQ1S + 8 * (b[2 + 4 * ib + l] | (((qh >> 3 * l) & 7) << 8)), dl, delta);
         }
         return;
     }
@@ -154,9 +174,7 @@ static void chunk_iq(int type, const uint8_t *row, int64_t c, float *o) {
         const uint8_t *qs = b + 4 * ib, *qh = b + 32 + 2 * ib;
         for (int l = 0; l < 4; l++) {
             uint8_t h = qh[l / 2] >> (4 * (l % 2));
-            const int8_t *g = G_IQ1S + 8 * (qs[l] | ((h & 7) << 8));
-            float delta = h & 8 ? -IQ1_DELTA : IQ1_DELTA;
-            for (int j = 0; j < 8; j++) o[8 * l + j] = dl[l / 2] * ((float)g[j] + delta);
+            put8_iq1(o + 8 * l, G_IQ1S + 8 * (qs[l] | ((h & 7) << 8)), dl[l / 2], h & 8 ? -IQ1_DELTA : IQ1_DELTA);
         }
         return;
     }
