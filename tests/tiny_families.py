@@ -122,6 +122,22 @@ FAMILIES = {
         "LlamaConfig", "LlamaForCausalLM", "llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}
     ),
 }
+# mixtures of experts (tests/test_moe.py): 8 experts of FFN width 512 (K-quant blocks fit, unlike n_embd), top-2;
+# llama.cpp always normalises qwen3moe's top-k weights, as Qwen3-30B-A3B's config asks
+MOE_FAMILIES = {
+    "qwen3moe": Family(
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        "qwen3moe",
+        {
+            "head_dim": 64,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 512,
+            "norm_topk_prob": True,
+        },
+    )
+}
 
 
 def hf_model(family: str, seed: int = 0, tied: bool = False) -> torch.nn.Module:
@@ -129,7 +145,7 @@ def hf_model(family: str, seed: int = 0, tied: bool = False) -> torch.nn.Module:
     (K-quant blocks fit), 4 query heads over 2 KV heads."""
     import transformers
 
-    f = FAMILIES[family]
+    f = FAMILIES.get(family) or MOE_FAMILIES[family]
     kw: dict[str, object] = {
         "vocab_size": VOCAB,
         "hidden_size": 256,

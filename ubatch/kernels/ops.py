@@ -292,6 +292,72 @@ class GatherColsArgs(Generic[X]):
     n: int  # the columns of the whole (the vocabulary)
 
 
+def _expert_rows(a: Any) -> tuple[int, ...]:
+    """mul_mat_id's output: one row of the expert's product per (token, chosen expert)."""
+    return (a.ids.shape[0], a.ids.shape[1], a.w.shape[1])
+
+
+@declare("mul_mat_id", _expert_rows, lambda o, a, out, s: functools.partial(o.mul_mat_id, a, out, s), "matmul")
+@dataclass(slots=True)
+class MulMatIdArgs(Generic[X]):
+    """llama.cpp's mul_mat_id: out[t, j] = w[ids[t, j]] · x[t, j] (+ b[ids[t, j]]), where w is
+    (n_expert, rows, cols) as stored and x is (n, 1, cols) (every chosen expert reads the token's
+    row) or (n, k, cols) (one row per chosen expert). A backend groups the rows by expert so that
+    each chosen expert's matrix is read once per call and no other expert's at all."""
+
+    x: X
+    w: QWeight
+    ids: X  # (n, k) int32: the experts each token's router chose
+    b: Tensor | None = None  # (n_expert, rows) f32: each expert's bias (gpt-oss)
+
+
+@declare(
+    "moe_topk", lambda a: (a.logits.shape[0], a.k), lambda o, a, out, s: functools.partial(o.moe_topk, a, out), "rows"
+)
+@dataclass(slots=True)
+class MoeTopKArgs(Generic[X]):
+    """The k experts each row of router logits (n, n_expert) chooses: the largest gating
+    probabilities (softmax, or sigmoid plus the selection bias where the family has one), as
+    int32 ids (n, k)."""
+
+    logits: X
+    k: int
+    gating: str  # "softmax", "sigmoid", "softmax_weight" (chosen on the raw logits)
+    bias: Tensor | None = None  # (n_expert,) added to the probabilities for the choice only
+
+
+@declare(
+    "moe_weights",
+    lambda a: tuple(a.ids.shape),
+    lambda o, a, out, s: functools.partial(o.moe_weights, a, out),
+    "elementwise",
+)
+@dataclass(slots=True)
+class MoeWeightsArgs(Generic[X]):
+    """The chosen experts' weights (n, k): their gating probabilities (softmax_weight: a softmax
+    over the chosen logits only), divided by their sum where `norm`, times `scale`."""
+
+    logits: X
+    ids: X
+    gating: str
+    norm: bool
+    scale: float
+
+
+@declare(
+    "moe_sum",
+    lambda a: (a.x.shape[0], a.x.shape[2]),
+    lambda o, a, out, s: functools.partial(o.moe_sum, a.x, a.weights, out),
+    "elementwise",
+)
+@dataclass(slots=True)
+class MoeSumArgs(Generic[X]):
+    """Each token's chosen experts' outputs x (n, k, d) summed with their weights (n, k)."""
+
+    x: X
+    weights: X
+
+
 @dataclass(slots=True)
 class MaskCells(Generic[X]):
     """What a backend with `mask_in_kernel` computes the mask from, instead of a [n_tokens, n_kv]
@@ -347,6 +413,10 @@ NodeArgs: TypeAlias = (
     | AttentionArgs[X]
     | AllReduceArgs[X]
     | GatherColsArgs[X]
+    | MulMatIdArgs[X]
+    | MoeTopKArgs[X]
+    | MoeWeightsArgs[X]
+    | MoeSumArgs[X]
 )
 
 
@@ -463,6 +533,23 @@ class Ops(ABC):
     # ops declared with a default: the reference's code unless a backend has its own kernel
     def add_bias(self, x: Tensor, b: Tensor, out: Tensor) -> Tensor:  # in place ok
         return self.fallback().add_bias(x, b, out)
+
+    # mixtures of experts: the router's choice and weights, the chosen experts' products, their sum
+    def mul_mat_id(self, a: MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
+        return self.fallback().mul_mat_id(a, out, scratch)
+
+    def mul_mat_id_scratch(self, n: int, k: int, w: QWeight) -> ScratchSpec:
+        """The scratch of a mul_mat_id node over n tokens choosing k experts each (none here)."""
+        return []
+
+    def moe_topk(self, a: MoeTopKArgs[Tensor], out: Tensor) -> Tensor:
+        return self.fallback().moe_topk(a, out)
+
+    def moe_weights(self, a: MoeWeightsArgs[Tensor], out: Tensor) -> Tensor:
+        return self.fallback().moe_weights(a, out)
+
+    def moe_sum(self, x: Tensor, weights: Tensor, out: Tensor) -> Tensor:
+        return self.fallback().moe_sum(x, weights, out)
 
     # the KV cache: rows in the cache's ggml type (f32 / f16 / bf16 / q8_0 / q4_0)
     @abstractmethod

@@ -22,6 +22,9 @@ from ubatch.kernels.ops import (
     AttentionArgs,
     KVTensor,
     MaskCells,
+    MoeTopKArgs,
+    MoeWeightsArgs,
+    MulMatIdArgs,
     Ops,
     ScratchSpec,
     attn_scratch_count,
@@ -224,6 +227,53 @@ class TorchOps(Ops):
 
     def rows(self, x: Tensor, idx: Tensor, out: Tensor) -> Tensor:
         return torch.index_select(x, 0, idx, out=out)
+
+    # -- mixtures of experts --------------------------------------------------------------------
+    def mul_mat_id(self, a: MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
+        """The (token, chosen expert) rows grouped by expert, each group one product with that
+        expert's dense copy (the group sizes are read on the host)."""
+        n, k = a.ids.shape
+        e_count, rows, cols = a.w.shape
+        w = self.dense(a.w)
+        xf = a.x.expand(n, k, cols).reshape(n * k, cols)
+        of = out.view(n * k, rows)
+        flat = a.ids.reshape(-1).long()
+        order = torch.argsort(flat, stable=True)
+        start = 0
+        for e, c in enumerate(torch.bincount(flat, minlength=e_count).tolist()):
+            if c:
+                sel = order[start : start + c]
+                y = xf.index_select(0, sel) @ w[e].t()
+                of.index_copy_(0, sel, y if a.b is None else y.add_(a.b[e]))
+                start += c
+        return out
+
+    @staticmethod
+    def gating_probs(logits: Tensor, gating: str) -> Tensor:
+        """The router's probabilities over all experts (softmax_weight: the raw logits)."""
+        if gating == "softmax":
+            return torch.softmax(logits, -1)
+        if gating == "sigmoid":
+            return torch.sigmoid(logits)
+        return logits
+
+    def moe_topk(self, a: MoeTopKArgs[Tensor], out: Tensor) -> Tensor:
+        p = self.gating_probs(a.logits, a.gating)
+        if a.bias is not None:
+            p = p + a.bias
+        return out.copy_(torch.topk(p, a.k, -1).indices)
+
+    def moe_weights(self, a: MoeWeightsArgs[Tensor], out: Tensor) -> Tensor:
+        w = torch.gather(self.gating_probs(a.logits, a.gating), 1, a.ids.long())
+        if a.gating == "softmax_weight":
+            w = torch.softmax(w, -1)
+        if a.norm:  # llama.cpp clamps the sum at f16's smallest normal
+            w = w / w.sum(-1, keepdim=True).clamp(min=6.103515625e-5)
+        return torch.mul(w, a.scale, out=out)
+
+    def moe_sum(self, x: Tensor, weights: Tensor, out: Tensor) -> Tensor:
+        torch.bmm(weights.unsqueeze(1), x, out=out.unsqueeze(1))
+        return out
 
     def softcap(self, x: Tensor, c: float, out: Tensor) -> Tensor:
         torch.div(x, c, out=out)

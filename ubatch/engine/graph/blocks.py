@@ -91,6 +91,24 @@ class GraphBlocks:
         f = b.glu(gate, b.linear(x, L.mat("ffn_up"), f"ffn_up-{il}"), hp.ffn_act, f"ffn_glu-{il}")
         return self._reduced(b.linear(f, L.mat("ffn_down"), f"ffn_out-{il}"), f"ffn_out_sum-{il}")
 
+    def moe(self, x: Sym, il: int) -> Sym:
+        """llama.cpp's build_moe_ffn: router logits, each row's top-k experts and their weights,
+        the chosen experts' gate and up (mul_mat_id), the gated activation, their down
+        projections, summed with the weights."""
+        hp, b, L, n = self.model.hparams, self.b, self.model.layers[il], self.n
+        moe = hp.moe
+        assert moe is not None
+        logits = b.linear(x, L.mat("ffn_gate_inp"), f"ffn_moe_logits-{il}")
+        ids = b.moe_topk(logits, moe.n_expert_used, moe.gating, L.vec("exp_probs_b"), f"ffn_moe_topk-{il}")
+        w = b.moe_weights(logits, ids, moe.gating, moe.norm_w, moe.w_scale, f"ffn_moe_weights-{il}")
+        x3 = b.view(x, (n, 1, hp.n_embd))
+        gate = b.mul_mat_id(x3, L.mat("ffn_gate_exps"), ids, L.vec("ffn_gate_exps_b"), f"ffn_moe_gate-{il}")
+        up = b.mul_mat_id(x3, L.mat("ffn_up_exps"), ids, L.vec("ffn_up_exps_b"), f"ffn_moe_up-{il}")
+        f = b.glu(gate, up, hp.ffn_act, f"ffn_moe_swiglu-{il}")
+        down = b.mul_mat_id(f, L.mat("ffn_down_exps"), ids, L.vec("ffn_down_exps_b"), f"ffn_moe_down-{il}")
+        out = b.moe_sum(down, w, f"ffn_moe_out-{il}")
+        return self._reduced(out, f"ffn_moe_out_sum-{il}")
+
     def residual(self, x: Sym, a: Sym, il: int) -> Sym:
         if il == self.model.hparams.n_layer - 1 and self.out_ids is not None:  # only output rows pay for the rest
             x = self.b.rows(x, self.out_ids, f"inpSA_out-{il}")

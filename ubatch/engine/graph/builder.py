@@ -24,6 +24,10 @@ from ubatch.kernels.ops import (
     KVStoreArgs,
     KVTensor,
     LinearArgs,
+    MoeSumArgs,
+    MoeTopKArgs,
+    MoeWeightsArgs,
+    MulMatIdArgs,
     NodeArgs,
     Ops,
     RmsNormArgs,
@@ -83,6 +87,22 @@ class GraphBuilder:
 
     def linear(self, x: Sym, w: QWeight, name: str) -> Sym:
         return self.op(LinearArgs(x, w), name, self.ops.linear_scratch(x.shape[0], w))
+
+    def mul_mat_id(self, x: Sym, w: QWeight, ids: Sym, b: torch.Tensor | None, name: str) -> Sym:
+        """Each (token, chosen expert) row times that expert's matrix of w (n_expert, rows, cols)."""
+        n, k = ids.shape
+        return self.op(MulMatIdArgs(x, w, ids, b), name, self.ops.mul_mat_id_scratch(n, k, w))
+
+    def moe_topk(self, logits: Sym, k: int, gating: str, bias: torch.Tensor | None, name: str) -> Sym:
+        """The k experts each row chooses, as int32 ids."""
+        a = MoeTopKArgs(logits, k, gating, bias)
+        return self._node(op_decl(a).name, a, (logits,), (logits.shape[0], k), torch.int32, name)
+
+    def moe_weights(self, logits: Sym, ids: Sym, gating: str, norm: bool, scale: float, name: str) -> Sym:
+        return self.op(MoeWeightsArgs(logits, ids, gating, norm, scale), name)
+
+    def moe_sum(self, x: Sym, weights: Sym, name: str) -> Sym:
+        return self.op(MoeSumArgs(x, weights), name)
 
     def rms_norm(self, x: Sym, w: torch.Tensor, eps: float, name: str) -> Sym:
         return self.op(RmsNormArgs(x, w, eps), name, [((*x.shape[:-1], 1), torch.float32)])

@@ -6,6 +6,7 @@ The stored bytes are the only form a weight has; each backend decides how to com
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,14 @@ class QWeight:
 
     @property
     def row_bytes(self) -> int:
-        return self.raw.numel() // self.shape[0]
+        """Bytes of one row (of the innermost dimension)."""
+        return self.raw.numel() // math.prod(self.shape[:-1])
+
+    def expert(self, e: int) -> QWeight:
+        """Expert e's matrix of a 3-D (n_expert, rows, cols) tensor: itself a valid quantised
+        matrix (a view of the stored bytes)."""
+        n = self.raw.numel() // self.shape[0]
+        return QWeight(f"{self.name}[{e}]", self.raw[e * n : (e + 1) * n], self.ggml_type, self.shape[1:])
 
     def dense(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A fresh dequantised copy in `dtype` (not cached: backends own their layouts)."""
@@ -34,7 +42,7 @@ class QWeight:
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows `ids` dequantised (embedding lookup) without needing the dense matrix."""
-        raw_rows = self.raw.view(self.shape[0], self.row_bytes).index_select(0, ids)
+        raw_rows = self.raw.view(self.shape[0], self.raw.numel() // self.shape[0]).index_select(0, ids)
         return dequantize(raw_rows, self.ggml_type, (ids.numel(), *self.shape[1:]), dtype)
 
     def to(self, device: torch.device | str) -> QWeight:

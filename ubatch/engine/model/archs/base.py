@@ -84,6 +84,11 @@ class HParams:
     # cos and sin of every rotated pair scaled by it (yarn's magnitude, `rope.scaling.attn_factor`):
     # on both q and k, so m² on the rotated dims' share of q·k and nothing on unrotated dims
     rope_mscale: float = 1.0
+    moe: MoeParams | None = None  # a mixture of experts in place of the dense FFN
+
+    @property
+    def n_expert(self) -> int:
+        return self.moe.n_expert if self.moe else 0
 
     def is_swa(self, il: int) -> bool:
         return self.swa_layers[il]
@@ -96,6 +101,43 @@ class HParams:
         if self.swa_layers[il]:
             return self.rope_freq_base_swa, self.rope_freq_scale_swa
         return self.rope_freq_base, self.rope_freq_scale
+
+
+# llama_expert_gating_func_type as GGUF stores it: how router logits become expert weights
+GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
+
+
+@dataclass(slots=True, frozen=True)
+class MoeParams:
+    """A mixture of experts: the router picks `n_expert_used` of `n_expert` experts per token
+    and their outputs are summed with the gating weights (llama.cpp's build_moe_ffn)."""
+
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int  # one expert's FFN width
+    gating: str = "softmax"  # softmax over all logits; sigmoid; softmax_weight: over the chosen ones only
+    norm_w: bool = False  # the chosen weights divided by their sum
+    w_scale: float = 1.0  # then scaled
+    n_ff_shexp: int = 0  # the shared expert's FFN width (0: none)
+    swiglu_limit: float = 0.0  # gpt-oss: gate and up clamped before the gated activation (0: off)
+
+
+def read_moe(meta: Meta, arch: str, source: str, norm_w: bool | None = None, gating: str | None = None) -> MoeParams:
+    """The expert keys every MoE family has; `norm_w` and `gating` where the family fixes them
+    (llama.cpp's graph does for qwen3moe), else as the file says."""
+    a = f"{arch}."
+    n_expert = meta_int(meta, a + "expert_count", source, hi=1 << 16)
+    n_used = meta_int(meta, a + "expert_used_count", source, hi=n_expert)
+    gate = gating or GATING_FUNCS.get(meta_int(meta, a + "expert_gating_func", source, 1, hi=3), "softmax")
+    return MoeParams(
+        n_expert=n_expert,
+        n_expert_used=n_used,
+        n_ff_exp=meta_int(meta, a + "expert_feed_forward_length", source, hi=MAX_DIM),
+        gating=gate,
+        norm_w=meta_bool(meta, a + "expert_weights_norm", source, False) if norm_w is None else norm_w,
+        w_scale=meta_float(meta, a + "expert_weights_scale", source, 1.0) or 1.0,
+        n_ff_shexp=meta_int(meta, a + "expert_shared_feed_forward_length", source, 0, lo=0, hi=MAX_DIM),
+    )
 
 
 def swa_pattern(meta: Meta, arch: str, n_layer: int, n_swa: int, source: str, default: int) -> tuple[bool, ...]:
@@ -221,11 +263,15 @@ def _yarn(
 # -- tensors --------------------------------------------------------------------------------------
 # matrix: multiplied with (kept as stored, quantised); vector: a norm weight (f32); bias: added to a
 # projection's output (f32); fused: several matrices in one tensor, split by views
-Kind = Literal["matrix", "vector", "bias", "fused"]
+# experts: one matrix per expert stacked as a 3-D tensor (E, rows, cols), kept as stored
+Kind = Literal["matrix", "vector", "bias", "fused", "experts"]
 # how tensor parallelism cuts it: output rows by query heads, KV heads (K's or V's width) or FFN
 # rows; input columns by query heads or FFN rows; the vocabulary; every rank holds it whole; or
-# "none": it spans what ranks split (a norm over every head's values), so -tp is refused
-Cut = Literal["q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "vocab", "replicated", "none"]
+# "none": it spans what ranks split (a norm over every head's values), so -tp is refused; each
+# expert's rows or input columns of its FFN (exp_rows, exp_cols: vLLM's default cut of experts)
+Cut = Literal[
+    "q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "exp_rows", "exp_cols", "vocab", "replicated", "none"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +288,7 @@ class TensorSpec:
     @property
     def stored_as_matrix(self) -> bool:
         """Kept in its GGUF storage type (a QWeight); else read once as an f32 tensor."""
-        return self.kind in ("matrix", "fused")
+        return self.kind in ("matrix", "fused", "experts")
 
 
 def attn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
@@ -265,6 +311,19 @@ def ffn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
         TensorSpec("ffn_gate", p + "ffn_gate.weight", (hp.n_ff, d), "matrix", "ff_rows"),
         TensorSpec("ffn_up", p + "ffn_up.weight", (hp.n_ff, d), "matrix", "ff_rows"),
         TensorSpec("ffn_down", p + "ffn_down.weight", (d, hp.n_ff), "matrix", "ff_cols"),
+    ]
+
+
+def moe_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    """The router and the experts' gate, up and down (3-D: one matrix per expert), the pre-norm."""
+    assert hp.moe is not None
+    d, p, e, f = hp.n_embd, f"blk.{il}.", hp.moe.n_expert, hp.moe.n_ff_exp
+    return [
+        TensorSpec("ffn_norm", p + "ffn_norm.weight", (d,), "vector", "replicated"),
+        TensorSpec("ffn_gate_inp", p + "ffn_gate_inp.weight", (e, d), "matrix", "replicated"),
+        TensorSpec("ffn_gate_exps", p + "ffn_gate_exps.weight", (e, f, d), "experts", "exp_rows"),
+        TensorSpec("ffn_up_exps", p + "ffn_up_exps.weight", (e, f, d), "experts", "exp_rows"),
+        TensorSpec("ffn_down_exps", p + "ffn_down_exps.weight", (e, d, f), "experts", "exp_cols"),
     ]
 
 
@@ -319,6 +378,10 @@ class Blocks(Protocol[T]):
 
     def ffn(self, x: T, il: int) -> T:
         """The gated FFN of the normed rows x, whole again across ranks."""
+
+    def moe(self, x: T, il: int) -> T:
+        """The mixture of experts of the normed rows x: the router's logits, each row's chosen
+        experts and their weights, the chosen experts' gated FFNs summed with those weights."""
 
     def scale(self, x: T, s: float, name: str) -> T: ...
 
