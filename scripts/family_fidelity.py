@@ -1,8 +1,9 @@
 """Each architecture's tiny checkpoint as llama.cpp and ubatch run it, against transformers' fp32.
 
     python scripts/family_fidelity.py [--families qwen3,qwen2] [-n 128] [--types F32,F16,Q8_0,Q4_K_M]
+    python scripts/family_fidelity.py --families qwen3moe
 
-For every family of tests/tiny_families.py: the seeded random checkpoint, converted to F32 and F16
+For every family of tests/tiny_families.py (the dense ones by default; MoE ones by name): the seeded random checkpoint, converted to F32 and F16
 by llama.cpp's convert_hf_to_gguf.py and quantised to Q8_0 and Q4_K_M by its llama-quantize; the
 next-token distribution at each of n positions of a fixed id sequence from transformers' fp32
 forward (the reference), from ubatch (cpu backend, f32 KV cache, teacher-forced in one ubatch)
@@ -146,7 +147,7 @@ def main() -> int:
                 f = gguf_of(d, work, family, qtype)
                 ours = ubatch_logprobs(f, ids)
                 theirs = llama_cpp_logprobs(f, ids, ref.shape[1])
-                (uk, ut), arch = kld(ref, ours), tiny_families.FAMILIES[family].gguf_arch
+                (uk, ut), arch = kld(ref, ours), tiny_families.family_of(family).gguf_arch
                 if isinstance(theirs, str):
                     print(f"| {family} | {arch} | {qtype} | {uk:.2e} | {100 * ut:.1f}% | llama.cpp: {theirs} | | |")
                     continue

@@ -48,6 +48,9 @@ def _hparams(arch: str) -> HParams:
         f"{arch}.context_length": 1024,
         f"{arch}.vocab_size": 300,
         f"{arch}.logit_scale": 2.0,  # granite requires it
+        f"{arch}.expert_count": 8,  # mixtures of experts require these
+        f"{arch}.expert_used_count": 2,
+        f"{arch}.expert_feed_forward_length": 512,
     }
     return ARCHS[arch].read_hparams(meta, "test")
 
@@ -61,10 +64,15 @@ def test_each_tensor_is_declared_once_with_a_cut_that_fits_its_shape(arch: str) 
     rows = {"q_rows": hp.n_head * hp.n_embd_head_k, "k_rows": hp.n_head_kv * hp.n_embd_head_k}
     rows |= {"v_rows": hp.n_head_kv * hp.n_embd_head_v, "ff_rows": hp.n_ff}
     cols = {"q_cols": hp.n_head * hp.n_embd_head_v, "ff_cols": hp.n_ff}
+    if hp.moe is not None:  # each expert's matrix cut as a dense FFN's is
+        rows["exp_rows"] = cols["exp_cols"] = hp.moe.n_ff_exp
     for t in specs:
         if t.parts:  # fused: its parts tile its rows, each cut as a tensor of its own would be
             assert t.kind == "fused" and sum(n for _, n, _ in t.parts) == t.shape[0], t
             assert all(rows[cut] == n for _, n, cut in t.parts), t
+        elif t.kind == "experts":
+            assert len(t.shape) == 3 and t.shape[0] == hp.n_expert, t
+            assert t.shape[1:][0 if t.cut in rows else 1] == (rows | cols)[t.cut], t
         elif t.cut in rows:
             assert t.shape[0] == rows[t.cut], t
         elif t.cut in cols:
@@ -89,7 +97,8 @@ def test_a_missing_key_is_one_line_naming_it(arch: str) -> None:
 def test_hf_model_types_name_registered_architectures() -> None:
     assert HF_MODEL_TYPES and all(a.name in ARCHS for a in HF_MODEL_TYPES.values())
     with pytest.raises(
-        Exception, match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, granite, olmo2, smollm3, phi3"
+        Exception,
+        match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, qwen3moe, granite, olmo2, smollm3, phi3",
     ):
         from ubatch.engine.model.hparams import hparams_from_metadata
 

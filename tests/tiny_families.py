@@ -140,12 +140,17 @@ MOE_FAMILIES = {
 }
 
 
+def family_of(name: str) -> Family:
+    """A dense or a mixture-of-experts family by name."""
+    return FAMILIES.get(name) or MOE_FAMILIES[name]
+
+
 def hf_model(family: str, seed: int = 0, tied: bool = False) -> torch.nn.Module:
     """The family's transformers model in fp32 with seeded random weights: 2 layers, n_embd 256
     (K-quant blocks fit), 4 query heads over 2 KV heads."""
     import transformers
 
-    f = FAMILIES.get(family) or MOE_FAMILIES[family]
+    f = family_of(family)
     kw: dict[str, object] = {
         "vocab_size": VOCAB,
         "hidden_size": 256,

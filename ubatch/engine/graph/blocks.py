@@ -95,7 +95,7 @@ class GraphBlocks:
         """llama.cpp's build_moe_ffn: router logits, each row's top-k experts and their weights,
         the chosen experts' gate and up (mul_mat_id), the gated activation, their down
         projections, summed with the weights."""
-        hp, b, L, n = self.model.hparams, self.b, self.model.layers[il], self.n
+        hp, b, L, n = self.model.hparams, self.b, self.model.layers[il], x.shape[0]  # the last layer: output rows
         moe = hp.moe
         assert moe is not None
         logits = b.linear(x, L.mat("ffn_gate_inp"), f"ffn_moe_logits-{il}")

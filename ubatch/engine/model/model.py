@@ -222,7 +222,14 @@ class Model:
                 "cannot compute; run it without -tp"
             )
         split = head_split(hp.n_head, hp.n_head_kv, r, w)
-        cutter, layers = Cutter(split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w), []
+        moe = hp.moe
+        if moe is not None and moe.n_ff_exp % w:
+            raise ModelLoadError(
+                f"{src}: expert_feed_forward_length {moe.n_ff_exp} does not split over {w} ranks; "
+                f"use a -tp that divides {moe.n_ff_exp}"
+            )
+        n_ff_exp = moe.n_ff_exp if moe else 0
+        cutter, layers = Cutter(split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w, n_ff_exp), []
         for il, L in enumerate(self.layers):  # each tensor as its spec says tensor parallelism cuts it
             cuts = ARCHS[hp.arch].cuts(hp, il)
             mats = {f: cutter.matrix(cuts[f], m) for f, m in L.mats.items()}
@@ -236,7 +243,13 @@ class Model:
             output = vocab_slice(self.output, shard.vocab_lo, shard.vocab_rows, 0)
         cut = replace(
             self,
-            hparams=replace(hp, n_head=split.n_q, n_head_kv=split.n_kv, n_ff=hp.n_ff // w),
+            hparams=replace(
+                hp,
+                n_head=split.n_q,
+                n_head_kv=split.n_kv,
+                n_ff=hp.n_ff // w,
+                moe=replace(moe, n_ff_exp=moe.n_ff_exp // w) if moe else None,
+            ),
             tok_embd=tok_embd,
             output=output,
             layers=layers,

@@ -176,6 +176,7 @@ class Cutter:
     n_ff: int
     rank: int
     world: int
+    n_ff_exp: int = 0  # one expert's FFN width (mixtures of experts)
 
     def rows(self, cut: Cut) -> tuple[int, int]:
         """The range of output rows (or input columns) a cut keeps."""
@@ -191,6 +192,9 @@ class Cutter:
                 return s.q0 * self.dv, (s.q0 + s.n_q) * self.dv
             case "ff_rows" | "ff_cols":
                 return self.rank * f, (self.rank + 1) * f
+            case "exp_rows" | "exp_cols":
+                fe = self.n_ff_exp // self.world
+                return self.rank * fe, (self.rank + 1) * fe
         raise ValueError(f"no row range for cut {cut!r}")
 
     def matrix(self, cut: Cut, w: QWeight) -> QWeight:
@@ -200,6 +204,11 @@ class Cutter:
             return col_slice(w, *self.rows(cut))
         if cut == "replicated":
             return w
+        if cut in ("exp_rows", "exp_cols"):  # each expert's matrix as a dense FFN's, copied into one tensor
+            cut_one = row_slice if cut == "exp_rows" else col_slice
+            parts = [cut_one(w.expert(e), *self.rows(cut)) for e in range(w.shape[0])]
+            raw = torch.cat([p.raw for p in parts])
+            return QWeight(w.name, raw, w.ggml_type, (w.shape[0], *parts[0].shape))
         raise ValueError(f"layer tensor {w.name!r} cannot be cut as {cut!r}")
 
     def vector(self, cut: Cut, v: torch.Tensor) -> torch.Tensor:
@@ -212,4 +221,8 @@ class Cutter:
         if cut == "replicated":
             return v
         lo, hi = self.rows(cut)
+        if cut == "exp_rows":  # each expert's bias of its row-cut outputs
+            return v[:, lo:hi].contiguous()
+        if cut == "exp_cols":  # a bias after the reduction's sum: added by one rank only
+            return v if self.rank == 0 else torch.zeros_like(v)
         return v[lo:hi]

@@ -36,6 +36,9 @@ KERNEL_TYPES = (
 )
 
 
+GATING_CODES = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}  # csrc/moe.c
+
+
 def tile_rows(m: int, n: int) -> int:
     """Weight rows dequantised per GEMM tile for an m-row product: as many as activation rows
     (so the tile is no bigger than the input it multiplies), at least TILE_MIN_ROWS."""
@@ -121,6 +124,17 @@ class CpuKernels:
                 return self.softcap(a.x, a.c, out)
             case ops.AttentionArgs():
                 return self.attention(a, out)
+            case ops.MulMatIdArgs():
+                return self.mul_mat_id(a, out, scratch)
+            case ops.MoeTopKArgs():
+                return self.moe_topk(a, out)
+            case ops.MoeWeightsArgs():
+                return self.moe_weights(a, out)
+            case ops.MoeSumArgs():
+                if not _f32(a.x, a.weights, out):
+                    return None
+                n, k, d = a.x.shape
+                return CCall("moe_sum", lib.ub_moe_sum, (a.x.data_ptr(), a.weights.data_ptr(), n, k, d, o, nth))
         return None
 
     # -- one op each: the C call, or None where the kernels do not cover the types or layout -----
@@ -158,6 +172,45 @@ class CpuKernels:
             return None
         args = (w.ggml_type, w.raw.data_ptr(), w.row_bytes, n, k, x.data_ptr(), m, x.stride(0))
         return CCall(op, fn, (*args, out.data_ptr(), out.stride(0), scratch[0].data_ptr(), self.n_threads))
+
+    def mul_mat_id_scratch(self, n: int, w: QWeight) -> int:
+        """Floats of scratch mul_mat_id needs when an expert may get all n tokens' rows."""
+        _, rows, cols = w.shape
+        return int(self.lib.ub_mul_mat_id_scratch(self.repacks.kernel_type(w), rows, cols, n, self.n_threads))
+
+    def mul_mat_id(self, a: ops.MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> CCall | None:
+        """The chosen experts' products grouped by expert (csrc/moe.c), from the planned scratch."""
+        w, x, ids, b = self.repacks.layout(a.w), a.x, a.ids, a.b
+        n, k = ids.shape
+        _, rows, cols = w.shape
+        if (
+            w.ggml_type not in KERNEL_TYPES
+            or not _f32(x, out)
+            or ids.dtype != torch.int32
+            or not ids.is_contiguous()
+            or (b is not None and not _f32(b))
+            or not scratch
+            or scratch[0].numel() < self.mul_mat_id_scratch(n, w)
+        ):
+            return None
+        wa = (w.ggml_type, w.raw.data_ptr(), w.raw.numel() // w.shape[0], w.row_bytes, rows, cols)
+        xa = (x.data_ptr(), x.shape[1], cols, ids.data_ptr(), n, k, w.shape[0], 0 if b is None else b.data_ptr())
+        tail = (out.data_ptr(), rows, scratch[0].data_ptr(), self.n_threads)
+        return CCall("mul_mat_id", self.lib.ub_mul_mat_id, (*wa, *xa, *tail))
+
+    def moe_topk(self, a: ops.MoeTopKArgs[Tensor], out: Tensor) -> CCall | None:
+        lg, bias = a.logits, a.bias
+        if not _f32(lg) or out.dtype != torch.int32 or not out.is_contiguous() or (bias is not None and not _f32(bias)):
+            return None
+        args = (lg.data_ptr(), lg.shape[0], lg.shape[1], a.k, GATING_CODES[a.gating])
+        return CCall("moe_topk", self.lib.ub_moe_topk, (*args, 0 if bias is None else bias.data_ptr(), out.data_ptr()))
+
+    def moe_weights(self, a: ops.MoeWeightsArgs[Tensor], out: Tensor) -> CCall | None:
+        lg, ids = a.logits, a.ids
+        if not _f32(lg, out) or ids.dtype != torch.int32 or not ids.is_contiguous():
+            return None
+        args = (lg.data_ptr(), ids.data_ptr(), lg.shape[0], lg.shape[1], ids.shape[1], GATING_CODES[a.gating])
+        return CCall("moe_weights", self.lib.ub_moe_weights, (*args, int(a.norm), a.scale, out.data_ptr()))
 
     def get_rows(self, w: QWeight, ids: Tensor, out: Tensor) -> CCall | None:
         w = self.repacks.layout(w)

@@ -33,7 +33,18 @@ from ubatch.kernels.cpu.bind import (
 )
 from ubatch.kernels.cpu.build import load
 from ubatch.kernels.cpu.program import fuse
-from ubatch.kernels.ops import KV_CHUNK, AttentionArgs, KVTensor, NodeArgs, Ops, ScratchSpec, Step
+from ubatch.kernels.ops import (
+    KV_CHUNK,
+    AttentionArgs,
+    KVTensor,
+    MoeTopKArgs,
+    MoeWeightsArgs,
+    MulMatIdArgs,
+    NodeArgs,
+    Ops,
+    ScratchSpec,
+    Step,
+)
 from ubatch.kernels.quant.dequant import dequantize
 from ubatch.kernels.quant.weight import QWeight
 from ubatch.kernels.torch_ops import AttentionTiles, OnlineSoftmax, TorchOps
@@ -197,6 +208,12 @@ class CpuOps(Ops):
             return [((kn.gemm_scratch(m, w),), torch.float32)]
         return [((tile_rows(m, w.shape[0]), w.shape[1]), torch.float32)]
 
+    def mul_mat_id_scratch(self, n: int, k: int, w: QWeight) -> ScratchSpec:
+        """An expert's gathered rows, their products and its GEMV's or GEMM's scratch (csrc/moe.c)."""
+        if w.ggml_type not in KERNEL_TYPES:
+            return []
+        return [((self.kernels.mul_mat_id_scratch(n, w),), torch.float32)]
+
     def attention_scratch(self, q: tuple[int, ...], k: KVTensor, v: KVTensor, n_kv: int) -> ScratchSpec:
         """The reference's tiles, plus for prefill (more rows than the C decode path reads) the
         fused chunk's packed K and V and its per-thread score blocks (csrc/flash.c)."""
@@ -246,6 +263,21 @@ class CpuOps(Ops):
             r = min(rows, n - n0)
             self.kernels.dequant_rows(w, n0, r, tile)
             torch.mm(tile[:r], x.t(), out=out_t[n0 : n0 + r])
+        return out
+
+    def mul_mat_id(self, a: MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
+        if not _run(self.kernels.mul_mat_id(a, out, scratch)):
+            self.ref.mul_mat_id(a, out, scratch)
+        return out
+
+    def moe_topk(self, a: MoeTopKArgs[Tensor], out: Tensor) -> Tensor:
+        if not _run(self.kernels.moe_topk(a, out)):
+            self.ref.moe_topk(a, out)
+        return out
+
+    def moe_weights(self, a: MoeWeightsArgs[Tensor], out: Tensor) -> Tensor:
+        if not _run(self.kernels.moe_weights(a, out)):
+            self.ref.moe_weights(a, out)
         return out
 
     def rms_norm(self, x: Tensor, w: Tensor, eps: float, out: Tensor, scratch: list[Tensor]) -> Tensor:

@@ -33,6 +33,10 @@ PROGRAM_OPS: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "gemm_amx": (11, 12, ()),
     "add_bias": (12, 6, ()),
     "softcap": (13, 6, (1,)),
+    "mul_mat_id": (14, 18, ()),
+    "moe_topk": (15, 7, ()),
+    "moe_weights": (16, 9, (7,)),
+    "moe_sum": (17, 7, ()),
 }
 
 

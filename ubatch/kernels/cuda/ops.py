@@ -27,6 +27,7 @@ from ubatch.kernels.ops import (
     AttentionArgs,
     GraphRunner,
     KVTensor,
+    MulMatIdArgs,
     NodeArgs,
     Ops,
     RmsNormArgs,
@@ -65,9 +66,9 @@ class CudaOps(Ops):
         self.ref = TorchOps(n_threads)  # the layouts the kernels do not cover, on the same device
         self.notices: list[str] = []
         self.interpreted = mode.use_interpreter_without_gpu()
-        from ubatch.kernels.cuda.triton import attention, elementwise, gather, matmul
+        from ubatch.kernels.cuda.triton import attention, elementwise, gather, matmul, moe
 
-        self._ta, self._te, self._tg, self._mm = attention, elementwise, gather, matmul
+        self._ta, self._te, self._tg, self._mm, self._moe = attention, elementwise, gather, matmul, moe
         self.cuda_graphs = not self.interpreted  # decode steps captured and replayed
         self._runner = CudaGraphRunner()
         self._noticed: set[int] = set()
@@ -148,6 +149,20 @@ class CudaOps(Ops):
         if w.ggml_type in self._mm.SUPPORTED and out.stride(1) == 1:
             return self._mm.linear(x, w, out)
         return torch.mm(x, dequantize(w.raw, w.ggml_type, w.shape).t(), out=out)
+
+    def mul_mat_id(self, a: MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
+        """The chosen experts' rows from the stored blocks (triton/moe.py); the ids stay on the device."""
+        x, ids, b = a.x, a.ids, a.b
+        if (
+            a.w.ggml_type in self._mm.SUPPORTED
+            and x.is_contiguous()
+            and out.is_contiguous()
+            and ids.is_contiguous()
+            and ids.dtype == torch.int32
+            and (b is None or b.is_contiguous())
+        ):
+            return self._moe.mul_mat_id(x, a.w, ids, b, out)
+        return self.ref.mul_mat_id(a, out, scratch)
 
     def rms_norm(self, x: Tensor, w: Tensor, eps: float, out: Tensor, scratch: list[Tensor]) -> Tensor:
         if _rows_ok(x, w, out):

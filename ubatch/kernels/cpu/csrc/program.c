@@ -22,10 +22,15 @@ int ub_gemm(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int6
             float *, int);
 int ub_gemm_amx(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t,
                 float *, int);
+void ub_mul_mat_id(int, const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, int64_t,
+                   const int32_t *, int64_t, int64_t, int64_t, const float *, float *, int64_t, float *, int);
+void ub_moe_topk(const float *, int64_t, int64_t, int64_t, int, const float *, int32_t *);
+void ub_moe_weights(const float *, const int32_t *, int64_t, int64_t, int64_t, int, int, float, float *);
+void ub_moe_sum(const float *, const float *, int64_t, int64_t, int64_t, float *, int);
 
 enum { P_GEMV, P_GET_ROWS, P_RMS_NORM, P_ROPE, P_GLU, P_ADD, P_SCALE, P_ROWS, P_KV_STORE, P_ATTN, P_GEMM, P_GEMM_AMX,
-       P_ADD_BIAS, P_SOFTCAP, P_N };
-static const int ARITY[P_N] = {12, 8, 9, 10, 6, 5, 5, 5, 6, 18, 12, 12, 6, 6};
+       P_ADD_BIAS, P_SOFTCAP, P_MUL_MAT_ID, P_MOE_TOPK, P_MOE_WEIGHTS, P_MOE_SUM, P_N };
+static const int ARITY[P_N] = {12, 8, 9, 10, 6, 5, 5, 5, 6, 18, 12, 12, 6, 6, 18, 7, 9, 7};
 
 int ub_program_arity(int op) { return op >= 0 && op < P_N ? ARITY[op] : -1; }
 
@@ -76,6 +81,17 @@ int64_t ub_run(const int64_t *prog, int64_t n) {
                              (int)a[11]))
                 return i;
             break;
+        case P_MUL_MAT_ID:
+            ub_mul_mat_id((int)a[0], PTR(1), a[2], a[3], a[4], a[5], FPTR(6), a[7], a[8], (const int32_t *)PTR(9), a[10],
+                          a[11], a[12], FPTR(13), FPTR(14), a[15], FPTR(16), (int)a[17]);
+            break;
+        case P_MOE_TOPK:
+            ub_moe_topk(FPTR(0), a[1], a[2], a[3], (int)a[4], FPTR(5), (int32_t *)PTR(6));
+            break;
+        case P_MOE_WEIGHTS:
+            ub_moe_weights(FPTR(0), (const int32_t *)PTR(1), a[2], a[3], a[4], (int)a[5], (int)a[6], fbits(a[7]), FPTR(8));
+            break;
+        case P_MOE_SUM: ub_moe_sum(FPTR(0), FPTR(1), a[2], a[3], a[4], FPTR(5), (int)a[6]); break;
         default: return i;
         }
         prog += 1 + ARITY[op];

@@ -1,0 +1,267 @@
+"""Mixtures of experts: the expert ops on every backend against the reference, and each MoE
+family's tiny random checkpoint (converted by llama.cpp's own converter) against transformers'
+fp32 forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiny_families
+import torch
+import triton_interp
+from gguf import GGMLQuantizationType as T
+from test_archs import SEQ, _context, _kld_top1
+from test_kernels import reads_x16, rel_err, weight, x16_round
+
+from ubatch.engine.batch import Batch
+from ubatch.kernels import backends
+from ubatch.kernels.ops import MoeTopKArgs, MoeWeightsArgs, MulMatIdArgs
+from ubatch.kernels.quant.dequant import dequantize
+from ubatch.kernels.quant.weight import QWeight
+from ubatch.kernels.torch_ops import TorchOps
+
+BACKENDS = [b for b in backends.names() if b not in ("auto", "cuda")]
+
+
+def experts(t: T, n_expert: int, rows: int, cols: int) -> QWeight:
+    """n_expert random matrices of type t stacked as one 3-D tensor, as a GGUF file stores them."""
+    ws = [weight(t, rows, cols, seed=e) for e in range(n_expert)]
+    return QWeight(f"exps_{t.name}", torch.cat([w.raw for w in ws]), int(t), (n_expert, rows, cols))
+
+
+def chosen(n: int, k: int, n_expert: int, seed: int = 0) -> torch.Tensor:
+    """(n, k) int32: k distinct experts per token."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(n_expert, generator=g)[:k] for _ in range(n)]).to(torch.int32)
+
+
+def run_mul_mat_id(ops, w: QWeight, x: torch.Tensor, ids: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    n, k = ids.shape
+    out = torch.full((n, k, w.shape[1]), float("nan"))
+    scratch = [torch.empty(s, dtype=d) for s, d in ops.mul_mat_id_scratch(n, k, w)]
+    ops.prepare_weights([w])
+    return ops.mul_mat_id(MulMatIdArgs(x, w, ids, b), out, scratch)
+
+
+def mul_mat_id_reference(ops, w: QWeight, x: torch.Tensor, ids: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """Each (token, chosen expert) row against that expert's dequantised matrix, in f64."""
+    n, k = ids.shape
+    dense = dequantize(w.raw, w.ggml_type, w.shape).double()
+    xe = x.expand(n, k, x.shape[2])
+    out = torch.empty(n, k, w.shape[1], dtype=torch.float64)
+    for t in range(n):
+        for j in range(k):
+            e = int(ids[t, j])
+            row = xe[t, j : j + 1]
+            xr = x16_round(row) if reads_x16(ops, T(w.ggml_type)) else row.double()
+            out[t, j] = (xr @ dense[e].t())[0] + (0 if b is None else b[e].double())
+    return out
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def ops(request):
+    return backends.create(request.param, n_threads=2)
+
+
+@pytest.mark.parametrize("n", [1, 3, 40])
+@pytest.mark.parametrize("t", [T.F32, T.F16, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_mul_mat_id_matches_each_chosen_expert_alone(ops, t: T, n: int) -> None:
+    """1 and 3 tokens (decode: the GEMV), 40 tokens choosing 3 of 4 experts (an expert's group
+    past 16 rows: the GEMM), with the token's row shared by its experts or one row each, with
+    and without per-expert biases."""
+    cols = 256 if t in (T.Q4_K, T.Q6_K) else 96
+    w = experts(t, 4, 48, cols)
+    ids = chosen(n, 3, 4, seed=n)
+    g = torch.Generator().manual_seed(n)
+    for x in (torch.randn(n, 1, cols, generator=g), torch.randn(n, 3, cols, generator=g)):
+        for b in (None, torch.randn(4, 48, generator=g)):
+            got = run_mul_mat_id(ops, w, x, ids, b)
+            assert rel_err(got, mul_mat_id_reference(ops, w, x, ids, b)) <= 1e-5
+
+
+def test_mul_mat_id_reads_only_the_chosen_experts() -> None:
+    """Experts no token chose hold NaN: the C kernels never read them, so every output is finite."""
+    ops = backends.create("cpu", n_threads=2)
+    w = experts(T.F32, 8, 32, 64)
+    poisoned = w.raw.view(torch.float32).view(8, 32, 64).clone()
+    ids = torch.tensor([[1, 5], [5, 2], [2, 1]], dtype=torch.int32)
+    poisoned[[0, 3, 4, 6, 7]] = float("nan")
+    w = QWeight("poisoned", poisoned.view(-1).view(torch.uint8), int(T.F32), (8, 32, 64))
+    for n in (1, 3):
+        x = torch.randn(n, 1, 64)
+        assert torch.isfinite(run_mul_mat_id(ops, w, x, ids[:n])).all()
+
+
+@pytest.mark.parametrize(
+    ("gating", "norm", "scale", "bias"),
+    [
+        ("softmax", True, 1.0, False),
+        ("softmax", False, 2.5, False),
+        ("sigmoid", True, 1.0, True),
+        ("softmax_weight", False, 1.0, False),
+    ],  # fmt: skip
+)
+def test_routing_matches_the_reference(ops, gating: str, norm: bool, scale: float, bias: bool) -> None:
+    """Each row's top-k experts and their weights: softmax (qwen3moe), softmax with a scale,
+    sigmoid with the selection bias (deepseek's), a softmax over the chosen logits (gpt-oss)."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(9, 16, generator=g)
+    b = torch.randn(16, generator=g) if bias else None
+    ref = TorchOps()
+    want_ids = ref.moe_topk(MoeTopKArgs(logits, 4, gating, b), torch.empty(9, 4, dtype=torch.int32))
+    ids = ops.moe_topk(MoeTopKArgs(logits, 4, gating, b), torch.empty(9, 4, dtype=torch.int32))
+    assert torch.equal(ids.sort(-1).values, want_ids.sort(-1).values)
+    want = ref.moe_weights(MoeWeightsArgs(logits, ids, gating, norm, scale), torch.empty(9, 4))
+    got = ops.moe_weights(MoeWeightsArgs(logits, ids, gating, norm, scale), torch.empty(9, 4))
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    if norm:
+        assert torch.allclose(got.sum(-1), torch.full((9,), scale))
+
+
+def test_mul_mat_id_on_the_cuda_backend() -> None:
+    """The Triton kernel (its interpreter without a GPU): decode and prefill shapes, quantised
+    and float experts, shared and per-expert rows, biases."""
+    ops = backends.create("cuda", n_threads=1)
+    dev = triton_interp.DEVICE
+    for t in (T.Q8_0, T.Q4_K, T.F16):
+        cols = 256
+        w = experts(t, 4, 32, cols)
+        for n, per in ((1, 1), (5, 2)):
+            ids = chosen(n, 2, 4, seed=n)
+            x = torch.randn(n, per, cols, generator=torch.Generator().manual_seed(n))
+            b = torch.randn(4, 32)
+            want = mul_mat_id_reference(TorchOps(), w, x, ids, b)
+            wd = w.to(dev)
+            got = run_mul_mat_id(ops, wd, x.to(dev), ids.to(dev), b.to(dev)).cpu()
+            assert rel_err(got, want) <= 1e-4, (t, n, per)
+
+
+# -- families --------------------------------------------------------------------------------------
+MOE_NAMES = sorted(tiny_families.MOE_FAMILIES)
+
+
+@pytest.fixture(scope="session")
+def moe_dirs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("moe_families")
+
+
+def _gguf(root: Path, family: str, outtype: str) -> Path:
+    if tiny_families.llama_cpp_src() is None:
+        pytest.skip("llama.cpp's convert_hf_to_gguf.py is not available (../shared/tools/llama-cpp.sh)")
+    d = tiny_families.write_hf(root / family, family)
+    return tiny_families.convert_llama_cpp(d, root / f"{family}.{outtype}.gguf", outtype)
+
+
+_REFS: dict[tuple[str, tuple[int, ...], str], torch.Tensor] = {}
+
+
+def _reference(family: str, ids: list[int], outtype: str = "f32") -> torch.Tensor:
+    """transformers' fp32 forward; for an F16 file, of the weights the converter writes as F16
+    rounded to f16 (every matrix but the router): an expert a rounding moves past its rival is a
+    choice of the weights, not of the runner, and tiny random routers have near ties."""
+    key = (family, tuple(ids), outtype)
+    if key not in _REFS:
+        model = tiny_families.hf_model(family)
+        with torch.no_grad():
+            if outtype == "f16":
+                for name, p in model.named_parameters():
+                    if p.dim() >= 2 and not name.endswith("mlp.gate.weight"):
+                        p.copy_(p.half().float())
+            _REFS[key] = model(torch.tensor([ids])).logits[0].double()
+    return _REFS[key]
+
+
+@pytest.mark.parametrize(
+    ("outtype", "backend", "n_ubatch"),
+    [("f32", "torch", 512), ("f32", "cpu", 512), ("f32", "cpu", 7), ("f16", "cpu", 512)],
+)
+@pytest.mark.parametrize("family", MOE_NAMES)
+def test_moe_family_logits_match_transformers(
+    moe_dirs: Path, family: str, outtype: str, backend: str, n_ubatch: int
+) -> None:
+    """300 positions: top-1 as transformers' fp32 forward everywhere (of the F16 file's weights
+    for the F16 file), mean KLD at most 1e-4, in one ubatch (experts' groups past the GEMV's 16 rows) and in ubatches of 7 rows."""
+    ctx = _context(_gguf(moe_dirs, family, outtype), backend, n_ubatch)
+    assert ctx.model.hparams.arch == tiny_families.family_of(family).gguf_arch
+    ctx.decode(Batch.from_tokens(SEQ, 0, all_logits=True))
+    kld, top1 = _kld_top1(_reference(family, SEQ, outtype), ctx.logits)
+    assert top1 == 1.0 and kld <= 1e-4, (kld, top1)
+
+
+@pytest.mark.parametrize("family", MOE_NAMES)
+def test_moe_family_greedy_tokens_and_shared_ubatches_match_transformers(moe_dirs: Path, family: str) -> None:
+    """32 greedy tokens equal transformers'; then three sequences in one ubatch each get their
+    own logits (the rows' experts grouped across sequences)."""
+    path = _gguf(moe_dirs, family, "f32")
+    prompt = SEQ[:20]
+    ctx = _context(path, "cpu", 512)
+    ctx.decode(Batch.from_tokens(prompt, 0))
+    ours = []
+    for i in range(32):
+        ours.append(int(ctx.logits[-1].argmax()))
+        ctx.decode(Batch.from_tokens(ours[-1:], len(prompt) + i))
+    model, ids = tiny_families.hf_model(family), list(prompt)
+    with torch.no_grad():
+        for _ in range(32):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert ours == ids[len(prompt) :]
+
+    seqs = [SEQ[:40], SEQ[100:125], SEQ[200:260]]
+    ctx = _context(path, "cpu", 512, n_seq=3)
+    batch = Batch()
+    for s, toks in enumerate(seqs):
+        for i, t in enumerate(toks):
+            batch.token.append(t)
+            batch.pos.append(i)
+            batch.seq_id.append([s])
+            batch.logits.append(True)
+    ctx.decode(batch)
+    row = 0
+    for toks in seqs:
+        kld, top1 = _kld_top1(_reference(family, toks), ctx.logits[row : row + len(toks)])
+        assert top1 == 1.0 and kld <= 1e-4, (kld, top1)
+        row += len(toks)
+
+
+def test_expert_slices_are_views_of_the_mapped_file(moe_dirs: Path) -> None:
+    """The experts stay as stored: each expert's matrix is a view of the file's bytes."""
+    from ubatch.engine.model.model import Model
+
+    m = Model.load(_gguf(moe_dirs, "qwen3moe", "f16"))
+    w = m.layers[0].mat("ffn_up_exps")
+    assert w.shape == (8, 512, 256) and w.ggml_type == T.F16
+    e3 = w.expert(3)
+    assert e3.shape == (512, 256) and e3.raw.data_ptr() == w.raw.data_ptr() + 3 * 512 * 256 * 2
+    assert np.shares_memory(e3.raw.numpy(), m.gguf.tensors["blk.0.ffn_up_exps.weight"].data)
+
+
+def test_moe_family_on_two_ranks_gives_the_single_process_logits(moe_dirs: Path) -> None:
+    """-tp 2 cuts each expert's gate and up by rows and its down by columns (vLLM's default), the
+    router whole on every rank: prefill and decode logits equal one process's."""
+    from ubatch.engine.context.context import Context
+    from ubatch.engine.model.model import Model
+    from ubatch.engine.parallel.launch import start
+    from ubatch.engine.parallel.worker import load_shard
+    from ubatch.engine.params import ContextParams
+
+    path = _gguf(moe_dirs, "qwen3moe", "f32")
+
+    def run(model: Model) -> list[torch.Tensor]:
+        ctx = Context(model, ContextParams(n_ctx=256, n_threads=1, backend="cpu"))
+        ctx.decode(Batch.from_tokens(SEQ[:30], 0, all_logits=True))
+        out = [ctx.logits.clone()]
+        for i in range(8):
+            ctx.decode(Batch.from_tokens([int(out[-1][-1].argmax())], 30 + i))
+            out.append(ctx.logits.clone())
+        return out
+
+    want = run(Model.load(path))
+    ranks = start(2, timeout_s=60)
+    try:
+        got = run(load_shard(ranks.group, str(path), "cpu"))
+    finally:
+        ranks.stop()
+    for a, b in zip(want, got, strict=True):
+        assert float((a - b).abs().max()) <= 1e-4 * float(a.abs().max())

@@ -1,0 +1,151 @@
+/* Mixtures of experts: the router's choice and weights, and llama.cpp's mul_mat_id.
+ *
+ * mul_mat_id groups a ubatch's (token, chosen expert) rows by expert and multiplies each group
+ * with its expert's matrix as one product: the GEMV for up to MMID_GEMV_ROWS rows, the GEMM past
+ * that, both reading the expert's 2-D slice of the 3-D tensor as stored (a slice is itself a
+ * valid quantised matrix). An expert no row chose is never read. */
+#include "common.h"
+
+void ub_gemv(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t, float *, int);
+int64_t ub_gemv_scratch(int, int64_t, int64_t);
+int ub_gemm(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t, float *, int);
+int64_t ub_gemm_scratch(int, int64_t, int64_t, int);
+
+enum { MMID_GEMV_ROWS = 16 }; /* as kernels/cpu/bind.py GEMV_MAX_ROWS */
+enum { G_SOFTMAX = 0, G_SIGMOID = 1, G_SOFTMAX_WEIGHT = 2 };
+
+static inline int use_gemm(int type, int64_t m) { return m > MMID_GEMV_ROWS && type != T_F32 && UB_AVX2; }
+
+/* floats of scratch for groups of at most m_max rows: their x rows gathered, their products,
+ * and the GEMV's or GEMM's own */
+int64_t ub_mul_mat_id_scratch(int type, int64_t n_rows, int64_t k, int64_t m_max, int nth) {
+    int64_t gv = ub_gemv_scratch(type, m_max < MMID_GEMV_ROWS ? m_max : MMID_GEMV_ROWS, k);
+    int64_t gm = use_gemm(type, m_max) ? ub_gemm_scratch(type, m_max, k, nth) : 0;
+    if (m_max > MMID_GEMV_ROWS && !use_gemm(type, m_max)) gv = ub_gemv_scratch(type, m_max, k);
+    return m_max * k + m_max * n_rows + (gv > gm ? gv : gm) + 16;
+}
+
+/* y[t·K + j] = W[ids[t·K + j]] · x[t·x_per + (x_per > 1 ? j : 0)] (+ bias[ids[t·K + j]]).
+ * W: n_expert matrices of n_rows rows (row_bytes each), expert_bytes apart; y rows ldy apart. */
+void ub_mul_mat_id(int type, const uint8_t *w, int64_t expert_bytes, int64_t row_bytes, int64_t n_rows, int64_t k,
+                   const float *x, int64_t x_per, int64_t ldx, const int32_t *ids, int64_t n_tok, int64_t K,
+                   int64_t n_expert, const float *bias, float *y, int64_t ldy, float *scratch, int nth) {
+    int64_t n = n_tok * K;
+    int64_t *count = calloc((size_t)n_expert + 1, sizeof(int64_t)), *order = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) count[ids[i] + 1]++;
+    for (int64_t e = 0; e < n_expert; e++) count[e + 1] += count[e]; /* count[e]: where expert e's rows start */
+    int64_t *at = malloc((size_t)(n_expert ? n_expert : 1) * sizeof(int64_t));
+    memcpy(at, count, (size_t)n_expert * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) order[at[ids[i]]++] = i;
+    free(at);
+    int64_t m_max = 0;
+    for (int64_t e = 0; e < n_expert; e++) m_max = count[e + 1] - count[e] > m_max ? count[e + 1] - count[e] : m_max;
+    float *xs = scratch, *ys = xs + m_max * k, *ks = ys + m_max * n_rows;
+    for (int64_t e = 0; e < n_expert; e++) {
+        int64_t m = count[e + 1] - count[e];
+        if (!m) continue;
+        const int64_t *rows = order + count[e];
+        const uint8_t *we = w + e * expert_bytes;
+        const float *be = bias ? bias + e * n_rows : 0;
+        if (m == 1) { /* one row: straight from x into y */
+            int64_t r = rows[0], t = r / K, j = r % K;
+            float *yr = y + r * ldy;
+            ub_gemv(type, we, row_bytes, n_rows, k, x + (t * x_per + (x_per > 1 ? j : 0)) * ldx, 1, ldx, yr, ldy, ks, nth);
+            if (be)
+                for (int64_t c = 0; c < n_rows; c++) yr[c] += be[c];
+            continue;
+        }
+        for (int64_t i = 0; i < m; i++) {
+            int64_t r = rows[i], t = r / K, j = r % K;
+            memcpy(xs + i * k, x + (t * x_per + (x_per > 1 ? j : 0)) * ldx, (size_t)k * sizeof(float));
+        }
+        if (!(use_gemm(type, m) && ub_gemm(type, we, row_bytes, n_rows, k, xs, m, k, ys, n_rows, ks, nth)))
+            ub_gemv(type, we, row_bytes, n_rows, k, xs, m, k, ys, n_rows, ks, nth);
+        for (int64_t i = 0; i < m; i++) {
+            float *yr = y + rows[i] * ldy;
+            const float *src = ys + i * n_rows;
+            if (be)
+                for (int64_t c = 0; c < n_rows; c++) yr[c] = src[c] + be[c];
+            else
+                memcpy(yr, src, (size_t)n_rows * sizeof(float));
+        }
+    }
+    free(order);
+    free(count);
+}
+
+/* the router's probabilities of one row (softmax_weight: the raw logits) */
+static void gating_row(const float *l, int64_t n_expert, int gating, float *p) {
+    if (gating == G_SOFTMAX) {
+        float mx = l[0], s = 0;
+        for (int64_t e = 1; e < n_expert; e++) mx = l[e] > mx ? l[e] : mx;
+        for (int64_t e = 0; e < n_expert; e++) s += p[e] = expf(l[e] - mx);
+        for (int64_t e = 0; e < n_expert; e++) p[e] /= s;
+    } else if (gating == G_SIGMOID) {
+        for (int64_t e = 0; e < n_expert; e++) p[e] = 1.0f / (1.0f + expf(-l[e]));
+    } else {
+        memcpy(p, l, (size_t)n_expert * sizeof(float));
+    }
+}
+
+/* ids[t, 0..K): the K largest probabilities (plus the selection bias) of row t, largest first */
+void ub_moe_topk(const float *logits, int64_t n, int64_t n_expert, int64_t K, int gating, const float *bias,
+                 int32_t *ids) {
+    float *p = malloc((size_t)n_expert * sizeof(float));
+    for (int64_t t = 0; t < n; t++) {
+        gating_row(logits + t * n_expert, n_expert, gating, p);
+        if (bias)
+            for (int64_t e = 0; e < n_expert; e++) p[e] += bias[e];
+        int32_t *o = ids + t * K;
+        for (int64_t j = 0; j < K; j++) { /* K is small (<= 8 of 128 typically): selection, not a sort */
+            int64_t best = -1;
+            for (int64_t e = 0; e < n_expert; e++)
+                if (p[e] == p[e] && (best < 0 || p[e] > p[best])) best = e;
+            if (best < 0) best = 0;
+            o[j] = (int32_t)best;
+            p[best] = -INFINITY; /* taken */
+        }
+    }
+    free(p);
+}
+
+/* w[t, j]: the chosen experts' probabilities (softmax_weight: a softmax over the chosen logits),
+ * divided by their sum where norm (clamped at f16's smallest normal, as llama.cpp), times scale */
+void ub_moe_weights(const float *logits, const int32_t *ids, int64_t n, int64_t n_expert, int64_t K, int gating,
+                    int norm, float scale, float *w) {
+    float *p = malloc((size_t)n_expert * sizeof(float));
+    for (int64_t t = 0; t < n; t++) {
+        gating_row(logits + t * n_expert, n_expert, gating, p);
+        float *o = w + t * K;
+        for (int64_t j = 0; j < K; j++) o[j] = p[ids[t * K + j]];
+        if (gating == G_SOFTMAX_WEIGHT) {
+            float mx = o[0], s = 0;
+            for (int64_t j = 1; j < K; j++) mx = o[j] > mx ? o[j] : mx;
+            for (int64_t j = 0; j < K; j++) s += o[j] = expf(o[j] - mx);
+            for (int64_t j = 0; j < K; j++) o[j] /= s;
+        }
+        if (norm) {
+            float s = 0;
+            for (int64_t j = 0; j < K; j++) s += o[j];
+            s = s < 6.103515625e-5f ? 6.103515625e-5f : s;
+            for (int64_t j = 0; j < K; j++) o[j] /= s;
+        }
+        for (int64_t j = 0; j < K; j++) o[j] *= scale;
+    }
+    free(p);
+}
+
+/* out[t] = sum_j w[t, j] · x[t, j] over d values */
+void ub_moe_sum(const float *x, const float *w, int64_t n, int64_t K, int64_t d, float *out, int nth) {
+#pragma omp parallel for num_threads(nth) schedule(static) if (n * K * d > 65536)
+    for (int64_t t = 0; t < n; t++) {
+        float *o = out + t * d;
+        const float *xt = x + t * K * d;
+        for (int64_t c = 0; c < d; c++) o[c] = w[t * K] * xt[c];
+        for (int64_t j = 1; j < K; j++) {
+            float wj = w[t * K + j];
+            const float *xj = xt + j * d;
+            for (int64_t c = 0; c < d; c++) o[c] += wj * xj[c];
+        }
+    }
+}
