@@ -265,3 +265,34 @@ def test_moe_family_on_two_ranks_gives_the_single_process_logits(moe_dirs: Path)
         ranks.stop()
     for a, b in zip(want, got, strict=True):
         assert float((a - b).abs().max()) <= 1e-4 * float(a.abs().max())
+
+
+def test_info_shows_total_and_active_weights_and_the_expert_tensors(moe_dirs: Path) -> None:
+    """`ubatch info --json`: the experts' share of the weights, what one token reads (2 of 8
+    experts), and each layer's router and expert tensors in the compute buffer; the plan from
+    shapes alone equals the real context's."""
+    import json
+
+    from cli_inproc import run_cli
+
+    from ubatch.engine.context.context import Context
+    from ubatch.engine.context.report import memory_plan, plan_for
+    from ubatch.engine.model.model import Model
+    from ubatch.engine.params import ContextParams
+
+    path = _gguf(moe_dirs, "qwen3moe", "f16")
+    r = run_cli(["info", "-m", str(path), "-c", "1024", "--json"])
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    moe = d["moe"]
+    experts = 2 * 3 * 8 * 512 * 256 * 2  # layers x (gate, up, down) x experts x FFN x n_embd x f16
+    assert (moe["n_expert"], moe["n_expert_used"], moe["expert_bytes"]) == (8, 2, experts)
+    assert moe["active_bytes"] == d["model_bytes"] - experts + experts // 4
+    names = [t["name"] for t in moe["compute"]]
+    assert names[:3] == ["ffn_moe_logits-0", "ffn_moe_topk-0", "ffn_moe_weights-0"]
+    assert {"ffn_moe_gate-0", "ffn_moe_up-0", "ffn_moe_down-0", "ffn_moe_out-0"} <= set(names)
+    gate = next(t for t in moe["compute"] if t["name"] == "ffn_moe_gate-0")
+    assert gate["shape"] == [512, 2, 512] and gate["bytes"] == 512 * 2 * 512 * 4
+    m = Model.load(path)
+    params = ContextParams(n_ctx=1024)
+    assert plan_for(m, params) == memory_plan(Context(m, params))

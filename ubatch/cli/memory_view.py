@@ -61,6 +61,22 @@ def llama_lines(p: MemoryPlan) -> list[str]:
     ]
     for name, shape, b in p.peak[:6]:
         L.append(f"ubatch:   {name:<22} {list(shape)!s:<22} {mib(b):8.2f} MiB")
+    return L + moe_lines(p)
+
+
+def moe_lines(p: MemoryPlan) -> list[str]:
+    """A mixture of experts: the weights a token reads against those the file holds, and the
+    router's and experts' tensors of one layer in the compute buffer."""
+    e = p.moe
+    if e is None:
+        return []
+    L = [
+        f"ubatch: experts = {e.n_expert}, used per token = {e.n_expert_used}, expert FFN = {e.n_ff_exp}; "
+        f"weights {mib(p.model_bytes):.2f} MiB total, {mib(e.active_bytes):.2f} MiB active per token "
+        f"({e.active_params / 1e6:.1f} of {p.n_params / 1e6:.1f} M params; experts {mib(e.expert_bytes):.2f} MiB)",
+        "ubatch: the router's and the experts' tensors of each layer in the compute buffer:",
+    ]
+    L += [f"ubatch:   {name:<24} {list(shape)!s:<22} {mib(b):8.2f} MiB" for name, shape, b in e.compute]
     return L
 
 
@@ -140,6 +156,14 @@ def plan_table(p: MemoryPlan) -> Table:
             f"{tp.n_head_kv[0]}, FFN {tp.n_ff[1]}/{tp.n_ff[0]}, vocabulary {tp.n_vocab[1]}/{tp.n_vocab[0]} "
             f"(whole model {size(tp.whole_bytes)})",
         )
+    if p.moe is not None:
+        e = p.moe
+        t.add_row(
+            "  active per token",
+            size(e.active_bytes),
+            f"{e.active_params / 1e6:.1f} M params: {e.n_expert_used} of {e.n_expert} experts "
+            f"({size(e.expert_bytes)} of experts in all) and every other tensor",
+        )
     t.add_row(f"{p.backend} backend weights", size(p.backend_bytes), _held_why(p))
     for tname, path in p.kernels.items():
         t.add_row(f"  {tname} matrices", "", path)
@@ -158,6 +182,8 @@ def plan_table(p: MemoryPlan) -> Table:
     )
     for name, shape, b in p.peak[:6]:
         t.add_row(f"  {name}", size(b), f"{list(shape)} alive at the peak")
+    for name, shape, b in p.moe.compute if p.moe is not None else []:
+        t.add_row(f"  {name}", size(b), f"{list(shape)}: the router's or experts' (each layer)")
     if p.tp is not None:
         t.add_row(
             "logits gather (rank 0)",
@@ -210,5 +236,7 @@ def plan_json(p: MemoryPlan) -> dict[str, Any]:
     """The plan as JSON-ready data: every field, the peak tensors as objects, and the sums."""
     d = asdict(p)
     d["peak"] = [{"name": n, "shape": list(s), "bytes": b} for n, s, b in p.peak]
+    if p.moe is not None:
+        d["moe"]["compute"] = [{"name": n, "shape": list(s), "bytes": b} for n, s, b in p.moe.compute]
     d.update(kv_bytes=p.kv_bytes, context_bytes=p.context_bytes, total_bytes=p.total_bytes)
     return d

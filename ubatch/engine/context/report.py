@@ -3,6 +3,7 @@ renders the one plan as llama.cpp's startup lines, Rich tables and JSON, so ever
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from ubatch.engine.context.context import Context, make_backend
@@ -56,6 +57,39 @@ def tp_plan(m: Model, cp: CParams) -> TPPlan | None:
 
 
 @dataclass(slots=True)
+class MoePlan:
+    """A mixture of experts in the plan: the weights a token reads against those the file holds
+    (every tensor but the experts, and n_expert_used of n_expert of those), and the router's and
+    experts' tensors in the compute buffer (one layer of the prompt graph)."""
+
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    expert_bytes: int  # the 3-D expert tensors as stored (memory-mapped)
+    active_bytes: int  # weights one token's forward reads
+    active_params: int
+    compute: list[tuple[str, tuple[int, ...], int]]
+
+
+def moe_plan(m: Model, r: Reservation) -> MoePlan | None:
+    moe = m.hparams.moe
+    if moe is None:
+        return None
+    exps = [w for L in m.layers for w in L.mats.values() if len(w.shape) == 3]
+    eb, ep = sum(w.nbytes for w in exps), sum(math.prod(w.shape) for w in exps)
+    used = moe.n_expert_used / moe.n_expert
+    return MoePlan(
+        n_expert=moe.n_expert,
+        n_expert_used=moe.n_expert_used,
+        n_ff_exp=moe.n_ff_exp,
+        expert_bytes=eb,
+        active_bytes=m.size_bytes - eb + round(eb * used),
+        active_params=m.n_params - ep + round(ep * used),
+        compute=r.moe,
+    )
+
+
+@dataclass(slots=True)
 class MemoryPlan:
     model_file: str
     arch: str
@@ -83,6 +117,7 @@ class MemoryPlan:
     warnings: list[str] = field(default_factory=list)
     device: str = "cpu"  # where the weights, the KV cache and the compute buffer live (torch's name)
     tp: TPPlan | None = None  # tensor parallelism: the plan above is one rank's
+    moe: MoePlan | None = None  # a mixture of experts: total against active weights, its tensors
 
     @property
     def kv_bytes(self) -> int:
@@ -157,6 +192,7 @@ def _plan(
         warnings=[*cp.warnings, *ops.notices],
         device=str(m.device),
         tp=tp_plan(m, cp),
+        moe=moe_plan(m, r),
     )
 
 

@@ -8,7 +8,7 @@ it, and a context checks that its buffers fit the machine before it makes them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,6 +34,8 @@ class Reservation:
     tg_bytes: int
     n_nodes: tuple[int, int]
     peak: list[tuple[str, tuple[int, ...], int]]  # largest live tensors of the larger graph
+    # a mixture of experts: the router's and the experts' tensors of one layer of the prompt graph
+    moe: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -55,7 +57,8 @@ def reserve(model: Model, memory: KVMemory, cp: CParams, ops: Ops) -> Reservatio
     gp = build_forward(model, memory, pp, ops)
     gt = build_forward(model, memory, tg, ops)
     big = gp if gp.size >= gt.size else gt
-    return Reservation(pp, tg, gp.size, gt.size, (len(gp.nodes), len(gt.nodes)), big.describe_peak())
+    moe = gp.describe_nodes("ffn_moe_", "-0") if model.hparams.moe else []
+    return Reservation(pp, tg, gp.size, gt.size, (len(gp.nodes), len(gt.nodes)), big.describe_peak(), moe)
 
 
 @dataclass(slots=True)

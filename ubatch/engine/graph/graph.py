@@ -83,6 +83,15 @@ class Graph:
     def size(self) -> int:
         return self.layout.size if self.layout else 0
 
+    def describe_nodes(self, prefix: str, suffix: str) -> list[tuple[str, tuple[int, ...], int]]:
+        """(name, shape, bytes) of the nodes named prefix...suffix and of their scratch, in graph order."""
+        out = []
+        for n in self.nodes:
+            if n.op != "view" and n.name.startswith(prefix) and n.name.endswith(suffix):
+                out.append((n.name, n.shape, n.nbytes))
+                out += [(f"{n.name}.scratch{j}", shape, nbytes(shape, dt)) for j, (shape, dt) in enumerate(n.scratch)]
+        return out
+
     def describe_peak(self) -> list[tuple[str, tuple[int, ...], int]]:
         """(name, shape, bytes) of the tensors alive when the workspace peaked, largest first."""
         assert self.layout is not None
