@@ -214,6 +214,23 @@ class BiasArgs(Generic[X]):
 
 
 @declare(
+    "row_scale",
+    _same,
+    lambda o, a, out, s: functools.partial(o.row_scale, a.x, a.s, a.c, out),
+    "elementwise",
+    inplace=True,
+)
+@dataclass(slots=True)
+class RowScaleArgs(Generic[X]):
+    """Each row of x times its own factor s (n, 1) and a constant c: the per-row scale of a LoRA
+    adapter's low-rank product, 0 on the rows of requests that do not use it."""
+
+    x: X
+    s: X
+    c: float
+
+
+@declare(
     "rows",
     lambda a: (a.idx.shape[0], *a.x.shape[1:]),
     lambda o, a, out, s: functools.partial(o.rows, a.x, a.idx, out),
@@ -407,6 +424,7 @@ NodeArgs: TypeAlias = (
     | AddArgs[X]
     | GluArgs[X]
     | RowsArgs[X]
+    | RowScaleArgs[X]
     | SoftcapArgs[X]
     | BiasArgs[X]
     | KVStoreArgs[X]
@@ -550,6 +568,9 @@ class Ops(ABC):
 
     def moe_sum(self, x: Tensor, weights: Tensor, out: Tensor) -> Tensor:
         return self.fallback().moe_sum(x, weights, out)
+
+    def row_scale(self, x: Tensor, s: Tensor, c: float, out: Tensor) -> Tensor:  # in place ok
+        return self.fallback().row_scale(x, s, c, out)
 
     # the KV cache: rows in the cache's ggml type (f32 / f16 / bf16 / q8_0 / q4_0)
     @abstractmethod

@@ -225,6 +225,9 @@ class TorchOps(Ops):
     def add_bias(self, x: Tensor, b: Tensor, out: Tensor) -> Tensor:
         return torch.add(x, b, out=out)
 
+    def row_scale(self, x: Tensor, s: Tensor, c: float, out: Tensor) -> Tensor:
+        return torch.mul(x, s, out=out).mul_(c)
+
     def rows(self, x: Tensor, idx: Tensor, out: Tensor) -> Tensor:
         return torch.index_select(x, 0, idx, out=out)
 

@@ -12,7 +12,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -65,6 +65,8 @@ class UBatchRecord:
     n_kv: tuple[int, ...]
     reused: bool
     ms: float
+    # the LoRA adapters (index, scale) each sequence of the ubatch applied; empty: the base model
+    loras: dict[int, tuple[tuple[int, float], ...]] = field(default_factory=dict)
 
 
 def make_backend(name: str, n_threads: int) -> Ops:
@@ -108,7 +110,7 @@ class Context:
             weakref.finalize(self, self.channel.release, self.tp_key)
         torch.set_num_threads(self.cparams.n_threads)
         self.ops = ops or make_backend(self.params.backend, self.cparams.n_threads)
-        self.ops.prepare_weights(model.matrices())
+        self.ops.prepare_weights(model.matrices() + [m for a in model.adapters for m in a.matrices()])
         # sized first, from shapes alone; refused in one line if the machine cannot hold it
         _, self.reservation, self.sizes = plan_sizes(model, self.cparams, self.ops)
         check_fits(self.sizes, self.cparams, model.device)
@@ -127,6 +129,12 @@ class Context:
         self.records: list[UBatchRecord] = []  # ubatches of the last decode
         # called after each ubatch as observer(batch, ubatch, record): `explain` keeps what it sees
         self.observers: list[Callable[[Batch, UBatch, UBatchRecord], None]] = []
+        # LoRA adapters of model.adapters applied, by index: the context's scales (llama.cpp's
+        # llama_set_adapters_lora), and per sequence where a request sets its own (the server's `lora`)
+        if model.adapters and model.shard is not None:
+            raise ContextError("LoRA adapters are not supported with -tp; run without -tp")
+        self.lora: dict[int, float] = {}
+        self.seq_lora: dict[int, dict[int, float]] = {}
         self._prev_shape: dict[bool, GraphShape] = {}  # llama.cpp keeps one graph with outputs, one without
         self._graphs: OrderedDict[GraphShape, Graph] = OrderedDict()
         self.workspace = allocate(
@@ -220,6 +228,40 @@ class Context:
                     f"consecutive: Y = X + 1",
                 )
 
+    def _check_lora(self, scales: dict[int, float]) -> dict[int, float]:
+        n = len(self.model.adapters)
+        for i in scales:
+            if not 0 <= i < n:
+                raise ContextError(f"LoRA adapter id {i} does not exist; {n} adapter(s) are loaded (ids 0..{n - 1})")
+        return {i: float(v) for i, v in sorted(scales.items())}
+
+    def set_adapters(self, scales: dict[int, float]) -> None:
+        """The adapters every sequence applies unless it has its own (llama_set_adapters_lora)."""
+        self.lora = self._check_lora(scales)
+
+    def set_seq_adapters(self, seq_id: int, scales: dict[int, float] | None) -> None:
+        """Sequence seq_id's own adapters and scales (None: the context's again)."""
+        if scales is None:
+            self.seq_lora.pop(seq_id, None)
+        else:
+            self.seq_lora[seq_id] = self._check_lora(scales)
+
+    def adapters_of(self, seq_id: int) -> tuple[tuple[int, float], ...]:
+        """The (adapter, scale) pairs sequence seq_id applies; a zero scale applies nothing."""
+        return tuple((i, s) for i, s in self.seq_lora.get(seq_id, self.lora).items() if s != 0.0)
+
+    def _lora_rows(self, ub: UBatch) -> tuple[dict[int, tuple[tuple[int, float], ...]], dict[int, np.ndarray]]:
+        """Per sequence of the ubatch its adapters, and per adapter any row applies each row's scale."""
+        if not self.model.adapters:
+            return {}, {}
+        seqs = {int(s): self.adapters_of(int(s)) for s in np.unique(ub.seq_id0)}
+        rows: dict[int, np.ndarray] = {}
+        for s, pairs in seqs.items():
+            for i, scale in pairs:
+                col = rows.setdefault(i, np.zeros(ub.n_tokens, dtype=np.float32))
+                col[ub.seq_id0 == s] = scale
+        return {s: p for s, p in seqs.items() if p}, dict(sorted(rows.items()))
+
     def graph_for(self, shape: GraphShape) -> Graph:
         """The planned graph of a shape, built on first use (kept for the last few shapes)."""
         g = self._graphs.get(shape)
@@ -274,12 +316,14 @@ class Context:
             slots = self.memory.place(ub)
             out_rows = np.flatnonzero(ub.output)
             groups = [c.ubatch_streams(ub) for c in self.memory.caches]
+            seq_loras, lora_rows = self._lora_rows(ub)
             shape = GraphShape(
                 ub.n_tokens,
                 len(out_rows),
                 tuple(len(g) for g in groups),
                 tuple(c.n_kv_of(g) for c, g in zip(self.memory.caches, groups)),
                 embd,
+                tuple(lora_rows),
             )
             reused = self._prev_shape.get(len(out_rows) > 0) == shape
             self._prev_shape[len(out_rows) > 0] = shape
@@ -293,7 +337,8 @@ class Context:
             # without CUDA graphs the last node writes the output rows itself: no copy after
             direct = n_out > 0 and self.ops.graph_runner is None and bind_output(graph, self.ops, self.workspace, dest)
             with torch.inference_mode():
-                self.step_inputs.fill(self.memory, ub, slots, shape, *input_views(graph, self.ops, self.workspace))
+                views = input_views(graph, self.ops, self.workspace)
+                self.step_inputs.fill(self.memory, ub, slots, shape, *views, lora_rows)
                 logits = run_step(graph, self.ops, self.workspace, {})  # CUDA graphs if the backend asks
                 if n_out and not direct:
                     dest.copy_(logits)
@@ -308,6 +353,7 @@ class Context:
                 shape.n_kv,
                 reused,
                 (time.perf_counter() - tu) * 1e3,
+                seq_loras,
             )
             self.records.append(rec)
             for obs in self.observers:

@@ -60,9 +60,10 @@ class StepInputs:
         shape: GraphShape,
         views: dict[str, torch.Tensor],
         host: dict[str, np.ndarray] | None,
+        lora: dict[int, np.ndarray] | None = None,
     ) -> None:
         """Write every input of the ubatch's graph: into `host` (numpy views of `views`) when
-        given, else into `views` by one copy each."""
+        given, else into `views` by one copy each. `lora`: each applied adapter's row scales."""
 
         def put(name: str, value: np.ndarray | np.generic) -> None:  # numpy types a reduction as either
             if host is not None:
@@ -97,6 +98,9 @@ class StepInputs:
             put(f"kv_visible_{c}", vis.reshape(-1, n_kv // KV_CHUNK, KV_CHUNK).any(axis=(0, 2)))
         if shape.n_outputs < shape.n_tokens:
             put("inp_out_ids", np.flatnonzero(ub.output))
+        for i in shape.loras:
+            assert lora is not None
+            put(f"lora_scale_{i}", lora[i])
 
 
 def cell_arrays(cache: KVCache, streams: list[int], n_kv: int) -> tuple[np.ndarray, np.ndarray]:

@@ -6,12 +6,13 @@ the same with and without -tp. Node names follow llama.cpp's graph (`Qcur-0`, `f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ubatch.engine.graph.builder import GraphBuilder
 from ubatch.engine.graph.graph import Sym
 from ubatch.engine.kv.memory import KVMemory
 from ubatch.engine.model.archs.base import HParams
+from ubatch.engine.model.lora import LoraAdapter
 from ubatch.engine.model.model import Model
 from ubatch.kernels.ops import AttentionArgs, BiasArgs, MaskCells
 
@@ -32,6 +33,9 @@ class GraphBlocks:
     starts: list[Sym]
     visible: list[Sym]
     out_ids: Sym | None
+    # the LoRA adapters some row of this ubatch uses, each with its rows' scales (n, 1)
+    loras: list[tuple[LoraAdapter, Sym]] = field(default_factory=list)
+    _out_scales: dict[int, Sym] = field(default_factory=dict)
 
     @property
     def hp(self) -> HParams:
@@ -48,15 +52,32 @@ class GraphBlocks:
         tp = self.model.shard
         return x if tp is None else self.b.all_reduce(x, tp.comm, name)
 
+    def linear(self, x: Sym, il: int, w: str, name: str) -> Sym:
+        """x times the layer's matrix `w`, plus each applied LoRA adapter's low-rank product on it."""
+        y = self.b.linear(x, self.model.layers[il].mat(w), name)
+        for k, (ad, _) in enumerate(self.loras):
+            lw = ad.layers[il].get(w)
+            if lw is not None:
+                y = self.b.lora(x, y, lw.a, lw.b, self.lora_rows(k, x), lw.scale(ad.alpha, 1.0), f"{name}_lora{k}")
+        return y
+
+    def lora_rows(self, k: int, x: Sym) -> Sym:
+        """Adapter k's row scales for x's rows: every row, or (past the last layer's cut) the output rows."""
+        s = self.loras[k][1]
+        if x.shape[0] == s.shape[0] or self.out_ids is None:
+            return s
+        if k not in self._out_scales:
+            self._out_scales[k] = self.b.rows(s, self.out_ids, f"lora_scale_out_{k}")
+        return self._out_scales[k]
+
     def _proj(self, x: Sym, il: int, w: str, bias: str, name: str) -> Sym:
         """x times the layer's matrix `w`, plus its bias where the layer has one."""
-        L = self.model.layers[il]
-        y = self.b.linear(x, L.mat(w), name)
-        bv = L.vec(bias)
+        y = self.linear(x, il, w, name)
+        bv = self.model.layers[il].vec(bias)
         return y if bv is None else self.b.op(BiasArgs(y, bv), f"{name}_biased")
 
     def attention(self, x: Sym, il: int) -> Sym:
-        hp, b, L, n = self.model.hparams, self.b, self.model.layers[il], self.n
+        hp, b, n = self.model.hparams, self.b, self.n
         ci = self.mem.layer_cache[il]
         cache, g, n_kv = self.mem.caches[ci], self.n_groups[ci], self.n_kv[ci]
         q, k = self._proj(x, il, "wq", "bq", f"Qcur-{il}"), self._proj(x, il, "wk", "bk", f"Kcur-{il}")
@@ -82,14 +103,14 @@ class GraphBlocks:
         kv, vis = (cache.k[il], cache.v[il]), self.visible[ci]
         att = AttentionArgs(qg, *kv, self.starts[ci], n_kv, mask, 1.0, vis, cells, softcap=hp.attn_softcap)
         a = b.attention(att, (ks, vs), f"kqv_out-{il}")
-        a = b.linear(a, L.mat("wo"), f"attn_out-{il}")
+        a = self.linear(a, il, "wo", f"attn_out-{il}")
         return self._reduced(a, f"attn_out_sum-{il}")
 
     def ffn(self, x: Sym, il: int) -> Sym:
-        hp, b, L = self.model.hparams, self.b, self.model.layers[il]
-        gate = b.linear(x, L.mat("ffn_gate"), f"ffn_gate-{il}")
-        f = b.glu(gate, b.linear(x, L.mat("ffn_up"), f"ffn_up-{il}"), hp.ffn_act, f"ffn_glu-{il}")
-        return self._reduced(b.linear(f, L.mat("ffn_down"), f"ffn_out-{il}"), f"ffn_out_sum-{il}")
+        hp, b = self.model.hparams, self.b
+        gate = self.linear(x, il, "ffn_gate", f"ffn_gate-{il}")
+        f = b.glu(gate, self.linear(x, il, "ffn_up", f"ffn_up-{il}"), hp.ffn_act, f"ffn_glu-{il}")
+        return self._reduced(self.linear(f, il, "ffn_down", f"ffn_out-{il}"), f"ffn_out_sum-{il}")
 
     def moe(self, x: Sym, il: int) -> Sym:
         """llama.cpp's build_moe_ffn: router logits, each row's top-k experts and their weights,

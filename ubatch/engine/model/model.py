@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, replace
@@ -18,6 +19,7 @@ from ubatch.engine.model.archs.base import TensorSpec, model_tensors
 from ubatch.engine.model.code_pages import release_startup_code
 from ubatch.engine.model.hf.checkpoint import open_model_file
 from ubatch.engine.model.hparams import HParams, hparams_from_metadata
+from ubatch.engine.model.lora import LoraAdapter, load_adapter
 from ubatch.engine.model.shard import Cutter, Shard, check_split, head_split, row_slice, vocab_slice
 from ubatch.engine.vocab.vocab import Vocab
 from ubatch.kernels.quant.dequant import UnsupportedTypeError, check_supported
@@ -114,6 +116,19 @@ class Model:
     whole: HParams | None = None  # with a shard: the model's own hparams (`hparams` are one rank's)
     rope_long: torch.Tensor | None = None  # LongRoPE (phi3 128k): per-pair divisors for long contexts
     rope_short: torch.Tensor | None = None  # ... and for contexts within the original length
+    # LoRA adapters loaded for this model (llama_adapter_lora_init): contexts apply them by index
+    adapters: list[LoraAdapter] = dataclasses.field(default_factory=list)
+
+    def load_adapter(self, path: str | os.PathLike[str]) -> int:
+        """Load a LoRA adapter for this model (checked against it); its index in `adapters`."""
+        if self.shard is not None:
+            raise ModelLoadError(f"{path}: LoRA adapters are not supported with -tp; run without -tp")
+        self.adapters.append(load_adapter(path, self.hparams, self.device))
+        return len(self.adapters) - 1
+
+    @property
+    def adapter_bytes(self) -> int:
+        return sum(a.nbytes for a in self.adapters)
 
     def rope_factors(self, n_ctx_seq: int) -> torch.Tensor | None:
         """The per-pair frequency divisors of a context with n_ctx_seq cells per sequence:

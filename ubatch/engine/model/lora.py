@@ -1,0 +1,180 @@
+"""LoRA adapters: low-rank pairs (A, B) added to a base model's matrices, never merged into them.
+
+An adapter comes from a GGUF file as llama.cpp's convert_lora_to_gguf.py writes it (`general.type
+= adapter`, `adapter.type = lora`, `adapter.lora.alpha`, a `<base name>.lora_a` and `.lora_b` per
+targeted matrix) or from a PEFT directory (adapter_config.json + adapter_model.safetensors, read
+by engine/model/hf/peft.py into the same names). Each pair is checked against the base model's
+tensor of that name, as llama.cpp's llama_adapter_lora_init checks it, with one-line errors.
+
+The forward pass (engine/graph/blocks.py) computes `y = W x + scale * B (A x)` with the backend's
+own linear for A and B; `LoraWeight.scale` is llama.cpp's get_scale.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ubatch.engine.errors import ModelLoadError
+from ubatch.engine.gguf.file import TensorInfo, open_gguf
+from ubatch.engine.model.archs import layer_specs
+from ubatch.engine.model.hf.peft import read_peft
+from ubatch.engine.model.hparams import HParams
+from ubatch.kernels.quant.dequant import UnsupportedTypeError, check_supported
+from ubatch.kernels.quant.weight import QWeight
+
+
+@dataclass(eq=False, slots=True)
+class LoraWeight:
+    """One targeted matrix's pair: A (rank, n_in) and B (n_out, rank), as stored."""
+
+    a: QWeight
+    b: QWeight
+
+    @property
+    def rank(self) -> int:
+        return self.b.shape[1]
+
+    def scale(self, alpha: float, user_scale: float) -> float:
+        """llama.cpp's get_scale: alpha / rank times the user's scale; alpha 0 means 'no alpha'."""
+        return user_scale * alpha / self.rank if alpha else user_scale
+
+
+@dataclass(eq=False, slots=True)
+class LoraAdapter:
+    """A loaded adapter: its pairs by layer and LayerWeights field, its alpha, where it came from."""
+
+    path: Path
+    alpha: float
+    layers: list[dict[str, LoraWeight]]
+    output: LoraWeight | None = None  # the output head's pair (lm_head), where the adapter has one
+    name: str = ""
+    meta: dict[str, str] = field(default_factory=dict)  # its GGUF string keys (llama.cpp's gguf_kv)
+
+    @property
+    def nbytes(self) -> int:
+        pairs = [w for L in self.layers for w in L.values()] + ([self.output] if self.output else [])
+        return sum(w.a.nbytes + w.b.nbytes for w in pairs)
+
+    @property
+    def n_pairs(self) -> int:
+        return sum(len(L) for L in self.layers) + (self.output is not None)
+
+    def matrices(self) -> list[QWeight]:
+        pairs = [w for L in self.layers for w in L.values()] + ([self.output] if self.output else [])
+        return [m for w in pairs for m in (w.a, w.b)]
+
+    def to(self, dev: torch.device) -> LoraAdapter:
+        def mv(w: LoraWeight) -> LoraWeight:
+            return LoraWeight(w.a.to(dev), w.b.to(dev))
+
+        layers = [{f: mv(w) for f, w in L.items()} for L in self.layers]
+        return LoraAdapter(
+            self.path, self.alpha, layers, mv(self.output) if self.output else None, self.name, self.meta
+        )
+
+
+def _pairs(tensors: dict[str, TensorInfo], src: str) -> dict[str, tuple[TensorInfo, TensorInfo]]:
+    """Base tensor name -> (lora_a, lora_b); norms (mergekit) skipped as llama.cpp skips them."""
+    a: dict[str, TensorInfo] = {}
+    b: dict[str, TensorInfo] = {}
+    for name, t in tensors.items():
+        if name.endswith(".lora_a"):
+            a[name.removesuffix(".lora_a")] = t
+        elif name.endswith(".lora_b"):
+            b[name.removesuffix(".lora_b")] = t
+        elif not name.endswith("_norm.weight"):
+            raise ModelLoadError(f"{src}: tensor {name!r} is neither a .lora_a nor a .lora_b; not a LoRA adapter")
+    for base in sorted(a.keys() ^ b.keys()):
+        raise ModelLoadError(f"{src}: {base!r} has only one of its lora_a/lora_b pair; the adapter is incomplete")
+    return {k: (a[k], b[k]) for k in sorted(a)}
+
+
+def build_adapter(
+    tensors: dict[str, TensorInfo], alpha: float, hp: HParams, src: Path, dev: torch.device, name: str = ""
+) -> LoraAdapter:
+    """The adapter's pairs placed on the base model's matrices, each checked (name, shapes, type)."""
+    where: dict[str, tuple[int, str]] = {}
+    for il in range(hp.n_layer):
+        for spec in layer_specs(hp, il).values():
+            if spec.stored_as_matrix:
+                where[spec.name] = (il, "" if spec.parts else spec.field)
+    layers: list[dict[str, LoraWeight]] = [{} for _ in range(hp.n_layer)]
+    output = None
+
+    def qw(t: TensorInfo) -> QWeight:
+        try:
+            check_supported(t.ggml_type, f"{src}: tensor {t.name!r}")
+        except UnsupportedTypeError as e:
+            raise ModelLoadError(str(e)) from None
+        if len(t.shape) != 2:
+            raise ModelLoadError(f"{src}: tensor {t.name!r} has shape {t.shape}; a LoRA factor is a matrix")
+        raw = torch.from_numpy(t.data)
+        return QWeight(t.name, raw.to(dev) if dev.type != "cpu" else raw, t.ggml_type, t.shape)
+
+    for base, (ta, tb) in _pairs(tensors, str(src)).items():
+        if base == "output.weight":
+            n_out, n_in = hp.n_vocab, hp.n_embd
+        elif base in where:
+            il, fld = where[base]
+            if not fld:
+                raise ModelLoadError(f"{src}: LoRA on the fused tensor {base!r} is not supported yet")
+            spec = layer_specs(hp, il)[fld]
+            n_out, n_in = spec.shape
+        elif base == "token_embd.weight":
+            raise ModelLoadError(f"{src}: LoRA on token_embd.weight (new tokens) is not supported")
+        else:
+            raise ModelLoadError(
+                f"{src}: LoRA tensor {base!r} does not exist in the base {hp.arch} model; is this the adapter's base model?"
+            )
+        if ta.shape[1:] != (n_in,) or tb.shape[:1] != (n_out,):
+            raise ModelLoadError(
+                f"{src}: tensor {base!r} has lora_a {ta.shape} and lora_b {tb.shape}, but the base model's is "
+                f"({n_out}, {n_in}); is this the adapter's base model?"
+            )
+        if ta.shape[0] != tb.shape[1]:
+            raise ModelLoadError(f"{src}: {base!r}: lora_a's rank {ta.shape[0]} differs from lora_b's {tb.shape[1]}")
+        w = LoraWeight(qw(ta), qw(tb))
+        if base == "output.weight":
+            output = w
+        else:
+            layers[where[base][0]][where[base][1]] = w
+    if not any(layers) and output is None:
+        raise ModelLoadError(f"{src}: the adapter targets no matrix of the model")
+    return LoraAdapter(src, alpha, layers, output, name or src.stem)
+
+
+def load_adapter(path: str | os.PathLike[str], hp: HParams, dev: torch.device) -> LoraAdapter:
+    """An adapter from a GGUF file or a PEFT directory, checked against the base model's hparams."""
+    p = Path(path)
+    if p.is_dir():
+        alpha, tensors = read_peft(p, hp)
+        return build_adapter(tensors, alpha, hp, p, dev, p.name)
+    g = open_gguf(p)
+    meta = g.metadata
+
+    def s(key: str) -> str:
+        v = meta.get(key)
+        return v if isinstance(v, str) else ""
+
+    if s("general.type") != "adapter":
+        raise ModelLoadError(
+            f"{p}: general.type is {s('general.type')!r}, not 'adapter'; pass a LoRA adapter (convert_lora_to_gguf.py)"
+        )
+    if s("adapter.type") != "lora":
+        raise ModelLoadError(f"{p}: adapter.type is {s('adapter.type')!r}; only 'lora' adapters are supported")
+    if s("general.architecture") != hp.arch:
+        raise ModelLoadError(
+            f"{p}: the adapter is for {s('general.architecture')!r} but the model is {hp.arch!r}; use the adapter's base model"
+        )
+    if "adapter.alora.invocation_tokens" in meta:
+        raise ModelLoadError(f"{p}: activated LoRA (aLoRA) adapters are not supported")
+    a = meta.get("adapter.lora.alpha", 0.0)
+    if not isinstance(a, (int, float)) or isinstance(a, bool):
+        raise ModelLoadError(f"{p}: adapter.lora.alpha is not a number")
+    ad = build_adapter(g.tensors, float(a), hp, p, dev, s("general.name") or p.stem)
+    ad.meta = {k: v for k, v in meta.items() if isinstance(v, str)}
+    return ad
