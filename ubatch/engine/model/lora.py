@@ -100,7 +100,7 @@ def build_adapter(
     where: dict[str, tuple[int, str]] = {}
     for il in range(hp.n_layer):
         for spec in layer_specs(hp, il).values():
-            if spec.stored_as_matrix:
+            if spec.stored_as_matrix and len(spec.shape) == 2:  # expert tensors are 3-D
                 where[spec.name] = (il, "" if spec.parts else spec.field)
     layers: list[dict[str, LoraWeight]] = [{} for _ in range(hp.n_layer)]
     output = None
