@@ -160,6 +160,7 @@ def test_unigram_shortcuts_change_nothing(merge: bool) -> None:
     rng = random.Random(5)
     texts = [check_tokenizers.random_text(rng) for _ in range(60)]
     texts += ["ｈｅｌｌｏ  wörld\n\tcafe\u0301 x  ".encode(), "①②③ ﬁ ㌀ \u00a0 end ".encode()]
+    texts += ["жи\u0306ла\u0301 йо\u0308ж e\u0301中 A\u030a\u0301 ｱﾞ\u3099 \u00a8\u0301".encode()]  # keys that go on
     texts += [check_tokenizers.mixed_text(20_000, seed=2).encode()]
     by_characters = 0
     for raw in texts * 2:

@@ -30,6 +30,7 @@ SOURCE = Path(__file__).with_name("csrc") / "words.c"
 ABI = 1
 _FLAGS = ["-O2", "-shared", "-fPIC", "-std=c11"]
 _TOO_SMALL = -(1 << 40)
+CACHE_WORDS = 1 << 17  # a word cache in C is emptied when it holds this many words
 
 
 def _cache_dir() -> Path:
@@ -60,7 +61,7 @@ def library() -> ctypes.CDLL | None:
                 if r.returncode != 0:
                     return None
                 tmp.replace(out)  # atomic: a concurrent first start never loads a half-written library
-        lib = ctypes.CDLL(str(out))
+        lib = ctypes.PyDLL(str(out))  # calls hold the GIL: a vocabulary's word cache has one user at a time
     except (OSError, subprocess.SubprocessError):
         return None
     if lib.ub_words_abi() != ABI:
@@ -83,6 +84,11 @@ def library() -> ctypes.CDLL | None:
     lib.ub_ugm_free.argtypes = [p]
     lib.ub_ugm_words.argtypes = [p, p, p, i64, p, i64, p]
     lib.ub_ugm_words.restype = i64
+    lib.ub_cache_new.argtypes = [i64]
+    lib.ub_cache_new.restype = p
+    lib.ub_cache_free.argtypes = [p]
+    lib.ub_ugm_text.argtypes = [p, p, p, i64, p, i64]
+    lib.ub_ugm_text.restype = i64
     return lib
 
 
@@ -219,7 +225,27 @@ class NativeUgm(_Native):
         k = np.ascontiguousarray(keep, np.uint8)
         sc = np.asarray(scores, np.float32)  # (float32 values: exact)
         h = lib.ub_ugm_new(_ptr(blob), _ptr(off), len(texts), _ptr(k), _ptr(sc), unk, unknown_score)
-        return cls(lib, h) if h else None
+        if not h:
+            return None
+        out = cls(lib, h)
+        out._cache = lib.ub_cache_new(CACHE_WORDS)
+        return out if out._cache else None
+
+    _cache: int | None = None
+
+    def __del__(self) -> None:
+        if self._cache:
+            self._lib.ub_cache_free(self._cache)
+            self._cache = None
+        super().__del__()
+
+    def text(self, s: bytes) -> list[int]:
+        """The ids of a normalised text in which no token reaches across a U+2581: word by word
+        (the text before each U+2581), each from the cache of words or a Viterbi pass."""
+        ids = np.empty(len(s) + 1, np.int32)
+        n = self._lib.ub_ugm_text(self._h, self._cache, _ptr(s), len(s), _ptr(ids), len(ids))
+        assert n >= 0  # at most one id per byte
+        return ids[:n].tolist()
 
     def words(self, words: list[bytes]) -> list[list[int]]:
         text, off = _batch_bytes(words)

@@ -31,9 +31,11 @@ _SPACE = "\u2581".encode()
 _SHORT = 6  # token prefixes up to this many bytes are kept in a set (~7 MB for 250k tokens)
 _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)  # by high nibble, as unicode_len_utf8
 # what decides a character's normalisation (_char_flags): _KNOWN alone, it is itself; _CHANGES:
-# the charsmap replaces it alone; _WIDE_NEXT: a key may go on with a non-ASCII character after it;
-# _ALWAYS: a key may go on with any, or a user-defined token starts with its first byte
+# the charsmap replaces it alone; _WIDE_NEXT: a key may go on, but only with a non-ASCII character
+# after it (which ones: _wide_next); _ALWAYS: a key may go on with an ASCII one, or a user-defined
+# token starts with its first byte
 _KNOWN, _CHANGES, _WIDE_NEXT, _ALWAYS = 1, 2, 4, 8
+_SPACES = re.compile(" +")
 
 
 @dataclass(frozen=True)
@@ -55,23 +57,20 @@ class Charsmap:
         self._xcda = np.frombuffer(blob[4 : 4 + size], "<u4").astype(np.int64)
         self.replacements = blob[4 + size :]
 
-    def walk_chars(self, chars: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """match_reading at each character alone, all at once (numpy): the longest key's length
-        in bytes (0: none) and replacement offset, and whether a key goes on after the whole
-        character with an ASCII byte, and with any byte."""
+    def walk_chars(self, cps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """match_reading at each code point alone, all at once (numpy): the longest key's length
+        in bytes (0: none) and its replacement's offset, and for each byte value whether a key
+        goes on with it after the whole character."""
         x, n = self._xcda, len(self._xcda)
         mask = (1 << 31) | 0xFF
 
         def base(v: np.ndarray) -> np.ndarray:
             return (v >> 10) << ((v & (1 << 9)) >> 6)
 
-        raw = [c.encode("utf-8") for c in chars]
-        length = np.fromiter(map(len, raw), np.int64, len(raw))
-        table = np.zeros((len(raw), 4), np.int64)
-        table.reshape(-1)[:] = np.frombuffer(b"".join(r.ljust(4, b"\0") for r in raw), np.uint8)
-        node = np.full(len(raw), int(base(x[:1])[0]), np.int64)
-        alive = np.ones(len(raw), bool)
-        best_len, best_at = np.zeros(len(raw), np.int64), np.zeros(len(raw), np.int64)
+        table, length = utf8_bytes(cps)
+        node = np.full(len(cps), int(base(x[:1])[0]), np.int64)
+        alive = np.ones(len(cps), bool)
+        best_len, best_at = np.zeros(len(cps), np.int64), np.zeros(len(cps), np.int64)
         for k in range(4):
             c = table[:, k]
             step = alive & (k < length)
@@ -88,13 +87,12 @@ class Charsmap:
             best_len = np.where(hit, k + 1, best_len)
             best_at = np.where(hit, x[np.where(ok2, nd2, 0)] & ((1 << 31) - 1), best_at)
             node = np.where(ok2, nd2, node)
-        d = np.arange(1, 256, dtype=np.int64)
+        d = np.arange(256, dtype=np.int64)
         child = node[alive, None] ^ d
         inside = child < n
-        goes_on = inside & ((x[np.where(inside, child, 0)] & mask) == d)
-        ascii_on, any_on = np.zeros(len(raw), bool), np.zeros(len(raw), bool)
-        ascii_on[alive], any_on[alive] = goes_on[:, :127].any(1), goes_on.any(1)
-        return best_len, best_at, ascii_on, any_on
+        goes_on = np.zeros((len(cps), 256), bool)
+        goes_on[alive] = inside & ((x[np.where(inside, child, 0)] & mask) == d) & (d != 0)
+        return best_len, best_at, goes_on
 
     def replacement(self, at: int) -> bytes:
         end = self.replacements.find(b"\0", at)
@@ -198,6 +196,8 @@ class UgmTokenizer:
         self._texts, self._keep = texts, (attrs & (A_NORMAL | A_USER_DEFINED | A_UNUSED)) != 0
         self._flags: np.ndarray | None = None  # per code point: how its normalisation goes (_char_flags)
         self._rep: dict[str, str] = {}  # a character -> what the charsmap makes of it alone
+        self._wide_cps = np.zeros(0, np.uint32)  # the _WIDE_NEXT code points seen, sorted
+        self._wide_next = np.zeros((0, 256), bool)  # and for each, the bytes a key goes on with
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         out = []
@@ -218,6 +218,10 @@ class UgmTokenizer:
             )
         if not self._cuts or not s.isascii() and not _valid_utf8(s):  # (a cut must be where Viterbi steps)
             return self._new_words([s])[0]
+        if self._native is None:
+            self._build_native()
+        if self._native:  # all of it in C, its cache of words too
+            return self._native.text(s)
         cache = self._cache
         if len(cache) > 1 << 17:
             cache.clear()
@@ -240,30 +244,38 @@ class UgmTokenizer:
 
     def _char_flags(self, cps: np.ndarray) -> np.ndarray:
         """Each code point's _KNOWN/_CHANGES/_WIDE_NEXT/_ALWAYS flags, classifying those not seen
-        before all at once (Charsmap.walk_chars); their context-free normalisation in self._rep."""
+        before all at once (Charsmap.walk_chars); their context-free normalisation in self._rep,
+        and for _WIDE_NEXT ones the lead bytes a key goes on with in self._wide_next."""
         if self._flags is None:
             self._flags = np.zeros(0x110000, np.uint8)
         f = self._flags[cps]
-        new = np.unique(cps[f == 0])
-        if len(new):
-            chars = [chr(c) for c in new.tolist()]
-            lead = np.frombuffer(b"".join(c.encode()[:1] for c in chars), np.uint8)
-            flags = np.full(len(chars), _KNOWN, np.uint8)
-            flags[np.isin(lead, np.fromiter(self._user_first, np.uint8, len(self._user_first)))] |= _ALWAYS
+        unseen = cps[f == 0]
+        if len(unseen):
+            marks = np.zeros(0x110000, bool)
+            marks[unseen] = True
+            new = np.flatnonzero(marks).astype(np.uint32)
+            table, size = utf8_bytes(new)
+            flags = np.full(len(new), _KNOWN, np.uint8)
+            flags[np.isin(table[:, 0], list(self._user_first))] |= _ALWAYS
             if self._charsmap is not None:
-                best_len, best_at, ascii_on, any_on = self._charsmap.walk_chars(chars)
-                size = np.fromiter((len(c.encode()) for c in chars), np.int64, len(chars))
+                best_len, best_at, goes_on = self._charsmap.walk_chars(new)
                 flags[(best_len > 0) & (best_len < size)] |= _ALWAYS  # a key ends inside the character
-                flags[ascii_on] |= _ALWAYS
-                flags[any_on & ~ascii_on] |= _WIDE_NEXT  # a key goes on only with a non-ASCII character
+                flags[goes_on[:, :0x80].any(1)] |= _ALWAYS
+                wide = goes_on.any(1) & ((flags & _ALWAYS) == 0)  # a key goes on only with a non-ASCII character
+                flags[wide] |= _WIDE_NEXT
+                if wide.any():
+                    cps_all = np.concatenate([self._wide_cps, new[wide]])
+                    order = np.argsort(cps_all, kind="stable")
+                    self._wide_cps = cps_all[order]
+                    self._wide_next = np.concatenate([self._wide_next, goes_on[wide]])[order]
                 for i in np.flatnonzero(best_len == size).tolist():
                     try:
                         rep = self._charsmap.replacement(int(best_at[i])).decode()
                     except UnicodeDecodeError:
                         flags[i] |= _ALWAYS
                         continue
-                    if rep != chars[i]:
-                        self._rep[chars[i]] = rep
+                    if rep != chr(new[i]):
+                        self._rep[chr(new[i])] = rep
                         flags[i] |= _CHANGES
             self._flags[new] = flags
             f = self._flags[cps]
@@ -284,11 +296,15 @@ class UgmTokenizer:
         except UnicodeEncodeError:
             return None  # surrogates: bytes that are not UTF-8
         f = self._char_flags(cps)
-        wide_next = np.zeros(len(cps), bool)
-        wide_next[:-1] = cps[1:] >= 0x80
-        visit = np.flatnonzero((f & (_CHANGES | _ALWAYS)) | ((f & _WIDE_NEXT) != 0) & wide_next)
+        goes_on = np.zeros(len(cps), bool)  # a key may go on into the next character
+        wide = np.flatnonzero(f[:-1] & _WIDE_NEXT)
+        wide = wide[cps[wide + 1] >= 0x80]
+        if len(wide):
+            lead = utf8_bytes(cps[wide + 1])[0][:, 0]
+            goes_on[wide] = self._wide_next[np.searchsorted(self._wide_cps, cps[wide]), lead]
+        visit = np.flatnonzero((f & (_CHANGES | _ALWAYS)) | goes_on)
         if len(visit):
-            here = np.flatnonzero((f[visit] & _ALWAYS) | ((f[visit] & _WIDE_NEXT) != 0) & wide_next[visit])
+            here = np.flatnonzero((f[visit] & _ALWAYS) | goes_on[visit])
             raws, done, at = [], [], 0
             for p in visit[here].tolist():
                 if p < at:
@@ -312,9 +328,9 @@ class UgmTokenizer:
             parts = joined.split("\0")
             text = "".join(x for pair in zip(parts, [*done, ""]) for x in pair)
         space = "\u2581" if o.escape_whitespaces else " "
-        if o.remove_extra_whitespaces:
-            words = [w for w in text.split(" ") if w]
-            return (space + space.join(words)).encode() if words else b""
+        if o.remove_extra_whitespaces:  # one mark before each run of non-spaces
+            text = text.strip(" ")
+            return (space + _SPACES.sub(space, text)).encode() if text else b""
         first = len(text) - len(text.lstrip(" "))
         head, rest = text[:first].replace(" ", space), text[first:].replace(" ", space)
         return (head + (space if o.add_space_prefix and rest else "") + rest).encode()
@@ -434,12 +450,13 @@ class UgmTokenizer:
     def _new_words(self, words: list[bytes]) -> list[list[int]]:
         """The Viterbi pass over each word: in C (native.py) where it is built, else here."""
         if self._native is None:
-            self._native = (
-                NativeUgm.build(self._texts, self._keep, self._scores, self._unk, self._unknown_score) or False
-            )
+            self._build_native()
         if self._native:
             return self._native.words(words)
         return [self._viterbi(w) for w in words]
+
+    def _build_native(self) -> None:
+        self._native = NativeUgm.build(self._texts, self._keep, self._scores, self._unk, self._unknown_score) or False
 
     def _viterbi(self, s: bytes, valid: bool = False) -> list[int]:
         """The best path over s, from each character start. With `valid` (s is UTF-8), tokens are
@@ -519,3 +536,15 @@ def _utf8_size(s: bytes, at: int) -> int:
     if size > 1 and (at + size > len(s) or any(s[at + k] & 0xC0 != 0x80 for k in range(1, size))):
         return 0
     return size
+
+
+def utf8_bytes(cps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The UTF-8 bytes of code points (not surrogates), 4 columns padded with 0, and their lengths."""
+    cp = cps.astype(np.int64)
+    size = 1 + (cp >= 0x80).astype(np.int64) + (cp >= 0x800) + (cp >= 0x10000)
+    out = np.zeros((len(cp), 4), np.int64)
+    out[:, 0] = np.choose(size - 1, [cp, 0xC0 | cp >> 6, 0xE0 | cp >> 12, 0xF0 | cp >> 18])
+    for k in range(1, 4):
+        shift = np.maximum(6 * (size - 1 - k), 0)
+        out[:, k] = np.where(k < size, 0x80 | (cp >> shift) & 0x3F, 0)
+    return out, size

@@ -364,63 +364,174 @@ void *ub_ugm_new(const uint8_t *blob, const int64_t *off, int64_t n, const uint8
     return u;
 }
 
-/* llama.cpp's Viterbi pass over each word: from each character start (its length by the lead
- * byte), every token the trie walk finds ends a path there; a character no token covers exactly
- * costs the unknown score; the best path is read back with consecutive unknowns as one. */
+/* llama.cpp's Viterbi pass over one word s[0:n] (n > 0): from each character start (its length
+ * by the lead byte), every token the trie walk finds ends a path there; a character no token
+ * covers exactly costs the unknown score; the best path is read back with consecutive unknowns
+ * as one. best/btok/bfrom hold n + 1 each. Returns the new end of ids, or -1 if cap is short. */
+static int64_t ugm_viterbi(const ugm *u, const uint8_t *s, int64_t n, double *best, int32_t *btok, int64_t *bfrom,
+                           int32_t *ids, int64_t out, int64_t cap) {
+    int64_t before = out;
+    for (int64_t i = 0; i <= n; i++) { best[i] = -1.7976931348623157e308; btok[i] = u->unk; bfrom[i] = 0; }
+    best[0] = 0.0;
+    for (int64_t at = 0; at < n;) {
+        int64_t size = utf8_len(s[at]);
+        if (size > n - at) size = n - at;
+        double here = best[at];
+        int whole = 0;
+        int32_t node = 0;
+        for (int64_t end = at + 1; end <= n; end++) {
+            const edge *e = trie_edge(u, node, s[end - 1]);
+            if (!e) break;
+            node = e->child;
+            int32_t tok = e->tok;
+            if (tok < 0) continue;
+            if (end - at == size) whole = 1;
+            double score = here + (double) e->score;
+            if (score > best[end]) { best[end] = score; btok[end] = tok; bfrom[end] = at; }
+        }
+        if (!whole) {
+            double score = here + u->unk_score;
+            if (score > best[at + size]) { best[at + size] = score; btok[at + size] = u->unk; bfrom[at + size] = at; }
+        }
+        at += size;
+    }
+    int prev_unk = 0;  /* read back (reversed), then reverse in place */
+    for (int64_t pos = n;;) {
+        int32_t tok = btok[pos];
+        if (!(prev_unk && tok == u->unk)) {
+            if (out >= cap) return -1;
+            ids[out++] = tok;
+        }
+        if (bfrom[pos] == 0) break;
+        prev_unk = tok == u->unk;
+        pos = bfrom[pos];
+    }
+    for (int64_t a = before, b = out - 1; a < b; a++, b--) { int32_t t = ids[a]; ids[a] = ids[b]; ids[b] = t; }
+    return out;
+}
+
+typedef struct { double *best; int32_t *btok; int64_t *bfrom; } dp;
+
+static int dp_alloc(dp *d, int64_t n) {
+    d->best = malloc(sizeof(double) * (n + 1));
+    d->btok = malloc(sizeof(int32_t) * (n + 1));
+    d->bfrom = malloc(sizeof(int64_t) * (n + 1));
+    return d->best && d->btok && d->bfrom ? 0 : -1;
+}
+
+static void dp_free(dp *d) { free(d->best); free(d->btok); free(d->bfrom); }
+
+/* The Viterbi pass over each word of a batch (ids and counts per word). */
 int64_t ub_ugm_words(const void *p, const uint8_t *text, const int64_t *woff, int64_t n_words, int32_t *ids,
                      int64_t cap, int32_t *counts) {
     const ugm *u = p;
     int64_t longest = 0, out = 0;
     for (int64_t w = 0; w < n_words; w++)
         if (woff[w + 1] - woff[w] > longest) longest = woff[w + 1] - woff[w];
-    double *best = malloc(sizeof(double) * (longest + 1));
-    int32_t *btok = malloc(sizeof(int32_t) * (longest + 1));
-    int64_t *bfrom = malloc(sizeof(int64_t) * (longest + 1));
-    if (!best || !btok || !bfrom) { out = -((int64_t) 1 << 41); goto done; }
+    dp d;
+    if (dp_alloc(&d, longest)) { dp_free(&d); return -((int64_t) 1 << 41); }
     for (int64_t w = 0; w < n_words; w++) {
-        const uint8_t *s = text + woff[w];
-        int64_t n = woff[w + 1] - woff[w], before = out;
-        if (n == 0) { counts[w] = 0; continue; }
-        for (int64_t i = 0; i <= n; i++) { best[i] = -1.7976931348623157e308; btok[i] = u->unk; bfrom[i] = 0; }
-        best[0] = 0.0;
-        for (int64_t at = 0; at < n;) {
-            int64_t size = utf8_len(s[at]);
-            if (size > n - at) size = n - at;
-            double here = best[at];
-            int whole = 0;
-            int32_t node = 0;
-            for (int64_t end = at + 1; end <= n; end++) {
-                const edge *e = trie_edge(u, node, s[end - 1]);
-                if (!e) break;
-                node = e->child;
-                int32_t tok = e->tok;
-                if (tok < 0) continue;
-                if (end - at == size) whole = 1;
-                double score = here + (double) e->score;
-                if (score > best[end]) { best[end] = score; btok[end] = tok; bfrom[end] = at; }
-            }
-            if (!whole) {
-                double score = here + u->unk_score;
-                if (score > best[at + size]) { best[at + size] = score; btok[at + size] = u->unk; bfrom[at + size] = at; }
-            }
-            at += size;
-        }
-        /* read back (reversed), then reverse in place */
-        int prev_unk = 0;
-        for (int64_t pos = n;;) {
-            int32_t tok = btok[pos];
-            if (!(prev_unk && tok == u->unk)) {
-                if (out >= cap) { out = -((int64_t) 1 << 40); goto done; }
-                ids[out++] = tok;
-            }
-            if (bfrom[pos] == 0) break;
-            prev_unk = tok == u->unk;
-            pos = bfrom[pos];
-        }
-        for (int64_t a = before, b = out - 1; a < b; a++, b--) { int32_t t = ids[a]; ids[a] = ids[b]; ids[b] = t; }
-        counts[w] = (int32_t) (out - before);
+        int64_t n = woff[w + 1] - woff[w], next = out;
+        if (n > 0) next = ugm_viterbi(u, text + woff[w], n, d.best, d.btok, d.bfrom, ids, out, cap);
+        if (next < 0) { out = -((int64_t) 1 << 40); break; }
+        counts[w] = (int32_t) (next - out);
+        out = next;
     }
-done:
-    free(best); free(btok); free(bfrom);
+    dp_free(&d);
+    return out;
+}
+
+/* ---- Unigram over a whole normalised text, word by word, with a cache of words ------------- */
+
+typedef struct { int64_t key, ids; int32_t key_len, n_ids; } centry;  /* key_len < 0: empty */
+
+typedef struct {
+    int64_t mask, n, max_entries;
+    centry *slot;
+    uint8_t *keys; int64_t keys_len, keys_cap;
+    int32_t *ids; int64_t ids_len, ids_cap;
+} wcache;
+
+void *ub_cache_new(int64_t max_entries) {
+    wcache *c = calloc(1, sizeof(wcache));
+    if (!c) return NULL;
+    int64_t size = 16;
+    while (size < 2 * max_entries) size <<= 1;
+    c->mask = size - 1; c->max_entries = max_entries;
+    c->slot = malloc(sizeof(centry) * size);
+    if (!c->slot) { free(c); return NULL; }
+    for (int64_t i = 0; i < size; i++) c->slot[i].key_len = -1;
+    return c;
+}
+
+void ub_cache_free(void *p) {
+    wcache *c = p;
+    if (!c) return;
+    free(c->slot); free(c->keys); free(c->ids); free(c);
+}
+
+static void cache_clear(wcache *c) {
+    for (int64_t i = 0; i <= c->mask; i++) c->slot[i].key_len = -1;
+    c->n = c->keys_len = c->ids_len = 0;
+}
+
+static centry *cache_find(wcache *c, const uint8_t *s, int64_t n) {  /* the entry, or the empty slot for it */
+    for (uint64_t i = hash_bytes(s, n) & c->mask;; i = (i + 1) & c->mask) {
+        centry *e = &c->slot[i];
+        if (e->key_len < 0 || (e->key_len == n && memcmp(c->keys + e->key, s, n) == 0)) return e;
+    }
+}
+
+static int grow(void **buf, int64_t *cap, int64_t need, size_t item) {
+    if (need <= *cap) return 0;
+    int64_t c = *cap ? *cap : 1 << 16;
+    while (c < need) c *= 2;
+    void *b = realloc(*buf, item * c);
+    if (!b) return -1;
+    *buf = b; *cap = c;
+    return 0;
+}
+
+/* The ids of a normalised text cut before each U+2581 (where no token reaches across one, so
+ * every path goes through it), each word's ids from the cache or a Viterbi pass, consecutive
+ * unknowns merged over the joins too. The cache is emptied when it holds max_entries words. */
+int64_t ub_ugm_text(const void *p, void *cp, const uint8_t *text, int64_t n, int32_t *ids, int64_t cap) {
+    const ugm *u = p;
+    wcache *c = cp;
+    dp d;
+    if (dp_alloc(&d, n)) { dp_free(&d); return -((int64_t) 1 << 41); }
+    int64_t out = 0;
+    for (int64_t at = 0; at < n;) {
+        int64_t end = at + 1;
+        while (end < n && !(text[end] == 0xE2 && end + 2 < n && text[end + 1] == 0x96 && text[end + 2] == 0x81)) end++;
+        const uint8_t *w = text + at;
+        int64_t len = end - at;
+        if (c->n >= c->max_entries) cache_clear(c);
+        centry *e = cache_find(c, w, len);
+        int64_t first = out;
+        if (e->key_len < 0) {
+            int64_t next = ugm_viterbi(u, w, len, d.best, d.btok, d.bfrom, ids, out, cap);
+            if (next < 0) { out = -((int64_t) 1 << 40); break; }
+            out = next;
+            if (grow((void **) &c->keys, &c->keys_cap, c->keys_len + len, 1) ||
+                grow((void **) &c->ids, &c->ids_cap, c->ids_len + (out - first), sizeof(int32_t))) {
+                out = -((int64_t) 1 << 41); break;
+            }
+            memcpy(c->keys + c->keys_len, w, len);
+            memcpy(c->ids + c->ids_len, ids + first, sizeof(int32_t) * (out - first));
+            *e = (centry) {c->keys_len, c->ids_len, (int32_t) len, (int32_t) (out - first)};
+            c->keys_len += len; c->ids_len += out - first; c->n++;
+        } else {
+            if (out + e->n_ids > cap) { out = -((int64_t) 1 << 40); break; }
+            memcpy(ids + out, c->ids + e->ids, sizeof(int32_t) * e->n_ids);
+            out += e->n_ids;
+        }
+        if (first > 0 && out > first && ids[first] == u->unk && ids[first - 1] == u->unk) {
+            memmove(ids + first, ids + first + 1, sizeof(int32_t) * (out - first - 1));
+            out--;
+        }
+        at = end;
+    }
+    dp_free(&d);
     return out;
 }
