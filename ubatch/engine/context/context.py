@@ -180,6 +180,8 @@ class Context:
 
     def validate(self, batch: Batch) -> None:
         """llama_batch_allocr::init's checks; a failure leaves the memory untouched (code -1)."""
+        if self._one_row_each(batch):
+            return
         cp, n_vocab = self.cparams, self.model.hparams.n_vocab
         if batch.n_tokens == 0:
             raise DecodeError(DecodeStatus.INVALID, "n_tokens == 0")
@@ -261,6 +263,26 @@ class Context:
                 col = rows.setdefault(i, np.zeros(ub.n_tokens, dtype=np.float32))
                 col[ub.seq_id0 == s] = scale
         return {s: p for s, p in seqs.items() if p}, dict(sorted(rows.items()))
+
+    def _one_row_each(self, batch: Batch) -> bool:
+        """A decode step's batch passes `validate`: at most a few rows, each of one sequence and
+        no two of the same one, each right after its sequence's last cell. False sends any other
+        batch (and every faulty one, for its message) through the full checks."""
+        n = batch.n_tokens
+        if not 0 < n <= min(self.cparams.n_batch, 64) or not len(batch.pos) == len(batch.seq_id) == n:
+            return False
+        if min(batch.token) < 0 or max(batch.token) >= self.model.hparams.n_vocab:
+            return False
+        seen = set()
+        n_seq_max, memory = self.cparams.n_seq_max, self.memory
+        for sids, pos in zip(batch.seq_id, batch.pos):
+            if len(sids) != 1 or not 0 <= (s := sids[0]) < n_seq_max or s in seen:
+                return False
+            seen.add(s)
+            x = memory.seq_pos_max(s)
+            if x >= 0 and pos != x + 1:
+                return False
+        return len(batch.logits) == n
 
     def graph_for(self, shape: GraphShape) -> Graph:
         """The planned graph of a shape, built on first use (kept for the last few shapes)."""

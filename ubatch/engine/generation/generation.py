@@ -79,16 +79,32 @@ def find_partial_stop(text: str, word: str) -> int:
     return -1
 
 
-def add_bias(x: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """A new row: `x` plus each bias at its token (repeated tokens add up). On the CPU through
-    numpy: torch's parallel scatter and copy wait for a second thread, which a busy machine may
-    not schedule for milliseconds (15-20 ms measured for ignore_eos's 3 biases on a 262k vocab
-    with the CPUs shared; 0.05 ms this way)."""
-    if x.device.type != "cpu":
-        return x.index_put((ids,), bias.to(x.device), accumulate=True)
-    row = x.numpy().copy()
-    np.add.at(row, ids.numpy(), bias.numpy())
-    return torch.from_numpy(row)
+class Biased:
+    """A logits row with biases added (repeated tokens add up) while inside the `with`, as
+    llama.cpp's logit-bias sampler. On the CPU the row itself is changed, through numpy, and
+    its values at the biased tokens are put back on leaving: no copy of the vocabulary per
+    token (a 262k row is 1 MB), and no torch scatter, whose parallel copy waits for a second
+    thread that a busy machine may not schedule for milliseconds (15-20 ms measured for
+    ignore_eos's 3 biases with the CPUs shared). Elsewhere, a new row."""
+
+    __slots__ = ("row", "_ids", "_saved", "_np")
+
+    def __init__(self, x: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor) -> None:
+        self._saved: np.ndarray | None = None
+        if x.device.type != "cpu":
+            self.row = x.index_put((ids,), bias.to(x.device), accumulate=True)
+            return
+        self.row, self._np, self._ids = x, x.numpy(), ids.numpy()
+        self._saved = self._np[self._ids]
+        np.add.at(self._np, self._ids, bias.numpy())
+
+    def __enter__(self) -> torch.Tensor:
+        return self.row
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is not None:
+            self._np[self._ids] = self._saved
+            self._saved = None
 
 
 def shift_sequence(memory: KVMemory, seq_id: int, n_past: int, n_keep: int, n_discard: int = 0) -> int:
@@ -164,19 +180,16 @@ class Generation:
     def sample(self, logits: torch.Tensor, choose: Callable[[torch.Tensor], int] | None = None) -> Step:
         """Sample the next token from `logits` and apply llama-server's process_token rules.
         `choose` replaces the sampler's draw (speculative rejection sampling, engine/spec/verify.py);
-        it sees the logits after the biases."""
+        it sees the logits after the biases. The row is left as it was given."""
         t0 = time.perf_counter()
         p = self.params
         x = logits.float()
         lp = torch.log_softmax(x, -1) if p.n_probs > 0 else None
-        if self._bias is not None:
-            x = add_bias(x, *self._bias)
-        x = self.sampler.constrain(x)  # the reasoning budget's forced token, if it forces one now
-        tok = self.sampler.sample(x) if choose is None else choose(x)
-        if self.grammar is not None:  # llama.cpp: check the chain's pick, resample only if refused
-            tok = self.grammar.choose(x, tok, self.sampler)
-            self.grammar.accept(tok)
-        self.sampler.accept(tok)
+        if self._bias is None:
+            tok = self._choose(x, choose)
+        else:
+            with Biased(x, *self._bias) as biased:
+                tok = self._choose(biased, choose)
         prob = None
         if lp is not None:  # a partial selection of k: O(V) per token whatever n_probs asked for
             top = torch.topk(lp, min(p.n_probs, N_PROBS_MAX, lp.numel()))
@@ -186,6 +199,17 @@ class Generation:
             self.probs.append(prob)
         self.t_sample_ms += (time.perf_counter() - t0) * 1e3
         return Step(tok, self._process(tok), prob, self.done)
+
+    def _choose(self, x: torch.Tensor, choose: Callable[[torch.Tensor], int] | None) -> int:
+        """The chain's (or `choose`'s) token from the biased row, the grammar's check, the
+        sampler's history."""
+        x = self.sampler.constrain(x)  # the reasoning budget's forced token, if it forces one now
+        tok = self.sampler.sample(x) if choose is None else choose(x)
+        if self.grammar is not None:  # llama.cpp: check the chain's pick, resample only if refused
+            tok = self.grammar.choose(x, tok, self.sampler)
+            self.grammar.accept(tok)
+        self.sampler.accept(tok)
+        return tok
 
     def _process(self, tok: int) -> str:
         p = self.params

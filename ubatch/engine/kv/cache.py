@@ -160,14 +160,16 @@ class KVCache:
             cells = self._find_in_stream(self.streams[s], per)
             if cells is None:
                 return None
-            out.append(cells + s * self.size)
-        return np.concatenate(out)
+            out.append(cells + s * self.size if s else cells)
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def _find_in_stream(self, c: KVCells, n: int) -> np.ndarray | None:
         """Scan from head, wrapping, for empty cells or single-sequence cells the window left."""
         if n > c.size:
             return None
         head = c.head if c.head <= c.used + 2 * n else 0
+        if n == 1 and head < c.size and c.pos[head] < 0:  # a decode step's row: the scan's first find
+            return np.array([head], dtype=np.int64)
         usable = c.pos < 0
         if self.n_swa > 0:  # a cell every holder's window has left (a shared one too)
             first = c.seq_pos_max_all() + 1
@@ -193,6 +195,11 @@ class KVCache:
     def _apply_stream(
         c: KVCells, cells: np.ndarray, pos: np.ndarray, seq_ids: list[list[int]], seq0: np.ndarray
     ) -> None:
+        if cells.size == 1 and c.pos[cell := int(cells[0])] < 0:  # a decode step's row into an empty cell
+            c.pos[cell] = pos[0]
+            c.seq[cell, seq_ids[0]] = True
+            c.head = cell + 1
+            return
         lost: dict[int, int] = {}
         for cell in cells[c.pos[cells] >= 0].tolist():  # reused cells (SWA): whose positions go
             for s in np.flatnonzero(c.seq[cell]).tolist():
