@@ -106,6 +106,18 @@ def make_ubatch(batch: Batch, idx: np.ndarray, n_seqs: int = 1) -> UBatch:
 def split_simple(batch: Batch, n_ubatch: int) -> list[UBatch]:
     """Slots in batch order, n_ubatch at a time; sequence ids play no part."""
     idx = np.arange(batch.n_tokens, dtype=np.int64)
+    if batch.n_tokens <= n_ubatch:  # one ubatch, the batch as it is (every decode step): no gathers
+        seq0 = [s[0] for s in batch.seq_id]
+        return [
+            UBatch(
+                np.array(batch.token, np.int64),
+                np.array(batch.pos, np.int64),
+                list(batch.seq_id),
+                np.array(seq0, np.int64),
+                np.array(batch.logits, bool),
+                idx,
+            )
+        ]
     return [make_ubatch(batch, idx[i : i + n_ubatch]) for i in range(0, batch.n_tokens, n_ubatch)]
 
 

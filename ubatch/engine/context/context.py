@@ -12,6 +12,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -358,7 +359,9 @@ class Context:
             dest = output[row : row + n_out]
             # without CUDA graphs the last node writes the output rows itself: no copy after
             direct = n_out > 0 and self.ops.graph_runner is None and bind_output(graph, self.ops, self.workspace, dest)
-            with torch.inference_mode():
+            # the server's engine thread runs in inference mode throughout: entering it costs per ubatch
+            mode = nullcontext() if torch.is_inference_mode_enabled() else torch.inference_mode()
+            with mode:
                 views = input_views(graph, self.ops, self.workspace)
                 self.step_inputs.fill(self.memory, ub, slots, shape, *views, lora_rows)
                 logits = run_step(graph, self.ops, self.workspace, {})  # CUDA graphs if the backend asks
@@ -371,7 +374,7 @@ class Context:
                 ub.n_tokens,
                 len(out_rows),
                 ub.n_seqs,
-                sorted({int(s) for s in ub.seq_id0}),
+                sorted(set(ub.seq_id0.tolist())),
                 shape.n_kv,
                 reused,
                 (time.perf_counter() - tu) * 1e3,
@@ -380,9 +383,9 @@ class Context:
             self.records.append(rec)
             for obs in self.observers:
                 obs(batch, ub, rec)
-        idx = np.concatenate(order)
+        idx = order[0] if len(order) == 1 else np.concatenate(order)
         logits = output[:row]
-        if not np.all(idx[:-1] < idx[1:]):  # split_equal reorders slots: restore batch order
+        if idx.size > 1 and not np.all(idx[:-1] < idx[1:]):  # split_equal reorders slots: restore batch order
             logits = logits[torch.from_numpy(np.argsort(idx, kind="stable"))]
             idx = np.sort(idx)
         if embd:

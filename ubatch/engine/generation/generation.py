@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from ubatch.engine.grammar import Grammar
 from ubatch.engine.grammar.sampler import GrammarSampler
 from ubatch.engine.kv.memory import KVMemory
+from ubatch.engine.sampling.batched import Row
+from ubatch.engine.sampling.bias import Biased
 from ubatch.engine.sampling.chain import Sampler
 from ubatch.engine.vocab.token_stream import TokenStreamer
 from ubatch.engine.vocab.vocab import Vocab
@@ -77,34 +78,6 @@ def find_partial_stop(text: str, word: str) -> int:
         if text.endswith(word[:n]):
             return len(text) - n
     return -1
-
-
-class Biased:
-    """A logits row with biases added (repeated tokens add up) while inside the `with`, as
-    llama.cpp's logit-bias sampler. On the CPU the row itself is changed, through numpy, and
-    its values at the biased tokens are put back on leaving: no copy of the vocabulary per
-    token (a 262k row is 1 MB), and no torch scatter, whose parallel copy waits for a second
-    thread that a busy machine may not schedule for milliseconds (15-20 ms measured for
-    ignore_eos's 3 biases with the CPUs shared). Elsewhere, a new row."""
-
-    __slots__ = ("row", "_ids", "_saved", "_np")
-
-    def __init__(self, x: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor) -> None:
-        self._saved: np.ndarray | None = None
-        if x.device.type != "cpu":
-            self.row = x.index_put((ids,), bias.to(x.device), accumulate=True)
-            return
-        self.row, self._np, self._ids = x, x.numpy(), ids.numpy()
-        self._saved = self._np[self._ids]
-        np.add.at(self._np, self._ids, bias.numpy())
-
-    def __enter__(self) -> torch.Tensor:
-        return self.row
-
-    def __exit__(self, *exc: object) -> None:
-        if self._saved is not None:
-            self._np[self._ids] = self._saved
-            self._saved = None
 
 
 def shift_sequence(memory: KVMemory, seq_id: int, n_past: int, n_keep: int, n_discard: int = 0) -> int:
@@ -210,6 +183,21 @@ class Generation:
             self.grammar.accept(tok)
         self.sampler.accept(tok)
         return tok
+
+    def row(self, index: int) -> Row | None:
+        """This generation's row `index` for the batched pass (engine/sampling/batched.py), or
+        None when it must be sampled alone (`sample`): its chain does not batch, or a grammar,
+        a reasoning budget or log-probabilities look at the row."""
+        chain = self.sampler.row_chain
+        if chain is None or self.grammar is not None or self.params.n_probs > 0 or self.sampler.budget is not None:
+            return None
+        return Row(index, chain, self.sampler.rng, self._bias)
+
+    def took(self, tok: int, ms: float = 0.0) -> Step:
+        """The batched pass drew `tok` from this generation's row: what `sample` does after its draw."""
+        self.sampler.accept(tok)
+        self.t_sample_ms += ms
+        return Step(tok, self._process(tok), None, self.done)
 
     def _process(self, tok: int) -> str:
         p = self.params

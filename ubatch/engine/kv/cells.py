@@ -37,8 +37,8 @@ class KVCells:
 
     @property
     def used_max_p1(self) -> int:
-        nz = np.flatnonzero(self.pos >= 0)
-        return int(nz[-1]) + 1 if nz.size else 0
+        last = self.size - int(np.argmax(self.pos[::-1] >= 0))  # past the last used cell, if any is
+        return last if self.pos[last - 1] >= 0 else 0
 
     @property
     def has_shift(self) -> bool:

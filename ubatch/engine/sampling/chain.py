@@ -23,6 +23,7 @@ import torch
 
 from ubatch.engine.errors import UbatchError
 from ubatch.engine.sampling import stages as S
+from ubatch.engine.sampling.batched import RowChain, row_chain
 from ubatch.engine.sampling.dry import Dry, breaker_table
 from ubatch.engine.sampling.mirostat import Mirostat
 from ubatch.engine.sampling.names import DEFAULT_SAMPLERS, SAMPLER_CHARS, UNSUPPORTED_SAMPLERS
@@ -121,6 +122,7 @@ class Sampler:
         else:
             raise UbatchError(f"mirostat must be 0 (off), 1 or 2, not {p.mirostat}")
         self._greedy = self._greedy_stages()
+        self.row_chain = self._row_chain()  # the batched pass's form of this chain (None: this row alone)
         # applied before everything else, as common_sampler_sample applies it (its forced token
         # goes through the chain, the grammar and every draw like any other)
         self.budget = p.reasoning_budget(vocab)
@@ -190,6 +192,27 @@ class Sampler:
             else:
                 return None
         return None  # no temperature stage: llama.cpp draws at temperature 1
+
+    def _row_chain(self) -> RowChain | None:
+        p = self.params
+        if p.mirostat:
+            return None
+        pen = next((st for n, st in self._stages if isinstance(st, S.Penalties)), None)
+        if self._greedy is not None:
+            names = ["penalties" if isinstance(m, S.Penalties) else "other" for m in self._greedy]
+        else:
+            names = [n for n, _ in self._stages]
+        return row_chain(
+            names,
+            pen,
+            self._greedy is not None,
+            p.top_k,
+            p.top_p,
+            p.min_p,
+            p.min_keep,
+            p.temp,
+            f32(p.dynatemp_range) > 0,
+        )
 
     def accept(self, token: int, generated: bool = True) -> None:
         """Feed a token into the penalty and DRY histories (prompt tokens and each sampled one);

@@ -93,20 +93,69 @@ class Penalties:
     def __call__(self, c: Cands) -> Cands:
         if not self.history:
             return Cands(c.logits, c.ids, False)
-        pos, cnt = c.locate(dict(Counter(self.history)))
         x = c.logits.clone()
+        self._penalise(x, *c.locate(dict(Counter(self.history))))
+        return Cands(x, c.ids, False)
+
+    def _penalise(self, x: torch.Tensor, pos: torch.Tensor, cnt: torch.Tensor) -> None:
         v = x[pos]
         v = torch.where(v <= 0, v * self.repeat, v / self.repeat)
         x[pos] = v - (cnt * self.freq + (cnt > 0).float() * self.present)
-        return Cands(x, c.ids, False)
+
+    def apply_(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The penalties written into a whole row (token ids = columns), the values they
+        replaced returned for `undo`: the same values `__call__` gives, without copying the row."""
+        if not self.history:
+            return None
+        pos, cnt = Cands(row).locate(dict(Counter(self.history)))
+        saved = row[pos]
+        self._penalise(row, pos, cnt)
+        return pos, saved
+
+    @staticmethod
+    def undo(row: torch.Tensor, applied: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        if applied is not None:
+            row[applied[0]] = applied[1]
 
 
 def top_k(c: Cands, k: int) -> Cands:
     k = min(k, c.size)
     if c.sorted:
         return c.head(k)
-    vals, idx = torch.topk(c.logits, k)
+    if c.logits.device.type == "cpu":
+        v, i = top_k_rows(c.logits.numpy()[None], k)
+        vals, idx = torch.from_numpy(v[0]), torch.from_numpy(i[0])
+    else:
+        vals, idx = torch.topk(c.logits, k)
     return Cands(vals, idx if c.ids is None else c.ids[idx], True)
+
+
+TOP_K_STRIDE = 64  # one logit in 64 estimates where a row's k best begin
+
+
+def top_k_rows(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest values of each row of `x` [rows, n] and their columns, best first, equal
+    values in column order (as a stable sort by value; llama.cpp leaves their order open).
+    The k-th largest of every 64th value is at most the row's k-th largest, so only the values
+    at or above it (about 64 k of a 262k vocabulary) are sorted: ~10x torch.topk on a row.
+    Each row's result depends on that row alone."""
+    n_rows, n = x.shape
+    k = min(k, n)
+    sub = x[:, ::TOP_K_STRIDE]
+    if sub.shape[1] <= k:  # a short row: sort it whole
+        cols = np.argsort(-x, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(x, cols, 1), cols
+    floor = np.partition(sub, sub.shape[1] - k, axis=1)[:, sub.shape[1] - k]
+    r, c = np.nonzero(x >= floor[:, None])
+    counts = np.bincount(r, minlength=n_rows)
+    if (counts < k).any():  # NaN logits: no floor holds
+        cols = np.argsort(-x, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(x, cols, 1), cols
+    v = x[r, c]
+    order = np.lexsort((c, -v, r))  # by row, then value descending, then column
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    pick = order[(starts[:, None] + np.arange(k)).ravel()].reshape(n_rows, k)
+    return v[pick], c[pick].astype(np.int64)
 
 
 def top_p(c: Cands, p: float, min_keep: int) -> Cands:

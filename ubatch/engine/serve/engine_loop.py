@@ -27,6 +27,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import torch
+
 from ubatch.engine.errors import EngineDown, EngineError, ErrorKind
 from ubatch.engine.serve.scheduler import Scheduler
 from ubatch.engine.serve.snapshot import DecodeWatch, Snapshot, take
@@ -191,6 +193,11 @@ class EngineLoop:
                 t.fail(EngineError(ErrorKind.INTERNAL, f"internal error: no worker runs {type(t).__name__}"))
 
     def _run(self) -> None:
+        # no autograd anywhere on this thread: the context then skips entering inference mode per ubatch
+        with torch.inference_mode():
+            self._loop()
+
+    def _loop(self) -> None:
         while True:
             with self._cv:
                 while (

@@ -15,11 +15,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from ubatch.engine.context.context import Context
 from ubatch.engine.errors import EngineDown, EngineError, ErrorKind
-from ubatch.engine.generation.generation import Step
+from ubatch.engine.generation.generation import Generation, Step
 from ubatch.engine.grammar import GrammarError
 from ubatch.engine.kv.memory import DecodeError, DecodeStatus
+from ubatch.engine.sampling.batched import Row, sample_rows
 from ubatch.engine.serve.prefix_index import PrefixIndex
 from ubatch.engine.serve.prompt_progress import advance_prompt
 from ubatch.engine.serve.slot import SlotState
@@ -85,33 +88,62 @@ class Runner:
         plan.reassemble()
 
     def _sample(self, plan: Plan) -> list[list[Step] | EngineError]:
-        """Each part's rows are now cells of its slot; each output row sampled by its slot."""
+        """Each part's rows are now cells of its slot; the output rows sampled, the common
+        chains in one pass over all of them (engine/sampling/batched.py), the rest slot by slot."""
         out_row = {b: i for i, b in enumerate(self.ctx.output_ids)}
         logits = self.ctx.logits
-        results: list[list[Step] | EngineError] = []
-        res: list[Step] | EngineError
-        for s, n, out in plan.parts:
-            gen = s.gen
-            assert gen is not None  # set when the task took the slot
+        for s, n, _ in plan.parts:
+            assert s.gen is not None  # set when the task took the slot
             if s.state is SlotState.GENERATING:
-                gen.decoded()
+                s.gen.decoded()
             else:
                 advance_prompt(s, n)
+        results: list[list[Step] | EngineError] = [[] for _ in plan.parts]
+        together: list[tuple[int, Generation, Row]] = []
+        for j, (s, _, out) in enumerate(plan.parts):
+            gen = s.gen
+            assert gen is not None
             if out < 0:
-                results.append([])
+                continue
+            r = out_row[out]
+            row = None if s.draft.tokens or logits.device.type != "cpu" else gen.row(r)
+            if row is not None:
+                together.append((j, gen, row))
                 continue
             try:
                 if s.draft.tokens and self.speculator is not None:
-                    r = out_row[out]
                     rows = logits[r : r + 1 + len(s.draft.tokens)]
-                    res = verify_slot(s, rows, self.ctx.memory, self.speculator, len(self.ctx.records))
+                    results[j] = verify_slot(s, rows, self.ctx.memory, self.speculator, len(self.ctx.records))
                 else:
-                    res = [gen.sample(logits[out_row[out]])]
+                    results[j] = [gen.sample(logits[r])]
             except GrammarError as e:  # too ambiguous to follow, or no way left: the request's grammar
-                res = EngineError(ErrorKind.INVALID_REQUEST, f"the grammar could not be followed: {e}")
+                results[j] = EngineError(ErrorKind.INVALID_REQUEST, f"the grammar could not be followed: {e}")
             except EngineDown:  # a rejected draft's cells are removed on every rank: one may be gone
                 raise
             except Exception as e:
-                res = EngineError(ErrorKind.INTERNAL, f"sampling failed: {e}")
-            results.append(res)
+                results[j] = _sampling_failed(e)
+        if together:
+            self._sample_together(logits, together, results)
         return results
+
+    @staticmethod
+    def _sample_together(
+        logits: torch.Tensor, together: list[tuple[int, Generation, Row]], results: list[list[Step] | EngineError]
+    ) -> None:
+        t0 = time.perf_counter()
+        try:
+            tokens = sample_rows(logits, [row for _, _, row in together])
+        except Exception as e:
+            for j, _, _ in together:
+                results[j] = _sampling_failed(e)
+            return
+        ms = (time.perf_counter() - t0) * 1e3 / len(together)
+        for (j, gen, _), tok in zip(together, tokens, strict=True):
+            try:
+                results[j] = [gen.took(tok, ms)]
+            except Exception as e:
+                results[j] = _sampling_failed(e)
+
+
+def _sampling_failed(e: Exception) -> EngineError:
+    return EngineError(ErrorKind.INTERNAL, f"sampling failed: {e}")
