@@ -25,6 +25,7 @@ from ubatch.engine.model.default_model import default_model_path
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 from ubatch.engine.sampling.chain import SamplerParams
+from ubatch.engine.serve import runner as runner_mod
 from ubatch.engine.serve.scheduler import Scheduler
 from ubatch.engine.serve.task import Task, TaskParams
 
@@ -50,6 +51,9 @@ def instrument() -> None:
     StepInputs.fill = timed("step_inputs", StepInputs.fill)  # type: ignore[method-assign]
     context_mod.run_step = timed("graph", context_mod.run_step)  # type: ignore[attr-defined]
     Generation.sample = timed("sample", Generation.sample)  # type: ignore[method-assign]
+    if hasattr(runner_mod, "sample_rows"):  # the batched pass (and what follows each row's draw)
+        runner_mod.sample_rows = timed("sample", runner_mod.sample_rows)  # type: ignore[attr-defined]
+        Generation.took = timed("sample", Generation.took)  # type: ignore[attr-defined]
 
 
 def one_run(model: Model, n_threads: int, steps: int, temp: float) -> dict[str, float]:

@@ -21,7 +21,7 @@ import torch
 from ubatch.engine.grammar import Grammar
 from ubatch.engine.grammar.sampler import GrammarSampler
 from ubatch.engine.kv.memory import KVMemory
-from ubatch.engine.sampling.batched import Row
+from ubatch.engine.sampling.batched import Row, single_threaded
 from ubatch.engine.sampling.bias import Biased
 from ubatch.engine.sampling.chain import Sampler
 from ubatch.engine.vocab.token_stream import TokenStreamer
@@ -158,11 +158,12 @@ class Generation:
         p = self.params
         x = logits.float()
         lp = torch.log_softmax(x, -1) if p.n_probs > 0 else None
-        if self._bias is None:
-            tok = self._choose(x, choose)
-        else:
-            with Biased(x, *self._bias) as biased:
-                tok = self._choose(biased, choose)
+        with single_threaded():
+            if self._bias is None:
+                tok = self._choose(x, choose)
+            else:
+                with Biased(x, *self._bias) as biased:
+                    tok = self._choose(biased, choose)
         prob = None
         if lp is not None:  # a partial selection of k: O(V) per token whatever n_probs asked for
             top = torch.topk(lp, min(p.n_probs, N_PROBS_MAX, lp.numel()))

@@ -135,27 +135,33 @@ TOP_K_STRIDE = 64  # one logit in 64 estimates where a row's k best begin
 
 def top_k_rows(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k largest values of each row of `x` [rows, n] and their columns, best first, equal
-    values in column order (as a stable sort by value; llama.cpp leaves their order open).
-    The k-th largest of every 64th value is at most the row's k-th largest, so only the values
-    at or above it (about 64 k of a 262k vocabulary) are sorted: ~10x torch.topk on a row.
-    Each row's result depends on that row alone."""
-    n_rows, n = x.shape
-    k = min(k, n)
-    sub = x[:, ::TOP_K_STRIDE]
-    if sub.shape[1] <= k:  # a short row: sort it whole
-        cols = np.argsort(-x, axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(x, cols, 1), cols
-    floor = np.partition(sub, sub.shape[1] - k, axis=1)[:, sub.shape[1] - k]
-    r, c = np.nonzero(x >= floor[:, None])
-    counts = np.bincount(r, minlength=n_rows)
-    if (counts < k).any():  # NaN logits: no floor holds
-        cols = np.argsort(-x, axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(x, cols, 1), cols
-    v = x[r, c]
-    order = np.lexsort((c, -v, r))  # by row, then value descending, then column
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    pick = order[(starts[:, None] + np.arange(k)).ravel()].reshape(n_rows, k)
-    return v[pick], c[pick].astype(np.int64)
+    values in column order (a stable sort's first k; llama.cpp leaves their order open).
+    Each row's result depends on that row alone (`top_k_row`)."""
+    k = min(k, x.shape[1])
+    vals = np.empty((x.shape[0], k), dtype=x.dtype)
+    cols = np.empty((x.shape[0], k), dtype=np.int64)
+    for i in range(x.shape[0]):
+        vals[i], cols[i] = top_k_row(x[i], k)
+    return vals, cols
+
+
+def top_k_row(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """`top_k_rows` of one row. The k-th largest of every 64th value is at most the row's k-th
+    largest, so only the values at or above it (about 64 k of them) are looked at: ~10x
+    torch.topk on a 262k vocabulary."""
+    sub = x[::TOP_K_STRIDE]
+    if sub.size > k:
+        cand = np.flatnonzero(x >= np.partition(sub, sub.size - k)[sub.size - k])
+        v = x[cand]
+        if v.size >= k:
+            kth = np.partition(v, v.size - k)[v.size - k]
+            above = np.flatnonzero(v > kth)
+            pos = np.sort(np.concatenate((above, np.flatnonzero(v == kth)[: k - above.size])))
+            if pos.size == k:  # else NaN logits: no floor holds
+                pos = pos[np.argsort(-v[pos], kind="stable")]
+                return v[pos], cand[pos]
+    cols = np.argsort(-x, kind="stable")[:k]
+    return x[cols], cols
 
 
 def top_p(c: Cands, p: float, min_keep: int) -> Cands:
