@@ -4,7 +4,10 @@ message the protocol does not know stops the rank in one line."""
 
 from __future__ import annotations
 
+import gc
 import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import FrozenInstanceError
 from types import SimpleNamespace
 
@@ -55,3 +58,36 @@ def test_a_set_up_fault_is_a_tensor_parallel_error_and_still_a_context_error() -
     with pytest.raises(TensorParallelError, match="needs at least 2 ranks") as e:
         start(1)
     assert isinstance(e.value, ContextError)  # callers that catch a context's refusal still do
+
+
+def test_a_context_tells_its_work_through_its_hook_and_a_worker_replays_it(tiny_llama_model: Model) -> None:
+    """The context sends nothing itself: its hook sees the build, each decode and each cell
+    operation (a nested one once), in order, before the work runs; replayed, the same cells."""
+    told: list[object] = []
+    dropped: list[int] = []
+
+    class Record:
+        @contextmanager
+        def __call__(self, msg: object) -> Iterator[None]:
+            told.append(msg)
+            yield
+
+        def dropped(self, key: int) -> None:
+            dropped.append(key)
+
+    params = ContextParams(n_ctx=256, n_seq_max=2, n_outputs_max=2, kv_unified=True)
+    ctx = Context(tiny_llama_model, params, announce=Record())
+    ctx.decode(Batch.from_tokens([2, 10, 11, 12], 0, seq_id=0))
+    ctx.memory.seq_cp(0, 1, 0, 2)
+    ctx.memory.seq_add(1, 1, 2, 5)  # separates the shared cell first: one message
+    assert [type(m).__name__ for m in told] == ["NewContext", "Decode", "MemoryOp", "MemoryOp"]
+    assert [m.op for m in told if isinstance(m, MemoryOp)] == ["seq_cp", "seq_add"]
+    w = Worker(SimpleNamespace(rank=1), "cpu", {0: tiny_llama_model})  # type: ignore[arg-type]
+    for m in told:
+        w.handle(m)  # type: ignore[arg-type]
+    mine, ref = w.contexts[ctx.tp_key].memory, ctx.memory
+    assert mine.used == ref.used and [mine.seq_pos_max(s) for s in (0, 1)] == [ref.seq_pos_max(s) for s in (0, 1)]
+    key = ctx.tp_key
+    del ctx
+    gc.collect()
+    assert dropped == [key]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ubatch.engine.batch import Batch, UBatch
+from ubatch.engine.context.announce import Announce, OnChannel
 from ubatch.engine.context.messages import Decode, NewContext, new_key
 from ubatch.engine.context.mirror import MirroredMemory
 from ubatch.engine.context.reserve import Reservation, check_fits, plan_sizes, reserve
@@ -87,9 +88,12 @@ class Context:
         *,
         embeddings: bool = False,
         pooling: str | None = None,
+        announce: Announce | None = None,
     ) -> None:
         """`embeddings`: reserve hidden-state rows next to the logits (llama.cpp's
-        params.embeddings); `pooling`: none|mean|cls|last|rank, None = the model's own type."""
+        params.embeddings); `pooling`: none|mean|cls|last|rank, None = the model's own type;
+        `announce`: the hook the context's work is told through first (engine/context/announce.py;
+        by default rank 0's channel of a tensor-parallel model, else none)."""
         self.model = model
         self.params = params or ContextParams()
         if not model.hparams.causal_attn:  # llama.cpp takes the attention type from the model
@@ -103,24 +107,26 @@ class Context:
         self.cparams = derive(self.params, model.hparams)
         # tensor parallelism, rank 0: the other ranks build the same context from this message
         shard = model.shard
-        self.channel = shard.channel if shard is not None else None
+        if announce is None and shard is not None and shard.channel is not None:
+            announce = OnChannel(shard.channel)
+        self.announce = announce
         self.tp_key = new_key()  # what rank 0's messages call this context
-        if shard is not None and self.channel is not None:
-            with self.channel.turn():
-                self.channel.send(NewContext(self.tp_key, shard.key, params, embeddings, pooling))
-            weakref.finalize(self, self.channel.release, self.tp_key)
+        if announce is not None:
+            with announce(NewContext(self.tp_key, shard.key if shard is not None else 0, params, embeddings, pooling)):
+                pass
+            weakref.finalize(self, announce.dropped, self.tp_key)
         torch.set_num_threads(self.cparams.n_threads)
         self.ops = ops or make_backend(self.params.backend, self.cparams.n_threads)
         self.ops.prepare_weights(model.matrices() + [m for a in model.adapters for m in a.matrices()])
         # sized first, from shapes alone; refused in one line if the machine cannot hold it
         _, self.reservation, self.sizes = plan_sizes(model, self.cparams, self.ops)
         check_fits(self.sizes, self.cparams, model.device)
-        if self.channel is None:
+        if announce is None:
             self.memory = KVMemory.build(model.hparams, self.cparams, model.device)
         else:
             mirrored = MirroredMemory.build(model.hparams, self.cparams, model.device)
             assert isinstance(mirrored, MirroredMemory)
-            self.memory = mirrored.attach(self.channel, self.tp_key)
+            self.memory = mirrored.attach(announce, self.tp_key)
         # the per-pair RoPE divisors this context uses (LongRoPE's long or short ones by n_ctx_seq)
         self.rope_freqs = model.rope_factors(self.cparams.n_ctx_seq)
         self.step_inputs = StepInputs(model, self.ops, self.cparams.causal_attn, self.rope_freqs)
@@ -304,10 +310,9 @@ class Context:
         the output buffer that the next decode overwrites (as llama_get_logits; clone to keep).
         With `embeddings` on, `self.embd[i]` holds row i's final-norm hidden state instead.
         Under tensor parallelism rank 0 announces the batch first and every rank runs it."""
-        if self.channel is None:
+        if self.announce is None:
             return self._decode(batch)
-        with self.channel.turn():
-            self.channel.send(Decode(self.tp_key, batch, self.embeddings))
+        with self.announce(Decode(self.tp_key, batch, self.embeddings)):
             return self._decode(batch)
 
     def _decode(self, batch: Batch) -> None:

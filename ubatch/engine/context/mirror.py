@@ -1,5 +1,6 @@
 """Rank 0's side of tensor parallelism inside a context: every change to the KV memory and every
-decode is announced to the other ranks before it runs, so each rank's cells stay the same as rank
+decode is announced to the other ranks before it runs (through the context's hook,
+engine/context/announce.py), so each rank's cells stay the same as rank
 0's and each rank runs the same forward passes on its shard (the ranks' loop: engine/parallel)."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from ubatch.engine.context.announce import Announce
 from ubatch.engine.context.messages import MemoryOp
 from ubatch.engine.kv.memory import KVMemory
-from ubatch.engine.model.shard import Channel
 
 # the KV memory's operations a caller outside the context may apply, by the name a message carries
 MEMORY_OPS: dict[str, Callable[..., None]] = {
@@ -25,22 +26,24 @@ MEMORY_OPS: dict[str, Callable[..., None]] = {
 
 
 class MirroredMemory(KVMemory):
-    """KV memory whose sequence operations are sent to the other ranks first. An operation that
-    calls another (seq_add separating shared cells) is sent once, as the outer call."""
+    """KV memory whose sequence operations are announced (to the other ranks) first, through
+    the context's hook. An operation that calls another (seq_add separating shared cells) is
+    announced once, as the outer call, which holds the turn for the inner ones."""
 
-    channel: Channel
+    announce: Announce
     key: int
     _depth: int = 0
 
-    def attach(self, channel: Channel, key: int) -> MirroredMemory:
-        self.channel, self.key = channel, key
+    def attach(self, announce: Announce, key: int) -> MirroredMemory:
+        self.announce, self.key = announce, key
         return self
 
     @contextmanager
     def _announced(self, name: str, *args: int) -> Iterator[None]:
-        with self.channel.turn():
-            if self._depth == 0:
-                self.channel.send(MemoryOp(self.key, name, args))
+        if self._depth:
+            yield
+            return
+        with self.announce(MemoryOp(self.key, name, args)):
             self._depth += 1
             try:
                 yield

@@ -3,8 +3,10 @@
 The scheduler (engine/serve/scheduler.py) decides which rows go into the iteration's batch; the
 runner owns everything that touches the context for it: the `decode` call, what gives way when
 the KV cache has no cells for the batch (drafts, then idle sequences' cells, then half of the
-prompt rows, then the slot holding the most cells), and the sampling of every output row by its
-slot's `Generation` (a draft verified, engine/serve/slot_spec.py). It emits no event and
+prompt rows, then the slot holding the most cells), and the sampling of every output row: the
+rows whose chains batch in one pass over all of them (engine/sampling/batched.py; each token then
+goes through its slot's `Generation` as a drawn one would), the others by their slot's
+`Generation` alone (a grammar, a budget, log-probs, a draft verified, engine/serve/slot_spec.py). It emits no event and
 releases no slot: what it did is the plan (rebuilt in place) and the `Outcome` it returns, which
 the scheduler's post-process turns into events. `EngineDown` (a lost tensor-parallel rank)
 propagates: nothing can run any more.

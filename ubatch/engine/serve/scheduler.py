@@ -10,7 +10,8 @@ The scheduler decides; it owns no thread. Slot i owns sequence id i. Each iterat
      (engine/serve/slot_batch.py);
   2. `runner.run(plan) -> Outcome` (engine/serve/runner.py): decodes it; on "no KV slot" drops
      drafts, purges idle caches, postpones prompt rows or gives up a slot, and retries; then
-     lets each slot's Generation (engine/generation/generation.py) sample from its output rows;
+     samples the output rows (the common chains in one pass, engine/sampling/batched.py) and
+     hands each token to its slot's Generation (engine/generation/generation.py);
   3. `postprocess(plan, outcome)`: emits the events, records the decode and ends the tasks
      that are done (finished, failed or cancelled).
 The server's engine loop (engine/serve/engine_loop.py) calls `step` on its thread, with the
