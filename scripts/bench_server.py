@@ -14,6 +14,11 @@ requests at once (greedy, ignore_eos, so every stream generates exactly -n token
 
 Warm-up is kept out of the numbers. Usage: python scripts/bench_server.py [-m MODEL] [-n 32]
 
+--llama-server BIN starts llama-server beside it (same model, -np, -c, -t) and runs each level
+on each in turn, printing aggregate t/s, the ratio and TTFT p50 side by side (issue 47's bar:
+   python scripts/bench_server.py -n 64 --streams 1,4,8,16 --repeat 2 \
+       --llama-server $(../shared/tools/llama-cpp.sh)/llama-server).
+
 --watch keeps an `/engine/events` client connected (what the `/engine` page reads) during every
 measured run; --watch both measures each level with and without one, interleaved, and prints
 both tables and the ratio: what watching the engine costs it.
@@ -25,6 +30,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -32,6 +38,8 @@ import time
 from typing import Any
 
 import httpx
+
+from ubatch.engine.model.default_model import default_model_path
 
 PROMPTS = [
     "The capital of France is",
@@ -140,8 +148,8 @@ def _run_level(url: str, n_streams: int, n_predict: int) -> dict[str, float]:
     m1 = metrics(url)
     t0, t1 = min(o[0] for o in out), max(o[2] for o in out)
     tokens = sum(o[3] for o in out)
-    n_dec = m1["llamacpp:n_decode_total"] - m0["llamacpp:n_decode_total"]
-    rows = m1["ubatch:decode_rows_total"] - m0["ubatch:decode_rows_total"]
+    n_dec = m1.get("llamacpp:n_decode_total", 0) - m0.get("llamacpp:n_decode_total", 0)
+    rows = m1.get("ubatch:decode_rows_total", 0) - m0.get("ubatch:decode_rows_total", 0)  # llama-server: none
     return {
         "streams": n_streams,
         "tokens": tokens,
@@ -149,9 +157,56 @@ def _run_level(url: str, n_streams: int, n_predict: int) -> dict[str, float]:
         "agg_tps": tokens / (t1 - t0),
         "stream_tps": sum(o[3] / (o[2] - o[0]) for o in out) / n_streams,
         "ttft_ms": 1e3 * sum(o[1] - o[0] for o in out) / n_streams,
+        "ttft_p50_ms": 1e3 * statistics.median(o[1] - o[0] for o in out),
         "rows_per_decode": rows / max(n_dec, 1),
         "decodes_per_s": n_dec / (t1 - t0),
     }
+
+
+def start_server(cmd: list[str], url: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while True:
+        if proc.poll() is not None:
+            sys.exit(f"{cmd[0]} exited: {proc.stderr.read()}")  # type: ignore[union-attr]
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if time.time() > deadline:
+            proc.terminate()
+            sys.exit(f"{cmd[0]} did not become ready")
+        time.sleep(0.2)
+
+
+def side_by_side(rivals: list[tuple[str, str]], levels: list[int], n_predict: int, repeat: int) -> None:
+    """Each level on each server in turn (the servers alternate, so load elsewhere hits both
+    alike), best aggregate of `repeat` runs each; the ratios ubatch / llama-server."""
+    best: dict[tuple[str, int], dict[str, float]] = {}
+    for _ in range(repeat):
+        for n in levels:
+            for name, u in rivals:
+                r = run_level(u, n, n_predict)
+                if (name, n) not in best or r["agg_tps"] > best[name, n]["agg_tps"]:
+                    best[name, n] = r
+    load = os.getloadavg()
+    print(
+        f"{n_predict} tokens per stream, greedy, -np {max(levels)}, {os.cpu_count()} CPUs, best of {repeat}, "
+        f"servers alternating; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+    )
+    head = (
+        f"{'streams':>7} {'ubatch t/s':>10} {'llama t/s':>9} {'ratio':>5} "
+        f"{'ubatch TTFT p50 ms':>18} {'llama TTFT p50 ms':>17}"
+    )
+    print(head)
+    print("-" * len(head))
+    for n in levels:
+        a, b = best["ubatch", n], best["llama-server", n]
+        print(
+            f"{n:>7} {a['agg_tps']:>10.1f} {b['agg_tps']:>9.1f} {a['agg_tps'] / b['agg_tps']:>5.2f} "
+            f"{a['ttft_p50_ms']:>18.0f} {b['ttft_p50_ms']:>17.0f}"
+        )
 
 
 def measured_peak_gbs() -> float:
@@ -185,6 +240,11 @@ def main() -> None:
         choices=["off", "on", "both"],
         help="keep an /engine/events client connected (on), or measure with and without one (both)",
     )
+    ap.add_argument(
+        "--llama-server",
+        metavar="BIN",
+        help="also start this llama-server on the same model and flags, and compare level by level",
+    )
     args = ap.parse_args()
     levels = [int(x) for x in args.streams.split(",")]
     n_slots, port = max(levels), free_port()
@@ -207,24 +267,37 @@ def main() -> None:
     ]
     if args.model:
         cmd += ["-m", args.model]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    procs = [start_server(cmd, url)]
     try:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None:
-                sys.exit(f"server exited: {proc.stderr.read()}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.time() > deadline:
-                sys.exit("server did not become ready")
-            time.sleep(0.2)
+        rivals: list[tuple[str, str]] = [("ubatch", url)]
+        if args.llama_server:
+            lport = free_port()
+            lurl = f"http://127.0.0.1:{lport}"
+            lcmd = [
+                args.llama_server,
+                "-m",
+                args.model or default_model_path(),
+                "--port",
+                str(lport),
+                "-np",
+                str(n_slots),
+                "-c",
+                str(n_slots * args.ctx_per_slot),
+                "--metrics",
+                "--log-disable",
+                "-t",
+                str(args.threads if args.threads > 0 else os.cpu_count()),
+            ]
+            procs.append(start_server(lcmd, lurl))
+            rivals.append(("llama-server", lurl))
         info = httpx.get(url + "/v1/models").json()["data"][0]
         weight_bytes = info["meta"]["size"]  # the CPU backend reads the GGUF tensors as stored
-        for n in levels:  # warm-up: plan every batch shape once
-            run_level(url, n, 4)
+        for _, u in rivals:
+            for n in levels:  # warm-up: plan every batch shape once
+                run_level(u, n, 4)
+        if args.llama_server:
+            side_by_side(rivals, levels, args.n_predict, args.repeat)
+            return
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.watch]
         best: dict[tuple[bool, int], dict[str, float]] = {}
         for _ in range(args.repeat):  # interleaved, so a burst of load elsewhere hits every level alike
@@ -235,8 +308,9 @@ def main() -> None:
                         best[w, n] = r
         tables = [(w, [best[w, n] for n in levels]) for w in modes]
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
     peak = measured_peak_gbs()
     print(
         f"model: {info['id']} ({info['meta']['n_params'] / 1e6:.0f} M params), -np {n_slots}, "
