@@ -211,6 +211,14 @@ enum { IQ = 4, IW = 8 };
 #define I_ADD _mm256_add_ps
 #endif
 
+/* IQ4_XS: the eight 32-value scales of a super-block, d * (ls - 32) as chunk_iq computes them */
+static inline void iq4_xs_scales(const uint8_t *b, float dl[8]) {
+    const float d = h2f(rd16(b));
+    const uint16_t sh = rd16(b + 2);
+    for (int ib = 0; ib < 8; ib++)
+        dl[ib] = d * (float)((((b[4 + ib / 2] >> 4 * (ib % 2)) & 0xf) | (((sh >> 2 * ib) & 3) << 4)) - 32);
+}
+
 /* 32 table values (the low nibbles of 16 bytes, then the high ones) times d, as vectors: the
  * same single products as chunk_iq's */
 static inline __attribute__((always_inline)) void table_chunk(const uint8_t *qs, const int8_t *table, float d,
@@ -256,6 +264,23 @@ static inline __attribute__((always_inline)) void iq_dot_m(const int type, const
     ivec_t ea[8], oa[8]; /* two chains, indexed by constants only: they stay in registers */
     for (int r = 0; r < M; r++) ea[r] = oa[r] = I_ZERO();
     int64_t c = 0;
+    if (type == T_IQ4_XS) /* a super-block's eight scales once (1.46 -> 1.2 ns a chunk) */
+        for (; c < nc; c += 8) {
+            const uint8_t *b = row + (c >> 3) * 136;
+            float dl[8];
+            iq4_xs_scales(b, dl);
+            for (int j = 0; j < 8; j += 2) {
+                ivec_t v[IQ], u[IQ];
+                table_chunk(b + 8 + 16 * j, KV_IQ4NL, dl[j], v);
+                table_chunk(b + 24 + 16 * j, KV_IQ4NL, dl[j + 1], u);
+                const float *xc = x + 32 * (c + j);
+                for (int r = 0; r < M; r++)
+                    for (int i = 0; i < IQ; i++) {
+                        ea[r] = I_FMA(v[i], I_LOAD(xc + r * ldx + IW * i), ea[r]);
+                        oa[r] = I_FMA(u[i], I_LOAD(xc + 32 + r * ldx + IW * i), oa[r]);
+                    }
+            }
+        }
     for (; c + 1 < nc; c += 2) {
         ivec_t v[IQ], u[IQ];
         chunk_vec(type, row, c, v);
