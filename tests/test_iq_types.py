@@ -58,7 +58,7 @@ def test_every_cpu_build_runs_the_model_like_the_reference(tiny_iq: Path, backen
             got.append(ctx.logits.clone())
         rows[name] = torch.cat(got).double()
     err = (rows[backend] - rows["torch"]).abs().max() / rows["torch"].abs().max()
-    assert err <= 1e-4
+    assert err <= (5e-4 if backend == "cpu-avx2" else 1e-4)  # AVX2: x as 16-bit integers (MXFP4, IQ4_*)
 
 
 def test_info_and_cli_name_the_types(tiny_iq: Path) -> None:

@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as T
 from test_dequant import F16_FIELDS, random_rows
 
 from ubatch.kernels import backends
-from ubatch.kernels.cpu.bind import ATTN_MAX_ROWS
+from ubatch.kernels.cpu.bind import ATTN_MAX_ROWS, GEMV_MAX_ROWS, IQ_X16_TYPES
 from ubatch.kernels.cpu.ops import IQ_TYPES, KERNEL_TYPES, CpuOps
 from ubatch.kernels.quant.dequant import dequantize
 from ubatch.kernels.quant.weight import QWeight
@@ -58,16 +58,17 @@ def x16_round(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(v * inv).double() * (amax / 32767.0).double()).reshape(x.shape)
 
 
-def reads_x16(ops, t: T) -> bool:
-    """Does this backend multiply t's codes with x as 16-bit integers (the AVX2 build)?"""
-    x16 = int(t) in KERNEL_TYPES and int(t) not in IQ_TYPES  # the IQ types' GEMV and GEMM read x in f32
+def reads_x16(ops, t: T, m: int = 1) -> bool:
+    """Does this backend multiply t's codes with x as 16-bit integers (the AVX2 build) for m rows?
+    The IQ types' GEMM reads x in f32, and so does the GEMV of all but the table types."""
+    x16 = int(t) in KERNEL_TYPES and (int(t) not in IQ_TYPES or (int(t) in IQ_X16_TYPES and m <= GEMV_MAX_ROWS))
     return isinstance(ops, CpuOps) and ops.kernels.x16 and t not in FLOATS and x16
 
 
 def reference(ops, w: QWeight, x: torch.Tensor) -> torch.Tensor:
     """Dequantise then matmul in f64, with x as the backend reads it."""
     t = T(w.ggml_type)
-    xr = x16_round(x) if reads_x16(ops, t) else x.double()
+    xr = x16_round(x) if reads_x16(ops, t, x.shape[0]) else x.double()
     return xr @ dequantize(w.raw, t, w.shape).double().t()
 
 

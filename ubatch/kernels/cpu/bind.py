@@ -30,6 +30,8 @@ AMX_MIN_ROWS = 64
 TILE_MIN_ROWS = 64  # a GEMM tile narrower than this loses BLAS efficiency
 # MXFP4, the IQ and TQ types (csrc/quant_iq.c): f32 weights decoded a chunk at a time, also on AVX2
 IQ_TYPES = frozenset(int(t) for t in IQ_KERNELS)
+# of those, the ones whose AVX2 GEMV multiplies their int8 table values with x as 16-bit integers
+IQ_X16_TYPES = frozenset(int(t) for t in (T.MXFP4, T.IQ4_NL, T.IQ4_XS))
 KERNEL_TYPES = (
     frozenset(int(t) for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K))
     | IQ_TYPES

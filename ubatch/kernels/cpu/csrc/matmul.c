@@ -624,6 +624,7 @@ static void x16_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_ro
 /* floats of scratch ub_gemv needs for m rows of k values (AVX2, block types: x as 16-bit
  * integers with its scales and sums; otherwise none) */
 int64_t ub_gemv_scratch(int type, int64_t m, int64_t k) {
+    if (iq_type(type)) return iq_gemv_scratch(type, m, k); /* quant_iq.c */
 #if UB_X16
     if (x16_type(type)) return x16_scratch(type, m, k, 0);
 #endif
@@ -635,7 +636,7 @@ int64_t ub_gemv_scratch(int type, int64_t m, int64_t k) {
 void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k,
              const float *x, int64_t m, int64_t ldx, float *y, int64_t ldy, float *scratch, int nth) {
     if (iq_type(type)) { /* MXFP4, the IQ and TQ types: quant_iq.c */
-        iq_gemv(type, w, row_bytes, n_rows, k, x, m, ldx, y, ldy, nth);
+        iq_gemv(type, w, row_bytes, n_rows, k, x, m, ldx, y, ldy, scratch, nth);
         return;
     }
 #if UB_X16

@@ -7,6 +7,7 @@
  * The grids are facts of the formats that the Python side owns (kernels/quant/iq_grids.py); it
  * hands them over once at load (ub_iq_init), so there is one copy of them. */
 #include "quant_iq.h"
+#include "quant_i16.h"
 
 static const int8_t KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const int8_t KV_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -376,9 +377,118 @@ enum { IQ_TILE = 8 };
 enum { IQ_TILE = 4 };
 #endif
 
+#if UB_X16
+/* The AVX2 build's GEMV for the table types: their 32 int8 values of a chunk widened to 16 bits
+ * meet x rounded to 16-bit integers (quant_i16.h's x16_chunk, in order) in `vpmaddwd`, exact
+ * 32-bit sums scaled once a chunk, as the other block types' x16 path (one row, one thread:
+ * IQ4_NL 1.80 -> ns a chunk; x's rounding is quant_i16.h's, ~1.5e-5). */
+static inline int iq_x16(int type) { return type == T_MXFP4 || type == T_IQ4_NL || type == T_IQ4_XS; }
+
+/* a chunk's 16 bytes of nibbles as table values, widened: values 0..15, then 16..31 */
+static inline __attribute__((always_inline)) void table_i16(const uint8_t *qs, const int8_t *table, __m256i v[2]) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0xF);
+    const __m128i t = _mm_loadu_si128((const __m128i *)table);
+    v[0] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(t, _mm_and_si128(x, m4)));
+    v[1] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
+}
+
+/* chunk c's codes and scale (IQ4_XS: dl, its super-block's scales, read at c % 8) */
+static inline __attribute__((always_inline)) float table_codes(const int type, const uint8_t *row, int64_t c,
+                                                               const float *dl, __m256i v[2]) {
+    if (type == T_MXFP4) {
+        table_i16(row + c * 17 + 1, KV_MXFP4, v);
+        return e8m0_half(row[c * 17]);
+    }
+    if (type == T_IQ4_NL) {
+        table_i16(row + c * 18 + 2, KV_IQ4NL, v);
+        return h2f(rd16(row + c * 18));
+    }
+    table_i16(row + (c >> 3) * 136 + 8 + 16 * (c & 7), KV_IQ4NL, v);
+    return dl[c & 7];
+}
+
+/* M (1..4) rows of x (xq: rows nc * 32 int16 apart, xd: their per-chunk scales, nc apart) against
+ * one weight row: even chunks into one chain, odd into the other, whatever M is */
+static inline __attribute__((always_inline)) void iq_x16_dot_m(const int type, const int M, const uint8_t *row,
+        int64_t nc, const int16_t *xq, const float *xd, float *res) {
+    __m256 ea[4], oa[4];
+    float dl[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int r = 0; r < M; r++) ea[r] = oa[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < nc; c += 2) {
+        if (type == T_IQ4_XS && (c & 7) == 0) iq4_xs_scales(row + (c >> 3) * 136, dl);
+        __m256i v[2], u[2];
+        const float d0 = table_codes(type, row, c, dl, v);
+        const int two = type == T_IQ4_XS || c + 1 < nc; /* IQ4_XS: eight chunks a block */
+        const float d1 = two ? table_codes(type, row, c + 1, dl, u) : 0.0f;
+#pragma GCC unroll 4
+        for (int r = 0; r < M; r++) {
+            const int16_t *xr = xq + (r * nc + c) * 32;
+            __m256i s = _mm256_add_epi32(_mm256_madd_epi16(v[0], _mm256_loadu_si256((const __m256i *)xr)),
+                                         _mm256_madd_epi16(v[1], _mm256_loadu_si256((const __m256i *)(xr + 16))));
+            ea[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d0 * xd[r * nc + c]), ea[r]);
+            if (two) {
+                s = _mm256_add_epi32(_mm256_madd_epi16(u[0], _mm256_loadu_si256((const __m256i *)(xr + 32))),
+                                     _mm256_madd_epi16(u[1], _mm256_loadu_si256((const __m256i *)(xr + 48))));
+                oa[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d1 * xd[r * nc + c + 1]), oa[r]);
+            }
+        }
+    }
+    for (int r = 0; r < M; r++) res[r] = hsum(_mm256_add_ps(ea[r], oa[r]));
+}
+
+#define IQ16_CASE(T, n) case n: iq_x16_dot_m(T, n, row, nc, xq, xd, res); break;
+#define IQ16_DOT(T)                                                                                      \
+    static void iq16_dot_##T(const uint8_t *row, int64_t nc, const int16_t *xq, const float *xd, int m,  \
+                             float *res) {                                                               \
+        switch (m) {                                                                                     \
+        IQ16_CASE(T, 1) IQ16_CASE(T, 2) IQ16_CASE(T, 3)                                                  \
+        default: iq_x16_dot_m(T, 4, row, nc, xq, xd, res); break;                                        \
+        }                                                                                                \
+    }
+IQ16_DOT(T_MXFP4) IQ16_DOT(T_IQ4_NL) IQ16_DOT(T_IQ4_XS)
+#endif
+
+/* floats of scratch iq_gemv needs (AVX2 table types: x as 16-bit integers, then its scales and
+ * sums, laid out as quant_i16.h's GEMV lays them out; otherwise none) */
+int64_t iq_gemv_scratch(int type, int64_t m, int64_t k) {
+#if UB_X16
+    if (iq_x16(type)) return round_up(m * (k / 32) * 16, 16) + 2 * m * (k / 32);
+#endif
+    (void)type, (void)m, (void)k;
+    return 0;
+}
+
 void iq_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k, const float *x, int64_t m,
-             int64_t ldx, float *y, int64_t ldy, int nth) {
+             int64_t ldx, float *y, int64_t ldy, float *scratch, int nth) {
     const int64_t nc = k / 32, n_blocks = (n_rows + IQ_RB - 1) / IQ_RB;
+#if UB_X16
+    if (iq_x16(type)) {
+        float *own = scratch ? 0 : (float *)malloc(sizeof(float) * iq_gemv_scratch(type, m, k));
+        if (own) scratch = own;
+        int16_t *xq = (int16_t *)scratch;
+        float *xd = scratch + round_up(m * nc * 16, 16), *xs = xd + m * nc;
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < nc; c++)
+                x16_chunk(x + r * ldx + 32 * c, 0, xq + (r * nc + c) * 32, xd + r * nc + c, xs + r * nc + c);
+        void (*dot)(const uint8_t *, int64_t, const int16_t *, const float *, int, float *) =
+            type == T_MXFP4 ? iq16_dot_T_MXFP4 : type == T_IQ4_NL ? iq16_dot_T_IQ4_NL : iq16_dot_T_IQ4_XS;
+#pragma omp parallel for num_threads(nth) schedule(static)
+        for (int64_t nb = 0; nb < n_blocks; nb++) {
+            int64_t n1 = (nb + 1) * IQ_RB < n_rows ? (nb + 1) * IQ_RB : n_rows;
+            for (int64_t r0 = 0; r0 < m; r0 += 4) {
+                int mt = (int)(m - r0 < 4 ? m - r0 : 4);
+                for (int64_t n = nb * IQ_RB; n < n1; n++) {
+                    float res[4];
+                    dot(w + n * row_bytes, nc, xq + r0 * nc * 32, xd + r0 * nc, mt, res);
+                    for (int r = 0; r < mt; r++) y[(r0 + r) * ldy + n] = res[r];
+                }
+            }
+        }
+        free(own);
+        return;
+    }
+#endif
+    (void)scratch;
 #pragma omp parallel for num_threads(nth) schedule(static)
     for (int64_t nb = 0; nb < n_blocks; nb++) {
         int64_t n1 = (nb + 1) * IQ_RB < n_rows ? (nb + 1) * IQ_RB : n_rows;

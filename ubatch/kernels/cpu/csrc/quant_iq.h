@@ -14,7 +14,9 @@ static inline int iq_type(int type) {
 
 /* values [k0, k0 + n) of a row (k0 and n multiples of 32), bit-exact to ggml's dequantize_row_* */
 void iq_span(int type, const uint8_t *row, int64_t k0, int64_t n, float *out);
-/* ub_gemv for these types: y[r, n] = x[r, :] . W[n, :], weights decoded a chunk at a time */
+/* ub_gemv for these types: y[r, n] = x[r, :] . W[n, :], weights decoded a chunk at a time;
+ * scratch: iq_gemv_scratch(type, m, k) floats (NULL: allocated here) */
+int64_t iq_gemv_scratch(int type, int64_t m, int64_t k);
 void iq_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k, const float *x, int64_t m,
-             int64_t ldx, float *y, int64_t ldy, int nth);
+             int64_t ldx, float *y, int64_t ldy, float *scratch, int nth);
 #endif
