@@ -381,7 +381,7 @@ enum { IQ_TILE = 4 };
 /* The AVX2 build's GEMV for the table types: their 32 int8 values of a chunk widened to 16 bits
  * meet x rounded to 16-bit integers (quant_i16.h's x16_chunk, in order) in `vpmaddwd`, exact
  * 32-bit sums scaled once a chunk, as the other block types' x16 path (one row, one thread:
- * IQ4_NL 1.80 -> ns a chunk; x's rounding is quant_i16.h's, ~1.5e-5). */
+ * IQ4_NL 1.80 -> 1.02 ns a chunk; x's rounding is quant_i16.h's, ~1.5e-5). */
 static inline int iq_x16(int type) { return type == T_MXFP4 || type == T_IQ4_NL || type == T_IQ4_XS; }
 
 /* a chunk's 16 bytes of nibbles as table values, widened: values 0..15, then 16..31 */
