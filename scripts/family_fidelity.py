@@ -48,9 +48,30 @@ def gguf_of(d: Path, work: Path, family: str, qtype: str) -> Path:
     out = work / f"{family}.{qtype}.gguf"
     if not out.exists():
         src = tiny_families.convert_llama_cpp(d, work / f"{family}.F32.gguf", "f32")
-        r = subprocess.run([str(BIN / "llama-quantize"), str(src), str(out), qtype], capture_output=True, text=True)
+        extra = ["--imatrix", str(uniform_imatrix(src))] if qtype.startswith(("IQ1", "IQ2", "IQ3_XXS")) else []
+        r = subprocess.run(
+            [str(BIN / "llama-quantize"), *extra, str(src), str(out), qtype], capture_output=True, text=True
+        )
         if r.returncode:
             raise SystemExit(f"llama-quantize {qtype} failed: {r.stderr[-2000:]}")
+    return out
+
+
+def uniform_imatrix(src: Path) -> Path:
+    """An importance matrix of ones for every matrix of src, in llama.cpp's legacy binary format
+    (entries: name, ncall, the row length's values; no llama-imatrix needed): llama-quantize wants
+    one for the 1-, 2- and IQ3_XXS types, and ones weigh every column alike."""
+    import struct
+
+    from ubatch.engine.gguf.file import open_gguf
+
+    mats = [(name, t.shape[-1]) for name, t in open_gguf(src).tensors.items() if len(t.shape) == 2]
+    out = src.with_suffix(".imatrix.dat")
+    with out.open("wb") as f:
+        f.write(struct.pack("<i", len(mats)))
+        for name, n in mats:
+            f.write(struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 1, n))
+            f.write(struct.pack(f"<{n}f", *([1.0] * n)))
     return out
 
 
