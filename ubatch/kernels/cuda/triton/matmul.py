@@ -173,6 +173,19 @@ def grid_table(t: int, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(bytearray(grid_raw(GRID_OF[t])), dtype=torch.uint8).to(device)
 
 
+def weight_views(w: QWeight, op: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three pointers a kernel reads a weight's blocks through: the bytes (`wq`), the same
+    bytes as int16 (`wh`: f16 fields in one aligned load) and the grid of a grid type (`gq`; the
+    bytes again for the others). Every type with f16 fields has even blocks; MXFP4's odd 17-byte
+    blocks have none, so the 16-bit view may leave out a last odd byte."""
+    raw = w.raw.reshape(-1)
+    if raw.storage_offset() % 2:
+        raise ValueError(f"{op}: {w.name}'s bytes must start at an even offset (f16 fields are read as 16-bit)")
+    t = int(w.ggml_type)
+    gq = grid_table(t, raw.device) if t in GRID_OF else raw
+    return raw, raw[: raw.numel() // 2 * 2].view(torch.int16), gq
+
+
 def gemv_rows(m: int) -> int:
     """The padded row count (BLOCK_M) of the GEMV specialisation for m rows."""
     return 1 if m == 1 else GEMV_MAX_ROWS
@@ -189,25 +202,8 @@ def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"linear: x {tuple(x.shape)} @ {w.name} {tuple(w.shape)} -> out {tuple(out.shape)}")
     if x.dtype != torch.float32 or out.dtype != torch.float32 or x.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("linear: x and out must be f32 with contiguous rows")
-    raw = w.raw.reshape(-1)
-    if raw.storage_offset() % 2:
-        raise ValueError(f"linear: {w.name}'s bytes must start at an even offset (f16 fields are read as 16-bit)")
-    # every type with f16 fields has even blocks; MXFP4's odd 17-byte blocks have none, so the
-    # 16-bit view may leave out a last odd byte
-    wh = raw[: raw.numel() // 2 * 2].view(torch.int16)
-    args = (
-        x,
-        raw,
-        wh,
-        grid_table(t, raw.device) if t in GRID_OF else raw,
-        out,
-        m,
-        n,
-        k,
-        raw.numel() // n,
-        x.stride(0),
-        out.stride(0),
-    )
+    raw, wh, gq = weight_views(w, "linear")
+    args = (x, raw, wh, gq, out, m, n, k, raw.numel() // n, x.stride(0), out.stride(0))
     if m <= GEMV_MAX_ROWS:
         bm = gemv_rows(m)
         bn, bk, nw = GEMV_CONFIGS[bm]

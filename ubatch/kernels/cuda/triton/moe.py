@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ubatch.kernels.cuda.triton.matmul import GEMV_STAGES, SUPPORTED, _groups
+from ubatch.kernels.cuda.triton.matmul import GEMV_STAGES, SUPPORTED, _groups, weight_views
 from ubatch.kernels.quant.dequant import type_name
 from ubatch.kernels.quant.weight import QWeight
 
@@ -27,6 +27,7 @@ def mul_mat_id_kernel(
     x,
     wq,
     wh,
+    gq,
     ids,
     bias,
     out,
@@ -51,7 +52,7 @@ def mul_mat_id_kernel(
     rb = e * expert_bytes + n.to(tl.int64)[:, None, None] * row_bytes
     part = tl.zeros((BLOCK_N, BLOCK_K // 32, 32), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=GEMV_STAGES):
-        w, k = _groups(wq, wh, rb, n_ok[:, None, None], k0, K, TYPE, BLOCK_K)
+        w, k = _groups(wq, wh, gq, rb, n_ok[:, None, None], k0, K, TYPE, BLOCK_K)
         part += w * tl.load(xr + k, mask=k < K, other=0.0)
     acc = tl.sum(tl.sum(part, axis=2), axis=1)
     if HAS_BIAS:
@@ -68,14 +69,12 @@ def mul_mat_id(
         raise NotImplementedError(f"no Triton mul_mat_id kernel for {type_name(t)} (tensor {w.name})")
     n_expert, rows, cols = w.shape
     n, k = ids.shape
-    raw = w.raw.reshape(-1)
-    if raw.storage_offset() % 2 or raw.numel() % 2:
-        raise ValueError(f"mul_mat_id: {w.name}'s bytes must start at an even offset (f16 fields are read as 16-bit)")
+    raw, wh, gq = weight_views(w, "mul_mat_id")
     eb = raw.numel() // n_expert
     bias = b if b is not None else out
     grid = (triton.cdiv(rows, BLOCK_N), n * k)
     mul_mat_id_kernel[grid](
-        x, raw, raw.view(torch.int16), ids, bias, out, rows, cols, k, x.shape[1], eb, eb // rows,
+        x, raw, wh, gq, ids, bias, out, rows, cols, k, x.shape[1], eb, eb // rows,
         TYPE=t, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, HAS_BIAS=b is not None, num_warps=NUM_WARPS,
     )  # fmt: skip
     return out
@@ -85,6 +84,7 @@ _SIGNATURE = {
     "x": "*fp32",
     "wq": "*u8",
     "wh": "*i16",
+    "gq": "*u8",
     "ids": "*i32",
     "bias": "*fp32",
     "out": "*fp32",
