@@ -270,9 +270,9 @@ class Splitter:
         for step in self.steps:
             s = views[step.view]
             if s is not view:  # the previous step cut another view of the text: cut this one alike
-                pieces, view = cut(s, map(len, pieces)), s
+                pieces, view = cut_like(s, pieces), s
             pieces = step.split(pieces)
-        return pieces if view is text else cut(text, map(len, pieces))
+        return pieces if view is text else cut_like(text, pieces)
 
 
 def cut(s: str, lengths: Iterable[int]) -> list[str]:
@@ -283,6 +283,16 @@ def cut(s: str, lengths: Iterable[int]) -> list[str]:
         return [s[a:b] for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
     joined = np.insert(unicode.codepoints(s), ends[:-1], 0).astype("<u4").tobytes()
     return joined.decode("utf-32-le", "surrogatepass").split(_SEP)
+
+
+def cut_like(s: str, pieces: list[str]) -> list[str]:
+    """`s` cut as `pieces` (non-empty, of another view of it) cut theirs: the pieces joined with
+    NUL, and s's code points put where theirs are, with numpy (no length of each piece)."""
+    if _SEP in s:
+        return cut(s, map(len, pieces))
+    view = np.frombuffer(_SEP.join(pieces).encode("utf-32-le", "surrogatepass"), np.uint32).copy()
+    view[view != 0] = unicode.codepoints(s)
+    return view.tobytes().decode("utf-32-le", "surrogatepass").split(_SEP)
 
 
 _DIGITS = re.compile(f"[{_N}0-9]+")
