@@ -55,7 +55,8 @@ def mul_mat_id_reference(ops, w: QWeight, x: torch.Tensor, ids: torch.Tensor, b:
         for j in range(k):
             e = int(ids[t, j])
             row = xe[t, j : j + 1]
-            xr = x16_round(row) if reads_x16(ops, T(w.ggml_type)) else row.double()
+            group = int((ids == e).sum())  # the rows of one product (the GEMM past 16: x in f32 for the IQ types)
+            xr = x16_round(row) if reads_x16(ops, T(w.ggml_type), group) else row.double()
             out[t, j] = (xr @ dense[e].t())[0] + (0 if b is None else b[e].double())
     return out
 
@@ -66,12 +67,12 @@ def ops(request):
 
 
 @pytest.mark.parametrize("n", [1, 3, 40])
-@pytest.mark.parametrize("t", [T.F32, T.F16, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.F32, T.F16, T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4, T.IQ4_XS], ids=lambda t: t.name)
 def test_mul_mat_id_matches_each_chosen_expert_alone(ops, t: T, n: int) -> None:
     """1 and 3 tokens (decode: the GEMV), 40 tokens choosing 3 of 4 experts (an expert's group
     past 16 rows: the GEMM), with the token's row shared by its experts or one row each, with
     and without per-expert biases."""
-    cols = 256 if t in (T.Q4_K, T.Q6_K) else 96
+    cols = 256 if t in (T.Q4_K, T.Q6_K, T.IQ4_XS) else 96
     w = experts(t, 4, 48, cols)
     ids = chosen(n, 3, 4, seed=n)
     g = torch.Generator().manual_seed(n)
