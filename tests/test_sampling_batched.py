@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ubatch.engine.sampling.batched import Row, sample_rows
-from ubatch.engine.sampling.bias import Biased
+from ubatch.engine.sampling.bias import LogitBias
 from ubatch.engine.sampling.chain import Sampler, SamplerParams
 from ubatch.engine.sampling.stages import top_k_rows
 
@@ -34,9 +34,11 @@ def logits_for(step: int, n_rows: int) -> torch.Tensor:
     return torch.from_numpy(x)
 
 
-def bias_for(i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def bias_for(i: int) -> LogitBias | None:
     if i % 2:  # ignore_eos's -inf and a repeated token's biases adding up
-        return torch.tensor([0, 1, 1, 7]), torch.tensor([float("-inf"), 2.0, 1.5, -3.0])
+        return LogitBias([(0, float("-inf")), (1, 2.0), (1, 1.5), (7, -3.0)])
+    if i % 3 == 2:  # more than are added one by one
+        return LogitBias([(t, 0.25 * t) for t in range(0, 200, 9)] + [(9, 1.0)])
     return None
 
 
@@ -57,7 +59,7 @@ def test_one_pass_draws_what_each_row_draws_alone(names: list[str]) -> None:
             if bias is None:
                 want.append(s.sample(x[i].clone()))
             else:
-                with Biased(x[i].clone(), *bias) as row:
+                with bias.on(x[i].clone()) as row:
                     want.append(s.sample(row))
         rows = [Row(i, s.row_chain, s.rng, bias_for(i)) for i, s in enumerate(together) if s.row_chain]
         got = sample_rows(x, rows)
@@ -101,3 +103,16 @@ def test_top_k_rows_is_a_stable_sort_by_value() -> None:
         vals, cols = top_k_rows(x, k)
         want = np.argsort(-x, axis=1, kind="stable")[:, :k]
         assert np.array_equal(cols, want) and np.array_equal(vals, np.take_along_axis(x, want, 1))
+
+
+@pytest.mark.parametrize("i", [1, 2])  # biases added one by one, and by one numpy call
+def test_a_biased_row_is_the_row_plus_its_biases_then_the_row_again(i: int) -> None:
+    bias = bias_for(i)
+    assert bias is not None
+    x = logits_for(0, 1)[0]
+    before = x.clone()
+    want = x.numpy().copy()
+    np.add.at(want, bias.ids, np.array(bias.values, dtype=np.float32))
+    with bias.on(x) as row:
+        assert np.array_equal(row.numpy(), want)
+    assert torch.equal(x, before)

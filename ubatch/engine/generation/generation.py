@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +23,7 @@ from ubatch.engine.grammar import Grammar
 from ubatch.engine.grammar.sampler import GrammarSampler
 from ubatch.engine.kv.memory import KVMemory
 from ubatch.engine.sampling.batched import Row, single_threaded
-from ubatch.engine.sampling.bias import Biased
+from ubatch.engine.sampling.bias import LogitBias
 from ubatch.engine.sampling.chain import Sampler
 from ubatch.engine.vocab.token_stream import TokenStreamer
 from ubatch.engine.vocab.vocab import Vocab
@@ -122,12 +123,7 @@ class Generation:
         bias = list(params.logit_bias)
         if params.ignore_eos:  # llama.cpp: a logit bias of -inf on every end-of-generation token
             bias += [(t, float("-inf")) for t in sorted(vocab.eog)]
-        self._bias = None
-        if bias:
-            self._bias = (
-                torch.tensor([t for t, _ in bias], dtype=torch.long),
-                torch.tensor([b for _, b in bias], dtype=torch.float32),
-            )
+        self._bias = LogitBias(bias) if bias else None
 
     @property
     def n_decoded(self) -> int:
@@ -158,11 +154,11 @@ class Generation:
         p = self.params
         x = logits.float()
         lp = torch.log_softmax(x, -1) if p.n_probs > 0 else None
-        with single_threaded():
+        with nullcontext() if self.sampler.argmax_only and self.grammar is None else single_threaded():
             if self._bias is None:
                 tok = self._choose(x, choose)
             else:
-                with Biased(x, *self._bias) as biased:
+                with self._bias.on(x) as biased:
                     tok = self._choose(biased, choose)
         prob = None
         if lp is not None:  # a partial selection of k: O(V) per token whatever n_probs asked for

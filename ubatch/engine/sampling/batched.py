@@ -18,13 +18,13 @@ softmax in float64; top-p's float32 softmax runs over all k candidates, as the r
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ubatch.engine.sampling.bias import Biased
+from ubatch.engine.sampling.bias import LogitBias
 from ubatch.engine.sampling.rng import Mt19937
 from ubatch.engine.sampling.stages import Penalties, f32, top_k_rows
 
@@ -85,7 +85,7 @@ class Row:
     index: int
     chain: RowChain
     rng: Mt19937
-    bias: tuple[torch.Tensor, torch.Tensor] | None = None
+    bias: LogitBias | None = None
 
 
 @contextmanager
@@ -110,11 +110,12 @@ def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
     """Each row's token, as its own chain would sample it; `logits` (host memory, float32,
     [n, n_vocab]) is as it was on return."""
     out = [0] * len(rows)
-    with single_threaded(), ExitStack() as undo:
+    torch_ops = any(not r.chain.greedy or r.chain.penalties is not None for r in rows)
+    with single_threaded() if torch_ops else nullcontext(), ExitStack() as undo:
         for r in rows:
             x = logits[r.index]
             if r.bias is not None:
-                undo.enter_context(Biased(x, *r.bias))
+                undo.enter_context(r.bias.on(x))
             if r.chain.penalties is not None:
                 applied = r.chain.penalties.apply_(x)
                 undo.callback(Penalties.undo, x, applied)

@@ -7,6 +7,27 @@ import numpy as np
 import torch
 
 
+class LogitBias:
+    """Token ids and the values added to their logits, in order (a repeated id adds up), as
+    float32 values for the host and tensors for a device; built once per request."""
+
+    __slots__ = ("ids", "values", "_ids_t", "_values_t")
+
+    def __init__(self, pairs: list[tuple[int, float]]) -> None:
+        self.ids = [int(t) for t, _ in pairs]
+        self.values = [np.float32(b) for _, b in pairs]
+        self._ids_t = torch.tensor(self.ids, dtype=torch.long)
+        self._values_t = torch.tensor([float(v) for v in self.values], dtype=torch.float32)
+
+    def on(self, x: torch.Tensor) -> Biased:
+        return Biased(x, self)
+
+
+# more biased tokens than this are added by one numpy call; fewer (ignore_eos's few end-of-
+# generation tokens) one by one, which costs less than setting up a call
+N_BIAS_LOOP = 16
+
+
 class Biased:
     """A logits row with biases added (repeated tokens add up) while inside the `with`, as
     llama.cpp's logit-bias sampler. On the CPU the row itself is changed, through numpy, and
@@ -15,21 +36,34 @@ class Biased:
     thread that a busy machine may not schedule for milliseconds (15-20 ms measured for
     ignore_eos's 3 biases with the CPUs shared). Elsewhere, a new row."""
 
-    __slots__ = ("row", "_ids", "_saved", "_np")
+    __slots__ = ("row", "_bias", "_saved", "_np")
 
-    def __init__(self, x: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor) -> None:
-        self._saved: np.ndarray | None = None
+    def __init__(self, x: torch.Tensor, bias: LogitBias) -> None:
+        self._saved: list[np.float32] | np.ndarray | None = None
+        self._bias = bias
         if x.device.type != "cpu":
-            self.row = x.index_put((ids,), bias.to(x.device), accumulate=True)
+            self.row = x.index_put((bias._ids_t.to(x.device),), bias._values_t.to(x.device), accumulate=True)
             return
-        self.row, self._np, self._ids = x, x.numpy(), ids.numpy()
-        self._saved = self._np[self._ids]
-        np.add.at(self._np, self._ids, bias.numpy())
+        self.row, self._np = x, x.numpy()
+        row, ids = self._np, bias.ids
+        if len(ids) <= N_BIAS_LOOP:
+            self._saved = [row[i] for i in ids]
+            for i, v in zip(ids, bias.values):
+                row[i] += v
+        else:
+            self._saved = row[ids]
+            np.add.at(row, ids, np.array(bias.values, dtype=np.float32))
 
     def __enter__(self) -> torch.Tensor:
         return self.row
 
     def __exit__(self, *exc: object) -> None:
-        if self._saved is not None:
-            self._np[self._ids] = self._saved
-            self._saved = None
+        saved, self._saved = self._saved, None
+        if saved is None:
+            return
+        if isinstance(saved, list):
+            row = self._np
+            for i, v in zip(self._bias.ids, saved):
+                row[i] = v
+        else:
+            self._np[self._bias.ids] = saved

@@ -126,6 +126,8 @@ class Sampler:
         # applied before everything else, as common_sampler_sample applies it (its forced token
         # goes through the chain, the grammar and every draw like any other)
         self.budget = p.reasoning_budget(vocab)
+        # greedy without logit modifiers nor a budget: one numpy argmax, no torch op (nor its thread pool)
+        self.argmax_only = self._greedy == [] and self.budget is None
 
     def _add(self, name: str, n_ctx: int, vocab: Vocab | None) -> None:
         p = self.params
