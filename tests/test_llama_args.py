@@ -76,7 +76,8 @@ def test_words_are_translated_as_llama_cpp_reads_them() -> None:
 def test_policies_say_why() -> None:
     by_name = {n: f for f in flags_for("cli") for n in f.all_names}
     assert policy_for(by_name["-ngl"], "cli").status == NO_EFFECT  # type: ignore[union-attr]
-    assert policy_for(by_name["--lora"], "cli").status == REFUSED  # type: ignore[union-attr]
+    assert policy_for(by_name["--control-vector"], "cli").status == REFUSED  # type: ignore[union-attr]
+    assert policy_for(by_name["--lora"], "batched-bench").status == REFUSED  # type: ignore[union-attr]
     assert "do not use this setting" in policy_for(by_name["--spec-draft-p-split"], "cli").reason  # type: ignore[union-attr]
     assert "has been removed" in policy_for(by_name["--draft-max"], "cli").reason  # type: ignore[union-attr]
 
@@ -98,12 +99,13 @@ CASES: list[tuple[list[str], dict[str, str], int, list[str], list[str]]] = [
         [],
     ),
     (
-        ["cli", "-m", MISSING, "--lora", "a.gguf"],
+        ["cli", "-m", MISSING, "--control-vector", "a.gguf"],
         {},
         1,
-        ["error: --lora is not supported: LoRA adapters"],
+        ["error: --control-vector is not supported: control vectors"],
         ["no such file"],
     ),
+    (["cli", "-m", MISSING, "--lora", "a.gguf"], {}, 1, ["LoRA adapter not found: a.gguf"], ["no such file"]),
     (["server", "-m", MISSING, "--mmproj", "p.gguf"], {}, 1, ["error: -mm is not supported: ubatch is text-only"], []),
     (["cli", "--bogus"], {}, 1, ["error: invalid argument: --bogus"], ["Usage", "╭"]),
     (["server", "-n", "gl"], {}, 1, ["error: Invalid value for '-n'"], ["╭"]),

@@ -162,3 +162,106 @@ def test_adapters_that_do_not_fit_the_model_are_one_line(files: dict[str, Path],
     ctx = _context(model)
     with pytest.raises(ContextError, match="adapter id 3 does not exist"):
         ctx.set_adapters({3: 1.0})
+
+
+def _cli(*args: object) -> str:
+    from cli_inproc import run_cli
+
+    r = run_cli(["cli", *map(str, args), "-n", "12", "--temp", "0", "-no-cnv", "--no-display-prompt", "--no-warmup"])
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_the_cli_applies_lora_and_lora_scaled(files: dict[str, Path]) -> None:
+    """`ubatch cli --lora` changes the greedy text; `--lora-scaled F:0` is the base model's text;
+    a PEFT directory is the GGUF conversion's text; the startup log counts the adapter."""
+    m, p = files["f32"], "hello there"
+    base = _cli("-m", m, "-p", p)
+    with_lora = _cli("-m", m, "-p", p, "--lora", files["lora1.f32"])
+    assert with_lora != base
+    assert _cli("-m", m, "-p", p, "--lora", files["peft1"]) == with_lora
+    assert _cli("-m", m, "-p", p, "--lora-scaled", f"{files['lora1.f32']}:0") == base
+
+
+def test_lora_flags_refuse_bad_values_in_one_line(files: dict[str, Path], tmp_path: Path) -> None:
+    from cli_inproc import run_cli
+
+    r = run_cli(["cli", "-m", str(files["f32"]), "-p", "x", "--lora-scaled", str(files["lora1.f32"])])
+    assert r.returncode == 1 and "the format is FNAME:SCALE" in r.stderr
+    r = run_cli(["cli", "-m", str(files["f32"]), "-p", "x", "--lora", str(tmp_path / "missing.gguf")])
+    assert r.returncode == 1 and "LoRA adapter not found" in r.stderr
+    r = run_cli(["cli", "-m", str(files["f32"]), "-p", "x", "-n", "1", "--lora", str(files["qwen2-lora"])])
+    assert r.returncode == 1 and "adapter is for 'qwen2'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_info_counts_the_adapters(files: dict[str, Path]) -> None:
+    import json
+
+    from cli_inproc import run_cli
+
+    r = run_cli(["info", "-m", str(files["f32"]), "-c", "256", "--json", "--lora", str(files["lora1.f32"])])
+    plan = json.loads(r.stdout)
+    assert [(a["n_pairs"], a["ranks"], a["alpha"]) for a in plan["loras"]] == [(14, [8], 16.0)]
+    r = run_cli(["info", "-m", str(files["f32"]), "-c", "256", "--lora", str(files["lora1.f32"])])
+    assert "LoRA adapter 0" in r.stdout
+
+
+def test_a_server_batches_four_adapter_sets_each_as_alone(files: dict[str, Path]) -> None:
+    """Two adapters, four concurrent greedy streams (base, adapter 1, adapter 2, adapter 1 at 0.5)
+    through a real server: one decode carries all four, each text equals the request run alone;
+    GET/POST /lora-adapters, /props and /slots show the scales; a prompt cached under one adapter
+    set is never reused under another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from test_server import Live
+
+    from ubatch.cli.context_flags import ContextFlags
+    from ubatch.cli.lora_flags import LoraFlags
+    from ubatch.cli.server.app import ServerOptions, create_app
+    from ubatch.cli.server.run import EngineOptions, load_engine
+
+    lora = LoraFlags(lora=[str(files["lora1.f32"])], lora_scaled=[f"{files['lora2.f32']}:0.0"])
+    ctx = ContextFlags(parallel=4, kv_unified=True, ctx_size=1024)
+    eng = load_engine(EngineOptions(model=files["f32"], context=ctx, lora=lora, warmup=False, quiet=True))
+    live = Live(create_app(eng, ServerOptions(slots=True), log_verbosity=None))
+    try:
+        url = live.url
+        got = httpx.get(f"{url}/lora-adapters").json()
+        assert [(a["id"], a["scale"]) for a in got] == [(0, 1.0), (1, 0.0)]
+        assert got[0]["path"] == str(files["lora1.f32"]) and {"task_name", "prompt_prefix"} <= got[0].keys()
+        sets = [[], [{"id": 0, "scale": 1.0}], [{"id": 1, "scale": 1.0}], [{"id": 0, "scale": 0.5}]]
+        body = {"prompt": "the quick brown fox", "n_predict": 24, "temperature": 0, "cache_prompt": True}
+
+        def run(lora_field: list[dict[str, float]]) -> str:
+            r = httpx.post(f"{url}/completion", json={**body, "lora": lora_field}, timeout=120)
+            assert r.status_code == 200, r.text
+            return str(r.json()["content"])
+
+        alone = [run(s) for s in sets]  # one at a time: each after the others' prompts are cached
+        assert len(set(alone)) == 4
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(run, sets))
+        assert together == alone
+        recs = httpx.get(f"{url}/iterations").json()["records"]
+        assert any(len(r["rows"]) == 4 for r in recs)  # the four streams in one decode
+        slots = httpx.get(f"{url}/slots").json()
+        assert sorted(str(s["params"]["lora"]) for s in slots) == sorted(
+            str([{"id": i, "scale": v} for i, v in sorted({e["id"]: e["scale"] for e in s}.items())]) for s in sets
+        )
+        # the global scales: a request without `lora` applies them as they are when it starts
+        assert run([]) == alone[0]
+        r = httpx.post(f"{url}/lora-adapters", json=[{"id": 1, "scale": 1.0}])
+        assert r.json() == {"success": True}
+        assert [a["scale"] for a in httpx.get(f"{url}/lora-adapters").json()] == [0.0, 1.0]
+        assert httpx.get(f"{url}/props").json()["default_generation_settings"]["params"]["lora"] == [
+            {"id": 0, "scale": 0.0}, {"id": 1, "scale": 1.0}
+        ]  # fmt: skip
+        no_field = httpx.post(f"{url}/completion", json=body, timeout=120).json()["content"]
+        assert no_field == alone[2]
+        bad = httpx.post(f"{url}/completion", json={**body, "lora": [{"id": 7, "scale": 1}]})
+        assert bad.status_code == 400 and "no LoRA adapter has id 7" in bad.text
+        assert httpx.post(f"{url}/lora-adapters", json={"id": 0}).status_code == 400
+    finally:
+        live.close()
+        eng.stop()

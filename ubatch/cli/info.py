@@ -12,6 +12,7 @@ import typer
 from ubatch.cli import validate
 from ubatch.cli.common import resolve_model, user_errors
 from ubatch.cli.context_flags import ContextFlags, context_options
+from ubatch.cli.lora_flags import LoraFlags, lora_options_cli
 from ubatch.cli.options import opt
 from ubatch.cli.parallel_flags import ParallelFlags, parallel_options
 from ubatch.engine.errors import UbatchError
@@ -32,6 +33,7 @@ def parse_bytes(text: str) -> int:
 @user_errors
 @context_options(omit=("threads",), panel="Options")  # sizes only: no thread runs
 @parallel_options
+@lora_options_cli
 def info(
     model: Optional[Path] = opt("model", None, panel="Options"),
     device: str = opt("device", "auto", panel="Options"),
@@ -47,6 +49,7 @@ def info(
     verbose: bool = opt("verbose", False, help="also print llama.cpp-format startup lines", panel="Options"),
     context: ContextFlags = ContextFlags(),
     tp: ParallelFlags = ParallelFlags(),
+    lora: LoraFlags = LoraFlags(),
 ) -> None:
     """The plan of one process, or with -tp N of one rank (no rank is started: sizes only).
     `-tp 0 --fit B -c N`: the fewest ranks whose per-rank plan of that context fits B."""
@@ -61,6 +64,7 @@ def info(
             )
         tp.tensor_parallel = 1
     tp.check()
+    lora.check()
     context.check()  # last: it imports the engine's tables
     from ubatch.cli.device import resolve_device
 
@@ -71,6 +75,7 @@ def info(
     from ubatch.engine.model.model import Model
 
     whole = Model.load(resolve_model(model), dev)
+    lora.load(whole)  # counted in the plan (memory and the worst-case graphs)
     m = tp.plan_model(whole, dev.type == "cuda")
     params = context.params(n_outputs_max=n_outputs_max)
     if ranks_needed:

@@ -35,6 +35,7 @@ def llama_lines(p: MemoryPlan) -> list[str]:
     L = [f"llama_context: WARNING: {w}" for w in p.warnings]
     L += tp_lines(p)
     L.append(f"ubatch: backend = {p.backend}, weights held beyond the file = {mib(p.backend_bytes):.2f} MiB")
+    L += lora_lines(p)
     L += [f"ubatch:   {t:<6} {path}" for t, path in p.kernels.items()]
     if p.n_ctx_seq < p.n_ctx_train:
         L.append(
@@ -62,6 +63,17 @@ def llama_lines(p: MemoryPlan) -> list[str]:
     for name, shape, b in p.peak[:6]:
         L.append(f"ubatch:   {name:<22} {list(shape)!s:<22} {mib(b):8.2f} MiB")
     return L + moe_lines(p)
+
+
+def lora_lines(p: MemoryPlan) -> list[str]:
+    """Each LoRA adapter: llama.cpp's buffer line, then what it targets."""
+    dev = device_name(p.device)
+    L = []
+    for a in p.loras:
+        ranks = "/".join(str(r) for r in a.ranks)
+        L.append(f"llama_adapter_lora_init_impl: {dev:>10} LoRA buffer size = {mib(a.nbytes):8.2f} MiB")
+        L.append(f"ubatch: LoRA adapter {a.id}: {a.path}, {a.n_pairs} matrices, rank {ranks}, alpha {a.alpha:g}")
+    return L
 
 
 def moe_lines(p: MemoryPlan) -> list[str]:
@@ -120,7 +132,7 @@ def breakdown_table(p: MemoryPlan) -> Table:
     t.add_row(
         device_name(p.device),
         f"{mib(p.total_bytes):.2f}",
-        f"{mib(p.model_bytes):.2f}",
+        f"{mib(p.model_bytes + p.lora_bytes):.2f}",  # llama.cpp counts adapters with the model
         f"{mib(p.backend_bytes):.2f}",
         f"{mib(p.context_bytes):.2f}",
         f"{mib(p.compute_bytes):.2f}",
@@ -163,6 +175,12 @@ def plan_table(p: MemoryPlan) -> Table:
             size(e.active_bytes),
             f"{e.active_params / 1e6:.1f} M params: {e.n_expert_used} of {e.n_expert} experts "
             f"({size(e.expert_bytes)} of experts in all) and every other tensor",
+        )
+    for a in p.loras:
+        t.add_row(
+            f"LoRA adapter {a.id}",
+            size(a.nbytes),
+            f"{a.name}: {a.n_pairs} A/B pairs as stored, rank {'/'.join(map(str, a.ranks))}, alpha {a.alpha:g}",
         )
     t.add_row(f"{p.backend} backend weights", size(p.backend_bytes), _held_why(p))
     for tname, path in p.kernels.items():

@@ -14,6 +14,7 @@ import typer
 from ubatch.cli import validate
 from ubatch.cli.common import check_text, err_console, process_escapes, read_text_file, user_errors
 from ubatch.cli.context_flags import ContextFlags, context_options
+from ubatch.cli.lora_flags import LoraFlags, lora_options_cli
 from ubatch.cli.options import CHAT, OUTPUT, PROMPT_CACHE, in_panel, opt
 from ubatch.cli.parallel_flags import ParallelFlags, parallel_options
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
@@ -27,6 +28,7 @@ _chat, _output = in_panel(CHAT), in_panel(OUTPUT)
 @sampling_options
 @spec_options
 @parallel_options
+@lora_options_cli
 def cli(
     model: Optional[Path] = opt("model", None),
     prompt: Optional[str] = opt("prompt", None),
@@ -98,12 +100,14 @@ def cli(
     context: ContextFlags = ContextFlags(),
     sampling: SamplingFlags = SamplingFlags(),
     spec: SpecFlags = SpecFlags(),
+    lora: LoraFlags = LoraFlags(),
     tp: ParallelFlags = ParallelFlags(),
 ) -> None:
     validate.generation_flags(n_predict, keep)
     validate.at_least("--n-outputs-max", n_outputs_max, "n_outputs_max", 0)
     validate.choice("-co", color, "color", ("on", "off", "auto"))
     sampling.check()
+    lora.check()
     for note in spec.check():
         err_console.print(note, markup=False, soft_wrap=True)
     tp.check()
@@ -183,6 +187,7 @@ def cli(
             sampling=sampling,
             spec=spec,
             tp=tp,
+            lora=lora,
             prompt_cache=prompt_cache,
             prompt_cache_ro=prompt_cache_ro,
             prompt_cache_all=prompt_cache_all,

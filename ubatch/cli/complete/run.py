@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ubatch.cli.common import err_console, resolve_model
 from ubatch.cli.context_flags import ContextFlags
+from ubatch.cli.lora_flags import LoraFlags
 from ubatch.cli.parallel_flags import ParallelFlags
 from ubatch.cli.sampling_flags import SamplingFlags
 from ubatch.cli.spec_flags import SpecFlags
@@ -56,6 +57,7 @@ class Run:
     sampling: SamplingFlags = field(default_factory=SamplingFlags)
     spec: SpecFlags = field(default_factory=SpecFlags)  # speculative decoding (-md, --spec-*)
     tp: ParallelFlags = field(default_factory=ParallelFlags)  # tensor parallelism (-tp, -sm row)
+    lora: LoraFlags = field(default_factory=LoraFlags)  # --lora, --lora-scaled
     device: str = "cpu"  # the torch device the model is loaded on (--device, cli/device.py)
     prompt_cache: Path | None = None  # --prompt-cache (cli/complete/prompt_cache_file.py), one-shot only
     prompt_cache_ro: bool = False
@@ -73,7 +75,9 @@ def run(r: Run) -> None:
     spinner = chat and not (r.log_disable or r.simple_io) and err_console.is_terminal
     with err_console.status("loading the model", spinner="dots") if spinner else contextlib.nullcontext():
         m = r.tp.load(path, r.device)
+        lora = r.lora.load(m)  # before the context, which reserves room for the adapters
         ctx = Context(m, r.context.params(n_outputs_max=r.n_outputs_max, spec=r.spec.params()))
+        ctx.set_adapters(lora)
         speculator = r.spec.build(ctx)  # the draft model, if any, loads here too
         if chat and r.warmup:
             ctx.warmup()

@@ -14,7 +14,6 @@ from ubatch.cli.llama.policy import NO_EFFECT, policy_for
 
 # routes served the way llama-server serves them when the feature is off (cli/server/routes/extra.py)
 _OFF = {
-    "/lora-adapters": "no LoRA adapters are loaded: GET lists none",
     "/tools": "the web UI's tools are disabled: 403 as llama-server",
     "/cors-proxy": "the web UI's MCP proxy is disabled: 403 as llama-server",
     "/v1/audio/transcriptions": "text-only model: 501 as llama-server",

@@ -46,7 +46,7 @@ _CKPT = "ubatch keeps no context checkpoints and needs no defragmentation; the s
 _PRESET = "presets download models; ubatch never downloads: give a local GGUF with -m"
 _DOWNLOAD = "ubatch never downloads: give a local GGUF file with -m"
 _MTMD = "ubatch is text-only: no multimodal projector, images, audio or video"
-_ADAPTER = "LoRA adapters and control vectors are not supported"
+_ADAPTER = "control vectors are not supported"
 _ROPE = "RoPE/YaRN overrides are not supported: the model's own RoPE settings are used"
 _REMOVED = "the argument has been removed (as in llama.cpp): use --spec-draft-n-max or --spec-ngram-mod-n-max"
 
@@ -90,7 +90,6 @@ _NO_EFFECT = {
     "no keep-alive pings are sent on idle streams": "--sse-ping-interval",
     "one socket per address is bound": "--reuse-port",
     "media files are not served (text-only)": "--media-path",
-    "no LoRA adapters are loaded": "--lora-init-without-apply",
     "the prompt is always processed with the chat template's BOS": "--in-prefix-bos",
     _MTMD: "--no-mmproj --mmproj-auto --no-mmproj-auto",
     "-lv 4 (debug) gives a line per request": "--log-verbose",
@@ -109,7 +108,7 @@ _REFUSED = {
         "--mmproj --mmproj-url --image --image-min-tokens --image-max-tokens "
         "--mtmd-batch-max-tokens --video-fps --video-timestamp-interval --video-ffmpeg-dir"
     ),
-    _ADAPTER: "--lora --lora-scaled --control-vector --control-vector-scaled --control-vector-layer-range",
+    _ADAPTER: "--control-vector --control-vector-scaled --control-vector-layer-range",
     _ROPE: (
         "--rope-scaling --rope-scale --rope-freq-base --rope-freq-scale --yarn-orig-ctx "
         "--yarn-ext-factor --yarn-attn-factor --yarn-beta-slow --yarn-beta-fast --grp-attn-n "
@@ -146,8 +145,13 @@ _UNUSED = {
 _UNUSED_FLAGS = {"server": {"--escape"}, "bench": {"--embeddings", "--progress", "--verbose"}}
 
 
+_LORA_BENCH = "the benchmarks time the base model: LoRA adapters are applied by ubatch cli, server and info"
+
+
 def policy_for(flag: LlamaFlag, tool: str = "") -> Policy | None:
     """How ubatch treats an undeclared llama.cpp flag; speculative flags share one reason."""
+    if tool in ("bench", "batched-bench") and set(flag.all_names) & {"--lora", "--lora-scaled"}:
+        return Policy(REFUSED, _LORA_BENCH)  # timing the base model instead would mislead
     if tool == "server" and set(flag.all_names) & _SERVER_REASON_FLAGS:
         return Policy(NO_EFFECT, _SERVER_REASON)
     for n in flag.all_names:

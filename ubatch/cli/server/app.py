@@ -29,6 +29,7 @@ from ubatch.cli.server.routes.embedding import add_embedding_routes
 from ubatch.cli.server.routes.extra import add_extra_routes
 from ubatch.cli.server.routes.infill import add_infill_routes
 from ubatch.cli.server.routes.info import add_info_routes
+from ubatch.cli.server.routes.lora import add_lora_routes
 from ubatch.cli.server.routes.responses import add_responses_routes
 from ubatch.cli.server.routes.slots import add_slot_routes
 from ubatch.cli.server.routes.tokens import add_token_routes
@@ -115,6 +116,7 @@ def create_app(
 
     app.state.streams = StreamSessions()  # resumable streams (X-Conversation-Id)
     add_info_routes(app, st)
+    add_lora_routes(app, st)
     add_completion_routes(app, st)
     add_responses_routes(app, st)
     add_anthropic_routes(app, st)

@@ -17,6 +17,7 @@ from ubatch.cli import validate
 from ubatch.cli.common import err_console, process_escapes, read_text_file, user_errors
 from ubatch.cli.context_flags import ContextFlags, context_options
 from ubatch.cli.flag_group import Refine, refine
+from ubatch.cli.lora_flags import LoraFlags, lora_options
 from ubatch.cli.options import BATCH, CTX, MODEL, SERVER, opt
 from ubatch.cli.parallel_flags import ParallelFlags, parallel_options
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
@@ -57,6 +58,7 @@ def _csv(v: str | None) -> tuple[str, ...]:
 @sampling_options
 @spec_options
 @parallel_options
+@lora_options
 def server(
     model: Optional[Path] = opt("model", None),
     alias: Optional[str] = _flag(
@@ -206,6 +208,7 @@ def server(
     sampling: SamplingFlags = SamplingFlags(),
     spec: SpecFlags = SpecFlags(),
     tp: ParallelFlags = ParallelFlags(),
+    lora: LoraFlags = LoraFlags(),
 ) -> None:
     validate.in_range("--port", port, "port", 0, 65535)
     validate.positive("-to", timeout, "timeout")
@@ -223,6 +226,7 @@ def server(
     if not _csv(host):
         raise validate.invalid("--host", host, "host", "give at least one address")
     sampling.check()
+    lora.check()
     for note in spec.check():
         err_console.print(note, markup=False, soft_wrap=True)
     tp.check()
@@ -299,6 +303,7 @@ def server(
         reranking=reranking,
         spec=spec,
         tp=tp,
+        lora=lora,
         quiet=log_disable,
     )
     serve(

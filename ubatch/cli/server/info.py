@@ -100,7 +100,10 @@ def props_json(st: ServerState) -> dict[str, Any]:
     s, o = st.handle(), st.options
     vocab = s.vocab
     assert st.chat is not None
-    params = TaskParams(n_predict=st.defaults.n_predict, sampling=st.defaults.sampling, cache_prompt=o.cache_prompt)
+    lora = st.eng().loop.lora_scales()  # the global scales a request without `lora` applies
+    params = TaskParams(
+        n_predict=st.defaults.n_predict, sampling=st.defaults.sampling, cache_prompt=o.cache_prompt, lora=lora
+    )
     return {
         "default_generation_settings": {"params": sj.params_json(params), "n_ctx": s.n_ctx_slot},
         "total_slots": s.n_slots,

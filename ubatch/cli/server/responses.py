@@ -83,6 +83,7 @@ def params_json(p: TaskParams) -> dict[str, Any]:
         "samplers": list(s.samplers),
         "timings_per_token": p.timings_per_token,
         "post_sampling_probs": p.post_sampling_probs,
+        "lora": [{"id": i, "scale": v} for i, v in sorted((p.lora or {}).items())],
     }
 
 

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp
 
 from ubatch.cli.common import fail, resolve_model
 from ubatch.cli.context_flags import ContextFlags
+from ubatch.cli.lora_flags import LoraFlags
 from ubatch.cli.parallel_flags import ParallelFlags
 from ubatch.cli.present import startup_lines
 from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
@@ -186,6 +187,7 @@ class EngineOptions:
     reranking: bool = False  # --reranking: embedding with rank pooling
     spec: SpecFlags | None = None  # the speculative flags (cli/spec_flags.py)
     tp: ParallelFlags = field(default_factory=ParallelFlags)  # tensor parallelism (-tp, -sm row)
+    lora: LoraFlags = field(default_factory=LoraFlags)  # --lora, --lora-scaled, --lora-init-without-apply
     quiet: bool = False  # no startup or per-slot log lines
 
 
@@ -195,6 +197,7 @@ def load_engine(o: EngineOptions) -> ServerEngine:
     n_ubatch, as llama-server does; each slot verifies the drafts of `o.spec`, so n_outputs_max
     grows to n_parallel x (1 + draft)."""
     m = o.tp.load(resolve_model(o.model), o.device)
+    lora = o.lora.load(m)  # before the context, which reserves room for the adapters
     embedding, pooling = o.embedding or o.reranking, "rank" if o.reranking else o.pooling
     notes = []
     cache_ram = o.cache_ram
@@ -208,6 +211,7 @@ def load_engine(o: EngineOptions) -> ServerEngine:
     # llama-server: one sequence per slot; one output row per slot (and drafted token) and iteration
     params = c.params(spec=o.spec.params() if o.spec is not None else None, embedding=embedding)
     ctx = Context(m, params, embeddings=embedding, pooling=pooling)
+    ctx.set_adapters(lora)
     speculator = o.spec.build(ctx) if o.spec is not None and not embedding else None
     if o.warmup:
         ctx.warmup()

@@ -129,6 +129,7 @@ class ServerState:
             n_keep=o.n_keep,
             special=o.special,
             vocab=h.vocab,
+            n_lora=len(h.plan.loras),
         )
         self.model_id = o.model_name(m.path)  # llama-server's: the first alias, else the path
         v = h.vocab

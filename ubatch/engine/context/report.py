@@ -10,6 +10,7 @@ from ubatch.engine.context.context import Context, make_backend
 from ubatch.engine.context.reserve import Reservation, plan_sizes
 from ubatch.engine.errors import ContextError
 from ubatch.engine.kv.cache import KVCacheInfo
+from ubatch.engine.model.lora import AdapterInfo, adapter_infos
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams, CParams, derive
 from ubatch.engine.units import mib
@@ -118,6 +119,11 @@ class MemoryPlan:
     device: str = "cpu"  # where the weights, the KV cache and the compute buffer live (torch's name)
     tp: TPPlan | None = None  # tensor parallelism: the plan above is one rank's
     moe: MoePlan | None = None  # a mixture of experts: total against active weights, its tensors
+    loras: list[AdapterInfo] = field(default_factory=list)  # LoRA adapters loaded for the model
+
+    @property
+    def lora_bytes(self) -> int:
+        return sum(a.nbytes for a in self.loras)
 
     @property
     def kv_bytes(self) -> int:
@@ -130,7 +136,8 @@ class MemoryPlan:
     @property
     def total_bytes(self) -> int:
         gather = self.tp.gather_bytes if self.tp is not None else 0
-        return self.model_bytes + self.backend_bytes + self.context_bytes + self.compute_bytes + gather
+        weights = self.model_bytes + self.backend_bytes + self.lora_bytes
+        return weights + self.context_bytes + self.compute_bytes + gather
 
     @property
     def bits_per_weight(self) -> float:
@@ -155,7 +162,7 @@ def plan_for(model: Model, params: ContextParams) -> MemoryPlan:
     these parameters reports (tests/test_memory_plan.py), from shapes alone (engine/context/reserve.py)."""
     cp = derive(params, model.hparams)
     ops = make_backend(params.backend, cp.n_threads)
-    ops.prepare_weights(model.matrices())
+    ops.prepare_weights(model.matrices() + [w for a in model.adapters for w in a.matrices()])
     shadow, r, _ = plan_sizes(model, cp, ops)
     return _plan(model, cp, ops, [c.info() for c in shadow.caches], r, cp.n_seq_max)
 
@@ -193,6 +200,7 @@ def _plan(
         device=str(m.device),
         tp=tp_plan(m, cp),
         moe=moe_plan(m, r),
+        loras=adapter_infos(m.adapters),
     )
 
 

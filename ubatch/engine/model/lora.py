@@ -77,6 +77,31 @@ class LoraAdapter:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterInfo:
+    """An adapter as the memory plan, `info` and the server's lists show it."""
+
+    id: int
+    path: str
+    name: str
+    n_pairs: int  # matrices it targets
+    ranks: tuple[int, ...]  # the distinct ranks of its pairs
+    alpha: float
+    nbytes: int
+    task_name: str = ""  # adapter.lora.task_name, as llama-server lists it
+    prompt_prefix: str = ""  # adapter.lora.prompt_prefix
+
+
+def adapter_infos(adapters: list[LoraAdapter]) -> list[AdapterInfo]:
+    out = []
+    for i, a in enumerate(adapters):
+        pairs = [w for L in a.layers for w in L.values()] + ([a.output] if a.output else [])
+        ranks = tuple(sorted({w.rank for w in pairs}))
+        task, prefix = a.meta.get("adapter.lora.task_name", ""), a.meta.get("adapter.lora.prompt_prefix", "")
+        out.append(AdapterInfo(i, str(a.path), a.name, a.n_pairs, ranks, a.alpha, a.nbytes, task, prefix))
+    return out
+
+
 def _pairs(tensors: dict[str, TensorInfo], src: str) -> dict[str, tuple[TensorInfo, TensorInfo]]:
     """Base tensor name -> (lora_a, lora_b); norms (mergekit) skipped as llama.cpp skips them."""
     a: dict[str, TensorInfo] = {}

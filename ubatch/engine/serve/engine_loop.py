@@ -122,7 +122,19 @@ class EngineLoop:
     def n_deferred(self) -> int:
         return len(self._incoming) + sum(w.n_waiting for w in self.workers)
 
-    # -- what the HTTP side reads --------------------------------------------------------------------
+    # -- LoRA scales: the server's global ones (GET/POST /lora-adapters) ------------------------------
+    def lora_scales(self) -> dict[int, float]:
+        """The global scales of the loaded adapters (every adapter listed, 0 where not applied)."""
+        ctx = self.scheduler.ctx
+        return {i: ctx.lora.get(i, 0.0) for i in range(len(ctx.model.adapters))}
+
+    def set_lora_scales(self, scales: dict[int, float]) -> None:
+        """New global scales, unlisted adapters at 0 (llama-server's construct_lora_list). One dict
+        swapped in under the loop's lock; a task copies the scales when it starts, so running
+        ones keep theirs."""
+        with self._cv:
+            self.scheduler.ctx.set_adapters(scales)
+
     def snapshot(self, timeout_s: float = 5.0) -> Snapshot:
         """The engine's state as the engine thread sees it at its next iteration boundary (from
         any thread; blocks until then). An iteration longer than `timeout_s` (a long prompt on a

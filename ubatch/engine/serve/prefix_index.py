@@ -24,6 +24,9 @@ Where a prefix is found decides what it costs:
 With a sliding window the take is partial too: the window cache takes the other sequence's
 window cells (`KVMemory.seq_cp_past`), the full cache only the positions the slot lacks.
 
+A prefix computed under some LoRA adapters (`Slot.lora`) is reused only by a request that applies
+the same adapters at the same scales; states with adapters are never saved to host memory.
+
 Under KV pressure (unified cache) idle sequences give up cells: first those only one idle
 sequence holds, least recently used first, saved to host memory before they go; then idle
 sequences whose cells no active sequence holds (the prefixes idle slots share) — never a cell
@@ -46,6 +49,7 @@ from ubatch.engine.serve.slot import Slot, SlotState
 from ubatch.engine.serve.stats import PrefixReuse
 
 WAIT_MIN_TOKENS = 32  # a launch waits for another slot's prompt only for a prefix this long
+Lora = tuple[tuple[int, float], ...]  # the (adapter id, scale) pairs a prefix was computed under
 MIN_SHARED = 16  # tokens another source must add to the own prefix to be worth taking (vLLM's block)
 
 
@@ -79,18 +83,18 @@ class PrefixIndex:
         """A sliding-window cache still holds the cells a token at position n must see."""
         return not (n > 0 and self.n_swa > 0 and self.ctx.memory.seq_pos_min(seq_id) > max(0, n - self.n_swa))
 
-    def matches(self, prompt: list[int]) -> dict[int, int]:
-        """Slot id -> the tokens of `prompt` that slot's exact cells hold (slots sharing none
-        are left out)."""
+    def matches(self, prompt: list[int], lora: Lora = ()) -> dict[int, int]:
+        """Slot id -> the tokens of `prompt` that slot's exact cells hold (slots sharing none,
+        or whose cells were computed under other LoRA adapters, are left out)."""
         self.sync()
-        return self.cells.match_each(prompt)
+        return {i: n for i, n in self.cells.match_each(prompt).items() if self.slots[i].lora == lora}
 
     def in_cells(
-        self, prompt: list[int], exclude: Slot | None = None, m: dict[int, int] | None = None
+        self, prompt: list[int], exclude: Slot | None = None, m: dict[int, int] | None = None, lora: Lora = ()
     ) -> tuple[Slot | None, int]:
         """The sequence whose exact cells share the longest prefix with `prompt` (`m`: its
         `matches`, when the caller has them)."""
-        m = self.matches(prompt) if m is None else m
+        m = self.matches(prompt, lora) if m is None else m
         best, n_best = None, 0
         for o in self.slots:
             n = m.get(o.id, 0)
@@ -98,32 +102,33 @@ class PrefixIndex:
                 best, n_best = o, n
         return best, n_best
 
-    def in_ram(self, prompt: list[int]) -> tuple[HostEntry | None, int]:
-        return self.host.best(prompt) if self.host.enabled else (None, 0)
+    def in_ram(self, prompt: list[int], lora: Lora = ()) -> tuple[HostEntry | None, int]:
+        """The host entry sharing the longest prefix (host memory holds base-model states only)."""
+        return self.host.best(prompt) if self.host.enabled and not lora else (None, 0)
 
-    def longest(self, prompt: list[int]) -> int:
+    def longest(self, prompt: list[int], lora: Lora = ()) -> int:
         """The longest prefix of `prompt` cached anywhere (cells or host memory)."""
-        return max(self.in_cells(prompt)[1], self.in_ram(prompt)[1])
+        return max(self.in_cells(prompt, lora=lora)[1], self.in_ram(prompt, lora)[1])
 
-    def should_wait(self, prompt: list[int]) -> bool:
+    def should_wait(self, prompt: list[int], lora: Lora = ()) -> bool:
         """A slot is reading a prompt that shares a long prefix with this one, beyond anything
         cached yet: launching now would compute that prefix twice; wait until it is in cells."""
         if not self.share or len(prompt) < WAIT_MIN_TOKENS:
             return False
         have = -1
         for o in self.slots:
-            if o.state is not SlotState.PROCESSING_PROMPT or o.task is None:
+            if o.state is not SlotState.PROCESSING_PROMPT or o.task is None or o.lora != lora:
                 continue
             n = min(common_prefix(o.task.prompt, prompt), len(prompt) - 1)
             if n >= WAIT_MIN_TOKENS and n - len(o.cache) >= self.min_shared:
                 if have < 0:
-                    have = self.longest(prompt)
+                    have = self.longest(prompt, lora)
                 if n - have >= self.min_shared:
                     return True
         return False
 
     # -- which slot ------------------------------------------------------------------------------
-    def pick_slot(self, prompt: list[int], id_slot: int, similarity: float) -> Slot | None:
+    def pick_slot(self, prompt: list[int], id_slot: int, similarity: float, lora: Lora = ()) -> Slot | None:
         """The requested slot; else the idle slot whose own cache shares the largest fraction of
         the prompt (above `similarity`, llama-server's rule); else, in a unified cache, the idle
         slot whose cells only it holds are fewest (what taking it would lose), least recently
@@ -136,7 +141,7 @@ class PrefixIndex:
             return None
         if similarity > 0 and prompt:
             best, best_sim = None, similarity
-            m = self.matches(prompt)
+            m = self.matches(prompt, lora)
             for s in idle:
                 sim = m.get(s.id, 0) / len(prompt)
                 if s.cache and sim > best_sim:
@@ -149,25 +154,31 @@ class PrefixIndex:
         return min(idle, key=lambda s: s.t_last_used)
 
     # -- reuse -----------------------------------------------------------------------------------
-    def reuse(self, s: Slot, prompt: list[int], cache_prompt: bool, cache_reuse: int) -> PrefixReuse:
-        """Give slot `s` the longest cached prefix of `prompt` from its own cells, another
-        sequence's or host memory; its other cells go (saved to host memory first when nobody
-        else holds them). Sets `s.cache`; returns where the tokens came from."""
+    def reuse(self, s: Slot, prompt: list[int], cache_prompt: bool, cache_reuse: int, lora: Lora = ()) -> PrefixReuse:
+        """Give slot `s` the longest cached prefix of `prompt` computed under the LoRA adapters
+        `lora`, from its own cells, another sequence's or host memory; its other cells go (saved
+        to host memory first when nobody else holds them). Sets `s.cache` and `s.lora`; returns
+        where the tokens came from."""
+        got = self._reuse(s, prompt, cache_prompt, cache_reuse, lora)
+        s.lora = lora
+        return got
+
+    def _reuse(self, s: Slot, prompt: list[int], cache_prompt: bool, cache_reuse: int, lora: Lora) -> PrefixReuse:
         mem = self.ctx.memory
         limit = len(prompt) - 1  # at least one token is evaluated, for its logits
         if not cache_prompt:
             self.save(s, 0)
             s.forget(mem)
             return PrefixReuse()
-        m = self.matches(prompt)
-        n_own = min(m.get(s.id, 0), limit)
+        m = self.matches(prompt, lora)
+        n_own = min(m.get(s.id, 0), limit) if s.lora == lora else 0
         if not self._window_ok(s.id, n_own):
             n_own = 0
         src, n_seq, entry, n_ram = None, 0, None, 0
         if self.share:
             src, n_seq = self.in_cells(prompt, exclude=s, m=m)
             n_seq = min(n_seq, limit)
-            entry, n_ram = self.in_ram(prompt)
+            entry, n_ram = self.in_ram(prompt, lora)
             n_ram = min(n_ram, limit)
         if src is not None and n_seq >= n_own + self.min_shared and n_seq >= n_ram:
             # the slot keeps its own n_own cells and takes only what it lacks: src's cells over
@@ -184,7 +195,7 @@ class PrefixIndex:
             if got > n_own:
                 return PrefixReuse(n_own, 0, got - n_own)
             n_own = min(n_own, len(s.cache))
-        if cache_reuse:  # llama-server's --cache-reuse: chunks of the own cells moved into place
+        if cache_reuse and s.lora == lora:  # llama-server's --cache-reuse: chunks of the own cells moved into place
             n0 = common_prefix(s.cache, prompt)
             self.save(s, n0)
             n_past = reuse_chunks(mem, s.id, s.cache, prompt, n0, cache_reuse)
@@ -222,7 +233,7 @@ class PrefixIndex:
         """Before the slot's cells from position `keep` on go: keep its exact prefix in host
         memory when some of those cells hold tokens no other sequence holds."""
         n = s.n_exact
-        if not self.host.enabled or n <= keep or self.host.holds(s.cache[:n]):
+        if not self.host.enabled or s.lora or n <= keep or self.host.holds(s.cache[:n]):
             return False
         apart = self.ctx.memory.positions_apart(s.id, list(range(self.n_seq)))
         if not (apart >= keep).any():

@@ -211,16 +211,23 @@ class Scheduler:
         waiting: deque[Task] = deque()
         while self.queue:
             task = self.queue.popleft()
-            if task.params.cache_prompt and self.prefixes.should_wait(task.prompt):
+            lora = self._lora(task)
+            if task.params.cache_prompt and self.prefixes.should_wait(task.prompt, lora):
                 self.stats.n_waited_prefix += 1
                 waiting.append(task)
                 continue
-            slot = self.prefixes.pick_slot(task.prompt, task.params.id_slot, self.similarity)
+            slot = self.prefixes.pick_slot(task.prompt, task.params.id_slot, self.similarity, lora)
             if slot is None:
                 waiting.append(task)
             else:
                 self._launch(slot, task)
         self.queue = waiting
+
+    def _lora(self, task: Task) -> tuple[tuple[int, float], ...]:
+        """The LoRA adapters a task applies: its own `lora` (unlisted ones at 0, as llama-server's
+        construct_lora_list), else the server's scales as they are when it starts."""
+        scales = self.ctx.lora if task.params.lora is None else task.params.lora
+        return tuple((i, v) for i, v in sorted(scales.items()) if v != 0.0)
 
     def _launch(self, s: Slot, task: Task) -> None:
         prompt, p = task.prompt, task.params
@@ -248,7 +255,11 @@ class Scheduler:
             self._finish(s)
             return
         reuse = (p.n_cache_reuse or self.cache_reuse) if self.cache_reuse else 0
-        s.reuse = self.prefixes.reuse(s, prompt, p.cache_prompt, reuse)
+        lora = self._lora(task)
+        if p.lora is None:  # what it applies, as /slots and its generation_settings show
+            p.lora = {i: v for i, v in self.ctx.lora.items()}
+        self.ctx.set_seq_adapters(s.id, dict(lora))  # the slot's rows apply them, whatever the others do
+        s.reuse = self.prefixes.reuse(s, prompt, p.cache_prompt, reuse, lora)
         s.n_prompt_cache = s.i_prompt = s.reuse.total
         s.gen.accept_prompt(prompt)
         prompt_started(s, self.stats)

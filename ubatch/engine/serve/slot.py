@@ -117,6 +117,9 @@ class Slot:
     # shift re-rotated them after dropping what they attended to; --cache-reuse moved them):
     # never shared with another request, never reused past. -1: every cell is exact
     taint: int = -1
+    # the LoRA adapters (id, scale) its cells were computed under: a prefix is reused only by a
+    # request that applies the same ones (engine/serve/prefix_index.py)
+    lora: tuple[tuple[int, float], ...] = ()
     n_prompt_done: int = 0
     t_start: float = 0.0
     t_prompt_done: float = 0.0

@@ -73,6 +73,8 @@ class TaskParams:
     return_progress: bool = False  # prompt_progress events in a stream
     verbose: bool = False  # __verbose (the native body) in OpenAI responses
     grammar: Grammar | None = None  # compiled by the HTTP layer (grammar, json_schema, response_format)
+    # the request's `lora` ({id: scale}, unlisted adapters at 0); None: the server's global scales
+    lora: dict[int, float] | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -102,6 +102,23 @@ class ServerDefaults:
     n_keep: int = 0  # --keep
     special: bool = False  # -sp: control tokens appear in the text
     vocab: Vocab | None = None  # the model's: a reasoning budget's tags are tokenized with it
+    n_lora: int = 0  # LoRA adapters loaded: the ids a request's `lora` may name
+
+
+def get_lora(v: Any, n_lora: int, field: str = "lora") -> dict[int, float]:
+    """llama-server's parse_lora_request: [{id, scale}] -> {id: scale} (scale 0 when absent);
+    an id that names no loaded adapter is refused in one line."""
+    if not isinstance(v, list):
+        raise bad_request(f"Field '{field}': expected an array of objects with 'id' and 'scale' fields")
+    out: dict[int, float] = {}
+    for e in v:
+        if not isinstance(e, dict):
+            raise bad_request(f"Field '{field}': expected an array of objects with 'id' and 'scale' fields")
+        i = get_int(e, "id", -1, None, None)
+        if not 0 <= i < n_lora:
+            raise bad_request(f"Field '{field}': no LoRA adapter has id {i} ({n_lora} loaded; see GET /lora-adapters)")
+        out[i] = get_float(e, "scale", 0.0)
+    return out
 
 
 def parse_params(
@@ -174,6 +191,7 @@ def parse_params(
         timings_per_token=get_bool(body, "timings_per_token", False),
         return_progress=get_bool(body, "return_progress", False),
         verbose=get_bool(body, "verbose", False),
+        lora=get_lora(body["lora"], d.n_lora) if body.get("lora") is not None else None,
     )
     p.logit_bias = _logit_bias(body.get("logit_bias"), d.n_vocab, tokenize)
     if p.ignore_eos:  # as llama-server: the end-of-generation tokens get -inf, and the echo shows it

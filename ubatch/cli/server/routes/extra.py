@@ -2,7 +2,6 @@
 llama-server answers them when those features are off or missing, so a client probing for a
 feature gets the same answer from both:
 
-* /lora-adapters: no adapters are loaded (GET lists none, POST sets none);
 * /tools and /cors-proxy: the web UI's built-in tools and MCP proxy are disabled (403);
 * /v1/audio/transcriptions: the model takes no audio; /v1/systemone: not a decision model;
 * POST /v1/chat/completions/control: no completion has reasoning control armed.
@@ -23,18 +22,6 @@ def _not_supported(message: str) -> EngineError:
 
 
 def add_extra_routes(app: FastAPI) -> None:
-    @app.get("/lora-adapters")
-    @api
-    async def get_lora(request: Request) -> Response:
-        return JSONResponse([])
-
-    @app.post("/lora-adapters")
-    @api
-    async def set_lora(request: Request) -> Response:
-        if not isinstance(await read_json(request), list):
-            raise bad_request("Request body must be an array")
-        return JSONResponse({"success": True})
-
     @app.get("/tools")
     @app.post("/tools")
     @app.get("/cors-proxy")
