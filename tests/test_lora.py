@@ -240,15 +240,13 @@ def test_a_server_batches_four_adapter_sets_each_as_alone(files: dict[str, Path]
 
         alone = [run(s) for s in sets]  # one at a time: each after the others' prompts are cached
         assert len(set(alone)) == 4
-        with ThreadPoolExecutor(4) as pool:
-            together = list(pool.map(run, sets))
-        assert together == alone
+        with ThreadPoolExecutor(16) as pool:  # 16 clients on 4 slots: the slots stay full
+            together = list(pool.map(run, sets * 4))
+        assert together == alone * 4
         recs = httpx.get(f"{url}/iterations").json()["records"]
         assert any(len(r["rows"]) == 4 for r in recs)  # the four streams in one decode
-        slots = httpx.get(f"{url}/slots").json()
-        assert sorted(str(s["params"]["lora"]) for s in slots) == sorted(
-            str([{"id": i, "scale": v} for i, v in sorted({e["id"]: e["scale"] for e in s}.items())]) for s in sets
-        )
+        shown = [[{"id": i, "scale": v} for i, v in sorted({e["id"]: e["scale"] for e in s}.items())] for s in sets]
+        assert all(s["params"]["lora"] in shown for s in httpx.get(f"{url}/slots").json())
         # the global scales: a request without `lora` applies them as they are when it starts
         assert run([]) == alone[0]
         r = httpx.post(f"{url}/lora-adapters", json=[{"id": 1, "scale": 1.0}])
