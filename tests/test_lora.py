@@ -263,3 +263,29 @@ def test_a_server_batches_four_adapter_sets_each_as_alone(files: dict[str, Path]
     finally:
         live.close()
         eng.stop()
+
+
+def test_the_python_api_takes_lora_path_and_lora_scale(files: dict[str, Path]) -> None:
+    """llama-cpp-python's lora_path / lora_scale: the logits of the adapter at that scale."""
+    from ubatch import Llama
+
+    llm = Llama(str(files["f32"]), n_ctx=256, type_k="f32", type_v="f32", logits_all=True,
+                lora_path=str(files["lora1.f32"]), lora_scale=0.5, n_threads=2)  # fmt: skip
+    llm.eval(SEQ)
+    assert _kld(_reference(1, 0.5), torch.from_numpy(llm.scores[: len(SEQ)]).double()) <= 1e-5
+
+
+def test_explain_shows_the_adapters_each_row_applied(files: dict[str, Path]) -> None:
+    import json
+
+    from cli_inproc import run_cli
+
+    args = ["explain", "-m", str(files["f32"]), "-p", "hello", "-p", "world", "-n", "2"]
+    r = run_cli([*args, "--json", "--lora-scaled", f"{files['lora1.f32']}:0.5"])
+    assert r.returncode == 0, r.stderr
+    ubs = [u for c in json.loads(r.stdout)["calls"] for u in c["ubatches"]]
+    assert ubs and all(u["loras"] == {str(s): [[0, 0.5]] for s in u["seq_ids"]} for u in ubs)
+    r = run_cli([*args, "--lora-scaled", f"{files['lora1.f32']}:0.5"])
+    assert "+lora 0@0.5" in r.stdout
+    r = run_cli([*args, "--json"])
+    assert all(u["loras"] == {} for c in json.loads(r.stdout)["calls"] for u in c["ubatches"])

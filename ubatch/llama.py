@@ -61,6 +61,8 @@ class Llama:
         spec_ngram_size_n: int = 12,
         spec_ngram_size_m: int = 48,
         tensor_parallel: int = 1,  # ranks each layer is split over (the CLI's -tp); started here
+        lora_path: str | Path | None = None,  # a LoRA adapter (GGUF or PEFT directory), as --lora
+        lora_scale: float = 1.0,  # its scale (llama-cpp-python's; alpha / rank still applies)
         **_ignored: object,
     ) -> None:
         """With `tensor_parallel` N > 1 this process is rank 0 and starts ranks 1..N-1 itself (or,
@@ -80,6 +82,7 @@ class Llama:
             self._ranks, self.model = started
         else:
             self.model = Model.load(self.model_path)
+        lora = {self.model.load_adapter(lora_path): lora_scale} if lora_path is not None else {}
         self.vocab = self.model.vocab
         # n_outputs_max as llama-server sets it: every row only when all logits or embeddings are wanted
         params = ContextParams(
@@ -96,6 +99,7 @@ class Llama:
         if isinstance(pooling_type, int):
             pooling_type = POOLING_TYPES[pooling_type] if 0 <= pooling_type < len(POOLING_TYPES) else None
         self.ctx = Context(self.model, params, embeddings=embedding, pooling=pooling_type)
+        self.ctx.set_adapters(lora)
         self.embedding = embedding
         self.speculator = speculator_for(spec, self.ctx, draft_model)
         self.spec_stats = SpecStats()  # drafts verified over this object's completions

@@ -14,6 +14,7 @@ from ubatch.cli import validate
 from ubatch.cli.common import check_text, err_console, process_escapes, resolve_model, user_errors
 from ubatch.cli.context_flags import ContextFlags, context_options
 from ubatch.cli.flag_group import refine
+from ubatch.cli.lora_flags import LoraFlags, lora_options_cli
 from ubatch.cli.options import opt
 from ubatch.cli.parallel_flags import ParallelFlags, parallel_options
 from ubatch.cli.sampling_flags import SamplingFlags, sampling_options
@@ -27,6 +28,7 @@ WHAT_IF_UBATCHES = (512, 256, 128, 64)
 @sampling_options
 @spec_options
 @parallel_options
+@lora_options_cli
 def explain(
     model: Optional[Path] = opt("model", None),
     prompt: Optional[list[str]] = opt("prompt", None, help="a prompt; repeat -p for sequences decoded together"),
@@ -38,11 +40,13 @@ def explain(
     sampling: SamplingFlags = SamplingFlags(),
     spec: SpecFlags = SpecFlags(),
     tp: ParallelFlags = ParallelFlags(),
+    lora: LoraFlags = LoraFlags(),
 ) -> None:
     if not prompt:
         raise typer.BadParameter("give at least one prompt to explain", param_hint="-p")
     validate.generation_flags(n_predict)
     sampling.check()
+    lora.check()
     for note in spec.check():
         err_console.print(note, markup=False, soft_wrap=True)
     validate.n_parallel(len(prompt), flag="-p (one sequence each)")
@@ -59,13 +63,14 @@ def explain(
     from ubatch.engine.serve.task import TaskParams
 
     m = tp.load(resolve_model(model), dev)
+    scales = lora.load(m)  # every prompt applies them (the server's global scales)
     ids = [m.vocab.tokenize(t, add_special=True, parse_special=True) for t in texts]
     # as llama-server: one output row per slot, and with speculation one per drafted token
     params = context.params(parallel=n_slots, spec=spec.params())
     task = TaskParams(n_predict, sampling.sampler_params(), ignore_eos=sampling.ignore_eos)
     task.logit_bias, task.grammar = sampling.logit_biases(m.hparams.n_vocab), sampling.compiled_grammar()
     # the Speculator for the target context (None: speculation off)
-    req = Request(ids, task, n_slots, spec.build)
+    req = Request(ids, task, n_slots, spec.build, scales)
     e = explain_request(m, params, req, WHAT_IF_UBATCHES)
     if as_json:
         from ubatch.cli.explain.json_view import explanation_json

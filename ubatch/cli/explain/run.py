@@ -38,6 +38,7 @@ class Request:
     n_slots: int = 0  # 0: one slot per prompt
     # the Speculator for the target context (engine/spec/speculative.py), or None: speculation off
     speculator: Callable[[Context], Speculator | None] | None = None
+    lora: dict[int, float] = field(default_factory=dict)  # the model's adapters every sequence applies
 
 
 @dataclass(slots=True)
@@ -98,6 +99,7 @@ def explain_request(model: Model, params: ContextParams, req: Request, sub_ubatc
         raise ExplainError("nothing to explain: give at least one -p")
     n_slots = req.n_slots or len(req.prompts)
     ctx = Context(model, params)
+    ctx.set_adapters(req.lora)
     spec = req.speculator(ctx) if req.speculator is not None else None
     sched = Scheduler(ctx, n_slots, speculator=spec)
     check_prompts(req, ctx.cparams, sched.n_ctx_slot, model.hparams.n_ctx_train)

@@ -66,6 +66,8 @@ def seq_summary(u: UBatchView) -> Text:
             t.append(" ")
         t.append(f"s{s}", style=seq_style(int(s)))
         t.append(":" + ",".join(f"{n}{k}" for k, n in kinds.items()))
+        if u.loras.get(int(s)):  # the LoRA adapters its rows applied, as id@scale
+            t.append("+lora " + ",".join(f"{i}@{v:g}" for i, v in u.loras[int(s)]), style="dim")
     return t
 
 

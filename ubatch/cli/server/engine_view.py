@@ -72,6 +72,7 @@ def decode_json(d: DecodeView) -> dict[str, Any]:
                 "reused": u.reused,
                 "ms": u.ms,
                 "runs": [list(r) for r in u.runs],
+                "lora": {str(k): [{"id": i, "scale": v} for i, v in p] for k, p in u.loras.items()},
             }
             for u in d.ubatches
         ],

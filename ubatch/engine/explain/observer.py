@@ -49,6 +49,8 @@ class UBatchView:
     kv: list[CacheUse]
     reused: bool
     ms: float
+    # per sequence, the LoRA adapters (id, scale) its rows applied; absent: the base model
+    loras: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -123,6 +125,7 @@ class Recorder:
             kv,
             rec.reused,
             rec.ms,
+            {k: list(v) for k, v in rec.loras.items()},
         )
         call.ubatches.append(view)
         self._maybe_mask(ub, view, kinds)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +47,8 @@ class UBatchView:
     reused: bool
     ms: float
     runs: tuple[tuple[int, str, int], ...]
+    # per sequence of the ubatch, the LoRA adapters (id, scale) its rows applied (none: the base model)
+    loras: dict[int, tuple[tuple[int, float], ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,14 @@ class DecodeWatch:
             self._next += 1
         self._open.append(
             UBatchView(
-                rec.n_tokens, rec.n_outputs, rec.n_seqs, tuple(rec.n_kv), rec.reused, rec.ms, row_runs(batch, ub)
+                rec.n_tokens,
+                rec.n_outputs,
+                rec.n_seqs,
+                tuple(rec.n_kv),
+                rec.reused,
+                rec.ms,
+                row_runs(batch, ub),
+                dict(rec.loras),
             )
         )
         if sum(u.n_tokens for u in self._open) >= batch.n_tokens:
