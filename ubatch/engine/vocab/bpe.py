@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import operator
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from itertools import chain, compress, repeat
 from typing import Literal
 
@@ -54,13 +54,8 @@ _ENCODE_TABLE = np.array([ord(c) for c in BYTE_TO_UNICODE], "<u2")  # (all below
 
 def byte_encode_all(words: list[str]) -> list[str]:
     """byte_encode of each word, in one pass over all their bytes (numpy) and one split."""
-    joined = "".join(words)
-    raw = unicode.utf8(joined)
-    if len(raw) == len(joined):  # ASCII: a byte per character
-        lengths: Iterable[int] = map(len, words)
-    else:
-        lengths = [len(unicode.utf8(w)) for w in words]
-    encoded = _ENCODE_TABLE[np.frombuffer(raw, np.uint8)].tobytes().decode("utf-16-le")
+    joined, lengths = unicode.utf8_lengths(words)
+    encoded = _ENCODE_TABLE[np.frombuffer(unicode.utf8(joined), np.uint8)].tobytes().decode("utf-16-le")
     return cut(encoded, lengths)
 
 
@@ -174,8 +169,12 @@ class BpeTokenizer:
                 self._native = NativeBpe.build(self._texts, self._merges, self._byte_ids(ids)) or False
             if self._native:
                 merged = self._native.words(rest)
-        done = (m if m is not None else self._merge(e) for e, m in zip(rest, merged))
-        return [[t] if t is not None else next(done) for t in whole]
+        if None in merged:
+            merged = [m if m is not None else self._merge(e) for e, m in zip(rest, merged)]
+        if len(merged) == len(whole):
+            return merged  # type: ignore[return-value]  # no None is left
+        take = iter(merged).__next__
+        return [[t] if t is not None else take() for t in whole]  # type: ignore[misc]
 
     def _byte_ids(self, ids: dict[str, int]) -> list[int]:
         """What _piece gives for each byte of a piece that is no token (-1: nothing)."""

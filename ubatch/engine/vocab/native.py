@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ubatch.engine.gguf.string_array import StringArray
+from ubatch.engine.vocab import unicode
 
 SOURCE = Path(__file__).with_name("csrc") / "words.c"
 ABI = 1
@@ -100,7 +101,10 @@ def _ptr(a: np.ndarray | bytes) -> int:
 
 def _batch(words: list[str]) -> tuple[bytes, np.ndarray]:
     """The words' UTF-8 (as llama.cpp writes code points: surrogates too) in one buffer, and offsets."""
-    return _batch_bytes([w.encode("utf-8", "surrogatepass") for w in words])
+    joined, lengths = unicode.utf8_lengths(words)
+    off = np.zeros(len(words) + 1, np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return unicode.utf8(joined), off
 
 
 def _batch_bytes(encoded: list[bytes]) -> tuple[bytes, np.ndarray]:

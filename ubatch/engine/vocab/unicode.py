@@ -154,3 +154,17 @@ def _escaped_only(text: str) -> bool:
 def utf8(text: str) -> bytes:
     """UTF-8 as llama.cpp writes a code point (surrogates as their 3-byte form)."""
     return text.encode("utf-8", "surrogatepass")
+
+
+def utf8_lengths(words: list[str]) -> tuple[str, np.ndarray]:
+    """The words joined, and each one's length in UTF-8 bytes as utf8() writes it, with numpy:
+    one pass over the joined code points rather than an encode per word."""
+    joined = "".join(words)
+    counts = np.fromiter(map(len, words), np.int64, len(words))
+    if joined.isascii() or not len(words):
+        return joined, counts
+    if not counts.all():  # (reduceat needs no empty word)
+        return joined, np.fromiter((len(utf8(w)) for w in words), np.int64, len(words))
+    cps = codepoints(joined)
+    size = 1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
+    return joined, np.add.reduceat(size, np.cumsum(counts) - counts)
