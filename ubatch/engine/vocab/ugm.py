@@ -35,7 +35,6 @@ _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)  # by high nibble, 
 # after it (which ones: _wide_next); _ALWAYS: a key may go on with an ASCII one, or a user-defined
 # token starts with its first byte
 _KNOWN, _CHANGES, _WIDE_NEXT, _ALWAYS = 1, 2, 4, 8
-_SPACES = re.compile(" +")
 
 
 @dataclass(frozen=True)
@@ -329,8 +328,8 @@ class UgmTokenizer:
             text = "".join(x for pair in zip(parts, [*done, ""]) for x in pair)
         space = "\u2581" if o.escape_whitespaces else " "
         if o.remove_extra_whitespaces:  # one mark before each run of non-spaces
-            text = text.strip(" ")
-            return (space + _SPACES.sub(space, text)).encode() if text else b""
+            words = text.split(" ")
+            return (space + space.join(filter(None, words))).encode() if text.strip(" ") else b""
         first = len(text) - len(text.lstrip(" "))
         head, rest = text[:first].replace(" ", space), text[first:].replace(" ", space)
         return (head + (space if o.add_space_prefix and rest else "") + rest).encode()
