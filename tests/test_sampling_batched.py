@@ -42,7 +42,7 @@ def bias_for(i: int) -> LogitBias | None:
     return None
 
 
-@pytest.mark.parametrize("names", [list(CHAINS), ["default"] * 5, ["greedy", "penalties"]])
+@pytest.mark.parametrize("names", [list(CHAINS), ["default"] * 5, ["greedy", "penalties"], ["min_p_keep"]])
 def test_one_pass_draws_what_each_row_draws_alone(names: list[str]) -> None:
     alone = [Sampler(CHAINS[n]) for n in names]
     together = [Sampler(CHAINS[n]) for n in names]

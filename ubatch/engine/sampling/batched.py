@@ -26,7 +26,7 @@ import torch
 
 from ubatch.engine.sampling.bias import LogitBias
 from ubatch.engine.sampling.rng import Mt19937
-from ubatch.engine.sampling.stages import Penalties, f32, top_k_rows
+from ubatch.engine.sampling.stages import Cands, Penalties, dist, f32, min_p, scale, top_k_rows, top_p
 
 # the stages a batched chain may hold, in the only order it may hold them (llama.cpp's default)
 BATCHED_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")
@@ -138,6 +138,8 @@ def _top_k_chain(lx: np.ndarray, rows: Sequence[Row], k: int) -> list[int]:
     idx = np.array([r.index for r in rows])
     span = lx[idx[0] : idx[0] + len(idx)] if np.array_equal(idx, np.arange(idx[0], idx[0] + len(idx))) else lx[idx]
     v, ids = top_k_rows(span, k)
+    if len(rows) == 1:  # one row: its own stages take fewer ops than the [rows, k] pass
+        return [_row_tail(rows[0], Cands(torch.from_numpy(v[0]), torch.from_numpy(ids[0]), True))]
     vals = torch.from_numpy(v)
     n_rows, k = vals.shape
     n = torch.full((n_rows, 1), k, dtype=torch.long)
@@ -164,3 +166,15 @@ def _top_k_chain(lx: np.ndarray, rows: Sequence[Row], k: int) -> list[int]:
     u = torch.tensor([[r.rng.uniform() * t] for r, t in zip(rows, total)], dtype=torch.float64)
     at = torch.searchsorted(cum, u).view(-1).tolist()
     return [int(ids[i, min(a, m)]) for i, (a, m) in enumerate(zip(at, last))]
+
+
+def _row_tail(r: Row, c: Cands) -> int:
+    """What follows top-k in one row's chain, by the chain's own stages."""
+    ch = r.chain
+    if ch.top_p is not None:
+        c = top_p(c, ch.top_p, ch.min_keep)
+    if ch.min_p is not None:
+        c = min_p(c, ch.min_p, ch.min_keep)
+    if ch.temp is not None:
+        c = scale(c, ch.temp)
+    return dist(c, r.rng)
