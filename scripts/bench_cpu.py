@@ -179,7 +179,7 @@ def compare(side: Side, model: Model, path: Path, threads: int, reps: int, npl: 
             lc[k].append(v)
         for k, v in ubatch_bench(model, threads, 1, side.backend).items():
             ub[k].append(v)
-    weight_bytes = sum(w.nbytes for w in model.matrices())  # tied head counted once
+    weight_bytes = model.active_bytes  # a mixture of experts: the experts a token chooses
     ops = make_backend(side.backend, threads)  # what ubatch's kernels read: its repacks included
     ops.prepare_weights(model.matrices())
     ub_bytes = weight_bytes + repack_bytes(ops)
@@ -189,8 +189,10 @@ def compare(side: Side, model: Model, path: Path, threads: int, reps: int, npl: 
         u, lv = max(ub[k]), max(lc[k])
         gb = f"{ub_bytes * u / 1e9:.1f} | {weight_bytes * lv / 1e9:.1f}" if k == "tg128" else "- | -"
         print(f"| {k} | {u:.1f} | {lv:.1f} | {u / lv:.2f}x | {gb} |")
+    moe = model.hparams.moe
+    active = f" (the active weights: {moe.n_expert_used} of {moe.n_expert} experts)" if moe else ""
     print(
-        f"(best of {reps}; a tg token streams {weight_bytes / 2**20:.0f} MiB of stored weights in llama.cpp, "
+        f"(best of {reps}; a tg token streams {weight_bytes / 2**20:.0f} MiB of stored weights{active} in llama.cpp, "
         f"{ub_bytes / 2**20:.0f} MiB with ubatch's repacks)"
     )
 

@@ -3,11 +3,13 @@
     python scripts/synth_family.py qwen3-1.7b OUT.gguf
     python scripts/synth_family.py llama-3.2-1b OUT.gguf
     python scripts/synth_family.py qwen3-0.6b OUT.gguf .../llama.cpp/models/ggml-vocab-qwen2.gguf
+    python scripts/synth_family.py qwen3-30b-a3b-8l OUT.gguf   # Qwen3-30B-A3B's layers, 8 of its 48
 
 The tensors are the architecture's own declarations (engine/model/archs: every layer tensor the
 forward reads, by name and shape), so a new family needs only its shape here. Matrices are Q4_K
 (Q6_K for attn_v and ffn_down of every other layer), the embedding Q4_K and tied to the output
-as in both models, norms 1 + noise, biases small (scripts/gpu_synth.py's random blocks). The
+as in both models (a mixture of experts: its experts as 3-D tensors, ffn_down_exps Q6_K every other
+layer, the router F32 as llama-quantize keeps it), norms 1 + noise, biases small (scripts/gpu_synth.py's random blocks). The
 vocabulary is a placeholder SentencePiece one of the model's size, or another file's (VOCAB.gguf,
 e.g. llama.cpp's models/ggml-vocab-qwen2.gguf) so that text runs through the real tokenizer. For
 speed comparisons (`python scripts/bench_cpu.py -m OUT.gguf`) and end-to-end runs, not for meaning.
@@ -32,7 +34,11 @@ SHAPES = {
     "qwen3-0.6b": ("qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 1_000_000.0),
     "llama-3.2-1b": ("llama", 2048, 16, 32, 8, 64, 8192, 128256, 500_000.0),
     "qwen2.5-0.5b": ("qwen2", 896, 24, 14, 2, 64, 4864, 151936, 1_000_000.0),
+    # Qwen3-30B-A3B's layer shapes, 8 of its 48 layers (its n_ff is the unused dense width)
+    "qwen3-30b-a3b-8l": ("qwen3moe", 2048, 8, 32, 4, 128, 6144, 151936, 1_000_000.0),
 }
+# mixtures of experts: name -> (n_expert, n_expert_used, expert FFN width)
+EXPERTS = {"qwen3-30b-a3b-8l": (128, 8, 768)}
 
 
 def write(name: str, out: Path, seed: int = 0, vocab: Path | None = None) -> Path:
@@ -55,6 +61,11 @@ def write(name: str, out: Path, seed: int = 0, vocab: Path | None = None) -> Pat
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(base)
+    if name in EXPERTS:
+        n_expert, n_used, n_ff_exp = EXPERTS[name]
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_used)
+        w.add_expert_feed_forward_length(n_ff_exp)
     if src is not None:
         for key, field in src.fields.items():
             if key.startswith("tokenizer."):
@@ -66,20 +77,23 @@ def write(name: str, out: Path, seed: int = 0, vocab: Path | None = None) -> Pat
     meta = {k: v.value for k, v in w.kv_data[0].items() if not k.startswith("tokenizer.")}
     hp = hparams_from_metadata(meta | {f"{arch}.vocab_size": n_vocab}, name)
     for spec in expected_tensors(hp).values():
-        if spec.name in ("output.weight", "rope_freqs.weight"):
-            continue  # tied output, no rope scaling
+        if not spec.required:
+            continue  # tied output, no rope scaling tables
         if len(spec.shape) == 1:
             n = spec.shape[0]
             x = 0.1 * rng.standard_normal(n) + (0.0 if spec.kind == "bias" else 1.0)
             w.add_tensor(spec.name, x.astype(np.float32))
             continue
-        rows, cols = spec.shape
+        n_mat, (rows, cols) = (spec.shape[0] if len(spec.shape) == 3 else 1), spec.shape[-2:]
         il = int(spec.name.split(".")[1]) if spec.name.startswith("blk.") else 0
-        heavy = spec.name.endswith(("attn_v.weight", "ffn_down.weight")) and il % 2 == 0
+        heavy = spec.name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and il % 2 == 0
         qtype = T.Q6_K if heavy else T.Q4_K
         if cols % 256:
             qtype = T.Q8_0
-        w.add_tensor(spec.name, random_blocks(rng, qtype, rows, cols), raw_dtype=qtype)
+        if spec.name.endswith("ffn_gate_inp.weight"):
+            qtype = T.F32
+        blocks = random_blocks(rng, qtype, n_mat * rows, cols)
+        w.add_tensor(spec.name, blocks.reshape(*spec.shape[:-1], -1), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

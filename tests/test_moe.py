@@ -126,7 +126,7 @@ def test_mul_mat_id_on_the_cuda_backend() -> None:
     and float experts, shared and per-expert rows, biases."""
     ops = backends.create("cuda", n_threads=1)
     dev = triton_interp.DEVICE
-    for t in (T.Q8_0, T.Q4_K, T.F16):
+    for t in (T.Q8_0, T.Q4_K, T.F16, T.MXFP4):
         cols = 256
         w = experts(t, 4, 32, cols)
         for n, per in ((1, 1), (5, 2)):

@@ -23,6 +23,9 @@ from ubatch.kernels.ops import (
     GraphRunner,
     KVTensor,
     LinearArgs,
+    MoeTopKArgs,
+    MoeWeightsArgs,
+    MulMatIdArgs,
     NodeArgs,
     Ops,
     ScratchSpec,
@@ -125,6 +128,9 @@ class ProfilingOps(Ops):
     def attention_scratch(self, q: tuple[int, ...], k: KVTensor, v: KVTensor, n_kv: int) -> ScratchSpec:
         return self.inner.attention_scratch(q, k, v, n_kv)
 
+    def mul_mat_id_scratch(self, n: int, k: int, w: QWeight) -> ScratchSpec:
+        return self.inner.mul_mat_id_scratch(n, k, w)
+
     def bind(self, a: NodeArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Step:
         """The backend's bound call for a node, with the timer around it."""
         f = self.inner.bind(a, out, scratch)
@@ -146,6 +152,18 @@ class ProfilingOps(Ops):
 
     def linear(self, x: Tensor, w: QWeight, out: Tensor, scratch: list[Tensor] | None = None) -> Tensor:
         return self._timed(_linear_category(w), lambda: self.inner.linear(x, w, out, scratch))
+
+    def mul_mat_id(self, a: MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
+        return self._timed("matmul", lambda: self.inner.mul_mat_id(a, out, scratch))
+
+    def moe_topk(self, a: MoeTopKArgs[Tensor], out: Tensor) -> Tensor:
+        return self._timed("rows", lambda: self.inner.moe_topk(a, out))
+
+    def moe_weights(self, a: MoeWeightsArgs[Tensor], out: Tensor) -> Tensor:
+        return self._timed("elementwise", lambda: self.inner.moe_weights(a, out))
+
+    def moe_sum(self, x: Tensor, weights: Tensor, out: Tensor) -> Tensor:
+        return self._timed("elementwise", lambda: self.inner.moe_sum(x, weights, out))
 
     def rms_norm(self, x: Tensor, w: Tensor, eps: float, out: Tensor, scratch: list[Tensor]) -> Tensor:
         return self._timed("norm", lambda: self.inner.rms_norm(x, w, eps, out, scratch))

@@ -139,7 +139,7 @@ def _cell(r: BenchResult, col: str) -> str:
             return r.test
         case "t/s":
             return f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"
-        case "GB/s":  # every matrix is read once per generated token, repacks included
+        case "GB/s":  # every matrix (of experts, the chosen ones) read once per generated token, repacks included
             return f"{(r.stream_bytes or r.model_size) * r.avg_ts / 1e9:.2f}" if _is_tg(r) else "-"
         case "ub_eff":
             return str(r.n_ubatch_eff)

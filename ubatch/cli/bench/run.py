@@ -210,7 +210,7 @@ def run_bench(
             n_batch_eff=cp.n_batch,
             n_ubatch_eff=cp.n_ubatch,
             n_outputs_max=cp.n_outputs_max,
-            stream_bytes=model.size_bytes + repack_bytes(ctx.ops),
+            stream_bytes=model.active_bytes + repack_bytes(ctx.ops),  # a mixture of experts: the chosen ones
             compute_buffer_mib=mib(ctx.reservation.bytes),
             used_buffer_mib=mib(used.size if used else 0),
             kv_mib=mib(kv),

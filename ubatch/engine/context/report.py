@@ -78,14 +78,13 @@ def moe_plan(m: Model, r: Reservation) -> MoePlan | None:
         return None
     exps = [w for L in m.layers for w in L.mats.values() if len(w.shape) == 3]
     eb, ep = sum(w.nbytes for w in exps), sum(math.prod(w.shape) for w in exps)
-    used = moe.n_expert_used / moe.n_expert
     return MoePlan(
         n_expert=moe.n_expert,
         n_expert_used=moe.n_expert_used,
         n_ff_exp=moe.n_ff_exp,
         expert_bytes=eb,
-        active_bytes=m.size_bytes - eb + round(eb * used),
-        active_params=m.n_params - ep + round(ep * used),
+        active_bytes=m.active_bytes,
+        active_params=m.n_params - ep + round(ep * moe.n_expert_used / moe.n_expert),
         compute=r.moe,
     )
 

@@ -158,6 +158,16 @@ class Model:
         return sum(held.values()) + sum(v.numel() * v.element_size() for v in vecs)
 
     @property
+    def active_bytes(self) -> int:
+        """The weights one token's forward reads: all of them (`size_bytes`), but of a mixture of
+        experts' 3-D expert tensors only the share of the experts a token chooses."""
+        moe = self.hparams.moe
+        if moe is None:
+            return self.size_bytes
+        eb = sum(w.nbytes for L in self.layers for w in L.mats.values() if len(w.shape) == 3)
+        return self.size_bytes - eb + round(eb * moe.n_expert_used / moe.n_expert)
+
+    @property
     def name(self) -> str:
         return str(self.gguf.metadata.get("general.name", self.path.stem))
 

@@ -175,10 +175,10 @@ class CpuKernels:
         args = (w.ggml_type, w.raw.data_ptr(), w.row_bytes, n, k, x.data_ptr(), m, x.stride(0))
         return CCall(op, fn, (*args, out.data_ptr(), out.stride(0), scratch[0].data_ptr(), self.n_threads))
 
-    def mul_mat_id_scratch(self, n: int, w: QWeight) -> int:
-        """Floats of scratch mul_mat_id needs when an expert may get all n tokens' rows."""
+    def mul_mat_id_scratch(self, n: int, k: int, w: QWeight) -> int:
+        """Floats of scratch mul_mat_id needs for n tokens choosing k experts each (csrc/moe.c)."""
         _, rows, cols = w.shape
-        return int(self.lib.ub_mul_mat_id_scratch(self.repacks.kernel_type(w), rows, cols, n, self.n_threads))
+        return int(self.lib.ub_mul_mat_id_scratch(self.repacks.kernel_type(w), rows, cols, n, k, self.n_threads))
 
     def mul_mat_id(self, a: ops.MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> CCall | None:
         """The chosen experts' products grouped by expert (csrc/moe.c), from the planned scratch."""
@@ -192,7 +192,7 @@ class CpuKernels:
             or not ids.is_contiguous()
             or (b is not None and not _f32(b))
             or not scratch
-            or scratch[0].numel() < self.mul_mat_id_scratch(n, w)
+            or scratch[0].numel() < self.mul_mat_id_scratch(n, k, w)
         ):
             return None
         wa = (w.ggml_type, w.raw.data_ptr(), w.raw.numel() // w.shape[0], w.row_bytes, rows, cols)

@@ -212,7 +212,7 @@ class CpuOps(Ops):
         """An expert's gathered rows, their products and its GEMV's or GEMM's scratch (csrc/moe.c)."""
         if w.ggml_type not in KERNEL_TYPES:
             return []
-        return [((self.kernels.mul_mat_id_scratch(n, w),), torch.float32)]
+        return [((self.kernels.mul_mat_id_scratch(n, k, w),), torch.float32)]
 
     def attention_scratch(self, q: tuple[int, ...], k: KVTensor, v: KVTensor, n_kv: int) -> ScratchSpec:
         """The reference's tiles, plus for prefill (more rows than the C decode path reads) the

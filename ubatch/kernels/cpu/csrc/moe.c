@@ -16,60 +16,98 @@ enum { G_SOFTMAX = 0, G_SIGMOID = 1, G_SOFTMAX_WEIGHT = 2 };
 
 static inline int use_gemm(int type, int64_t m) { return m > MMID_GEMV_ROWS && type != T_F32 && UB_AVX2; }
 
-/* floats of scratch for groups of at most m_max rows: their x rows gathered, their products,
- * and the GEMV's or GEMM's own */
-int64_t ub_mul_mat_id_scratch(int type, int64_t n_rows, int64_t k, int64_t m_max, int nth) {
-    int64_t gv = ub_gemv_scratch(type, m_max < MMID_GEMV_ROWS ? m_max : MMID_GEMV_ROWS, k);
-    int64_t gm = use_gemm(type, m_max) ? ub_gemm_scratch(type, m_max, k, nth) : 0;
-    if (m_max > MMID_GEMV_ROWS && !use_gemm(type, m_max)) gv = ub_gemv_scratch(type, m_max, k);
-    return m_max * k + m_max * n_rows + (gv > gm ? gv : gm) + 16;
+enum { MMID_RB = 64 }; /* weight rows a work item of the one-region path takes */
+
+static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* rows of gathered x (and of products) the scratch holds: a group of up to m_max rows, or every
+ * (token, expert) row of a decode-sized ubatch (<= MMID_GEMV_ROWS tokens) */
+static inline int64_t gathered_rows(int64_t m_max, int64_t K) {
+    return imax(m_max, (m_max < MMID_GEMV_ROWS ? m_max : MMID_GEMV_ROWS) * K);
+}
+
+/* floats of scratch for n_tok tokens choosing K experts each: their x rows gathered, their
+ * products, and the GEMV's (per thread) or the GEMM's own */
+int64_t ub_mul_mat_id_scratch(int type, int64_t n_rows, int64_t k, int64_t n_tok, int64_t K, int nth) {
+    int64_t rows = gathered_rows(n_tok, K);
+    int64_t gv = ub_gemv_scratch(type, n_tok < MMID_GEMV_ROWS ? n_tok : MMID_GEMV_ROWS, k) * nth;
+    int64_t gm = use_gemm(type, n_tok) ? ub_gemm_scratch(type, n_tok, k, nth) : 0;
+    if (n_tok > MMID_GEMV_ROWS && !use_gemm(type, n_tok)) gv = imax(gv, ub_gemv_scratch(type, n_tok, k));
+    return rows * k + rows * n_rows + imax(gv, gm) + 16;
+}
+
+static inline const float *x_row(const float *x, int64_t r, int64_t K, int64_t x_per, int64_t ldx) {
+    int64_t t = r / K, j = r % K;
+    return x + (t * x_per + (x_per > 1 ? j : 0)) * ldx;
 }
 
 /* y[t·K + j] = W[ids[t·K + j]] · x[t·x_per + (x_per > 1 ? j : 0)] (+ bias[ids[t·K + j]]).
- * W: n_expert matrices of n_rows rows (row_bytes each), expert_bytes apart; y rows ldy apart. */
+ * W: n_expert matrices of n_rows rows (row_bytes each), expert_bytes apart; y rows ldy apart.
+ * A decode-sized ubatch (<= MMID_GEMV_ROWS tokens) is one parallel region over (expert, row
+ * block) items, each a one-thread GEMV: on a busy machine every region's wake-up costs a
+ * scheduler slice, and eight experts a layer would be eight. Larger ones: per expert, the GEMV
+ * or the GEMM, each threaded. */
 void ub_mul_mat_id(int type, const uint8_t *w, int64_t expert_bytes, int64_t row_bytes, int64_t n_rows, int64_t k,
                    const float *x, int64_t x_per, int64_t ldx, const int32_t *ids, int64_t n_tok, int64_t K,
                    int64_t n_expert, const float *bias, float *y, int64_t ldy, float *scratch, int nth) {
     int64_t n = n_tok * K;
     int64_t *count = calloc((size_t)n_expert + 1, sizeof(int64_t)), *order = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    int64_t *at = malloc((size_t)(n_expert ? n_expert : 1) * sizeof(int64_t));
     for (int64_t i = 0; i < n; i++) count[ids[i] + 1]++;
     for (int64_t e = 0; e < n_expert; e++) count[e + 1] += count[e]; /* count[e]: where expert e's rows start */
-    int64_t *at = malloc((size_t)(n_expert ? n_expert : 1) * sizeof(int64_t));
     memcpy(at, count, (size_t)n_expert * sizeof(int64_t));
     for (int64_t i = 0; i < n; i++) order[at[ids[i]]++] = i;
-    free(at);
-    int64_t m_max = 0;
-    for (int64_t e = 0; e < n_expert; e++) m_max = count[e + 1] - count[e] > m_max ? count[e + 1] - count[e] : m_max;
-    float *xs = scratch, *ys = xs + m_max * k, *ks = ys + m_max * n_rows;
-    for (int64_t e = 0; e < n_expert; e++) {
-        int64_t m = count[e + 1] - count[e];
-        if (!m) continue;
-        const int64_t *rows = order + count[e];
-        const uint8_t *we = w + e * expert_bytes;
-        const float *be = bias ? bias + e * n_rows : 0;
-        if (m == 1) { /* one row: straight from x into y */
-            int64_t r = rows[0], t = r / K, j = r % K;
-            float *yr = y + r * ldy;
-            ub_gemv(type, we, row_bytes, n_rows, k, x + (t * x_per + (x_per > 1 ? j : 0)) * ldx, 1, ldx, yr, ldy, ks, nth);
-            if (be)
-                for (int64_t c = 0; c < n_rows; c++) yr[c] += be[c];
-            continue;
+    int64_t rows_cap = gathered_rows(n_tok, K);
+    float *xs = scratch, *ys = xs + rows_cap * k, *ks = ys + rows_cap * n_rows;
+    if (n_tok <= MMID_GEMV_ROWS) {
+        int64_t n_used = 0, *used = at; /* the chosen experts, in order */
+        for (int64_t e = 0; e < n_expert; e++)
+            if (count[e + 1] > count[e]) used[n_used++] = e;
+        for (int64_t i = 0; i < n; i++) memcpy(xs + i * k, x_row(x, order[i], K, x_per, ldx), (size_t)k * sizeof(float));
+        int64_t rbs = (n_rows + MMID_RB - 1) / MMID_RB, items = n_used * rbs;
+        int64_t gv = ub_gemv_scratch(type, n_tok < MMID_GEMV_ROWS ? n_tok : MMID_GEMV_ROWS, k);
+#pragma omp parallel for num_threads(nth) schedule(static)
+        for (int64_t it = 0; it < items; it++) {
+#ifdef _OPENMP
+            int tid = omp_get_thread_num();
+#else
+            int tid = 0;
+#endif
+            int64_t e = used[it / rbs], r0 = it % rbs * MMID_RB, nr = n_rows - r0 < MMID_RB ? n_rows - r0 : MMID_RB;
+            int64_t g0 = count[e], m = count[e + 1] - g0;
+            ub_gemv(type, w + e * expert_bytes + r0 * row_bytes, row_bytes, nr, k, xs + g0 * k, m, k,
+                    ys + g0 * n_rows + r0, n_rows, gv ? ks + tid * gv : 0, 1);
         }
-        for (int64_t i = 0; i < m; i++) {
-            int64_t r = rows[i], t = r / K, j = r % K;
-            memcpy(xs + i * k, x + (t * x_per + (x_per > 1 ? j : 0)) * ldx, (size_t)k * sizeof(float));
-        }
-        if (!(use_gemm(type, m) && ub_gemm(type, we, row_bytes, n_rows, k, xs, m, k, ys, n_rows, ks, nth)))
-            ub_gemv(type, we, row_bytes, n_rows, k, xs, m, k, ys, n_rows, ks, nth);
-        for (int64_t i = 0; i < m; i++) {
-            float *yr = y + rows[i] * ldy;
+        for (int64_t i = 0; i < n; i++) {
+            const float *be = bias ? bias + (int64_t)ids[order[i]] * n_rows : 0;
+            float *yr = y + order[i] * ldy;
             const float *src = ys + i * n_rows;
             if (be)
                 for (int64_t c = 0; c < n_rows; c++) yr[c] = src[c] + be[c];
             else
                 memcpy(yr, src, (size_t)n_rows * sizeof(float));
         }
+    } else {
+        for (int64_t e = 0; e < n_expert; e++) {
+            int64_t m = count[e + 1] - count[e];
+            if (!m) continue;
+            const int64_t *rows = order + count[e];
+            const uint8_t *we = w + e * expert_bytes;
+            const float *be = bias ? bias + e * n_rows : 0;
+            for (int64_t i = 0; i < m; i++) memcpy(xs + i * k, x_row(x, rows[i], K, x_per, ldx), (size_t)k * sizeof(float));
+            if (!(use_gemm(type, m) && ub_gemm(type, we, row_bytes, n_rows, k, xs, m, k, ys, n_rows, ks, nth)))
+                ub_gemv(type, we, row_bytes, n_rows, k, xs, m, k, ys, n_rows, ks, nth);
+            for (int64_t i = 0; i < m; i++) {
+                float *yr = y + rows[i] * ldy;
+                const float *src = ys + i * n_rows;
+                if (be)
+                    for (int64_t c = 0; c < n_rows; c++) yr[c] = src[c] + be[c];
+                else
+                    memcpy(yr, src, (size_t)n_rows * sizeof(float));
+            }
+        }
     }
+    free(at);
     free(order);
     free(count);
 }
