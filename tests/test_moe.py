@@ -168,7 +168,7 @@ def _reference(family: str, ids: list[int], outtype: str = "f32") -> torch.Tenso
         with torch.no_grad():
             if outtype == "f16":
                 for name, p in model.named_parameters():
-                    if p.dim() >= 2 and not name.endswith("mlp.gate.weight"):
+                    if p.dim() >= 2 and not name.endswith(("mlp.gate.weight", "mlp.router.weight", "_bias")):
                         p.copy_(p.half().float())
             _REFS[key] = model(torch.tensor([ids])).logits[0].double()
     return _REFS[key]

@@ -136,7 +136,30 @@ MOE_FAMILIES = {
             "moe_intermediate_size": 512,
             "norm_topk_prob": True,
         },
-    )
+    ),
+    # alternating sliding (64 cells) and full layers, YaRN as ggml computes it (its correction
+    # range rounded: transformers' truncate=True), attention sinks, biases, the clamped SwiGLU
+    "gpt-oss": Family(
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        "gpt-oss",
+        {
+            "head_dim": 64,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "sliding_window": 64,
+            "attn_implementation": "eager",
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": True,
+                "rope_theta": 150000.0,
+            },
+        },
+    ),
 }
 
 
@@ -206,12 +229,14 @@ def llama_cpp_src() -> Path | None:
 
 
 # The converter as llama.cpp ships it, except that a family whose class reads only a BPE
-# tokenizer.json (olmo2) takes the tiny tokenizer.model as the others do: the tests feed token ids.
+# tokenizer.json (olmo2, gpt-oss) takes the tiny tokenizer.model as the others do: the tests feed token ids.
 DRIVER = """
 import runpy, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
 from conversion.base import TextModel
 TextModel.set_vocab = lambda self: self._set_vocab_sentencepiece()
+import conversion.gpt_oss
+conversion.gpt_oss.GptOssModel.set_vocab = TextModel.set_vocab
 script = sys.argv[1] + "/convert_hf_to_gguf.py"
 sys.argv = [script, *sys.argv[2:]]
 runpy.run_path(script, run_name="__main__")

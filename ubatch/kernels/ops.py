@@ -413,6 +413,8 @@ class AttentionArgs(Generic[X]):
     visible: X | None = None
     cells: MaskCells[X] | None = None
     softcap: float = 0.0  # scores become softcap·tanh(scores / softcap) before scale and mask (gemma2); 0: off
+    # (H,) f32: each query head's sink, a logit in the softmax's denominator with no value (gpt-oss)
+    sinks: Tensor | None = None
 
 
 NodeArgs: TypeAlias = (

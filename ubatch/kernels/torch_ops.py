@@ -34,6 +34,8 @@ from ubatch.kernels.quant.dequant import dequantize
 from ubatch.kernels.quant.quantize import QUANTIZERS
 from ubatch.kernels.quant.weight import QWeight
 
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's gated activation (ggml_swiglu_oai's constants)
+
 
 @dataclass(slots=True)
 class OnlineSoftmax:
@@ -216,6 +218,10 @@ class TorchOps(Ops):
         return torch.add(a, b, out=out)
 
     def glu(self, gate: Tensor, up: Tensor, act: str, out: Tensor) -> Tensor:
+        if act == "swiglu_oai":  # gpt-oss: gate capped, up clamped, x·sigmoid(1.702·x)·(up + 1)
+            g = gate.clamp(max=SWIGLU_OAI_LIMIT)
+            u = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+            return torch.mul(g * torch.sigmoid(SWIGLU_OAI_ALPHA * g), u + 1.0, out=out)
         if act == "gelu_tanh":
             torch.ops.aten.gelu.out(gate, approximate="tanh", out=out)
         else:
@@ -329,8 +335,12 @@ class TorchOps(Ops):
             qh, oh = scratch[6].view(b, t * r, d), scratch[7]
             scratch[6].copy_(q.view(g, t, n_head_kv, r, d).permute(0, 2, 1, 3, 4))
             acc = oh.view(b, t * r, dv)
-        m.fill_(MASKED)
-        rowsum.zero_()
+        if a.sinks is None:
+            m.fill_(MASKED)
+            rowsum.zero_()
+        else:  # the sink as a cell seen first: its logit is the running max, its exp(0) = 1 the sum
+            m.copy_(a.sinks.view(1, n_head_kv, 1, r).expand(g, n_head_kv, t, r).reshape(b, t * r, 1))
+            rowsum.fill_(1.0)
         acc.zero_()
         state = OnlineSoftmax(m, rowsum, acc, tmp, a.scale, r, a.softcap)
         for c0 in range(0, a.n_kv, KV_CHUNK):

@@ -101,9 +101,9 @@ class GraphBlocks:
         m = self.masks[ci]
         cells, mask = (m, None) if isinstance(m, MaskCells) else (None, m)
         kv, vis = (cache.k[il], cache.v[il]), self.visible[ci]
-        att = AttentionArgs(qg, *kv, self.starts[ci], n_kv, mask, 1.0, vis, cells, softcap=hp.attn_softcap)
+        att = AttentionArgs(qg, *kv, self.starts[ci], n_kv, mask, 1.0, vis, cells, hp.attn_softcap, L.vec("attn_sinks"))
         a = b.attention(att, (ks, vs), f"kqv_out-{il}")
-        a = self.linear(a, il, "wo", f"attn_out-{il}")
+        a = self._proj(a, il, "wo", "bo", f"attn_out-{il}")
         return self._reduced(a, f"attn_out_sum-{il}")
 
     def ffn(self, x: Sym, il: int) -> Sym:
@@ -119,7 +119,7 @@ class GraphBlocks:
         hp, b, L, n = self.model.hparams, self.b, self.model.layers[il], x.shape[0]  # the last layer: output rows
         moe = hp.moe
         assert moe is not None
-        logits = b.linear(x, L.mat("ffn_gate_inp"), f"ffn_moe_logits-{il}")
+        logits = self._proj(x, il, "ffn_gate_inp", "ffn_gate_inp_b", f"ffn_moe_logits-{il}")
         ids = b.moe_topk(logits, moe.n_expert_used, moe.gating, L.vec("exp_probs_b"), f"ffn_moe_topk-{il}")
         w = b.moe_weights(logits, ids, moe.gating, moe.norm_w, moe.w_scale, f"ffn_moe_weights-{il}")
         x3 = b.view(x, (n, 1, hp.n_embd))

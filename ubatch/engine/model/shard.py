@@ -220,9 +220,11 @@ class Cutter:
             )
         if cut == "replicated":
             return v
+        if cut == "summed":  # a bias after the reduction's sum: added by one rank only
+            return v if self.rank == 0 else torch.zeros_like(v)
+        if cut == "heads":  # one value per query head: this rank's heads
+            return v[self.split.q0 : self.split.q0 + self.split.n_q]
         lo, hi = self.rows(cut)
         if cut == "exp_rows":  # each expert's bias of its row-cut outputs
             return v[:, lo:hi].contiguous()
-        if cut == "exp_cols":  # a bias after the reduction's sum: added by one rank only
-            return v if self.rank == 0 else torch.zeros_like(v)
         return v[lo:hi]

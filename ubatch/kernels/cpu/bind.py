@@ -273,6 +273,7 @@ class CpuKernels:
         g, t, h, d = q.shape
         if (
             t > ATTN_MAX_ROWS
+            or a.sinks is not None  # the reference's loop starts from them (its tiles are C)
             or k.ggml_type not in (T.F32, T.F16)
             or v.ggml_type not in (T.F32, T.F16)
             or not _f32(q, out)

@@ -223,7 +223,8 @@ class CudaOps(Ops):
             a.mask is not None and a.mask.dtype == torch.float16 and a.mask.stride(-1) == 1
         )
         if (
-            a.k.ggml_type in ta.KV_TYPES
+            a.sinks is None  # gpt-oss's sinks: the reference's loop
+            and a.k.ggml_type in ta.KV_TYPES
             and a.v.ggml_type in ta.KV_TYPES
             and a.q.stride(-1) == 1
             and _rows_ok(out)

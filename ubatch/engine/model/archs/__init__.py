@@ -6,7 +6,19 @@ tests (tests/test_archs.py); nothing else in the engine names an architecture.
 
 from __future__ import annotations
 
-from ubatch.engine.model.archs import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3
+from ubatch.engine.model.archs import (
+    gemma2,
+    gemma3,
+    gpt_oss,
+    granite,
+    llama,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3moe,
+    smollm3,
+)
 from ubatch.engine.model.archs.base import Arch, HParams, Meta, TensorSpec, model_tensors, unknown
 
 ARCHS: dict[str, Arch] = {
@@ -18,6 +30,7 @@ ARCHS: dict[str, Arch] = {
         qwen2.ARCH,
         qwen3.ARCH,
         qwen3moe.ARCH,
+        gpt_oss.ARCH,
         granite.ARCH,
         olmo2.ARCH,
         smollm3.ARCH,

@@ -119,7 +119,6 @@ class MoeParams:
     norm_w: bool = False  # the chosen weights divided by their sum
     w_scale: float = 1.0  # then scaled
     n_ff_shexp: int = 0  # the shared expert's FFN width (0: none)
-    swiglu_limit: float = 0.0  # gpt-oss: gate and up clamped before the gated activation (0: off)
 
 
 def read_moe(meta: Meta, arch: str, source: str, norm_w: bool | None = None, gating: str | None = None) -> MoeParams:
@@ -269,9 +268,12 @@ Kind = Literal["matrix", "vector", "bias", "fused", "experts"]
 # rows; input columns by query heads or FFN rows; the vocabulary; every rank holds it whole; or
 # "none": it spans what ranks split (a norm over every head's values), so -tp is refused; each
 # expert's rows or input columns of its FFN (exp_rows, exp_cols: vLLM's default cut of experts)
+# heads: one value per query head (gpt-oss's sinks); summed: a bias added after the ranks' partial
+# sums are reduced, so rank 0 alone adds it
 Cut = Literal[
-    "q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "exp_rows", "exp_cols", "vocab", "replicated", "none"
-]
+    "q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "exp_rows", "exp_cols", "heads", "summed",
+    "vocab", "replicated", "none",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,17 +316,26 @@ def ffn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     ]
 
 
-def moe_tensors(hp: HParams, il: int) -> list[TensorSpec]:
-    """The router and the experts' gate, up and down (3-D: one matrix per expert), the pre-norm."""
+def moe_tensors(hp: HParams, il: int, norm: bool = True, biases: bool = False) -> list[TensorSpec]:
+    """The router and the experts' gate, up and down (3-D: one matrix per expert), the pre-norm
+    (`ffn_norm`) where the family names it so, and the router's and experts' biases (gpt-oss)."""
     assert hp.moe is not None
     d, p, e, f = hp.n_embd, f"blk.{il}.", hp.moe.n_expert, hp.moe.n_ff_exp
-    return [
-        TensorSpec("ffn_norm", p + "ffn_norm.weight", (d,), "vector", "replicated"),
+    out = [TensorSpec("ffn_norm", p + "ffn_norm.weight", (d,), "vector", "replicated")] if norm else []
+    out += [
         TensorSpec("ffn_gate_inp", p + "ffn_gate_inp.weight", (e, d), "matrix", "replicated"),
         TensorSpec("ffn_gate_exps", p + "ffn_gate_exps.weight", (e, f, d), "experts", "exp_rows"),
         TensorSpec("ffn_up_exps", p + "ffn_up_exps.weight", (e, f, d), "experts", "exp_rows"),
         TensorSpec("ffn_down_exps", p + "ffn_down_exps.weight", (e, d, f), "experts", "exp_cols"),
     ]
+    if biases:
+        out += [
+            TensorSpec("ffn_gate_inp_b", p + "ffn_gate_inp.bias", (e,), "bias", "replicated"),
+            TensorSpec("ffn_gate_exps_b", p + "ffn_gate_exps.bias", (e, f), "bias", "exp_rows"),
+            TensorSpec("ffn_up_exps_b", p + "ffn_up_exps.bias", (e, f), "bias", "exp_rows"),
+            TensorSpec("ffn_down_exps_b", p + "ffn_down_exps.bias", (e, d), "bias", "summed"),
+        ]
+    return out
 
 
 def qk_norm_tensors(hp: HParams, il: int, required: bool) -> list[TensorSpec]:
