@@ -73,6 +73,12 @@ def test_each_tensor_is_declared_once_with_a_cut_that_fits_its_shape(arch: str) 
         elif t.kind == "experts":
             assert len(t.shape) == 3 and t.shape[0] == hp.n_expert, t
             assert t.shape[1:][0 if t.cut in rows else 1] == (rows | cols)[t.cut], t
+        elif t.kind == "bias" and t.cut == "exp_rows":  # each expert's bias of its rows
+            assert t.shape == (hp.n_expert, rows["exp_rows"]), t
+        elif t.cut == "heads":  # one value per query head (gpt-oss's sinks)
+            assert t.kind == "vector" and t.shape == (hp.n_head,), t
+        elif t.cut == "summed":  # added after the ranks' sums: the residual's width
+            assert t.kind == "bias" and t.shape[-1] == hp.n_embd, t
         elif t.cut in rows:
             assert t.shape[0] == rows[t.cut], t
         elif t.cut in cols:
@@ -80,7 +86,7 @@ def test_each_tensor_is_declared_once_with_a_cut_that_fits_its_shape(arch: str) 
         elif t.cut == "none":  # spans what ranks split: olmo2's norms over all heads
             assert t.kind == "vector" and t.shape[0] in rows.values(), t
         else:
-            assert t.cut == "replicated" and t.kind in ("vector", "matrix"), t
+            assert t.cut == "replicated" and t.kind in ("vector", "matrix", "bias"), t
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -98,7 +104,7 @@ def test_hf_model_types_name_registered_architectures() -> None:
     assert HF_MODEL_TYPES and all(a.name in ARCHS for a in HF_MODEL_TYPES.values())
     with pytest.raises(
         Exception,
-        match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, qwen3moe, granite, olmo2, smollm3, phi3",
+        match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, qwen3moe, gpt-oss, granite, olmo2, smollm3, phi3",
     ):
         from ubatch.engine.model.hparams import hparams_from_metadata
 

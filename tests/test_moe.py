@@ -238,16 +238,18 @@ def test_expert_slices_are_views_of_the_mapped_file(moe_dirs: Path) -> None:
     assert np.shares_memory(e3.raw.numpy(), m.gguf.tensors["blk.0.ffn_up_exps.weight"].data)
 
 
-def test_moe_family_on_two_ranks_gives_the_single_process_logits(moe_dirs: Path) -> None:
+@pytest.mark.parametrize("family", MOE_NAMES)
+def test_moe_family_on_two_ranks_gives_the_single_process_logits(moe_dirs: Path, family: str) -> None:
     """-tp 2 cuts each expert's gate and up by rows and its down by columns (vLLM's default), the
-    router whole on every rank: prefill and decode logits equal one process's."""
+    router whole on every rank, gpt-oss's sinks by head and the biases after a reduction added
+    by rank 0 only: prefill and decode logits equal one process's."""
     from ubatch.engine.context.context import Context
     from ubatch.engine.model.model import Model
     from ubatch.engine.parallel.launch import start
     from ubatch.engine.parallel.worker import load_shard
     from ubatch.engine.params import ContextParams
 
-    path = _gguf(moe_dirs, "qwen3moe", "f32")
+    path = _gguf(moe_dirs, family, "f32")
 
     def run(model: Model) -> list[torch.Tensor]:
         ctx = Context(model, ContextParams(n_ctx=256, n_threads=1, backend="cpu"))
