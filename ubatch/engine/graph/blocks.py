@@ -101,7 +101,18 @@ class GraphBlocks:
         m = self.masks[ci]
         cells, mask = (m, None) if isinstance(m, MaskCells) else (None, m)
         kv, vis = (cache.k[il], cache.v[il]), self.visible[ci]
-        att = AttentionArgs(qg, *kv, self.starts[ci], n_kv, mask, 1.0, vis, cells, hp.attn_softcap, L.vec("attn_sinks"))
+        att = AttentionArgs(
+            qg,
+            *kv,
+            self.starts[ci],
+            n_kv,
+            mask,
+            1.0,
+            vis,
+            cells,
+            hp.attn_softcap,
+            self.model.layers[il].vec("attn_sinks"),
+        )
         a = b.attention(att, (ks, vs), f"kqv_out-{il}")
         a = self._proj(a, il, "wo", "bo", f"attn_out-{il}")
         return self._reduced(a, f"attn_out_sum-{il}")
