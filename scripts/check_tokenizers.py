@@ -313,10 +313,16 @@ def bench(names: list[str], src: Path, repeat: int) -> None:
             from ubatch.engine.vocab.vocab import Vocab
 
             kind = Vocab.from_metadata(open_gguf(path).metadata, name).kind
+
             print(
-                f"{name:15s} {kind:4s} {n:7d}   {n / t_llama:8.0f}/s {n / (t_llama - base_llama):9.0f}/s"
-                f"   {n / t_ours:8.0f}/s {n / (t_ours - base_ours):9.0f}/s{same}"
+                f"{name:15s} {kind:4s} {n:7d}   {n / t_llama:8.0f}/s {_per_s(n, t_llama - base_llama)}"
+                f"   {n / t_ours:8.0f}/s {_per_s(n, t_ours - base_ours)}{same}"
             )
+
+
+def _per_s(n: int, t: float) -> str:
+    """n per second of t, unless t is below the noise of a loaded machine (then no number)."""
+    return f"{n / t:9.0f}/s" if t > 0.01 else f"{'(noise)':>11s}"
 
 
 def bench_in_process(names: list[str], src: Path, repeat: int) -> None:
