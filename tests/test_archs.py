@@ -104,7 +104,7 @@ def test_hf_model_types_name_registered_architectures() -> None:
     assert HF_MODEL_TYPES and all(a.name in ARCHS for a in HF_MODEL_TYPES.values())
     with pytest.raises(
         Exception,
-        match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, qwen3moe, gpt-oss, granite, olmo2, smollm3, phi3",
+        match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, qwen3moe, gpt-oss, olmoe, granite, olmo2, smollm3, phi3",
     ):
         from ubatch.engine.model.hparams import hparams_from_metadata
 

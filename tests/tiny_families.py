@@ -160,6 +160,13 @@ MOE_FAMILIES = {
             },
         },
     ),
+    # the converter writes rms_norm_eps 1e-5 whatever the config says
+    "olmoe": Family(
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        "olmoe",
+        {"num_key_value_heads": 4, "num_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5},
+    ),
 }
 
 

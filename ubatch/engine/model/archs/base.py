@@ -121,9 +121,12 @@ class MoeParams:
     n_ff_shexp: int = 0  # the shared expert's FFN width (0: none)
 
 
-def read_moe(meta: Meta, arch: str, source: str, norm_w: bool | None = None, gating: str | None = None) -> MoeParams:
+def read_moe(
+    meta: Meta, arch: str, source: str, norm_w: bool | None = None, gating: str | None = None, n_ff: object = MISSING
+) -> MoeParams:
     """The expert keys every MoE family has; `norm_w` and `gating` where the family fixes them
-    (llama.cpp's graph does for qwen3moe), else as the file says."""
+    (llama.cpp's graph does for qwen3moe), else as the file says; `n_ff`: the experts' width where
+    the family's files leave expert_feed_forward_length out (OLMoE's are feed_forward_length wide)."""
     a = f"{arch}."
     n_expert = meta_int(meta, a + "expert_count", source, hi=1 << 16)
     n_used = meta_int(meta, a + "expert_used_count", source, hi=n_expert)
@@ -131,7 +134,7 @@ def read_moe(meta: Meta, arch: str, source: str, norm_w: bool | None = None, gat
     return MoeParams(
         n_expert=n_expert,
         n_expert_used=n_used,
-        n_ff_exp=meta_int(meta, a + "expert_feed_forward_length", source, hi=MAX_DIM),
+        n_ff_exp=meta_int(meta, a + "expert_feed_forward_length", source, n_ff, hi=MAX_DIM),
         gating=gate,
         norm_w=meta_bool(meta, a + "expert_weights_norm", source, False) if norm_w is None else norm_w,
         w_scale=meta_float(meta, a + "expert_weights_scale", source, 1.0) or 1.0,
