@@ -277,20 +277,11 @@ def test_a_bpe_checkpoint_directory_runs_as_its_conversion(tmp_path: Path) -> No
     `ubatch tokenize` gives the same ids for the directory and for that file."""
     import tiny_bpe
     import tiny_families
-    import transformers
 
     src = tiny_families.llama_cpp_src()
     if src is None:
         pytest.skip("llama.cpp's converter is not available (../shared/tools/llama-cpp.sh)")
-    d = tmp_path / "qwen2-bpe"
-    cfg = transformers.Qwen2Config(
-        vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=512, bos_token_id=151643, eos_token_id=151643,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.Qwen2ForCausalLM(cfg).float().save_pretrained(d, safe_serialization=True)
-    tiny_bpe.write_tokenizer_json(d, src, "qwen2")
+    d = tiny_bpe.write_qwen2_checkpoint(tmp_path / "qwen2-bpe", src)
     gguf_file = tiny_families.convert_llama_cpp(d, tmp_path / "qwen2-bpe.gguf", own_vocab=True)
     ours, theirs = open_checkpoint_meta(d), open_gguf(gguf_file).metadata
     keys = [k for k in theirs if k.startswith("tokenizer.") and k != "tokenizer.chat_template"]

@@ -67,3 +67,24 @@ def write_tokenizer_json(d: Path, src: Path, name: str) -> tuple[list[str], list
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps(config))
     return tokens, types
+
+
+def write_qwen2_checkpoint(d: Path, src: Path, chat_template: str | None = None) -> Path:
+    """A tiny random Qwen 2 checkpoint (one layer, n_embd 32) whose only tokenizer is Qwen 2's
+    tokenizer.json (its 151936 ids), optionally with a chat template in tokenizer_config.json."""
+    import torch
+    import transformers
+
+    if not (d / "config.json").exists():
+        cfg = transformers.Qwen2Config(
+            vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=512, bos_token_id=151643, eos_token_id=151645,
+            tie_word_embeddings=True,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        transformers.Qwen2ForCausalLM(cfg).float().save_pretrained(d, safe_serialization=True)
+        write_tokenizer_json(d, src, "qwen2")
+        if chat_template is not None:
+            tc = json.loads((d / "tokenizer_config.json").read_text())
+            (d / "tokenizer_config.json").write_text(json.dumps(tc | {"chat_template": chat_template}))
+    return d
