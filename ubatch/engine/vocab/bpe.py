@@ -174,7 +174,7 @@ class BpeTokenizer:
         if len(merged) == len(whole):
             return merged  # type: ignore[return-value]  # no None is left
         take = iter(merged).__next__
-        return [[t] if t is not None else take() for t in whole]  # type: ignore[misc]
+        return [[t] if t is not None else take() for t in whole]  # type: ignore[misc]  # take() yields lists: every None of whole was merged
 
     def _byte_ids(self, ids: dict[str, int]) -> list[int]:
         """What _piece gives for each byte of a piece that is no token (-1: nothing)."""
