@@ -113,6 +113,12 @@ class CpuKernels:
                 if not _f32(a.x, out):
                     return None
                 return CCall("scale", lib.ub_scale, (a.x.data_ptr(), a.s, a.x.numel(), o, nth))
+            case ops.RowScaleArgs():
+                x, sc = a.x, a.s
+                if not _f32(x, sc, out) or not x.is_contiguous() or not sc.is_contiguous() or x.dim() != 2:
+                    return None
+                args = (x.data_ptr(), sc.data_ptr(), x.shape[0], x.shape[1], a.c, o, nth)
+                return CCall("row_scale", lib.ub_row_scale, args)
             case ops.RowsArgs():
                 x, idx = a.x, a.idx
                 if not _f32(x, out) or idx.dtype != torch.int64 or not idx.is_contiguous():

@@ -259,7 +259,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_kv_store.argtypes = [c_p, c_l, c_l, c_p, c_i, c_p]
     lib.ub_add_bias.argtypes = [c_p, c_p, c_l, c_l, c_p, c_i]
     lib.ub_softcap.argtypes = [c_p, c_f, c_l, c_l, c_p, c_i]
-    for f in (lib.ub_glu, lib.ub_add, lib.ub_scale, lib.ub_rows, lib.ub_kv_store, lib.ub_add_bias, lib.ub_softcap):
+    lib.ub_row_scale.argtypes = [c_p, c_p, c_l, c_l, c_f, c_p, c_i]
+    for f in (lib.ub_glu, lib.ub_add, lib.ub_scale, lib.ub_rows, lib.ub_kv_store, lib.ub_add_bias, lib.ub_softcap,
+              lib.ub_row_scale):  # fmt: skip
         f.restype = None
     lib.ub_mul_mat_id.argtypes = [
         c_i,
