@@ -454,7 +454,11 @@ def test_backend_flag_same_text_and_the_memory_each_holds(tiny_runs: dict[str, R
     repacked = load().simd == "avx2"  # Q5_0 computed from Q8_0 blocks (kernels/repack.py)
     assert (cpu["backend_bytes"] > 0) == repacked == cpu["kernels"]["Q5_0"].startswith("repacked to Q8_0")
     assert ref["backend"] == "torch" and ref["backend_bytes"] > cpu["model_bytes"]  # dense f32
-    assert all("fused dequant GEMV" in path for path in cpu["kernels"].values())
+    assert all("GEMV (<= 16 rows)" in path for path in cpu["kernels"].values())
+    vnni = load().simd == "avx512" and load().lib.ub_vnni() > 0  # the K-quants' integer GEMV (csrc/gemv_vnni.c)
+    assert all(
+        ("integer GEMV" in path) == (vnni and t in ("Q4_K", "Q5_K", "Q6_K")) for t, path in cpu["kernels"].items()
+    )
     bad = runs["bad"]
     assert bad.returncode == 1 and "unknown backend 'gpu9'" in bad.stderr
     assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

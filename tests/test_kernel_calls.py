@@ -71,7 +71,7 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(t: T, backend: st
     rows here), the others tiles of 8 rows: each must give a row the bits of the one-row call."""
     ops = backends.create(backend, 2)
     kq = GGML_QUANT_SIZES[t][0] == 256  # the K-quants, IQ4_XS and the grid types
-    for k in (256,) if kq else (96, 256):
+    for k in (256, 512) if kq else (96, 256):
         w = weight(t, 40, k, seed=k)
         x = torch.randn(16, k, generator=torch.Generator().manual_seed(7))
         x[3, 17] = 50.0  # an outlier, as hidden states have
@@ -114,7 +114,8 @@ def test_a_k_quant_row_longer_than_the_rows_in_lanes_buffer_takes_the_tiles() ->
 @pytest.mark.parametrize("t", QUANT + FLOATS, ids=lambda t: t.name)
 def test_the_gemv_scratch_is_planned_and_its_contents_do_not_matter(t: T, backend: str) -> None:
     """The GEMV's scratch (AVX2: x as 16-bit integers with its scales and sums for block types,
-    x in the decoders' lane order for none now; AVX-512: nothing) comes from the plan:
+    x in the decoders' lane order for none now; AVX-512: for the K-quants x as two planes of
+    16-bit integers, its scales and sums (csrc/gemv_vnni.c), else nothing) comes from the plan:
     linear_scratch asks for exactly what the kernel uses, a planned buffer full of NaN, the
     kernel's own allocation (a direct call) and a strided x all give the same bits."""
     ops = backends.create(backend, 2)
@@ -138,7 +139,10 @@ def test_the_gemv_scratch_is_planned_and_its_contents_do_not_matter(t: T, backen
             and fours
         )
         panel = 8 + (m + 3) // 4 * (k // 32) * 80 if rows else 0
-        assert need == ((m * k // 2 + 15) // 16 * 16 + 2 * m * (k // 32) + panel if x16 else 0)
+        # AVX-512 with AVX512-BW, K-quants: x as two int16 planes, one scale per 256 values, eight sums
+        vnni = ops.kernels.vnni and t in (T.Q4_K, T.Q5_K, T.Q6_K)
+        x16_need = (m * k // 2 + 15) // 16 * 16 + 2 * m * (k // 32) + panel
+        assert need == (x16_need if x16 else m * k + 9 * m * (k // 256) if vnni else 0)
         wide = torch.randn(m, k + 24, generator=torch.Generator().manual_seed(m))
         x = wide[:, :k]  # rows k + 24 floats apart
         planned = ops.linear(x, w, torch.empty(m, 40), [torch.full((max(need, 1),), float("nan"))])

@@ -49,10 +49,11 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want.double()).abs().max() / want.double().abs().max())
 
 
-def x16_round(x: torch.Tensor) -> torch.Tensor:
-    """x as the AVX2 build's integer products read it: per 32 values, the nearest multiple (ties
-    to even) of max|x| / 32767, every step in f32 as csrc/quant_i16.h computes it."""
-    v = x.float().reshape(x.shape[0], -1, 32)
+def x16_round(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x as the integer products read it: per block of 32 values (AVX2) or 256 (the AVX-512
+    GEMV of the K-quants), the nearest multiple (ties to even) of max|x| / 32767, every step in
+    f32 as csrc/quant_i16.h and csrc/gemv_vnni.c compute it."""
+    v = x.float().reshape(x.shape[0], -1, block)
     amax = v.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 32767.0 / amax, torch.zeros_like(amax))
     return (torch.round(v * inv).double() * (amax / 32767.0).double()).reshape(x.shape)
@@ -129,6 +130,28 @@ def test_x16_rounding_is_within_its_bound_and_is_what_the_kernels_multiply() -> 
         got = run_linear(ops, w, xs)
         assert rel_err(got, x16_round(xs) @ dense.t()) <= 1e-6
         assert rel_err(got, xs.double() @ dense.t()) > 1e-6
+
+
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+def test_the_avx512_k_quant_gemv_reads_x_as_exactly_as_f32(t: T) -> None:
+    """The AVX-512 build's K-quant GEMV (csrc/gemv_vnni.c) multiplies the codes with x as two
+    planes of 16-bit integers, one scale per 256 values: with outliers of 1000 in a super-block
+    (as hidden states have) its result is dequantise-then-matmul of x itself to 1e-6 (one plane
+    was ~1e-4 off here), as close as the f32 GEMM of more rows, and the rows of one call get the
+    bits of one-row calls at every tile size."""
+    ops = CpuOps(2)
+    if not ops.kernels.vnni:
+        pytest.skip("no AVX-512 BW build here")
+    x = torch.randn(16, 512, generator=torch.Generator().manual_seed(5))
+    x[:, 7], x[2, 300] = 1000.0, -333.0
+    w = weight(t, 48, 512, seed=2)
+    dense = dequantize(w.raw, t, w.shape).double()
+    for m in (1, 8, 9, 16):
+        got = run_linear(ops, w, x[:m])
+        assert rel_err(got, x[:m].double() @ dense.t()) <= 1e-6
+        assert torch.equal(got[m - 1 :], run_linear(ops, w, x[m - 1 : m]))
+    gemm = run_linear(ops, w, x.repeat(3, 1))[:16]
+    assert rel_err(gemm, run_linear(ops, w, x)) <= 2e-6
 
 
 @pytest.mark.parametrize("k", [33, 67, 1])

@@ -70,6 +70,9 @@ class CpuKernels:
         self.repacks = Repacks(library.simd == "avx2")  # Q5_0 as Q8_0 for the AVX2 GEMV
         # the AVX2 build multiplies block types' codes with x as 16-bit integers (csrc/quant_i16.h)
         self.x16 = library.simd == "avx2"
+        # the AVX-512 build's decode GEMV multiplies the K-quants' codes with x as 16-bit integers,
+        # one scale per 256 values (csrc/gemv_vnni.c; 1: AVX512-BW, 2: with VNNI's vpdpwssd)
+        self.vnni = int(self.lib.ub_vnni()) if library.simd == "avx512" else 0
 
     def amx_scratch(self, m: int) -> int:
         """Floats of scratch the AMX GEMM needs for m rows (0: an m-row product skips the tiles):

@@ -32,7 +32,7 @@ from ubatch.kernels.cpu.program import check_arities
 from ubatch.kernels.quant.dequant_iq import grid_raw
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 16
+ABI_VERSION = 17
 FAST_FLAGS = ("avx2", "fma", "f16c")
 # About how long a cold build takes, for the line a front end shows. The SIMD builds wait for
 # their slowest file (matmul.c, 2.4 s alone on a 2-core AVX-512 Xeon; the whole build 4 s there,
@@ -185,6 +185,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_gemv.restype = None
     lib.ub_gemv_scratch.argtypes = [c_i, c_l, c_l]
     lib.ub_gemv_scratch.restype = c_l
+    lib.ub_vnni.restype = c_i
+    lib.ub_set_gemv_path.argtypes = [c_i]
+    lib.ub_set_gemv_path.restype = None
     lib.ub_dequant_rows.argtypes = [c_i, c_p, c_l, c_l, c_l, c_l, c_p, c_i]
     lib.ub_dequant_rows.restype = None
     lib.ub_get_rows.argtypes = [c_i, c_p, c_l, c_p, c_l, c_l, c_p, c_i]

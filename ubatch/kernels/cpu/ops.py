@@ -186,6 +186,9 @@ class CpuOps(Ops):
             return "dequantise per use + BLAS"
         simd = self.kernels.library.simd
         gemv = f"{self.kernels.repacks.describe(ggml_type)}C {simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows)"
+        if self.kernels.vnni and ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K):  # csrc/gemv_vnni.c
+            dot = "vpdpwssd" if self.kernels.vnni == 2 else "vpmaddwd"
+            gemv = f"C {simd}: integer GEMV, x as 16-bit integers per 256 values, {dot} (<= {GEMV_MAX_ROWS} rows)"
         if ggml_type == T.F32:
             return f"{gemv}, BLAS GEMM (more rows)"
         if self.kernels.has_gemm:

@@ -8,15 +8,18 @@
 #include "quant_i16.h"
 #include "quant_iq.h"
 
-int ub_abi_version(void) { return 16; }
+int ub_abi_version(void) { return 17; }
+
+/* the AVX-512 build's integer GEMV for the K-quants (gemv_vnni.c) */
+int64_t ub_vnni_scratch(int type, int64_t m, int64_t k);
+int ub_gemv_vnni(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k, const float *x,
+                 int64_t m, int64_t ldx, float *y, int64_t ldy, float *scratch, int64_t rb, int nth);
+/* 0: every GEMV this build has; 1: the f32 (AVX2: 16-bit x) ones only, for comparison */
+static int ub_gemv_path = 0;
+void ub_set_gemv_path(int path) { ub_gemv_path = path; }
 int ub_simd(void) { return UB_AVX512 ? 3 : UB_AVX2 ? 2 : 0; } /* 3: AVX-512F, 2: AVX2+FMA+F16C, 0: portable */
 
 #if UB_AVX2
-/* a weight row, a few rows ahead of the one being read, into L1 (the output head streams 170 MiB
- * a token; software prefetch measured faster than the hardware's alone, docs/backends.md) */
-static inline void prefetch_row(const uint8_t *row, int64_t row_bytes) {
-    for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)row + o, _MM_HINT_T0);
-}
 static inline int is_float(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
 
 #if UB_AVX512
@@ -625,6 +628,8 @@ static void x16_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_ro
  * integers with its scales and sums; otherwise none) */
 int64_t ub_gemv_scratch(int type, int64_t m, int64_t k) {
     if (iq_type(type)) return iq_gemv_scratch(type, m, k); /* quant_iq.c */
+    const int64_t vn = ub_vnni_scratch(type, m, k);
+    if (vn >= 0 && ub_gemv_path == 0) return vn;
 #if UB_X16
     if (x16_type(type)) return x16_scratch(type, m, k, 0);
 #endif
@@ -639,6 +644,8 @@ void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int6
         iq_gemv(type, w, row_bytes, n_rows, k, x, m, ldx, y, ldy, scratch, nth);
         return;
     }
+    if (ub_gemv_path == 0 && ub_gemv_vnni(type, w, row_bytes, n_rows, k, x, m, ldx, y, ldy, scratch, GEMV_RB, nth))
+        return;
 #if UB_X16
     if (x16_type(type)) {
         x16_gemv(type, w, row_bytes, n_rows, k, x, m, ldx, y, ldy, scratch, nth);

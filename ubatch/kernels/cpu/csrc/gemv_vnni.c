@@ -1,0 +1,248 @@
+/* The AVX-512 build's decode GEMV for the K-quants (Q4_K, Q5_K, Q6_K): integer products with
+ * x as 16-bit integers, `vpdpwssd` (AVX512-VNNI; `vpmaddwd` + `vpaddd` without it, the same
+ * exact sums).
+ *
+ * Why: the f32 GEMV (matmul.c row_dot_m) widens each chunk's codes to floats and builds its 32
+ * weights with two FMAs before the two FMAs a row; one row of a 1-2B model's layers ran at half
+ * llama.cpp's speed per core, bound by those instructions, not by memory. Here a super-block's
+ * codes are widened to 16 bits (one `vpmovzxbw` per 64 values and a mask or shift per 32) and
+ * multiplied by their 6-bit (Q6_K: 8-bit) sub-block scales (`vpmullw`: |code * scale| <= 4096
+ * fits 16 bits), once for all rows of x; then per row `vpdpwssd` sums the whole super-block into
+ * 16 exact 32-bit lanes, and a conversion and an FMA scale them by d times x's scale.
+ *
+ * x: one scale per 256 values (a super-block, so that its eight sub-blocks' integer sums add
+ * before any f32 step), in two 16-bit planes: q = round(x * 32767 / max|x|) and the rest times
+ * 2^15 (vn_round), eight `vpdpwssd` a plane and row. One plane alone (x to 2^-16 of its block's
+ * largest |x|) gave the right KLD but turned 1e-7 differences upstream (f32 sums in another
+ * order, as between prefill's GEMM and this GEMV) into whole rounding steps, ~1e-4 of a logit;
+ * with the two, x is as exact as f32 makes it and the GEMM keeps reading x as it is. The lanes
+ * cannot overflow: a lane sums 16 products of |q| <= 32767 (|lo| <= 2^14) and |code * scale| <=
+ * 945 (Q4_K), 1953 (Q5_K), 4096 (Q6_K): at most 2^31 - 65535. The min term of Q4_K/Q5_K, -dmin *
+ * m_j * sum(x of sub-block j), takes x's per-32 sums in one FMA a super-block. Every row takes
+ * the same steps whatever the row count, and x is rounded row by row, so a row's bits never
+ * depend on the rows sharing its call.
+ */
+#include "common.h"
+#include "quant_avx2.h"
+
+#if UB_AVX512 && defined(__AVX512BW__)
+#define UB_VNNI 1
+
+int ub_vnni(void) {
+#ifdef __AVX512VNNI__
+    return 2;
+#else
+    return 1;
+#endif
+}
+
+static inline __m512i vn_dp(__m512i acc, __m512i a, __m512i b) {
+#ifdef __AVX512VNNI__
+    return _mm512_dpwssd_epi32(acc, a, b);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+static inline int vn_type(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+
+/* 256 values of x as two planes of int16 (in order): q = round(x * 32767 / max|x|) and the rest
+ * lo = round((x * 32767 / max|x| - q) * 2^15), |lo| <= 2^14, so x = d (q + lo 2^-15) to about
+ * 2^-30 of the super-block's largest |x| (f32's own rounding of x * 32767 / max|x| dominates);
+ * its scale d = max|x| / 32767 and the eight per-32 sums of x, d (sum q + 2^-15 sum lo) */
+static void vn_round(const float *x, int16_t *q, float *d, float *s) {
+    __m512 v[16], a = _mm512_setzero_ps();
+    for (int i = 0; i < 16; i++) {
+        v[i] = _mm512_loadu_ps(x + 16 * i);
+        a = _mm512_max_ps(a, _mm512_abs_ps(v[i]));
+    }
+    const float amax = _mm512_reduce_max_ps(a);
+    const __m512 vid = _mm512_set1_ps(amax > 0 ? 32767.0f / amax : 0.0f), two15 = _mm512_set1_ps(32768.0f);
+    *d = amax / 32767.0f;
+    for (int j = 0; j < 8; j++) {
+        __m512i hi[2], lo[2];
+        for (int h = 0; h < 2; h++) {
+            const __m512 t = _mm512_mul_ps(v[2 * j + h], vid);
+            hi[h] = _mm512_cvtps_epi32(t);
+            lo[h] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(hi[h])), two15)); /* exact difference */
+            _mm256_storeu_si256((__m256i *)(q + 32 * j + 16 * h), _mm512_cvtsepi32_epi16(hi[h]));
+            _mm256_storeu_si256((__m256i *)(q + 256 + 32 * j + 16 * h), _mm512_cvtsepi32_epi16(lo[h]));
+        }
+        const float sh = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(hi[0], hi[1]));
+        const float sl = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(lo[0], lo[1]));
+        s[j] = *d * (sh + sl * (1.0f / 32768.0f));
+    }
+}
+
+/* a super-block's 256 codes times their sub-block scales as 16-bit integers (w[j]: sub-block j,
+ * values in order), its d, and (Q4_K, Q5_K) the eight min terms -dmin * m_j in mn's low half */
+static inline __attribute__((always_inline)) void vn_codes(const int type, const uint8_t *b, __m512i w[8], float *d,
+                                                           __m512 *mn) {
+    const __m512i m4 = _mm512_set1_epi16(0xF);
+    if (type == T_Q6_K) {
+        /* the 16 int8 scales as words; chunk j takes scale 2j for values 0..15, 2j + 1 for 16..31 */
+        const __m512i sc = _mm512_cvtepi8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b + 192))));
+        const __m512i m30 = _mm512_set1_epi16(0x30), c32 = _mm512_set1_epi16(32);
+        *d = h2f(rd16(b + 208));
+        *mn = _mm512_setzero_ps();
+        for (int h = 0; h < 2; h++) {
+            const __m512i l0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h)));
+            const __m512i l1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)));
+            const __m512i hb = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
+            __m512i c[4];
+            c[0] = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30));
+            c[1] = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30));
+            c[2] = _mm512_or_si512(_mm512_srli_epi16(l0, 4), _mm512_and_si512(hb, m30));
+            c[3] = _mm512_or_si512(_mm512_srli_epi16(l1, 4), _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30));
+            for (int g = 0; g < 4; g++) {
+                const int j = 4 * h + g;
+                const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)), _mm256_set1_epi16((short)(2 * j + 1)), 1);
+                w[j] = _mm512_mullo_epi16(_mm512_sub_epi16(c[g], c32), _mm512_permutexvar_epi16(idx, sc));
+            }
+        }
+        return;
+    }
+    /* Q4_K, Q5_K: the 12 packed bytes as 8 six-bit scales, then 8 six-bit mins (as k_scales) */
+    uint32_t u[4];
+    memcpy(u, b + 4, 12);
+    const uint32_t m6 = 0x3f3f3f3fu, q4 = 0x0f0f0f0fu, m2 = 0x03030303u, mins_lo = u[1] & m6;
+    u[3] = ((u[2] >> 4) & q4) | (((u[1] >> 6) & m2) << 4);
+    u[1] = (u[2] & q4) | (((u[0] >> 6) & m2) << 4);
+    u[2] = mins_lo;
+    u[0] &= m6;
+    const __m128i v = _mm_loadu_si128((const __m128i *)u);
+    const uint8_t *sc = (const uint8_t *)u;
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+    /* -(dmin * m): the sign flip is exact; the same products as k_scales' */
+    *mn = _mm512_zextps256_ps512(_mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(_mm256_set1_ps(h2f(rd16(b + 2))), m)));
+    *d = h2f(rd16(b));
+    const int five = type == T_Q5_K;
+    const uint8_t *qs = b + (five ? 48 : 16);
+    __m512i qh = _mm512_setzero_si512();
+    if (five) qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 16)));
+    const __m512i m10 = _mm512_set1_epi16(0x10);
+    for (int p = 0; p < 4; p++) {
+        const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * p)));
+        __m512i c[2] = {_mm512_and_si512(x, m4), _mm512_srli_epi16(x, 4)};
+        for (int i = 0; i < 2; i++) {
+            const int j = 2 * p + i;
+            if (five) { /* bit j of each qh byte as the code's bit 4 */
+                const __m512i hj = j <= 4 ? _mm512_slli_epi16(qh, 4 - j) : _mm512_srli_epi16(qh, j - 4);
+                c[i] = _mm512_or_si512(c[i], _mm512_and_si512(hj, m10));
+            }
+            w[j] = _mm512_mullo_epi16(c[i], _mm512_set1_epi16(sc[j]));
+        }
+    }
+}
+
+/* M (1..8) rows of rounded x against one weight row of nsb super-blocks: xq rows ldq int16 apart,
+ * xd (per super-block) and xs (per 32 values) rows ldd and 8 * ldd floats apart */
+static inline __attribute__((always_inline)) void vn_dot_m(const int type, const int M, const uint8_t *row,
+        int64_t nsb, const int16_t *xq, int64_t ldq, const float *xd, const float *xs, int64_t ldd, float *res) {
+    const int bs = type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210;
+    const int has_min = type != T_Q6_K;
+    __m512 acc[8];
+    for (int r = 0; r < M; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        __m512i w[8];
+        __m512 mn;
+        float d;
+        vn_codes(type, row + sb * bs, w, &d, &mn);
+        for (int r = 0; r < M; r++) {
+            const __m512i *xr = (const __m512i *)(xq + r * ldq + sb * 512); /* q, then lo */
+            /* two chains a plane (the sums are exact integers: any order gives the same bits) */
+            __m512i h0 = _mm512_madd_epi16(w[0], _mm512_loadu_si512(xr));
+            __m512i h1 = _mm512_madd_epi16(w[1], _mm512_loadu_si512(xr + 1));
+            __m512i l0 = _mm512_madd_epi16(w[0], _mm512_loadu_si512(xr + 8));
+            __m512i l1 = _mm512_madd_epi16(w[1], _mm512_loadu_si512(xr + 9));
+            for (int j = 2; j < 8; j += 2) {
+                h0 = vn_dp(h0, w[j], _mm512_loadu_si512(xr + j));
+                h1 = vn_dp(h1, w[j + 1], _mm512_loadu_si512(xr + j + 1));
+                l0 = vn_dp(l0, w[j], _mm512_loadu_si512(xr + 8 + j));
+                l1 = vn_dp(l1, w[j + 1], _mm512_loadu_si512(xr + 9 + j));
+            }
+            const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(l0, l1)), _mm512_set1_ps(1.0f / 32768.0f),
+                                             _mm512_cvtepi32_ps(_mm512_add_epi32(h0, h1)));
+            acc[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(d * xd[r * ldd + sb]), acc[r]);
+            if (has_min)
+                acc[r] = _mm512_fmadd_ps(mn, _mm512_zextps256_ps512(_mm256_loadu_ps(xs + (r * ldd + sb) * 8)), acc[r]);
+        }
+    }
+    for (int r = 0; r < M; r++) res[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+/* vn_dot_m over weight rows [n0, n1) for a tile of M rows of x; the tile that reads a row first
+ * prefetches the row eight ahead into L1, as the AVX2 GEMV does */
+static inline __attribute__((always_inline)) void vn_span_m(const int type, const int M, const uint8_t *w,
+        int64_t row_bytes, int64_t n0, int64_t n1, int first, int64_t nsb, const int16_t *xq, int64_t ldq,
+        const float *xd, const float *xs, int64_t ldd, float *y, int64_t ldy) {
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = w + n * row_bytes;
+        float res[8];
+        if (first) prefetch_row(row + 8 * row_bytes, row_bytes);
+        vn_dot_m(type, M, row, nsb, xq, ldq, xd, xs, ldd, res);
+        for (int r = 0; r < M; r++) y[r * ldy + n] = res[r];
+    }
+}
+
+#define VN_CASE(T, n) case n: vn_span_m(T, n, w, row_bytes, n0, n1, first, nsb, xq, ldq, xd, xs, ldd, y, ldy); break;
+#define VN_SPAN(T)                                                                                         \
+    static void vn_span_##T(const uint8_t *w, int64_t row_bytes, int64_t n0, int64_t n1, int first,         \
+                            int64_t nsb, const int16_t *xq, int64_t ldq, const float *xd, const float *xs,  \
+                            int64_t ldd, int mt, float *y, int64_t ldy) {                                  \
+        switch (mt) {                                                                                      \
+        VN_CASE(T, 1) VN_CASE(T, 2) VN_CASE(T, 3) VN_CASE(T, 4) VN_CASE(T, 5) VN_CASE(T, 6) VN_CASE(T, 7)  \
+        default: vn_span_m(T, 8, w, row_bytes, n0, n1, first, nsb, xq, ldq, xd, xs, ldd, y, ldy); break;   \
+        }                                                                                                  \
+    }
+VN_SPAN(T_Q4_K) VN_SPAN(T_Q5_K) VN_SPAN(T_Q6_K)
+
+typedef void (*vn_span_fn)(const uint8_t *, int64_t, int64_t, int64_t, int, int64_t, const int16_t *, int64_t,
+                           const float *, const float *, int64_t, int, float *, int64_t);
+
+/* floats of scratch for m rows of k values: x as int16, then per super-block its scale, then per
+ * 32 values its sums (-1: not a type this path takes) */
+int64_t ub_vnni_scratch(int type, int64_t m, int64_t k) {
+    if (!vn_type(type) || k % 256) return -1;
+    return m * k + m * (k / 256) * 9;
+}
+
+/* ub_gemv for the types ub_vnni_scratch takes (returns 0 for the others): x rounded once,
+ * then weight rows in blocks of rb, each block meeting every tile of eight rows of x in turn */
+int ub_gemv_vnni(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k, const float *x,
+                 int64_t m, int64_t ldx, float *y, int64_t ldy, float *scratch, int64_t rb, int nth) {
+    const int64_t need = ub_vnni_scratch(type, m, k);
+    if (need < 0) return 0;
+    float *own = scratch ? 0 : (float *)malloc(sizeof(float) * need);
+    if (own) scratch = own;
+    const int64_t nsb = k / 256;
+    int16_t *xq = (int16_t *)scratch;
+    float *xd = scratch + m * k, *xs = xd + m * nsb;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t s = 0; s < nsb; s++)
+            vn_round(x + r * ldx + 256 * s, xq + 2 * (r * k + 256 * s), xd + r * nsb + s, xs + (r * nsb + s) * 8);
+    vn_span_fn span = type == T_Q4_K ? vn_span_T_Q4_K : type == T_Q5_K ? vn_span_T_Q5_K : vn_span_T_Q6_K;
+    const int64_t n_blocks = (n_rows + rb - 1) / rb;
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (int64_t nb = 0; nb < n_blocks; nb++) {
+        int64_t n1 = (nb + 1) * rb < n_rows ? (nb + 1) * rb : n_rows;
+        for (int64_t r0 = 0; r0 < m; r0 += 8) {
+            int mt = (int)(m - r0 < 8 ? m - r0 : 8);
+            span(w, row_bytes, nb * rb, n1, r0 == 0, nsb, xq + 2 * r0 * k, 2 * k, xd + r0 * nsb, xs + r0 * nsb * 8, nsb,
+                 mt, y + r0 * ldy, ldy);
+        }
+    }
+    free(own);
+    return 1;
+}
+
+#else
+int ub_vnni(void) { return 0; }
+int64_t ub_vnni_scratch(int type, int64_t m, int64_t k) { (void)type, (void)m, (void)k; return -1; }
+int ub_gemv_vnni(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k, const float *x,
+                 int64_t m, int64_t ldx, float *y, int64_t ldy, float *scratch, int64_t rb, int nth) {
+    (void)type, (void)w, (void)row_bytes, (void)n_rows, (void)k, (void)x, (void)m, (void)ldx, (void)y, (void)ldy;
+    (void)scratch, (void)rb, (void)nth;
+    return 0;
+}
+#endif
