@@ -323,6 +323,7 @@ class Scheduler:
             )
         )
         s.last_task, s.task = task, None
+        self.ctx.set_seq_adapters(s.id, None)  # a side runner borrowing the slot applies the global scales
         s.state = SlotState.IDLE
         s.t_last_used = time.perf_counter()
         self._notify(SlotEvent.RELEASE, s)
