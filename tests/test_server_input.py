@@ -19,6 +19,7 @@ from test_server import GREEDY, Live, start_server_engine
 from ubatch.cli.server import responses as server_json
 from ubatch.cli.server.app import ServerEngine, ServerOptions, create_app
 from ubatch.engine.generation.generation import N_PROBS_MAX, Generation
+from ubatch.engine.serve import runner
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +222,7 @@ def test_exception_in_the_engine_fails_only_that_request(
 ) -> None:
     url, _ = srv
     monkeypatch.setattr(Generation, "sample", _boom)
+    monkeypatch.setattr(runner, "sample_rows", _boom)  # greedy rows are sampled together (engine/sampling/batched.py)
     body = {"prompt": "hi", "n_predict": 3, "stream": stream, **GREEDY}
     if stream:
         with httpx.stream("POST", url + "/completion", json=body, timeout=60) as r:
