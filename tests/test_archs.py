@@ -249,10 +249,13 @@ def test_a_family_whose_norms_span_every_head_refuses_tensor_parallelism(family_
 def test_family_on_two_ranks_gives_the_single_process_logits(family_dirs: Path, family: str) -> None:
     """-tp 2: each rank holds the heads, biases and FFN rows its specs' cuts give it; prefill and
     decode logits equal one process's within f32 summation order."""
+    assert_two_ranks_match(_source(family_dirs, family, "f32"))
+
+
+def assert_two_ranks_match(path: Path) -> None:
+    """A prefill of 30 tokens and 8 greedy steps on two ranks (-tp 2) against one process."""
     from ubatch.engine.parallel.launch import start
     from ubatch.engine.parallel.worker import load_shard
-
-    path = _source(family_dirs, family, "f32")
 
     def run(model: Model) -> list[torch.Tensor]:
         # an f32 cache: an f16 one rounds each rank's differently summed K and V (6 gemma3 layers: 1e-3)

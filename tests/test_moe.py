@@ -12,7 +12,7 @@ import tiny_families
 import torch
 import triton_interp
 from gguf import GGMLQuantizationType as T
-from test_archs import SEQ, _context, _kld_top1
+from test_archs import SEQ, _context, _kld_top1, assert_two_ranks_match
 from test_kernels import reads_x16, rel_err, weight, x16_round
 
 from ubatch.engine.batch import Batch
@@ -242,32 +242,8 @@ def test_expert_slices_are_views_of_the_mapped_file(moe_dirs: Path) -> None:
 def test_moe_family_on_two_ranks_gives_the_single_process_logits(moe_dirs: Path, family: str) -> None:
     """-tp 2 cuts each expert's gate and up by rows and its down by columns (vLLM's default), the
     router whole on every rank, gpt-oss's sinks by head and the biases after a reduction added
-    by rank 0 only: prefill and decode logits equal one process's."""
-    from ubatch.engine.context.context import Context
-    from ubatch.engine.model.model import Model
-    from ubatch.engine.parallel.launch import start
-    from ubatch.engine.parallel.worker import load_shard
-    from ubatch.engine.params import ContextParams
-
-    path = _gguf(moe_dirs, family, "f32")
-
-    def run(model: Model) -> list[torch.Tensor]:
-        ctx = Context(model, ContextParams(n_ctx=256, n_threads=1, backend="cpu"))
-        ctx.decode(Batch.from_tokens(SEQ[:30], 0, all_logits=True))
-        out = [ctx.logits.clone()]
-        for i in range(8):
-            ctx.decode(Batch.from_tokens([int(out[-1][-1].argmax())], 30 + i))
-            out.append(ctx.logits.clone())
-        return out
-
-    want = run(Model.load(path))
-    ranks = start(2, timeout_s=60)
-    try:
-        got = run(load_shard(ranks.group, str(path), "cpu"))
-    finally:
-        ranks.stop()
-    for a, b in zip(want, got, strict=True):
-        assert float((a - b).abs().max()) <= 1e-4 * float(a.abs().max())
+    by rank 0 only: prefill and decode logits equal one process's (an f32 cache)."""
+    assert_two_ranks_match(_gguf(moe_dirs, family, "f32"))
 
 
 def test_info_shows_total_and_active_weights_and_the_expert_tensors(moe_dirs: Path) -> None:

@@ -210,47 +210,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_amx_init.restype = c_i
     lib.ub_mask_span.argtypes = [c_p, c_l, c_l, c_l, c_l, c_l]
     lib.ub_mask_span.restype = c_l
-    lib.ub_softmax_tile.argtypes = [
-        c_p,
-        c_l,
-        c_l,
-        c_l,
-        c_p,
-        c_l,
-        c_l,
-        c_l,
-        c_l,
-        c_f,
-        c_f,
-        c_p,
-        c_p,
-        c_l,
-        c_p,
-        c_l,
-        c_l,
-        c_i,
-    ]
+    lib.ub_softmax_tile.argtypes = [c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_l, c_l, c_f, c_f, c_p, c_p, c_l, c_p, c_l, c_l, c_i]  # fmt: skip
     lib.ub_softmax_tile.restype = None
-    lib.ub_attn_chunk.argtypes = [
-        c_p,
-        c_l,
-        c_l,
-        c_l,
-        c_l,
-        c_p,
-        c_l,
-        c_p,
-        c_l,
-        c_l,
-        c_l,
-        c_p,
-        c_l,
-        c_l,
-        c_l,
-        c_l,
-        c_f,
-        c_f,
-    ]
+    lib.ub_attn_chunk.argtypes = [c_p, c_l, c_l, c_l, c_l, c_p, c_l, c_p, c_l, c_l, c_l, c_p, c_l, c_l, c_l, c_l, c_f, c_f]  # fmt: skip
     lib.ub_attn_chunk.argtypes += [c_p, c_p, c_l, c_p, c_l, c_p, c_i]
     lib.ub_attn_chunk.restype = c_i
     lib.ub_attn_chunk_scratch.argtypes = [c_l, c_l, c_l, c_i]
@@ -266,26 +228,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     for f in (lib.ub_glu, lib.ub_add, lib.ub_scale, lib.ub_rows, lib.ub_kv_store, lib.ub_add_bias, lib.ub_softcap,
               lib.ub_row_scale):  # fmt: skip
         f.restype = None
-    lib.ub_mul_mat_id.argtypes = [
-        c_i,
-        c_p,
-        c_l,
-        c_l,
-        c_l,
-        c_l,
-        c_p,
-        c_l,
-        c_l,
-        c_p,
-        c_l,
-        c_l,
-        c_l,
-        c_p,
-        c_p,
-        c_l,
-        c_p,
-        c_i,
-    ]
+    lib.ub_mul_mat_id.argtypes = [c_i, c_p, c_l, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_l, c_l, c_p, c_p, c_l, c_p, c_i]  # fmt: skip
     lib.ub_mul_mat_id_scratch.argtypes = [c_i, c_l, c_l, c_l, c_l, c_i]
     lib.ub_mul_mat_id_scratch.restype = c_l
     lib.ub_moe_topk.argtypes = [c_p, c_l, c_l, c_l, c_i, c_p, c_p]

@@ -93,13 +93,14 @@ def bpe_tables(d: Path, vocab_size: int | None) -> tuple[list[str], list[int], s
     from tokenizers import Tokenizer
 
     f = d / "tokenizer.json"
-    kind = (_json(f).get("model") or {}).get("type")
-    if kind != "BPE":
-        raise ModelLoadError(f"{f}: a {kind} tokenizer without tokenizer.model; ubatch reads BPE tokenizer.json only")
-    try:
+    try:  # parsed once, by the library (a tokenizer.json is often 10 MB)
         tok = Tokenizer.from_file(str(f))
     except Exception as e:  # the library raises its own exception types
-        raise ModelLoadError(f"{f}: not a tokenizer the tokenizers library reads ({str(e).splitlines()[0]})") from None
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ModelLoadError(f"{f}: not valid JSON or not a tokenizer the tokenizers library reads ({why})") from None
+    kind = type(tok.model).__name__
+    if kind != "BPE":
+        raise ModelLoadError(f"{f}: a {kind} tokenizer without tokenizer.model; ubatch reads BPE tokenizer.json only")
     vocab = tok.get_vocab(with_added_tokens=True)
     n = vocab_size or len(vocab)
     if vocab and max(vocab.values()) >= n:
