@@ -160,6 +160,60 @@ MOE_FAMILIES = {
             },
         },
     ),
+    # DeepSeek-V2-Lite's shape, tiny: multi-head latent attention (no q_lora), YaRN with its mscale,
+    # one leading dense layer, a shared expert, softmax routing scaled. The converter splits
+    # kv_b into attn_k_b / attn_v_b per head (read before it sets num_key_value_heads to 1)
+    "deepseek2": Family(
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        "deepseek2",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": None,
+            "kv_lora_rank": 128,
+            "qk_nope_head_dim": 64,
+            "qk_rope_head_dim": 32,
+            "v_head_dim": 64,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 256,
+            "first_k_dense_replace": 1,
+            "routed_scaling_factor": 1.5,
+            "attn_implementation": "eager",
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+                "rope_theta": 10000.0,
+            },
+        },
+    ),
+    # DeepSeek-V2's (full) attention: q through its low-rank pair q_a / q_a_norm / q_b; two shared
+    # experts (transformers' DeepSeek-V2 router ignores norm_topk_prob, so it stays unset)
+    "deepseek2-qlora": Family(
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        "deepseek2",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": 128,
+            "kv_lora_rank": 128,
+            "qk_nope_head_dim": 64,
+            "qk_rope_head_dim": 32,
+            "v_head_dim": 64,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 2,
+            "moe_intermediate_size": 256,
+            "first_k_dense_replace": 1,
+            "attn_implementation": "eager",
+        },
+    ),
     # the converter writes rms_norm_eps 1e-5 whatever the config says
     "olmoe": Family(
         "OlmoeConfig",
@@ -236,7 +290,7 @@ def llama_cpp_src() -> Path | None:
 
 
 # The converter as llama.cpp ships it, except that a family whose class reads only a BPE
-# tokenizer.json (olmo2, gpt-oss) takes the tiny tokenizer.model as the others do: the tests feed token ids.
+# tokenizer.json (olmo2, gpt-oss, deepseek2) takes the tiny tokenizer.model as the others do: the tests feed token ids.
 DRIVER = """
 import runpy, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
@@ -244,6 +298,8 @@ from conversion.base import TextModel
 TextModel.set_vocab = lambda self: self._set_vocab_sentencepiece()
 import conversion.gpt_oss
 conversion.gpt_oss.GptOssModel.set_vocab = TextModel.set_vocab
+import conversion.deepseek
+conversion.deepseek.DeepseekV2Model.set_vocab = TextModel.set_vocab
 script = sys.argv[1] + "/convert_hf_to_gguf.py"
 sys.argv = [script, *sys.argv[2:]]
 runpy.run_path(script, run_name="__main__")

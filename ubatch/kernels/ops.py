@@ -309,6 +309,36 @@ class GatherColsArgs(Generic[X]):
     n: int  # the columns of the whole (the vocabulary)
 
 
+@declare(
+    "cols",
+    lambda a: (*a.x.shape[:-1], a.n),
+    lambda o, a, out, s: functools.partial(o.cols, a.x, a.start, out),
+    "rows",
+)
+@dataclass(slots=True)
+class ColsArgs(Generic[X]):
+    """Columns [start, start + n) of x's last dimension, contiguous (multi-head latent attention
+    splits each head's q and the compressed KV row into their no-RoPE and RoPE parts)."""
+
+    x: X
+    start: int
+    n: int
+
+
+@declare(
+    "concat",
+    lambda a: (*a.a.shape[:-1], a.a.shape[-1] + a.b.shape[-1]),
+    lambda o, a, out, s: functools.partial(o.concat, a.a, a.b, out),
+    "rows",
+)
+@dataclass(slots=True)
+class ConcatArgs(Generic[X]):
+    """a and b side by side along the last dimension (the other dimensions equal)."""
+
+    a: X
+    b: X
+
+
 def _expert_rows(a: Any) -> tuple[int, ...]:
     """mul_mat_id's output: one row of the expert's product per (token, chosen expert)."""
     return (a.ids.shape[0], a.ids.shape[1], a.w.shape[1])
@@ -437,6 +467,8 @@ NodeArgs: TypeAlias = (
     | MoeTopKArgs[X]
     | MoeWeightsArgs[X]
     | MoeSumArgs[X]
+    | ColsArgs[X]
+    | ConcatArgs[X]
 )
 
 
@@ -573,6 +605,13 @@ class Ops(ABC):
 
     def row_scale(self, x: Tensor, s: Tensor, c: float, out: Tensor) -> Tensor:  # in place ok
         return self.fallback().row_scale(x, s, c, out)
+
+    # multi-head latent attention: a head's parts apart and together (copies; small next to attention)
+    def cols(self, x: Tensor, start: int, out: Tensor) -> Tensor:
+        return self.fallback().cols(x, start, out)
+
+    def concat(self, a: Tensor, b: Tensor, out: Tensor) -> Tensor:
+        return self.fallback().concat(a, b, out)
 
     # the KV cache: rows in the cache's ggml type (f32 / f16 / bf16 / q8_0 / q4_0)
     @abstractmethod

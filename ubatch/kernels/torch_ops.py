@@ -237,6 +237,14 @@ class TorchOps(Ops):
     def rows(self, x: Tensor, idx: Tensor, out: Tensor) -> Tensor:
         return torch.index_select(x, 0, idx, out=out)
 
+    def cols(self, x: Tensor, start: int, out: Tensor) -> Tensor:
+        return out.copy_(x[..., start : start + out.shape[-1]])
+
+    def concat(self, a: Tensor, b: Tensor, out: Tensor) -> Tensor:
+        out[..., : a.shape[-1]].copy_(a)
+        out[..., a.shape[-1] :].copy_(b)
+        return out
+
     # -- mixtures of experts --------------------------------------------------------------------
     def mul_mat_id(self, a: MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
         """The (token, chosen expert) rows grouped by expert, each group one product with that

@@ -98,6 +98,8 @@ class StepInputs:
             put(f"kv_visible_{c}", vis.reshape(-1, n_kv // KV_CHUNK, KV_CHUNK).any(axis=(0, 2)))
         if shape.n_outputs < shape.n_tokens:
             put("inp_out_ids", np.flatnonzero(ub.output))
+        if self.model.hparams.mla is not None:  # latent attention's per-head products (GraphBlocks.head_ids)
+            put("inp_head_ids", np.tile(np.arange(self.model.hparams.n_head, dtype=np.int32), shape.n_tokens))
         for i in shape.loras:
             assert lora is not None
             put(f"lora_scale_{i}", lora[i])

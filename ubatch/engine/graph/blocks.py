@@ -35,6 +35,8 @@ class GraphBlocks:
     out_ids: Sym | None
     # the LoRA adapters some row of this ubatch uses, each with its rows' scales (n, 1)
     loras: list[tuple[LoraAdapter, Sym]] = field(default_factory=list)
+    # (n, n_head) int32: each row's head numbers, for latent attention's per-head products
+    head_ids: Sym | None = None
     _out_scales: dict[int, Sym] = field(default_factory=dict)
 
     @property
@@ -78,6 +80,8 @@ class GraphBlocks:
 
     def attention(self, x: Sym, il: int) -> Sym:
         hp, b, n = self.model.hparams, self.b, self.n
+        if hp.mla is not None:
+            return self._mla_attention(x, il)
         ci = self.mem.layer_cache[il]
         cache, g, n_kv = self.mem.caches[ci], self.n_groups[ci], self.n_kv[ci]
         q, k = self._proj(x, il, "wq", "bq", f"Qcur-{il}"), self._proj(x, il, "wk", "bk", f"Kcur-{il}")
@@ -117,6 +121,46 @@ class GraphBlocks:
         a = self._proj(a, il, "wo", "bo", f"attn_out-{il}")
         return self._reduced(a, f"attn_out_sum-{il}")
 
+    def _mla_attention(self, x: Sym, il: int) -> Sym:
+        """Multi-head latent attention with k_b and v_b absorbed (llama.cpp's deepseek2 graph):
+        one compressed K row per token, [normed latent, RoPE'd part], which every head reads as
+        its key and as its value. The value is the row's latent only, so attention runs with V =
+        K and each head's output past the latent (the RoPE part's weighted sum) is dropped before
+        v_b: a few columns of work instead of a second cache."""
+        hp, b, n, L = self.model.hparams, self.b, self.n, self.model.layers[il]
+        m = hp.mla
+        assert m is not None
+        ci = self.mem.layer_cache[il]
+        cache, g, n_kv = self.mem.caches[ci], self.n_groups[ci], self.n_kv[ci]
+        h, r, rot = hp.n_head, m.kv_lora_rank, hp.n_rot
+        nope = m.n_embd_head_k - rot
+        if m.q_lora_rank:
+            q = self.linear(x, il, "wq_a", f"q_a-{il}")
+            q = self.linear(self.norm(q, il, "q_a_norm", f"q_a_norm-{il}"), il, "wq_b", f"q-{il}")
+        else:
+            q = self.linear(x, il, "wq", f"q-{il}")
+        q = b.view(q, (n, h, m.n_embd_head_k))
+        cos, sin = self.ropes[hp.rope_params(il)]
+        q_pe = b.rope(b.cols(q, nope, rot, f"q_pe-{il}"), cos, sin, hp.rope_neox, f"q_pe_rope-{il}")
+        heads = self.head_ids  # mul_mat_id with the per-head 3-D k_b / v_b as experts: per-head products
+        assert heads is not None
+        q_abs = b.mul_mat_id(b.cols(q, 0, nope, f"q_nope-{il}"), L.mat("wk_b"), heads, None, f"q_nope_absorbed-{il}")
+        q = b.scale(b.concat(q_abs, q_pe, f"Qcur-{il}"), hp.attn_scale, f"Qcur_scaled-{il}")
+        kv = self.linear(x, il, "wkv_a", f"kv_cmpr_pe-{il}")
+        kv_c = self.norm(b.cols(kv, 0, r, f"kv_cmpr-{il}"), il, "kv_a_norm", f"kv_cmpr_norm-{il}")
+        k_pe = b.rope(b.view(b.cols(kv, r, rot, f"k_pe-{il}"), (n, 1, rot)), cos, sin, hp.rope_neox, f"k_pe_rope-{il}")
+        k = b.concat(b.view(kv_c, (n, 1, r)), k_pe, f"Kcur-{il}")
+        ks = b.kv_store(cache.k[il], self.slots[ci], k, f"k_store-{il}")
+        qg = b.view(q, (g, n // g, h, r + rot))
+        mk = self.masks[ci]
+        cells, mask = (mk, None) if isinstance(mk, MaskCells) else (None, mk)
+        kc = cache.k[il]
+        att = AttentionArgs(qg, kc, kc, self.starts[ci], n_kv, mask, 1.0, self.visible[ci], cells)
+        a = b.view(b.attention(att, (ks, ks), f"kqv_out-{il}"), (n, h, r + rot))
+        lat = b.cols(a, 0, r, f"kqv_latent-{il}")
+        v = b.view(b.mul_mat_id(lat, L.mat("wv_b"), heads, None, f"kqv_v-{il}"), (n, h * m.n_embd_head_v))
+        return self.linear(v, il, "wo", f"attn_out-{il}")
+
     def ffn(self, x: Sym, il: int) -> Sym:
         hp, b = self.model.hparams, self.b
         gate = self.linear(x, il, "ffn_gate", f"ffn_gate-{il}")
@@ -139,6 +183,10 @@ class GraphBlocks:
         f = b.glu(gate, up, hp.ffn_act, f"ffn_moe_swiglu-{il}")
         down = b.mul_mat_id(f, L.mat("ffn_down_exps"), ids, L.vec("ffn_down_exps_b"), f"ffn_moe_down-{il}")
         out = b.moe_sum(down, w, f"ffn_moe_out-{il}")
+        if "ffn_gate_shexp" in L.mats:  # shared experts: every token's, unweighted (deepseek2)
+            sg = self.linear(x, il, "ffn_gate_shexp", f"ffn_shexp_gate-{il}")
+            sf = b.glu(sg, self.linear(x, il, "ffn_up_shexp", f"ffn_shexp_up-{il}"), hp.ffn_act, f"ffn_shexp_glu-{il}")
+            out = b.add(out, self.linear(sf, il, "ffn_down_shexp", f"ffn_shexp-{il}"), f"ffn_out-{il}")
         return self._reduced(out, f"ffn_moe_out_sum-{il}")
 
     def residual(self, x: Sym, a: Sym, il: int) -> Sym:

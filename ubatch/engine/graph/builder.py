@@ -17,7 +17,9 @@ from ubatch.kernels.ops import (
     AddArgs,
     AllReduceArgs,
     AttentionArgs,
+    ColsArgs,
     Collective,
+    ConcatArgs,
     GatherColsArgs,
     GetRowsArgs,
     GluArgs,
@@ -128,6 +130,12 @@ class GraphBuilder:
 
     def rows(self, x: Sym, idx: Sym, name: str) -> Sym:
         return self.op(RowsArgs(x, idx), name)
+
+    def cols(self, x: Sym, start: int, n: int, name: str) -> Sym:
+        return self.op(ColsArgs(x, start, n), name)
+
+    def concat(self, a: Sym, b: Sym, name: str) -> Sym:
+        return self.op(ConcatArgs(a, b), name)
 
     def softcap(self, x: Sym, c: float, name: str) -> Sym:
         return self.op(SoftcapArgs(x, c), name)

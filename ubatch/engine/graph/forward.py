@@ -90,6 +90,7 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     out_ids = b.input("inp_out_ids", (n_out,), torch.int64) if n_out < n else None
     # per applied adapter: each row's scale (0 where the row's sequence does not use it)
     loras = [(model.adapters[i], b.input(f"lora_scale_{i}", (n, 1))) for i in shape.loras]
+    heads = b.input("inp_head_ids", (n, hp.n_head), torch.int32) if hp.mla else None
 
     tp = model.shard  # tensor parallelism: the blocks all-reduce each row-split product pair
     x = b.get_rows(model.tok_embd, tokens, "inp_embd")
@@ -98,7 +99,7 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     if hp.embd_scale != 1.0:
         x = b.scale(x, hp.embd_scale, "inp_scaled")
     blocks = GraphBlocks(
-        b, model, mem, n, shape.n_groups, shape.n_kv, ropes, masks, slots, starts, visible, out_ids, loras
+        b, model, mem, n, shape.n_groups, shape.n_kv, ropes, masks, slots, starts, visible, out_ids, loras, heads
     )
     layer = ARCHS[hp.arch].layer  # the architecture's layer, written with the shared blocks
     for il in range(hp.n_layer):

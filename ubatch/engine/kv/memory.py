@@ -51,7 +51,8 @@ class KVMemory:
         dev = "meta" if sizes_only else device
 
         def cache(layers: list[int], size: int, n_swa: int = 0, name: str = "") -> KVCache:
-            kv = (hp.n_head_kv, hp.n_embd_head_k, hp.n_embd_head_v, cp.type_k, cp.type_v)
+            # latent attention's V is its K row's latent: no V rows (llama.cpp's K-only cache)
+            kv = (hp.n_head_kv, hp.n_embd_head_k, 0 if hp.mla else hp.n_embd_head_v, cp.type_k, cp.type_v)
             return KVCache(layers, size, n_stream, cp.n_seq_max, *kv, n_swa, dev, name, cells=not sizes_only)
 
         if hp.n_swa <= 0:
@@ -187,7 +188,11 @@ class KVMemory:
                         cos, sin = ops.rope_cache(shift, hp.n_rot, base, scale, freq_factors)
                         store = c.k[il]
                         k = ops.kv_rows(store, slots)
-                        ops.kv_store(store, slots, ops.rope(k, cos, sin, hp.rope_neox, out=torch.empty_like(k)))
+                        # latent attention's row: the RoPE'd part is its tail, the latent stays
+                        off = hp.n_embd_head_k - hp.n_rot if hp.mla else 0
+                        part = k[..., off:].contiguous()
+                        k[..., off:] = ops.rope(part, cos, sin, hp.rope_neox, out=torch.empty_like(part))
+                        ops.kv_store(store, slots, k)
                     cells.shift[:] = 0
             did = True
         return did

@@ -164,7 +164,7 @@ class Model:
         moe = self.hparams.moe
         if moe is None:
             return self.size_bytes
-        eb = sum(w.nbytes for L in self.layers for w in L.mats.values() if len(w.shape) == 3)
+        eb = sum(w.nbytes for L in self.layers for f, w in L.mats.items() if f.endswith("_exps"))
         return self.size_bytes - eb + round(eb * moe.n_expert_used / moe.n_expert)
 
     @property

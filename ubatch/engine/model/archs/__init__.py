@@ -7,6 +7,7 @@ tests (tests/test_archs.py); nothing else in the engine names an architecture.
 from __future__ import annotations
 
 from ubatch.engine.model.archs import (
+    deepseek2,
     gemma2,
     gemma3,
     gpt_oss,
@@ -33,6 +34,7 @@ ARCHS: dict[str, Arch] = {
         qwen3moe.ARCH,
         gpt_oss.ARCH,
         olmoe.ARCH,
+        deepseek2.ARCH,
         granite.ARCH,
         olmo2.ARCH,
         smollm3.ARCH,

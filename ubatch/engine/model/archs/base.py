@@ -85,6 +85,7 @@ class HParams:
     # on both q and k, so m² on the rotated dims' share of q·k and nothing on unrotated dims
     rope_mscale: float = 1.0
     moe: MoeParams | None = None  # a mixture of experts in place of the dense FFN
+    mla: MlaParams | None = None  # multi-head latent attention (deepseek2): the cache holds K only
 
     @property
     def n_expert(self) -> int:
@@ -118,7 +119,23 @@ class MoeParams:
     gating: str = "softmax"  # softmax over all logits; sigmoid; softmax_weight: over the chosen ones only
     norm_w: bool = False  # the chosen weights divided by their sum
     w_scale: float = 1.0  # then scaled
-    n_ff_shexp: int = 0  # the shared expert's FFN width (0: none)
+    n_ff_shexp: int = 0  # the shared experts' FFN width, all of them as one FFN (0: none)
+    n_dense_lead: int = 0  # the first layers have the dense FFN instead (deepseek2)
+
+
+@dataclass(slots=True, frozen=True)
+class MlaParams:
+    """Multi-head latent attention (DeepSeek-V2/V3) as llama.cpp runs it, with k_b and v_b
+    absorbed: each token's KV is one compressed row, the normed latent (kv_lora_rank) then the
+    RoPE'd key part (n_rot), shared by every head (one KV head of kv_lora_rank + n_rot, and the
+    value is that row's latent, so the cache holds no V). Each head's q splits into no-RoPE and
+    RoPE parts; the no-RoPE part times the head's k_b lands in the latent space, and the
+    attention's latent output times the head's v_b is the head's value."""
+
+    q_lora_rank: int  # 0: q straight from x (V2-Lite); else x -> q_a -> norm -> q_b
+    kv_lora_rank: int
+    n_embd_head_k: int  # one head's q·k width before absorption: no-RoPE plus RoPE dims
+    n_embd_head_v: int  # one head's value width after v_b
 
 
 def read_moe(
@@ -339,6 +356,17 @@ def moe_tensors(hp: HParams, il: int, norm: bool = True, biases: bool = False) -
             TensorSpec("ffn_down_exps_b", p + "ffn_down_exps.bias", (e, d), "bias", "summed"),
         ]
     return out
+
+
+def shexp_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    """The shared experts (every token runs them beside its chosen ones) as one gated FFN."""
+    assert hp.moe is not None
+    d, f, p = hp.n_embd, hp.moe.n_ff_shexp, f"blk.{il}."
+    return [
+        TensorSpec("ffn_gate_shexp", p + "ffn_gate_shexp.weight", (f, d), "matrix", "ff_rows"),
+        TensorSpec("ffn_up_shexp", p + "ffn_up_shexp.weight", (f, d), "matrix", "ff_rows"),
+        TensorSpec("ffn_down_shexp", p + "ffn_down_shexp.weight", (d, f), "matrix", "ff_cols"),
+    ]
 
 
 def qk_norm_tensors(hp: HParams, il: int, required: bool) -> list[TensorSpec]:
