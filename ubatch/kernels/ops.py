@@ -310,10 +310,7 @@ class GatherColsArgs(Generic[X]):
 
 
 @declare(
-    "cols",
-    lambda a: (*a.x.shape[:-1], a.n),
-    lambda o, a, out, s: functools.partial(o.cols, a.x, a.start, out),
-    "rows",
+    "cols", lambda a: (*a.x.shape[:-1], a.n), lambda o, a, out, s: functools.partial(o.cols, a.x, a.start, out), "rows"
 )
 @dataclass(slots=True)
 class ColsArgs(Generic[X]):

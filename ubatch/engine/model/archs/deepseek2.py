@@ -86,13 +86,7 @@ def read_hparams(meta: Meta, source: str) -> HParams:
         n_dense_lead=meta_int(meta, a + "leading_dense_block_count", source, 0, lo=0, hi=hp.n_layer),
     )
     mag, mscale = _yarn_scales(meta, hp, source)
-    return replace(
-        hp,
-        mla=mla,
-        moe=moe,
-        rope_mscale=mag,
-        attn_scale=mscale * mscale / math.sqrt(mla.n_embd_head_k),
-    )
+    return replace(hp, mla=mla, moe=moe, rope_mscale=mag, attn_scale=mscale * mscale / math.sqrt(mla.n_embd_head_k))
 
 
 def layer_tensors(hp: HParams, il: int) -> list[TensorSpec]:
