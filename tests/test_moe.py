@@ -238,7 +238,8 @@ def test_expert_slices_are_views_of_the_mapped_file(moe_dirs: Path) -> None:
     assert np.shares_memory(e3.raw.numpy(), m.gguf.tensors["blk.0.ffn_up_exps.weight"].data)
 
 
-@pytest.mark.parametrize("family", [f for f in MOE_NAMES if f != "olmoe"])  # olmoe's Q/K norms span every head
+# olmoe's Q/K norms span every head; deepseek2's latent attention is not cut
+@pytest.mark.parametrize("family", [f for f in MOE_NAMES if f != "olmoe" and not f.startswith("deepseek2")])
 def test_moe_family_on_two_ranks_gives_the_single_process_logits(moe_dirs: Path, family: str) -> None:
     """-tp 2 cuts each expert's gate and up by rows and its down by columns (vLLM's default), the
     router whole on every rank, gpt-oss's sinks by head and the biases after a reduction added
@@ -275,3 +276,43 @@ def test_info_shows_total_and_active_weights_and_the_expert_tensors(moe_dirs: Pa
     m = Model.load(path)
     params = ContextParams(n_ctx=1024)
     assert plan_for(m, params) == memory_plan(Context(m, params))
+
+
+def test_latent_attention_cache_holds_one_compressed_row_per_token(moe_dirs: Path) -> None:
+    """deepseek2's KV cache is K only, kv_lora_rank + RoPE dims per cell and layer, as llama.cpp
+    sizes it: in `info --json`, the plan table and the startup log; and a K-shift rotates only
+    the row's RoPE part (the shifted sequence's next logits equal a fresh prefill's at the new
+    positions)."""
+    import json
+
+    from cli_inproc import run_cli
+
+    path = _gguf(moe_dirs, "deepseek2", "f16")
+    r = run_cli(["info", "-m", str(path), "-c", "1024", "--json"])
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert (d["mla"]["cell_values"], d["mla"]["mha_values"]) == (128 + 32, 4 * (96 + 64))
+    assert [(c["k_bytes"], c["v_bytes"]) for c in d["kv"]] == [(1024 * 2 * 160 * 2, 0)]  # cells x layers x row x f16
+    from ubatch.cli.memory_view import llama_lines
+    from ubatch.engine.context.report import plan_for
+    from ubatch.engine.generation.generation import shift_sequence
+    from ubatch.engine.model.model import Model
+    from ubatch.engine.params import ContextParams
+
+    lines = llama_lines(plan_for(Model.load(path), ContextParams(n_ctx=1024)))
+    assert any("K only, 128 latent + 32 RoPE = 160 values per cell and layer" in line for line in lines)
+
+    ctx = _context(path, "cpu", 512)
+    ctx.decode(Batch.from_tokens(SEQ[:40], 0))
+    shift_sequence(ctx.memory, 0, 40, 4, 10)  # keep 4, drop the next 10: 30 cells at positions 0..29
+    before = ctx.memory.caches[0].k[0].data.clone()
+    ctx.memory.update(ctx.model.hparams, ctx.ops, ctx.rope_freqs)
+    fresh = _context(path, "cpu", 512)
+    fresh.decode(Batch.from_tokens(SEQ[:4] + SEQ[14:40], 0))
+    got, ref = ctx.memory.caches[0], fresh.memory.caches[0]  # layer 0: deeper ones saw the dropped tokens
+    cells = np.flatnonzero(got.streams[0].pos >= 0)
+    order = cells[np.argsort(got.streams[0].pos[cells])]
+    moved = order[4:]
+    assert torch.equal(got.k[0].data[moved, :, :128], before[moved, :, :128])  # the latent as it was
+    assert not torch.equal(got.k[0].data[moved, :, 128:], before[moved, :, 128:])  # the RoPE part re-rotated
+    torch.testing.assert_close(got.k[0].data[order], ref.k[0].data[:30], atol=1e-5, rtol=1e-5)

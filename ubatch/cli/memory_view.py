@@ -52,6 +52,7 @@ def llama_lines(p: MemoryPlan) -> list[str]:
             f"{i.n_layer:3d} layers, {i.n_seq_max:2d}/{i.n_stream} seqs), K ({i.type_k}): "
             f"{mib(i.k_bytes):7.2f} MiB, V ({i.type_v}): {mib(i.v_bytes):7.2f} MiB"
         )
+    L += mla_lines(p)
     n, s, o = p.worst_case
     L += [
         f"llama_context: worst-case: n_tokens = {n}, n_seqs = {s}, n_outputs = {o}",
@@ -74,6 +75,22 @@ def lora_lines(p: MemoryPlan) -> list[str]:
         L.append(f"llama_adapter_lora_init_impl: {dev:>10} LoRA buffer size = {mib(a.nbytes):8.2f} MiB")
         L.append(f"ubatch: LoRA adapter {a.id}: {a.path}, {a.n_pairs} matrices, rank {ranks}, alpha {a.alpha:g}")
     return L
+
+
+def mla_why(p: MemoryPlan) -> str:
+    """Latent attention's cache in a few words: the compressed row against per-head K and V."""
+    a = p.mla
+    if a is None:
+        return ""
+    return (
+        f"latent attention (MLA): K only, {a.kv_lora_rank} latent + {a.n_rot} RoPE = {a.cell_values} values "
+        f"per cell and layer (per-head K and V: {a.n_head} x ({a.n_embd_head_k} + {a.n_embd_head_v}) = "
+        f"{a.mha_values}, {a.mha_values / a.cell_values:.1f}x)"
+    )
+
+
+def mla_lines(p: MemoryPlan) -> list[str]:
+    return [f"llama_kv_cache: {mla_why(p)}"] if p.mla is not None else []
 
 
 def moe_lines(p: MemoryPlan) -> list[str]:
@@ -189,7 +206,8 @@ def plan_table(p: MemoryPlan) -> Table:
         t.add_row(
             f"KV cache {c.name or ''}".strip(),
             size(c.k_bytes + c.v_bytes),
-            f"{c.size} cells x {c.n_stream} stream(s) x {c.n_layer} layers, K {c.type_k} / V {c.type_v}",
+            f"{c.size} cells x {c.n_stream} stream(s) x {c.n_layer} layers, K {c.type_k} / V {c.type_v}"
+            + (f"; {mla_why(p)}" if p.mla is not None else ""),
         )
     t.add_row("output buffer", size(p.output_bytes), f"logits rows for {p.n_seq_max} sequence(s)")
     n, s, _ = p.worst_case
@@ -256,5 +274,7 @@ def plan_json(p: MemoryPlan) -> dict[str, Any]:
     d["peak"] = [{"name": n, "shape": list(s), "bytes": b} for n, s, b in p.peak]
     if p.moe is not None:
         d["moe"]["compute"] = [{"name": n, "shape": list(s), "bytes": b} for n, s, b in p.moe.compute]
+    if p.mla is not None:
+        d["mla"].update(cell_values=p.mla.cell_values, mha_values=p.mla.mha_values)
     d.update(kv_bytes=p.kv_bytes, context_bytes=p.context_bytes, total_bytes=p.total_bytes)
     return d

@@ -76,7 +76,7 @@ def moe_plan(m: Model, r: Reservation) -> MoePlan | None:
     moe = m.hparams.moe
     if moe is None:
         return None
-    exps = [w for L in m.layers for w in L.mats.values() if len(w.shape) == 3]
+    exps = [w for L in m.layers for f, w in L.mats.items() if f.endswith("_exps")]
     eb, ep = sum(w.nbytes for w in exps), sum(math.prod(w.shape) for w in exps)
     return MoePlan(
         n_expert=moe.n_expert,
@@ -87,6 +87,35 @@ def moe_plan(m: Model, r: Reservation) -> MoePlan | None:
         active_params=m.n_params - ep + round(ep * moe.n_expert_used / moe.n_expert),
         compute=r.moe,
     )
+
+
+@dataclass(slots=True)
+class MlaPlan:
+    """Multi-head latent attention's KV cache: one compressed row per token and layer (K only),
+    against the per-head K and V the same attention would keep without the compression."""
+
+    kv_lora_rank: int
+    n_rot: int
+    n_head: int
+    n_embd_head_k: int  # one head's q·k width (no-RoPE + RoPE dims)
+    n_embd_head_v: int
+
+    @property
+    def cell_values(self) -> int:
+        """Values one cell holds per layer: the latent and the RoPE'd key part."""
+        return self.kv_lora_rank + self.n_rot
+
+    @property
+    def mha_values(self) -> int:
+        """Values per cell and layer of per-head K and V (llama.cpp's non-MLA deepseek2 cache)."""
+        return self.n_head * (self.n_embd_head_k + self.n_embd_head_v)
+
+
+def mla_plan(m: Model) -> MlaPlan | None:
+    hp = m.hparams
+    if hp.mla is None:
+        return None
+    return MlaPlan(hp.mla.kv_lora_rank, hp.n_rot, hp.n_head, hp.mla.n_embd_head_k, hp.mla.n_embd_head_v)
 
 
 @dataclass(slots=True)
@@ -118,6 +147,7 @@ class MemoryPlan:
     device: str = "cpu"  # where the weights, the KV cache and the compute buffer live (torch's name)
     tp: TPPlan | None = None  # tensor parallelism: the plan above is one rank's
     moe: MoePlan | None = None  # a mixture of experts: total against active weights, its tensors
+    mla: MlaPlan | None = None  # latent attention: the compressed KV row against per-head K and V
     loras: list[AdapterInfo] = field(default_factory=list)  # LoRA adapters loaded for the model
 
     @property
@@ -199,6 +229,7 @@ def _plan(
         device=str(m.device),
         tp=tp_plan(m, cp),
         moe=moe_plan(m, r),
+        mla=mla_plan(m),
         loras=adapter_infos(m.adapters),
     )
 
