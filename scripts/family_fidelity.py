@@ -44,7 +44,7 @@ def free_port() -> int:
 def gguf_of(d: Path, work: Path, family: str, qtype: str) -> Path:
     """The family's file in qtype: F32/F16 from the converter, the others from llama-quantize."""
     if qtype in ("F32", "F16"):
-        return tiny_families.convert_llama_cpp(d, work / f"{family}.{qtype}.gguf", qtype.lower())
+        return with_q_lora_key(tiny_families.convert_llama_cpp(d, work / f"{family}.{qtype}.gguf", qtype.lower()))
     out = work / f"{family}.{qtype}.gguf"
     if not out.exists():
         src = tiny_families.convert_llama_cpp(d, work / f"{family}.F32.gguf", "f32")
@@ -55,6 +55,36 @@ def gguf_of(d: Path, work: Path, family: str, qtype: str) -> Path:
         if r.returncode:
             raise SystemExit(f"llama-quantize {qtype} failed: {r.stderr[-2000:]}")
     return out
+
+
+def with_q_lora_key(path: Path) -> Path:
+    """A deepseek2 file without q (V2-Lite's shape) as llama.cpp loads it: its loader requires
+    attention.q_lora_rank unless the model has V2-Lite's 26 or 27 layers, and 0 means none
+    (the converter writes the key only where the checkpoint has a q_lora_rank). Rewritten in
+    place with the key added; other files are left as they are."""
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    arch = r.fields["general.architecture"].contents()
+    if arch != "deepseek2" or "deepseek2.attention.q_lora_rank" in r.fields:
+        return path
+    tmp = path.with_suffix(".tmp")
+    w = gguf.GGUFWriter(tmp, arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), vtype, sub)
+    w.add_uint32("deepseek2.attention.q_lora_rank", 0)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(path)
+    return path
 
 
 def uniform_imatrix(src: Path) -> Path:
