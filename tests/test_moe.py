@@ -316,3 +316,18 @@ def test_latent_attention_cache_holds_one_compressed_row_per_token(moe_dirs: Pat
     assert torch.equal(got.k[0].data[moved, :, :128], before[moved, :, :128])  # the latent as it was
     assert not torch.equal(got.k[0].data[moved, :, 128:], before[moved, :, 128:])  # the RoPE part re-rotated
     torch.testing.assert_close(got.k[0].data[order], ref.k[0].data[:30], atol=1e-5, rtol=1e-5)
+
+
+def test_latent_attention_on_the_cuda_backend(moe_dirs: Path) -> None:
+    """deepseek2 on the cuda backend (Triton's interpreter without a GPU): the per-head k_b / v_b
+    products through the expert kernel, attention over the one compressed row (V = K);
+    prefill and decode steps against transformers."""
+    ids = SEQ[:7]
+    ctx = _context(_gguf(moe_dirs, "deepseek2", "f32"), "cuda", 512)
+    ctx.decode(Batch.from_tokens(ids[:6], 0, all_logits=True))
+    rows = [ctx.logits.clone()]
+    for i in range(6, 7):
+        ctx.decode(Batch.from_tokens(ids[i : i + 1], i))
+        rows.append(ctx.logits.clone())
+    kld, top1 = _kld_top1(_reference("deepseek2", ids), torch.cat(rows).cpu())
+    assert top1 == 1.0 and kld <= 1e-4, (kld, top1)

@@ -167,6 +167,8 @@ def blocks(rows: int, d: int, interpreted: bool = False) -> tuple[int, int, int]
     interpreter pays per operation, not per element: there one tile spans a 256-cell chunk."""
     if interpreted:
         return max(16, triton.next_power_of_2(rows)), KV_CHUNK, 4
+    if d > 256:  # latent attention's 576-wide row (deepseek2): smaller tiles to fit sm_90's shared memory
+        return 16, 16, 8
     if rows <= 16:  # decode
         return 16, 64 if d <= 64 else 32, 4
     return {64: (64, 64, 8), 128: (32, 32, 4)}.get(d, (32, 32, 8))
@@ -270,7 +272,8 @@ def _spec(d: int, kv: str, q8: bool, mask_cells: bool, rows: int, split: int = 1
     sig |= {a: "i32" for a in ("T", "R", "n_head_kv", "n_kv", "sq_g", "sq_t", "sq_h", "sk", "k_rb", "sv", "v_rb",
                                "sm_g", "sm_t", "so", "n_swa")}  # fmt: skip
     sig["scale"] = sig["softcap"] = "fp32"
-    const = {"D": d, "DV": d, "BD": d, "BDV": d, "KQ8": q8, "VQ8": q8, "MASK_CELLS": mask_cells,
+    bd = triton.next_power_of_2(d)
+    const = {"D": d, "DV": d, "BD": bd, "BDV": bd, "KQ8": q8, "VQ8": q8, "MASK_CELLS": mask_cells,
              "BM": bm, "BN": bn, "CHUNK": KV_CHUNK, "SPLIT": split}  # fmt: skip
     sig |= {c: "constexpr" for c in const}
     name = f"attention_d{d}_{'q8_0' if q8 else kv}_{'cells' if mask_cells else 'mask'}_bm{bm}_split{split}"
@@ -279,7 +282,7 @@ def _spec(d: int, kv: str, q8: bool, mask_cells: bool, rows: int, split: int = 1
 
 def _combine_spec(d: int, split: int) -> tuple:
     sig = {"PART": "*fp32", "O": "*fp32", "T": "i32", "R": "i32", "n_head_kv": "i32", "so": "i32"}
-    const = {"DV": d, "BDV": d, "BM": 16, "SPLIT": split}
+    const = {"DV": d, "BDV": triton.next_power_of_2(d), "BM": 16, "SPLIT": split}
     return (
         f"attention_combine_d{d}_split{split}",
         attention_combine_kernel,
@@ -304,4 +307,8 @@ COMPILE_SPECS = [
         for sp in (2, 4, 8)
     ],
     *[_combine_spec(d, sp) for d in (64, 128, 256) for sp in (2, 4, 8)],
+    # DeepSeek-V2(-Lite)'s latent attention: one KV head of kv_lora_rank 512 + 64 RoPE dims, V = K
+    *[_spec(576, "fp16", False, cells, 4) for cells in (False, True)],
+    *[_spec(576, "fp16", False, True, 4, sp) for sp in (2, 4)],
+    *[_combine_spec(576, sp) for sp in (2, 4)],
 ]
