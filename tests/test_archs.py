@@ -52,6 +52,12 @@ def _hparams(arch: str) -> HParams:
         f"{arch}.expert_used_count": 2,
         f"{arch}.expert_feed_forward_length": 512,
     }
+    if arch == "deepseek2":  # latent attention: one compressed KV head of kv_lora_rank + RoPE dims
+        meta |= {f"{arch}.attention.head_count_kv": 1, f"{arch}.attention.kv_lora_rank": 128,
+                 f"{arch}.attention.key_length": 160, f"{arch}.attention.value_length": 128,
+                 f"{arch}.rope.dimension_count": 32, f"{arch}.attention.key_length_mla": 96,
+                 f"{arch}.attention.value_length_mla": 64, f"{arch}.leading_dense_block_count": 1,
+                 f"{arch}.expert_shared_count": 1}  # fmt: skip
     return ARCHS[arch].read_hparams(meta, "test")
 
 
@@ -67,7 +73,9 @@ def test_each_tensor_is_declared_once_with_a_cut_that_fits_its_shape(arch: str) 
     if hp.moe is not None:  # each expert's matrix cut as a dense FFN's is
         rows["exp_rows"] = cols["exp_cols"] = hp.moe.n_ff_exp
     for t in specs:
-        if t.parts:  # fused: its parts tile its rows, each cut as a tensor of its own would be
+        if t.cut == "none" and hp.mla is not None:  # latent attention: -tp refused, nothing cut
+            assert t.field in ("wq", "wq_a", "q_a_norm", "wq_b", "wkv_a", "kv_a_norm", "wk_b", "wv_b", "wo"), t
+        elif t.parts:  # fused: its parts tile its rows, each cut as a tensor of its own would be
             assert t.kind == "fused" and sum(n for _, n, _ in t.parts) == t.shape[0], t
             assert all(rows[cut] == n for _, n, cut in t.parts), t
         elif t.kind == "experts":
@@ -104,7 +112,7 @@ def test_hf_model_types_name_registered_architectures() -> None:
     assert HF_MODEL_TYPES and all(a.name in ARCHS for a in HF_MODEL_TYPES.values())
     with pytest.raises(
         Exception,
-        match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, qwen3moe, gpt-oss, olmoe, granite, olmo2, smollm3, phi3",
+        match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, qwen3moe, gpt-oss, olmoe, deepseek2, granite, olmo2, smollm3, phi3",
     ):
         from ubatch.engine.model.hparams import hparams_from_metadata
 
