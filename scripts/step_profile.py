@@ -3,6 +3,7 @@ one slot, greedy, and per step the time of `Scheduler.step` split into the graph
 calls, `run_step`) and the Python around it: validation, `init_batch`, placing the ubatch, the
 step inputs, sampling, and the rest (scheduling, bookkeeping, events). Medians over the steps
 of each run, then the median of the runs (the machine may be shared: several runs, one table).
+The steps run in inference mode, as the server's engine thread runs them.
 
     python scripts/step_profile.py [-m MODEL] [--steps 64] [--runs 5] [--threads 2]
 """
@@ -15,6 +16,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from ubatch.engine.context import context as context_mod
 from ubatch.engine.context.context import Context
@@ -96,7 +99,8 @@ def main() -> None:
     a = ap.parse_args()
     model = Model.load(a.model or default_model_path())
     instrument()
-    runs = [one_run(model, a.threads, a.steps, a.temp) for _ in range(a.runs)]
+    with torch.inference_mode():  # as the server's engine thread runs
+        runs = [one_run(model, a.threads, a.steps, a.temp) for _ in range(a.runs)]
     cols = ["step", "graph", "python", *[p for p in PARTS if p != "graph"], "other"]
     print(f"CPU: {cpu_name()}; {a.threads} threads; {a.runs} runs of {a.steps} one-token steps; temp {a.temp}")
     print("| run | " + " | ".join(f"{c} ms" for c in cols) + " |")

@@ -9,6 +9,7 @@ import torch
 from ubatch.engine.batch import Batch, make_ubatch
 from ubatch.engine.context.context import Context
 from ubatch.engine.kv.cache import KVCache
+from ubatch.engine.kv.cells import KVCells
 from ubatch.engine.params import ContextParams
 
 
@@ -159,3 +160,55 @@ def test_quantised_caches_stay_close_to_f32(tiny_gemma_model, t: str, tol: float
 
     ref, got = run("f32"), run(t)
     assert 0 < (got - ref).abs().max() < tol
+
+
+def fresh(c: KVCells) -> tuple[int, int, bool, list[int]]:
+    """What the kept reductions must equal, computed from the arrays alone."""
+    x = KVCells(c.size, c.n_seq_max)
+    x.pos, x.seq, x.shift = c.pos, c.seq, c.shift
+    return x.used, x.used_max_p1, x.has_shift, [x.seq_pos_max(s) for s in range(c.n_seq_max)]
+
+
+@pytest.mark.parametrize("n_swa, n_stream", [(0, 1), (6, 1), (0, 3), (6, 3)])
+def test_kept_cell_counts_follow_every_operation(n_swa: int, n_stream: int) -> None:
+    """Decode rows, prompts and sequence operations in a seeded random order: after each, the
+    reductions a step reads (kept between steps) equal a fresh pass over the arrays, and a lone
+    decode row sees what the same query sees among several rows."""
+    rng = np.random.default_rng(7)
+    c = cache(size=64, n_swa=n_swa, n_seq_max=3, n_stream=n_stream)
+    for _ in range(400):
+        s = int(rng.integers(3))
+        op = int(rng.integers(8))
+        nxt = c.seq_pos_max(s) + 1
+        if op <= 3:  # a decode row (mostly) or a short prompt
+            n = 1 if op <= 2 else int(rng.integers(2, 5))
+            b = Batch()
+            for i in range(n):
+                b.add(7, nxt + i, s)
+            ub = make_ubatch(b, np.arange(n))
+            slots = c.find_slot(ub)
+            if slots is None:
+                c.seq_rm(s, -1, -1)
+            else:
+                c.apply_ubatch(ub, slots)
+        elif op == 4:
+            c.seq_rm(s, int(rng.integers(max(nxt, 1))), -1)
+        elif op == 5 and n_stream == 1:
+            c.seq_cp(s, (s + 1) % 3, -1, -1)
+        elif op == 6 and n_swa == 0:
+            c.seq_add(s, 0, -1, -int(rng.integers(3)))
+        else:
+            c.seq_keep(s) if n_stream == 1 and rng.random() < 0.2 else c.seq_div(s, 0, -1, 1)
+        for cells in c.streams:
+            assert (cells.used, cells.used_max_p1, cells.has_shift, [cells.seq_pos_max(q) for q in range(3)]) == fresh(
+                cells
+            )
+        p = c.seq_pos_max(s) + 1
+        one, two = Batch(), Batch()
+        one.add(7, p, s)
+        two.add(7, p, s)
+        two.add(7, p, s)
+        st = [c.stream_of(s)]
+        lone = c.visible(make_ubatch(one, np.arange(1)), st, 64)[0, 0]
+        among = c.visible(make_ubatch(two, np.arange(2)), st, 64)[0, 0]
+        assert (lone == among).all()

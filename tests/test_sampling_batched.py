@@ -116,3 +116,26 @@ def test_a_biased_row_is_the_row_plus_its_biases_then_the_row_again(i: int) -> N
     with bias.on(x) as row:
         assert np.array_equal(row.numpy(), want)
     assert torch.equal(x, before)
+
+
+def test_greedy_rows_with_lowering_biases_take_the_biased_rows_argmax() -> None:
+    """ignore_eos's kind of biases (only lowering) on greedy rows: the plain argmax is kept when
+    it is not a biased token, else the biased row's; the same token as the row's own chain,
+    including when the best logit is a banned one or ties with one."""
+    bias = LogitBias([(5, float("-inf")), (11, -1.0), (5, -2.0)])
+    for step in range(12):
+        x = logits_for(step, 3)
+        if step % 3 == 1:
+            x[:, 5] = x.max() + 1  # the banned token is the plain argmax
+        if step % 3 == 2:
+            x[:, 11] = x[:, 12] = x.max()  # a lowered token ties with the next one
+        before = x.clone()
+        want = []
+        for i in range(3):
+            with bias.on(x[i].clone()) as row:
+                want.append(Sampler(CHAINS["greedy"]).sample(row))
+        s = Sampler(CHAINS["greedy"])
+        assert s.row_chain is not None
+        got = sample_rows(x, [Row(i, s.row_chain, s.rng, bias) for i in range(3)])
+        assert got == want and torch.equal(x, before)
+        assert (step % 3 == 0) or got[0] not in (5, 11)

@@ -71,6 +71,21 @@ class UBatchRecord:
     loras: dict[int, tuple[tuple[int, float], ...]] = field(default_factory=dict)
 
 
+InputViews = tuple[dict[str, torch.Tensor], dict[str, np.ndarray] | None]
+
+
+@dataclass(slots=True)
+class LastBound:
+    """The last ubatch's graph as `Context._bound` left it: reused while a step repeats it."""
+
+    shape: GraphShape
+    workspace: torch.Tensor
+    dest: tuple[int, torch.Size]  # the output rows' address and shape
+    graph: Graph
+    direct: bool
+    views: InputViews
+
+
 def make_backend(name: str, n_threads: int) -> Ops:
     """The op backend a context computes with, from the registry (errors as one line)."""
     try:
@@ -144,6 +159,8 @@ class Context:
         self.seq_lora: dict[int, dict[int, float]] = {}
         self._prev_shape: dict[bool, GraphShape] = {}  # llama.cpp keeps one graph with outputs, one without
         self._graphs: OrderedDict[GraphShape, Graph] = OrderedDict()
+        self._rows_view: tuple[torch.Tensor, int, torch.Tensor] | None = None  # (buffer, n, its first n rows)
+        self._last_bound: LastBound | None = None
         self.workspace = allocate(
             "compute buffer",
             self.reservation.bytes,
@@ -291,6 +308,35 @@ class Context:
                 return False
         return len(batch.logits) == n
 
+    def _rows_of(self, buffer: torch.Tensor, n: int) -> torch.Tensor:
+        """The first n rows of an output buffer, the view kept while the buffer and n repeat."""
+        kept = self._rows_view
+        if kept is None or kept[0] is not buffer or kept[1] != n:
+            kept = self._rows_view = (buffer, n, buffer[:n])
+        return kept[2]
+
+    def _bound(self, shape: GraphShape, dest: torch.Tensor) -> tuple[Graph, bool, InputViews]:
+        """The ubatch's graph, bound to the workspace, its output pointed at `dest` where it can
+        be (`direct`: then no copy follows the step), and its input views. A decode step repeats
+        the last step's shape, workspace and destination: then they are the last step's."""
+        at = (dest.data_ptr(), dest.shape)
+        last = self._last_bound
+        if last is not None and last.shape == shape and last.workspace is self.workspace and last.dest == at:
+            if self._graphs.get(shape) is last.graph:
+                self._graphs.move_to_end(shape)
+                return last.graph, last.direct, last.views
+        graph = self.graph_for(shape)
+        if graph.size > self.workspace.numel():  # cannot happen for shapes within the reservation
+            self.workspace = torch.empty(graph.size, dtype=torch.uint8, device=self.model.device)
+            self.workspace_regrows += 1
+        # without CUDA graphs the last node writes the output rows itself: no copy after
+        direct = (
+            dest.shape[0] > 0 and self.ops.graph_runner is None and bind_output(graph, self.ops, self.workspace, dest)
+        )
+        views = input_views(graph, self.ops, self.workspace)
+        self._last_bound = LastBound(shape, self.workspace, at, graph, direct, views)
+        return graph, direct, views
+
     def graph_for(self, shape: GraphShape) -> Graph:
         """The planned graph of a shape, built on first use (kept for the last few shapes)."""
         g = self._graphs.get(shape)
@@ -335,49 +381,48 @@ class Context:
             self._embd_out = self._output_buffer(n_outputs, hp.n_embd)
         elif not embd and n_outputs > self.output_rows:
             self._outputs = self._output_buffer(n_outputs)
-        output = (self._embd_out if embd else self._outputs)[:n_outputs]
+        output = self._rows_of(self._embd_out if embd else self._outputs, n_outputs)
         order: list[np.ndarray] = []
         self.records = []
         row = 0
+        # one ubatch of output rows only (a decode step): the rows are the batch's, in order
+        every = len(ubatches) == 1 and n_outputs == batch.n_tokens
         for ub in ubatches:
             tu = time.perf_counter()
             slots = self.memory.place(ub)
-            out_rows = np.flatnonzero(ub.output)
+            if every:
+                n_out, out_idx = ub.n_tokens, ub.batch_idx
+            else:
+                out_rows = np.flatnonzero(ub.output)
+                n_out, out_idx = len(out_rows), ub.batch_idx[out_rows]
             groups = [c.ubatch_streams(ub) for c in self.memory.caches]
             seq_loras, lora_rows = self._lora_rows(ub)
             shape = GraphShape(
                 ub.n_tokens,
-                len(out_rows),
+                n_out,
                 tuple(len(g) for g in groups),
                 tuple(c.n_kv_of(g) for c, g in zip(self.memory.caches, groups)),
                 embd,
                 tuple(lora_rows),
             )
-            reused = self._prev_shape.get(len(out_rows) > 0) == shape
-            self._prev_shape[len(out_rows) > 0] = shape
+            reused = self._prev_shape.get(n_out > 0) == shape
+            self._prev_shape[n_out > 0] = shape
             self.perf.graphs_reused += reused
-            graph = self.graph_for(shape)
-            if graph.size > self.workspace.numel():  # cannot happen for shapes within the reservation
-                self.workspace = torch.empty(graph.size, dtype=torch.uint8, device=self.model.device)
-                self.workspace_regrows += 1
-            n_out = len(out_rows)
-            dest = output[row : row + n_out]
-            # without CUDA graphs the last node writes the output rows itself: no copy after
-            direct = n_out > 0 and self.ops.graph_runner is None and bind_output(graph, self.ops, self.workspace, dest)
+            dest = output if every else output[row : row + n_out]
             # the server's engine thread runs in inference mode throughout: entering it costs per ubatch
             mode = nullcontext() if torch.is_inference_mode_enabled() else torch.inference_mode()
             with mode:
-                views = input_views(graph, self.ops, self.workspace)
+                graph, direct, views = self._bound(shape, dest)
                 self.step_inputs.fill(self.memory, ub, slots, shape, *views, lora_rows)
                 logits = run_step(graph, self.ops, self.workspace, {})  # CUDA graphs if the backend asks
                 if n_out and not direct:
                     dest.copy_(logits)
             row += n_out
-            order.append(ub.batch_idx[out_rows])
+            order.append(out_idx)
             self.perf.n_ubatch += 1
             rec = UBatchRecord(
                 ub.n_tokens,
-                len(out_rows),
+                n_out,
                 ub.n_seqs,
                 sorted(set(ub.seq_id0.tolist())),
                 shape.n_kv,
@@ -389,7 +434,7 @@ class Context:
             for obs in self.observers:
                 obs(batch, ub, rec)
         idx = order[0] if len(order) == 1 else np.concatenate(order)
-        logits = output[:row]
+        logits = output if row == n_outputs else output[:row]
         if idx.size > 1 and not np.all(idx[:-1] < idx[1:]):  # split_equal reorders slots: restore batch order
             logits = logits[torch.from_numpy(np.argsort(idx, kind="stable"))]
             idx = np.sort(idx)

@@ -150,6 +150,7 @@ def restore(ctx: Context, state: SeqState, seq_id: int) -> int:
         cells.pos[cells_idx] = state.tensors[f"c{ci}.pos"].numpy()[first:]
         cells.seq[cells_idx, seq_id] = True
         cells.shift[cells_idx] = 0
+        cells.touch()
         rows = torch.from_numpy(cells_idx + st * c.size)
         for il in c.layers:
             for store, t in ((c.k[il], state.tensors[f"c{ci}.k{il}"]), (c.v[il], state.tensors[f"c{ci}.v{il}"])):

@@ -30,10 +30,17 @@ class StepInputs:
         attention.causal = false); `freq_factors`: the context's per-pair RoPE divisors."""
         self.model, self.ops, self.causal, self.freq_factors = model, ops, causal, freq_factors
         self.rope = rope_keys(model)
+        self._rope_names = [(f"inp_cos_{i}", f"inp_sin_{i}") for i in range(len(self.rope))]
+        self._cache_names: list[tuple[str, ...]] = []  # per cache: its inputs' names
+        self._starts: dict[tuple[int, ...], np.ndarray] = {}  # kv_starts by the groups' streams
         self._tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
 
     def rope_rows(self, key: tuple[float, float], pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """cos/sin rows of a rope key's table for these positions (the backend's values)."""
+        if pos.size == 1 and (p := int(pos[0])) >= 0:  # a decode step's row: a slice, no gather
+            table = self._tables.get(key)
+            if table is not None and table[0].shape[0] > p:
+                return table[0][p : p + 1], table[1][p : p + 1]
         hi = int(pos.max()) if pos.size else 0
         if pos.size and int(pos.min()) < 0:  # no table for negative positions
             return self._backend_rows(key, torch.from_numpy(pos))
@@ -73,17 +80,20 @@ class StepInputs:
 
         shard = self.model.shard
         put("inp_tokens", ub.token if shard is None else shard.local_tokens(ub.token))
-        for i, key in enumerate(self.rope):
+        for key, (cos_name, sin_name) in zip(self.rope, self._rope_names):
             cos, sin = self.rope_rows(key, ub.pos)
-            put(f"inp_cos_{i}", cos)
-            put(f"inp_sin_{i}", sin)
+            put(cos_name, cos)
+            put(sin_name, sin)
         cells = mask_in_kernel(self.ops, mem)
         if cells:
             pos = ub.pos.astype(np.int32)
             put("inp_q_pos", pos)
             put("inp_q_lim", pos if self.causal else np.full_like(pos, NO_CAUSAL))
             put("inp_q_seq", np.left_shift(np.uint64(1), ub.seq_id0.astype(np.uint64)).view(np.int64))
-        for c, cache in enumerate(mem.caches):
+        names = self._cache_names
+        while len(names) < len(mem.caches):
+            names.append(tuple(f"{n}_{len(names)}" for n in ("kq_mask", "kv_idxs", "kv_starts", "kv_visible")))
+        for c, (cache, (mask_name, idxs_name, starts_name, visible_name)) in enumerate(zip(mem.caches, names)):
             streams, n_kv = cache.ubatch_streams(ub), shape.n_kv[c]
             vis = cache.visible(ub, streams, n_kv, self.causal)  # on the host: which chunks to read
             if cells:
@@ -91,11 +101,17 @@ class StepInputs:
                 put(f"kv_pos_{c}", pos)
                 put(f"kv_seq_{c}", bits)
             else:
-                put(f"kq_mask_{c}", as_mask(vis))
-            put(f"kv_idxs_{c}", slots[c])
-            put(f"kv_starts_{c}", np.array([s * cache.size for s in streams], dtype=np.int64))
+                put(mask_name, as_mask(vis))
+            put(idxs_name, slots[c])
+            starts = self._starts.get(at := (*streams, cache.size))
+            if starts is None:
+                starts = self._starts[at] = np.array([s * cache.size for s in streams], dtype=np.int64)
+            put(starts_name, starts)
             # 256-cell chunks no query can see (other sequences, outside the window) are skipped
-            put(f"kv_visible_{c}", vis.reshape(-1, n_kv // KV_CHUNK, KV_CHUNK).any(axis=(0, 2)))
+            if vis.shape[0] * vis.shape[1] == 1:  # a lone row: no reduction over rows first
+                put(visible_name, vis.reshape(-1, KV_CHUNK).any(1))
+            else:
+                put(visible_name, vis.reshape(-1, n_kv // KV_CHUNK, KV_CHUNK).any(axis=(0, 2)))
         if shape.n_outputs < shape.n_tokens:
             put("inp_out_ids", np.flatnonzero(ub.output))
         if self.model.hparams.mla is not None:  # latent attention's per-head products (GraphBlocks.head_ids)

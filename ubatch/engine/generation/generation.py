@@ -124,6 +124,7 @@ class Generation:
         if params.ignore_eos:  # llama.cpp: a logit bias of -inf on every end-of-generation token
             bias += [(t, float("-inf")) for t in sorted(vocab.eog)]
         self._bias = LogitBias(bias) if bias else None
+        self._row: Row | None = None  # the last `row`
 
     @property
     def n_decoded(self) -> int:
@@ -188,7 +189,10 @@ class Generation:
         chain = self.sampler.row_chain
         if chain is None or self.grammar is not None or self.params.n_probs > 0 or self.sampler.budget is not None:
             return None
-        return Row(index, chain, self.sampler.rng, self._bias)
+        row = self._row
+        if row is None or row.index != index:  # kept: a decode step's row is at the same index each time
+            row = self._row = Row(index, chain, self.sampler.rng, self._bias)
+        return row
 
     def took(self, tok: int, ms: float = 0.0) -> Step:
         """The batched pass drew `tok` from this generation's row: what `sample` does after its draw."""

@@ -186,6 +186,9 @@ class KVCache:
     def apply_ubatch(self, ub: UBatch, slots: np.ndarray) -> None:
         """Write the ubatch into the cells `find_slot` gave it: group g's rows into its stream."""
         streams = self.ubatch_streams(ub)
+        if streams == [0]:  # one group in the first stream: the ubatch as it is
+            self._apply_stream(self.streams[0], slots, ub.pos, ub.seq_id, ub.seq_id0)
+            return
         per = ub.n_tokens // len(streams)
         for g, s in enumerate(streams):
             r = slice(g * per, (g + 1) * per)
@@ -196,9 +199,7 @@ class KVCache:
         c: KVCells, cells: np.ndarray, pos: np.ndarray, seq_ids: list[list[int]], seq0: np.ndarray
     ) -> None:
         if cells.size == 1 and c.pos[cell := int(cells[0])] < 0:  # a decode step's row into an empty cell
-            c.pos[cell] = pos[0]
-            c.seq[cell, seq_ids[0]] = True
-            c.head = cell + 1
+            c.put_one(cell, int(pos[0]), seq_ids[0])
             return
         lost: dict[int, int] = {}
         for cell in cells[c.pos[cells] >= 0].tolist():  # reused cells (SWA): whose positions go
@@ -210,6 +211,7 @@ class KVCache:
         for cell, sids in zip(cells, seq_ids):
             if len(sids) > 1:
                 c.seq[cell, sids] = True
+        c.touch()
         if lost:
             placed = np.zeros(c.size, dtype=bool)
             placed[cells] = True
@@ -229,8 +231,17 @@ class KVCache:
         per = ub.n_tokens // len(streams)
         out = np.empty((len(streams), per, n_kv), dtype=bool)
         for g, s in enumerate(streams):
-            c, rows, vis = self.streams[s], slice(g * per, (g + 1) * per), out[g]
-            pos, p1 = c.pos[:n_kv], ub.pos[rows, None]
+            c, vis = self.streams[s], out[g]
+            pos = c.pos[:n_kv]
+            if per == 1:  # a decode row: compared with its position as a number
+                q = int(ub.pos[g])
+                lo = max(q - self.n_swa, -1) if self.n_swa > 0 else -1  # at or below: empty or out of the window
+                np.logical_and(pos > lo, c.seq[:n_kv, int(ub.seq_id0[g])], out=vis[0])
+                if causal:
+                    vis[0] &= pos <= q
+                continue
+            rows = slice(g * per, (g + 1) * per)
+            p1 = ub.pos[rows, None]
             np.logical_and(pos >= 0, c.seq[:n_kv, ub.seq_id0[rows]].T, out=vis)
             if causal:
                 vis &= pos <= p1
@@ -274,6 +285,7 @@ class KVCache:
         dst_cells.pos[sel] = src_cells.pos[sel]
         dst_cells.seq[sel, dst] = True
         dst_cells.shift[sel] = src_cells.shift[sel]
+        dst_cells.touch()
         dst_cells.head = src_cells.head
         self.pending_copies.append((a, b))  # the K/V bytes move at the next update()
 
@@ -321,6 +333,7 @@ class KVCache:
         self.apply_copies()
         c.pos[new], c.shift[new] = c.pos[old], c.shift[old]
         c.seq[new, s], c.seq[old, s] = True, False
+        c.touch()
         self._copy_rows(old + st * self.size, new + st * self.size)
 
     def can_copy_range(self, src: int, dst: int, p0: int, p1: int) -> bool:
@@ -344,6 +357,7 @@ class KVCache:
         new = np.flatnonzero(dc.pos < 0)[: old.size]
         dc.pos[new], dc.shift[new] = sc.pos[old], sc.shift[old]
         dc.seq[new, dst] = True
+        dc.touch()
         if new.size:
             dc.head = int(new[-1]) + 1 if new[-1] + 1 < dc.size else 0
         self._copy_rows(old + a * self.size, new + b * self.size)

@@ -2,6 +2,11 @@
 
 Plain numpy bookkeeping, no tensors: which cells a ubatch goes to, what the mask lets each query
 see, and the sequence operations (rm / cp / keep / add / div) all come from these arrays.
+
+A decode step asks for the same few reductions of them (cells used, past the last used one, any
+shift pending, a sequence's last position), each an O(size) pass; they are kept between steps
+and brought up to date by the one-cell placement of a decode row (`put_one`). Any other change
+to the arrays calls `touch`, and the next question recomputes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,11 @@ class KVCells:
     seq: np.ndarray = field(init=False)  # bool [size, n_seq_max]
     shift: np.ndarray = field(init=False)  # int64 [size]: position delta not yet applied to K
     head: int = 0
+    # the reductions a step asks for, kept while the arrays hold still (None: not known)
+    _used: int | None = field(default=None, init=False, repr=False, compare=False)
+    _used_max_p1: int | None = field(default=None, init=False, repr=False, compare=False)
+    _has_shift: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _pos_max: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.pos = np.full(self.size, -1, dtype=np.int64)
@@ -29,20 +39,46 @@ class KVCells:
         c = KVCells.__new__(KVCells)
         c.size, c.n_seq_max, c.head = self.size, self.n_seq_max, self.head
         c.pos, c.seq, c.shift = self.pos.copy(), self.seq.copy(), self.shift.copy()
+        c._used, c._used_max_p1, c._has_shift = self._used, self._used_max_p1, self._has_shift
+        c._pos_max = dict(self._pos_max)
         return c
+
+    def touch(self) -> None:
+        """The arrays changed other than by `put_one`: the kept reductions are recomputed when next asked."""
+        self._used = self._used_max_p1 = self._has_shift = None
+        self._pos_max.clear()
+
+    def put_one(self, cell: int, pos: int, seq_ids: list[int]) -> None:
+        """A decode row into an empty cell, the kept reductions brought up to date (no pass)."""
+        self.pos[cell] = pos
+        self.seq[cell, seq_ids] = True
+        if self._used is not None:
+            self._used += 1
+        if self._used_max_p1 is not None:
+            self._used_max_p1 = max(self._used_max_p1, cell + 1)
+        for s in seq_ids:  # an empty cell's shift is 0: `_has_shift` holds
+            if (p := self._pos_max.get(s)) is not None:
+                self._pos_max[s] = max(p, pos)
+        self.head = cell + 1
 
     @property
     def used(self) -> int:
-        return int((self.pos >= 0).sum())
+        if self._used is None:
+            self._used = int((self.pos >= 0).sum())
+        return self._used
 
     @property
     def used_max_p1(self) -> int:
-        last = self.size - int(np.argmax(self.pos[::-1] >= 0))  # past the last used cell, if any is
-        return last if self.pos[last - 1] >= 0 else 0
+        if self._used_max_p1 is None:
+            last = self.size - int(np.argmax(self.pos[::-1] >= 0))  # past the last used cell, if any is
+            self._used_max_p1 = last if self.pos[last - 1] >= 0 else 0
+        return self._used_max_p1
 
     @property
     def has_shift(self) -> bool:
-        return bool(self.shift.any())
+        if self._has_shift is None:
+            self._has_shift = bool(self.shift.any())
+        return self._has_shift
 
     @property
     def n_shared(self) -> int:
@@ -60,8 +96,11 @@ class KVCells:
         return self._range(p0, p1) & self.seq[:, s] & (self.seq.sum(1) > 1)
 
     def seq_pos_max(self, s: int) -> int:
-        p = self.pos[self.seq[:, s]]
-        return int(p.max()) if p.size else -1
+        x = self._pos_max.get(s)
+        if x is None:
+            p = self.pos[self.seq[:, s]]
+            x = self._pos_max[s] = int(p.max()) if p.size else -1
+        return x
 
     def seq_pos_max_all(self) -> np.ndarray:
         """seq_pos_max of every sequence at once, int64 [n_seq_max] (-1: no cell)."""
@@ -76,11 +115,13 @@ class KVCells:
         self.seq[:] = False
         self.shift[:] = 0
         self.head = 0
+        self.touch()
 
     def free(self, sel: np.ndarray) -> None:
         self.pos[sel] = -1
         self.seq[sel] = False
         self.shift[sel] = 0
+        self.touch()
 
     def _move_head_back(self) -> None:
         free = np.flatnonzero(self.pos < 0)
@@ -99,18 +140,21 @@ class KVCells:
         else:
             sel &= self.seq[:, s]
             self.seq[sel, s] = False
+            self.touch()
             self.free(sel & ~self.seq.any(1))
         self._move_head_back()
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         """Share cells: the destination sequence sees the source's cells, no data is copied."""
         self.seq[self._range(p0, p1) & self.seq[:, src], dst] = True
+        self.touch()
 
     def seq_keep(self, s: int) -> None:
         keep = self.seq[:, s].copy()
         self.free(~keep)
         self.seq[keep] = False
         self.seq[keep, s] = True
+        self.touch()
         self._move_head_back()
 
     def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
@@ -119,6 +163,7 @@ class KVCells:
         sel = self._range(p0, p1) & self.seq[:, s]
         self.pos[sel] += delta
         self.shift[sel] += delta
+        self.touch()
         gone = sel & (self.pos < 0)
         self.free(gone)
         if gone.any():
@@ -134,3 +179,4 @@ class KVCells:
         new = old // d
         self.pos[sel] = new
         self.shift[sel] += new - old  # K must be rotated from old to new position
+        self.touch()

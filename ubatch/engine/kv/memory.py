@@ -194,6 +194,7 @@ class KVMemory:
                         k[..., off:] = ops.rope(part, cos, sin, hp.rope_neox, out=torch.empty_like(part))
                         ops.kv_store(store, slots, k)
                     cells.shift[:] = 0
+                    cells.touch()
             did = True
         return did
 

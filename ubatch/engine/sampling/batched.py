@@ -109,6 +109,8 @@ def single_threaded() -> Iterator[None]:
 def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
     """Each row's token, as its own chain would sample it; `logits` (host memory, float32,
     [n, n_vocab]) is as it was on return."""
+    if all(r.chain.greedy and r.chain.penalties is None for r in rows):
+        return [_argmax(logits, r) for r in rows]
     out = [0] * len(rows)
     torch_ops = any(not r.chain.greedy or r.chain.penalties is not None for r in rows)
     with single_threaded() if torch_ops else nullcontext(), ExitStack() as undo:
@@ -131,6 +133,22 @@ def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
             for i, tok in zip(group, _top_k_chain(lx, [rows[i] for i in group], k), strict=True):
                 out[i] = tok
     return out
+
+
+def _argmax(logits: torch.Tensor, r: Row) -> int:
+    """A greedy row without penalties: numpy's argmax (the first maximum, as the row's own
+    shortcut). Biases that only lower are written into the row only when the plain argmax is
+    one of their tokens: otherwise it is the biased row's first maximum too."""
+    x = logits[r.index]
+    b = r.bias
+    if b is not None and b.lowers_only:
+        tok = int(np.argmax(x.numpy()))
+        if tok not in b.id_set:
+            return tok
+    if b is None:
+        return int(np.argmax(x.numpy()))
+    with b.on(x) as biased:
+        return int(np.argmax(biased.numpy()))
 
 
 def _top_k_chain(lx: np.ndarray, rows: Sequence[Row], k: int) -> list[int]:

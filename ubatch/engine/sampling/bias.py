@@ -11,11 +11,14 @@ class LogitBias:
     """Token ids and the values added to their logits, in order (a repeated id adds up), as
     float32 values for the host and tensors for a device; built once per request."""
 
-    __slots__ = ("ids", "values", "_ids_t", "_values_t")
+    __slots__ = ("ids", "values", "_ids_t", "_values_t", "id_set", "lowers_only")
 
     def __init__(self, pairs: list[tuple[int, float]]) -> None:
         self.ids = [int(t) for t, _ in pairs]
         self.values = [np.float32(b) for _, b in pairs]
+        self.id_set = frozenset(self.ids)
+        # every bias lowers (ignore_eos's -inf): a row's argmax outside `ids` is the biased row's too
+        self.lowers_only = all(v <= 0 for v in self.values)
         self._ids_t = torch.tensor(self.ids, dtype=torch.long)
         self._values_t = torch.tensor([float(v) for v in self.values], dtype=torch.float32)
 
