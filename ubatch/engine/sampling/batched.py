@@ -110,7 +110,8 @@ def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
     """Each row's token, as its own chain would sample it; `logits` (host memory, float32,
     [n, n_vocab]) is as it was on return."""
     if all(r.chain.greedy and r.chain.penalties is None for r in rows):
-        return [_argmax(logits, r) for r in rows]
+        lx = logits.numpy()
+        return [_argmax(logits, lx, r) for r in rows]
     out = [0] * len(rows)
     torch_ops = any(not r.chain.greedy or r.chain.penalties is not None for r in rows)
     with single_threaded() if torch_ops else nullcontext(), ExitStack() as undo:
@@ -135,19 +136,16 @@ def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
     return out
 
 
-def _argmax(logits: torch.Tensor, r: Row) -> int:
-    """A greedy row without penalties: numpy's argmax (the first maximum, as the row's own
-    shortcut). Biases that only lower are written into the row only when the plain argmax is
-    one of their tokens: otherwise it is the biased row's first maximum too."""
-    x = logits[r.index]
+def _argmax(logits: torch.Tensor, lx: np.ndarray, r: Row) -> int:
+    """A greedy row without penalties (`lx`: the logits as numpy): numpy's argmax, the first
+    maximum, as the row's own shortcut. Biases that only lower are written into the row only
+    when the plain argmax is one of their tokens: otherwise it is the biased row's too."""
     b = r.bias
-    if b is not None and b.lowers_only:
-        tok = int(np.argmax(x.numpy()))
-        if tok not in b.id_set:
+    if b is None or b.lowers_only:
+        tok = int(np.argmax(lx[r.index]))
+        if b is None or tok not in b.id_set:
             return tok
-    if b is None:
-        return int(np.argmax(x.numpy()))
-    with b.on(x) as biased:
+    with b.on(logits[r.index]) as biased:
         return int(np.argmax(biased.numpy()))
 
 

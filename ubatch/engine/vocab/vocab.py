@@ -55,6 +55,10 @@ _CLEAN_MARKS = (b" ?", b" !", b" .", b" ,", b" '")  # only these can change in c
 KINDS = {"llama": "SPM", "gpt2": "BPE", "gemma4": "BPE", "whitespace": "BPE", "bert": "WPM", "t5": "UGM"}
 
 
+# plain pieces `token_to_piece` keeps (the tokens a server generates most come first)
+PIECES_KEPT = 1 << 16
+
+
 @dataclass(frozen=True)
 class KindDefaults:
     """What llama.cpp assumes for a vocabulary kind before reading the file's keys."""
@@ -201,6 +205,7 @@ class Vocab:
         known = (types >= 0) & (types < len(lut))
         attr = self._attr = np.where(known, lut[np.where(known, types, 0)], 0).astype(np.uint16)
         self._attr_of = attr.data  # fast scalar reads (detokenisation)
+        self._piece_memo: dict[int, bytes] = {}  # token_to_piece's plain pieces
 
         # llama.cpp's per-kind defaults, then what the file says
         pre = self._pre_tokenizer(metadata, source)
@@ -249,7 +254,6 @@ class Vocab:
         }
 
         self._pre = pre
-        self._pieces: dict[int, bytes] = {}  # decoded byte-level BPE texts, filled as they are asked for
         self._spm: SpmTokenizer | None = None
         self._tok = self._tokenizer(tokens, scores, file_attr, metadata, source, sp_min_chars)
         if self.kind == "SPM":
@@ -432,7 +436,19 @@ class Vocab:
         return self._text[tok]
 
     def token_to_piece(self, tok: int, special: bool = False) -> bytes:
-        """One token's bytes: control/unknown only if `special`; ▁ -> space; bytes raw."""
+        """One token's bytes: control/unknown only if `special`; ▁ -> space; bytes raw. The
+        plain pieces are kept once asked (a generation asks for each token it samples), for at
+        most PIECES_KEPT tokens."""
+        if special:
+            return self._token_to_piece(tok, True)
+        piece = self._piece_memo.get(tok)
+        if piece is None:
+            piece = self._token_to_piece(tok, False)
+            if len(self._piece_memo) < PIECES_KEPT:
+                self._piece_memo[tok] = piece
+        return piece
+
+    def _token_to_piece(self, tok: int, special: bool) -> bytes:
         attr = self._attr_of[tok]
         if attr & HIDDEN_ATTRS and not special:
             return b""  # also for </s>, user-defined but forced to CONTROL as an EOG token
@@ -444,10 +460,7 @@ class Vocab:
         if attr & A_NORMAL:
             if self.kind != "BPE" or self._pre is not None and self._pre.escape_whitespaces:
                 return piece.replace(_SPACE_BYTES, b" ")
-            decoded = self._pieces.get(tok)
-            if decoded is None:
-                decoded = self._pieces[tok] = byte_decode(piece.decode("utf-8", "surrogatepass"))
-            return decoded
+            return byte_decode(piece.decode("utf-8", "surrogatepass"))
         if attr & A_BYTE:
             return bytes([int(piece[3:5], 16)])
         return b""  # unused / undefined types print nothing
