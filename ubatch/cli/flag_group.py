@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
@@ -22,9 +23,11 @@ def flag(default: Any, *names: str, help: str, panel: str) -> Any:
     return field(default=default, metadata={"flag": Spec(names, help, panel)})
 
 
-def shared_flag(name: str, default: Any) -> Any:
-    """A field for a flag of cli/options.py's `OPTIONS` (one a command may also take alone)."""
-    return field(default=default, metadata={"flag": OPTIONS[name]})
+def shared_flag(name: str, default: Any, *, help: str | None = None, panel: str | None = None) -> Any:
+    """A field for a flag of cli/options.py's `OPTIONS` (one a command may also take alone);
+    `help` and `panel` refine the shared ones, as `opt` does."""
+    s = OPTIONS[name]
+    return field(default=default, metadata={"flag": Spec(s.names, help or s.help, panel or s.panel)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,17 @@ def refine(
     return Refine(default, help, names, panel, keep_default=False)
 
 
+def _flag_types(cls: type) -> dict[str, Any]:
+    """The annotations of `cls`'s flag fields, evaluated: its other fields may name types it
+    imports only for type checking (an options class kept free of the engine's imports)."""
+    scope = vars(sys.modules[cls.__module__])
+    return {
+        f.name: eval(f.type, scope) if isinstance(f.type, str) else f.type  # noqa: S307  # what get_type_hints does
+        for f in fields(cls)
+        if "flag" in f.metadata
+    }
+
+
 def flag_group(
     cls: type,
     param: str,
@@ -58,7 +72,7 @@ def flag_group(
 
     `refined` changes a flag for this command, `omit` leaves one out (its field keeps the group's
     default) and `panel` moves all of them under one --help heading."""
-    types = typing.get_type_hints(cls)
+    types = _flag_types(cls)
     specs = []
     for f in fields(cls):
         if f.name in omit or "flag" not in f.metadata:  # a field the group keeps for itself

@@ -4,15 +4,18 @@ one-shot completion (llama-completion's output and summary) or the raw-text inte
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from ubatch.cli.common import err_console, resolve_model
 from ubatch.cli.context_flags import ContextFlags
+from ubatch.cli.flag_group import flag, shared_flag
 from ubatch.cli.lora_flags import LoraFlags
+from ubatch.cli.options import CHAT, OUTPUT, PROMPT_CACHE
 from ubatch.cli.parallel_flags import ParallelFlags
 from ubatch.cli.sampling_flags import SamplingFlags
 from ubatch.cli.spec_flags import SpecFlags
@@ -25,43 +28,76 @@ if TYPE_CHECKING:
     from ubatch.engine.spec.speculative import Speculator
 
 
+_chat, _output = (functools.partial(flag, panel=p) for p in (CHAT, OUTPUT))
+
+
 @dataclass
 class Run:
-    """What the command line asked for, checked (cli/complete/command.py builds it)."""
+    """What the command line asked for, checked (cli/complete/command.py fills it in). A field
+    that is a flag (`flag`, `shared_flag`) is declared here once: cli/flag_group.py makes it the
+    command's option; the others come from several flags."""
 
-    model: Path | None
-    prompt: str | None
-    mode: str  # "chat" | "once" | "interactive"
-    n_predict: int
-    context: ContextFlags  # -c -b -ub -np -kvu --swa-full -ctk -ctv -t --backend
-    context_shift: bool
-    keep: int
-    n_outputs_max: int
-    warmup: bool
-    display_prompt: bool
-    special: bool
-    log_disable: bool
-    color: str
-    system_prompt: str | None
-    single_turn: bool
-    chat_template: str | None
-    jinja: bool
-    reverse_prompts: list[str]
-    interactive_first: bool
-    in_prefix: str
-    in_suffix: str
-    multiline_input: bool
-    verbose: bool
-    simple_io: bool
-    show_timings: bool
+    model: Optional[Path] = shared_flag("model", None)
+    prompt: Optional[str] = shared_flag("prompt", None)  # -p, or -f's text; escapes processed
+    mode: str = "once"  # "chat" | "once" | "interactive"
+    n_predict: int = shared_flag("n_predict", -1)
+    context: ContextFlags = field(default_factory=ContextFlags)  # -c -b -ub -np -kvu --swa-full -ctk -ctv -t --backend
+    context_shift: bool = shared_flag(
+        "context_shift", False, help="when the context is full, drop half of it and go on (chat: oldest messages)"
+    )
+    keep: int = shared_flag(
+        "keep", 0, help="tokens of the prompt kept by a context shift (-1 = all; chat: the first prompt)"
+    )
+    n_outputs_max: int = shared_flag(
+        "n_outputs_max", 1, help="output rows the compute buffer is reserved for (0 = n_batch, llama-completion's)"
+    )
+    warmup: bool = shared_flag("warmup", True)
+    display_prompt: bool = _output(
+        True, "--display-prompt/--no-display-prompt", help="echo the prompt before the output"
+    )
+    special: bool = shared_flag("special", False)
+    log_disable: bool = shared_flag("log_disable", False)
+    color: str = _output("auto", "-co", "--color", help="colour prompt, input and output: on, off, auto (a terminal)")
+    system_prompt: Optional[str] = _chat(
+        None, "-sys", "--system-prompt", help="system prompt (starts a conversation)"
+    )  # or -sysf's text
+    single_turn: bool = _chat(
+        False, "-st", "--single-turn", help="answer one message (-p, or the first typed) and exit"
+    )
+    chat_template: Optional[str] = shared_flag("chat_template", None)  # or --chat-template-file's path
+    jinja: bool = shared_flag("jinja", True)
+    reverse_prompts: list[str] = field(default_factory=list)  # -r, escapes processed
+    interactive_first: bool = _chat(False, "-if", "--interactive-first", help="-i, waiting for your input first")
+    in_prefix: str = _chat("", "--in-prefix", help="-i: text before each input")
+    in_suffix: str = _chat("", "--in-suffix", help="-i: text after each input")
+    multiline_input: bool = _chat(
+        False, "-mli", "--multiline-input", help="-i: read input until a line ending in \\ is not"
+    )
+    verbose: bool = shared_flag(
+        "verbose", False, help="chat: llama.cpp's startup lines instead of the panel; token counts"
+    )
+    simple_io: bool = _output(
+        False, "--simple-io", help="plain input and output (no line editor, colours, panels or bars)"
+    )
+    show_timings: bool = _output(True, "--show-timings/--no-show-timings", help="chat: speeds after each answer")
     sampling: SamplingFlags = field(default_factory=SamplingFlags)
     spec: SpecFlags = field(default_factory=SpecFlags)  # speculative decoding (-md, --spec-*)
     tp: ParallelFlags = field(default_factory=ParallelFlags)  # tensor parallelism (-tp, -sm row)
     lora: LoraFlags = field(default_factory=LoraFlags)  # --lora, --lora-scaled
     device: str = "cpu"  # the torch device the model is loaded on (--device, cli/device.py)
-    prompt_cache: Path | None = None  # --prompt-cache (cli/complete/prompt_cache_file.py), one-shot only
-    prompt_cache_ro: bool = False
-    prompt_cache_all: bool = False
+    # --prompt-cache (cli/complete/prompt_cache_file.py), one-shot only
+    prompt_cache: Optional[Path] = flag(
+        None,
+        "--prompt-cache",
+        help="one-shot: reuse the KV state saved in this file, save it after the prompt",
+        panel=PROMPT_CACHE,
+    )
+    prompt_cache_ro: bool = flag(
+        False, "--prompt-cache-ro", help="--prompt-cache: use the file, never update it", panel=PROMPT_CACHE
+    )
+    prompt_cache_all: bool = flag(
+        False, "--prompt-cache-all", help="--prompt-cache: save the generated text's state too", panel=PROMPT_CACHE
+    )
 
 
 def run(r: Run) -> None:

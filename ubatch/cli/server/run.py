@@ -18,7 +18,6 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -26,18 +25,15 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from ubatch.cli.common import fail, resolve_model
-from ubatch.cli.context_flags import ContextFlags
-from ubatch.cli.lora_flags import LoraFlags
-from ubatch.cli.parallel_flags import ParallelFlags
 from ubatch.cli.present import startup_lines
 from ubatch.cli.server.app import ServerEngine, ServerOptions, ServerState, create_app
 from ubatch.cli.server.bind import bind_all, parse_hosts
 from ubatch.cli.server.defaults import HEADER_TIMEOUT_CAP_S
 from ubatch.cli.server.limits import cancel_all
 from ubatch.cli.server.log import LOG_LEVEL_INFO, log
+from ubatch.cli.server.options import EngineOptions
 from ubatch.cli.server.protocol import guarded_h11
 from ubatch.cli.server.responses import timings_json
-from ubatch.cli.spec_flags import SpecFlags
 from ubatch.cli.spec_view import spec_startup_lines, spec_summary_lines
 from ubatch.engine.context.context import Context
 from ubatch.engine.serve.embedding_task import EmbeddingRunner
@@ -164,31 +160,6 @@ def serve(
             eng.stop()
     if errors:
         fail(errors[0].replace("[", r"\["))
-
-
-@dataclass(frozen=True, slots=True)
-class EngineOptions:
-    """What the server loads and how its engine runs (cli/server/command.py reads them from the
-    flags): the model, its context, embeddings, speculation and the scheduler's settings."""
-
-    model: Path | None = None  # -m (None: the bundled default model)
-    # -c -b -ub -kvu -ctk -ctv -t --backend; -np: slots, one sequence each (resolved: never -1);
-    # -c is split across the slots unless -kvu
-    context: ContextFlags = field(default_factory=ContextFlags)
-    device: str = "cpu"
-    warmup: bool = True
-    context_shift: bool = False
-    cache_reuse: int = 0
-    cache_ram: int = 8192  # -cram: MiB of host memory for prompts that leave the KV cache (0 off, -1 no limit)
-    slot_prompt_similarity: float = 0.1
-    cont_batching: bool = True
-    embedding: bool = False  # --embedding: hidden-state rows, every row of a batch an output
-    pooling: str | None = None  # --pooling (None: the model's)
-    reranking: bool = False  # --reranking: embedding with rank pooling
-    spec: SpecFlags | None = None  # the speculative flags (cli/spec_flags.py)
-    tp: ParallelFlags = field(default_factory=ParallelFlags)  # tensor parallelism (-tp, -sm row)
-    lora: LoraFlags = field(default_factory=LoraFlags)  # --lora, --lora-scaled, --lora-init-without-apply
-    quiet: bool = False  # no startup or per-slot log lines
 
 
 def load_engine(o: EngineOptions) -> ServerEngine:
