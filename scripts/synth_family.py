@@ -36,9 +36,14 @@ SHAPES = {
     "qwen2.5-0.5b": ("qwen2", 896, 24, 14, 2, 64, 4864, 151936, 1_000_000.0),
     # Qwen3-30B-A3B's layer shapes, 8 of its 48 layers (its n_ff is the unused dense width)
     "qwen3-30b-a3b-8l": ("qwen3moe", 2048, 8, 32, 4, 128, 6144, 151936, 1_000_000.0),
+    # DeepSeek-V2-Lite's layer shapes, 6 of its 27 (the first dense): latent attention's head_dim is
+    # the compressed row's, kv_lora_rank 512 + 64 RoPE dims (MLA below)
+    "deepseek-v2-lite-6l": ("deepseek2", 2048, 6, 16, 1, 576, 10944, 102400, 10000.0),
 }
 # mixtures of experts: name -> (n_expert, n_expert_used, expert FFN width)
-EXPERTS = {"qwen3-30b-a3b-8l": (128, 8, 768)}
+EXPERTS = {"qwen3-30b-a3b-8l": (128, 8, 768), "deepseek-v2-lite-6l": (64, 6, 1408)}
+# latent attention: name -> (kv_lora_rank, RoPE dims, q·k head width, value head width, shared experts, dense layers)
+MLA = {"deepseek-v2-lite-6l": (512, 64, 192, 128, 2, 1)}
 
 
 def write(name: str, out: Path, seed: int = 0, vocab: Path | None = None) -> Path:
@@ -56,9 +61,21 @@ def write(name: str, out: Path, seed: int = 0, vocab: Path | None = None) -> Pat
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    if name in MLA:
+        kv_lora, rot, k_mla, v_mla, n_shared, n_dense = MLA[name]
+        w.add_key_length(kv_lora + rot)
+        w.add_value_length(kv_lora)
+        w.add_rope_dimension_count(rot)
+        w.add_kv_lora_rank(kv_lora)
+        w.add_key_length_mla(k_mla)
+        w.add_value_length_mla(v_mla)
+        w.add_expert_shared_count(n_shared)
+        w.add_leading_dense_block_count(n_dense)
+        w.add_uint32(f"{arch}.attention.q_lora_rank", 0)  # llama.cpp wants the key unless the model has 26/27 layers
+    else:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(base)
     if name in EXPERTS:

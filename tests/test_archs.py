@@ -72,6 +72,7 @@ def test_each_tensor_is_declared_once_with_a_cut_that_fits_its_shape(arch: str) 
     cols = {"q_cols": hp.n_head * hp.n_embd_head_v, "ff_cols": hp.n_ff}
     if hp.moe is not None:  # each expert's matrix cut as a dense FFN's is
         rows["exp_rows"] = cols["exp_cols"] = hp.moe.n_ff_exp
+        rows["sh_rows"] = cols["sh_cols"] = hp.moe.n_ff_shexp
     for t in specs:
         if t.cut == "none" and hp.mla is not None:  # latent attention: -tp refused, nothing cut
             assert t.field in ("wq", "wq_a", "q_a_norm", "wq_b", "wkv_a", "kv_a_norm", "wk_b", "wv_b", "wo"), t
@@ -112,7 +113,7 @@ def test_hf_model_types_name_registered_architectures() -> None:
     assert HF_MODEL_TYPES and all(a.name in ARCHS for a in HF_MODEL_TYPES.values())
     with pytest.raises(
         Exception,
-        match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, qwen3moe, gpt-oss, olmoe, deepseek2, granite, olmo2, smollm3, phi3",
+        match="not supported; ubatch runs llama, gemma3, gemma2, qwen2, qwen3, qwen3moe, gpt-oss, olmoe, deepseek2, qwen2moe, granitemoe, granite, olmo2, smollm3, phi3",
     ):
         from ubatch.engine.model.hparams import hparams_from_metadata
 

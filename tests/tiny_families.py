@@ -214,6 +214,37 @@ MOE_FAMILIES = {
             "attn_implementation": "eager",
         },
     ),
+    # Qwen1.5-MoE / Qwen2-57B-A14B's shape: routed experts beside a shared expert whose output is
+    # scaled by a sigmoid gate of its own (ffn_gate_inp_shexp); the top-k weights not renormalised
+    "qwen2moe": Family(
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        "qwen2moe",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 256,
+            "shared_expert_intermediate_size": 512,
+            "norm_topk_prob": False,
+        },
+    ),
+    # Granite's multipliers with experts (feed_forward_length wide, top-k renormalised) and, as
+    # GraniteMoeShared has them, shared experts beside them
+    "granitemoe": Family(
+        "GraniteMoeSharedConfig",
+        "GraniteMoeSharedForCausalLM",
+        "granitemoe",
+        {
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 256,
+            "shared_intermediate_size": 512,
+            "embedding_multiplier": 6.0,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.02,
+            "logits_scaling": 4.0,
+        },
+    ),
     # the converter writes rms_norm_eps 1e-5 whatever the config says
     "olmoe": Family(
         "OlmoeConfig",

@@ -336,6 +336,21 @@ class ConcatArgs(Generic[X]):
     b: X
 
 
+@declare(
+    "sigmoid_scale",
+    _same,
+    lambda o, a, out, s: functools.partial(o.sigmoid_scale, a.x, a.g, out),
+    "elementwise",
+    inplace=True,
+)
+@dataclass(slots=True)
+class SigmoidScaleArgs(Generic[X]):
+    """Each row of x times sigmoid of its gate logit g (n, 1): qwen2moe's shared-expert gate."""
+
+    x: X
+    g: X
+
+
 def _expert_rows(a: Any) -> tuple[int, ...]:
     """mul_mat_id's output: one row of the expert's product per (token, chosen expert)."""
     return (a.ids.shape[0], a.ids.shape[1], a.w.shape[1])
@@ -466,6 +481,7 @@ NodeArgs: TypeAlias = (
     | MoeSumArgs[X]
     | ColsArgs[X]
     | ConcatArgs[X]
+    | SigmoidScaleArgs[X]
 )
 
 
@@ -609,6 +625,9 @@ class Ops(ABC):
 
     def concat(self, a: Tensor, b: Tensor, out: Tensor) -> Tensor:
         return self.fallback().concat(a, b, out)
+
+    def sigmoid_scale(self, x: Tensor, g: Tensor, out: Tensor) -> Tensor:  # in place ok
+        return self.fallback().sigmoid_scale(x, g, out)
 
     # the KV cache: rows in the cache's ggml type (f32 / f16 / bf16 / q8_0 / q4_0)
     @abstractmethod

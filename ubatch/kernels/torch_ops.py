@@ -240,6 +240,9 @@ class TorchOps(Ops):
     def cols(self, x: Tensor, start: int, out: Tensor) -> Tensor:
         return out.copy_(x[..., start : start + out.shape[-1]])
 
+    def sigmoid_scale(self, x: Tensor, g: Tensor, out: Tensor) -> Tensor:
+        return torch.mul(x, torch.sigmoid(g), out=out)
+
     def concat(self, a: Tensor, b: Tensor, out: Tensor) -> Tensor:
         out[..., : a.shape[-1]].copy_(a)
         out[..., a.shape[-1] :].copy_(b)

@@ -183,10 +183,14 @@ class GraphBlocks:
         f = b.glu(gate, up, hp.ffn_act, f"ffn_moe_swiglu-{il}")
         down = b.mul_mat_id(f, L.mat("ffn_down_exps"), ids, L.vec("ffn_down_exps_b"), f"ffn_moe_down-{il}")
         out = b.moe_sum(down, w, f"ffn_moe_out-{il}")
-        if "ffn_gate_shexp" in L.mats:  # shared experts: every token's, unweighted (deepseek2)
+        if "ffn_gate_shexp" in L.mats:  # shared experts: every token's (deepseek2), gated (qwen2moe)
             sg = self.linear(x, il, "ffn_gate_shexp", f"ffn_shexp_gate-{il}")
             sf = b.glu(sg, self.linear(x, il, "ffn_up_shexp", f"ffn_shexp_up-{il}"), hp.ffn_act, f"ffn_shexp_glu-{il}")
-            out = b.add(out, self.linear(sf, il, "ffn_down_shexp", f"ffn_shexp-{il}"), f"ffn_out-{il}")
+            sh = self.linear(sf, il, "ffn_down_shexp", f"ffn_shexp-{il}")
+            if "ffn_gate_inp_shexp" in L.mats:  # its output times sigmoid of its own gate logit
+                g = self.linear(x, il, "ffn_gate_inp_shexp", f"ffn_shexp_gate_inp-{il}")
+                sh = b.sigmoid_scale(sh, g, f"ffn_shexp_out-{il}")
+            out = b.add(out, sh, f"ffn_out-{il}")
         return self._reduced(out, f"ffn_moe_out_sum-{il}")
 
     def residual(self, x: Sym, a: Sym, il: int) -> Sym:

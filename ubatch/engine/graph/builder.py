@@ -38,6 +38,7 @@ from ubatch.kernels.ops import (
     RowScaleArgs,
     ScaleArgs,
     ScratchSpec,
+    SigmoidScaleArgs,
     SoftcapArgs,
     op_decl,
 )
@@ -136,6 +137,9 @@ class GraphBuilder:
 
     def concat(self, a: Sym, b: Sym, name: str) -> Sym:
         return self.op(ConcatArgs(a, b), name)
+
+    def sigmoid_scale(self, x: Sym, g: Sym, name: str) -> Sym:
+        return self.op(SigmoidScaleArgs(x, g), name)
 
     def softcap(self, x: Sym, c: float, name: str) -> Sym:
         return self.op(SoftcapArgs(x, c), name)

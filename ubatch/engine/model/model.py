@@ -248,13 +248,14 @@ class Model:
             )
         split = head_split(hp.n_head, hp.n_head_kv, r, w)
         moe = hp.moe
-        if moe is not None and moe.n_ff_exp % w:
-            raise ModelLoadError(
-                f"{src}: expert_feed_forward_length {moe.n_ff_exp} does not split over {w} ranks; "
-                f"use a -tp that divides {moe.n_ff_exp}"
-            )
-        n_ff_exp = moe.n_ff_exp if moe else 0
-        cutter, layers = Cutter(split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w, n_ff_exp), []
+        for what, n in (
+            (("expert_feed_forward_length", moe.n_ff_exp), ("the shared experts' width", moe.n_ff_shexp)) if moe else ()
+        ):
+            if n % w:
+                raise ModelLoadError(f"{src}: {what} {n} does not split over {w} ranks; use a -tp that divides {n}")
+        n_ff_exp, n_ff_shexp = (moe.n_ff_exp, moe.n_ff_shexp) if moe else (0, 0)
+        cutter = Cutter(split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w, n_ff_exp, n_ff_shexp)
+        layers = []
         for il, L in enumerate(self.layers):  # each tensor as its spec says tensor parallelism cuts it
             cuts = ARCHS[hp.arch].cuts(hp, il)
             mats = {f: cutter.matrix(cuts[f], m) for f, m in L.mats.items()}

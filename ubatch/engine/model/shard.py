@@ -177,6 +177,7 @@ class Cutter:
     rank: int
     world: int
     n_ff_exp: int = 0  # one expert's FFN width (mixtures of experts)
+    n_ff_shexp: int = 0  # the shared experts' FFN width
 
     def rows(self, cut: Cut) -> tuple[int, int]:
         """The range of output rows (or input columns) a cut keeps."""
@@ -195,12 +196,15 @@ class Cutter:
             case "exp_rows" | "exp_cols":
                 fe = self.n_ff_exp // self.world
                 return self.rank * fe, (self.rank + 1) * fe
+            case "sh_rows" | "sh_cols":
+                fs = self.n_ff_shexp // self.world
+                return self.rank * fs, (self.rank + 1) * fs
         raise ValueError(f"no row range for cut {cut!r}")
 
     def matrix(self, cut: Cut, w: QWeight) -> QWeight:
-        if cut in ("q_rows", "k_rows", "v_rows", "ff_rows"):
+        if cut in ("q_rows", "k_rows", "v_rows", "ff_rows", "sh_rows"):
             return row_slice(w, *self.rows(cut))
-        if cut in ("q_cols", "ff_cols"):
+        if cut in ("q_cols", "ff_cols", "sh_cols"):
             return col_slice(w, *self.rows(cut))
         if cut == "replicated":
             return w

@@ -287,11 +287,13 @@ Kind = Literal["matrix", "vector", "bias", "fused", "experts"]
 # how tensor parallelism cuts it: output rows by query heads, KV heads (K's or V's width) or FFN
 # rows; input columns by query heads or FFN rows; the vocabulary; every rank holds it whole; or
 # "none": it spans what ranks split (a norm over every head's values), so -tp is refused; each
-# expert's rows or input columns of its FFN (exp_rows, exp_cols: vLLM's default cut of experts)
+# expert's rows or input columns of its FFN (exp_rows, exp_cols: vLLM's default cut of experts);
+# the shared experts' rows or input columns (sh_rows, sh_cols: a dense FFN of their own width)
 # heads: one value per query head (gpt-oss's sinks); summed: a bias added after the ranks' partial
 # sums are reduced, so rank 0 alone adds it
 Cut = Literal[
-    "q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "exp_rows", "exp_cols", "heads", "summed",
+    "q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "exp_rows", "exp_cols", "sh_rows", "sh_cols",
+    "heads", "summed",
     "vocab", "replicated", "none",
 ]  # fmt: skip
 
@@ -363,9 +365,9 @@ def shexp_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     assert hp.moe is not None
     d, f, p = hp.n_embd, hp.moe.n_ff_shexp, f"blk.{il}."
     return [
-        TensorSpec("ffn_gate_shexp", p + "ffn_gate_shexp.weight", (f, d), "matrix", "ff_rows"),
-        TensorSpec("ffn_up_shexp", p + "ffn_up_shexp.weight", (f, d), "matrix", "ff_rows"),
-        TensorSpec("ffn_down_shexp", p + "ffn_down_shexp.weight", (d, f), "matrix", "ff_cols"),
+        TensorSpec("ffn_gate_shexp", p + "ffn_gate_shexp.weight", (f, d), "matrix", "sh_rows"),
+        TensorSpec("ffn_up_shexp", p + "ffn_up_shexp.weight", (f, d), "matrix", "sh_rows"),
+        TensorSpec("ffn_down_shexp", p + "ffn_down_shexp.weight", (d, f), "matrix", "sh_cols"),
     ]
 
 

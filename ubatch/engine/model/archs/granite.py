@@ -14,15 +14,16 @@ from ubatch.engine.model.archs.base import Arch, Blocks, Config, HFTable, HParam
 from ubatch.engine.model.archs.hf_keys import cfg_num, llama3_rope_freqs, llama_keys
 
 
-def read_hparams(meta: Meta, source: str) -> HParams:
-    hp = read_core(meta, "granite", source)
-    attn_scale = meta_float(meta, "granite.attention.scale", source, 0.0)  # 0: llama.cpp's 1/sqrt(head size)
+def read_hparams(meta: Meta, source: str, arch: str = "granite") -> HParams:
+    """The multipliers under `arch`'s keys (granitemoe has the same ones)."""
+    hp = read_core(meta, arch, source)
+    attn_scale = meta_float(meta, f"{arch}.attention.scale", source, 0.0)  # 0: llama.cpp's 1/sqrt(head size)
     return replace(
         hp,
-        embd_scale=meta_float(meta, "granite.embedding_scale", source, 1.0) or 1.0,
+        embd_scale=meta_float(meta, f"{arch}.embedding_scale", source, 1.0) or 1.0,
         attn_scale=attn_scale or hp.attn_scale,
-        residual_scale=meta_float(meta, "granite.residual_scale", source, 1.0) or 1.0,
-        logit_scale=meta_float(meta, "granite.logit_scale", source, positive=True),  # required, as in llama.cpp
+        residual_scale=meta_float(meta, f"{arch}.residual_scale", source, 1.0) or 1.0,
+        logit_scale=meta_float(meta, f"{arch}.logit_scale", source, positive=True),  # required, as in llama.cpp
     )
 
 
