@@ -67,6 +67,15 @@ def rope_factors(freqs: torch.Tensor | None, hp: HParams, dev: torch.device, src
     return torch.tensor(hp.rope_yarn_factors, dtype=torch.float32, device=dev)
 
 
+def _outer_ones_stripped(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape as ggml compares it: its outer dimensions of 1 dropped (llama-quantize writes
+    qwen2moe's (1, n_embd) shared-expert gate as (n_embd,))."""
+    i = 0
+    while i < len(shape) - 1 and shape[i] == 1:
+        i += 1
+    return tuple(shape[i:])
+
+
 def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
     """The tensor table against the hparams, before any tensor is made: counts, names, shapes, types."""
     a = hp.arch
@@ -91,7 +100,7 @@ def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
             if spec.required:
                 raise ModelLoadError(f"{src}: tensor {name!r} is missing; the file is incomplete or not {a}")
             continue
-        if t.shape != shape:
+        if t.shape != shape and _outer_ones_stripped(t.shape) != _outer_ones_stripped(shape):
             raise ModelLoadError(f"{src}: tensor {name!r} has shape {t.shape}, expected {shape} from the metadata")
         try:
             check_supported(t.ggml_type, f"{src}: tensor {name!r}")
@@ -188,7 +197,8 @@ class Model:
         def qweight(spec: TensorSpec) -> QWeight:
             t = g.tensors[spec.name]
             raw = torch.from_numpy(t.data)
-            return QWeight(spec.name, raw.to(dev) if dev.type != "cpu" else raw, t.ggml_type, t.shape)
+            # the declared shape: equal to the file's but for outer 1s, which ggml does not keep
+            return QWeight(spec.name, raw.to(dev) if dev.type != "cpu" else raw, t.ggml_type, spec.shape)
 
         def vec(spec: TensorSpec) -> torch.Tensor:
             return qweight(spec).dense(torch.float32).to(dev)
