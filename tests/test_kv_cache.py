@@ -186,7 +186,13 @@ def test_kept_cell_counts_follow_every_operation(n_swa: int, n_stream: int) -> N
             for i in range(n):
                 b.add(7, nxt + i, s)
             ub = make_ubatch(b, np.arange(n))
+            cells = c.streams[c.stream_of(s)]
+            head = cells.head if cells.head <= cells.used + 2 * n else 0
+            scanned = c._scan(cells, n, head)  # the whole stream's scan: what find_slot must give
             slots = c.find_slot(ub)
+            assert (slots is None) == (scanned is None)
+            if slots is not None and scanned is not None:
+                assert (slots - c.stream_of(s) * c.size).tolist() == scanned.tolist()
             if slots is None:
                 c.seq_rm(s, -1, -1)
             else:

@@ -168,8 +168,22 @@ class KVCache:
         if n > c.size:
             return None
         head = c.head if c.head <= c.used + 2 * n else 0
-        if n == 1 and head < c.size and c.pos[head] < 0:  # a decode step's row: the scan's first find
+        if n == 1 and head < c.size and self._usable_one(c, head):  # a decode step's row: the scan's first find
             return np.array([head], dtype=np.int64)
+        return self._scan(c, n, head)
+
+    def _usable_one(self, c: KVCells, cell: int) -> bool:
+        """Whether the scan would take `cell`: empty, or (SWA, no drafts) left by every holder's
+        window. Once a sliding-window cache has wrapped, that is the head cell at every decode
+        step, answered from the holders' kept last positions instead of a pass over the stream."""
+        p = int(c.pos[cell])
+        if p < 0:
+            return True
+        if self.n_swa <= 0 or self.window_floor:
+            return False
+        return all(c.seq_pos_max(s) + 1 - p >= self.n_swa for s in np.flatnonzero(c.seq[cell]).tolist())
+
+    def _scan(self, c: KVCells, n: int, head: int) -> np.ndarray | None:
         usable = c.pos < 0
         if self.n_swa > 0:  # a cell every holder's window has left (a shared one too)
             first = c.seq_pos_max_all() + 1
