@@ -213,21 +213,35 @@ class BiasArgs(Generic[X]):
     b: Tensor  # a weight of the model (f32), never a graph tensor
 
 
+@dataclass(eq=False, slots=True)
+class LoraStack:
+    """One targeted matrix's LoRA pairs for every loaded adapter, side by side as the segmented
+    kernels read them (Punica's BGMV layout): A (n_adapters, R, n_in) and Bᵀ (n_adapters, R, n_out)
+    in one float dtype, zero-padded to the largest rank R; per adapter its rank (0: it does not
+    target this matrix) and its constant c = alpha / rank (llama.cpp's get_scale)."""
+
+    a: Tensor
+    bt: Tensor
+    rank: Tensor  # (n_adapters,) int32
+    c: Tensor  # (n_adapters,) f32
+
+
 @declare(
-    "row_scale",
-    _same,
-    lambda o, a, out, s: functools.partial(o.row_scale, a.x, a.s, a.c, out),
-    "elementwise",
-    inplace=True,
+    "lora", lambda a: tuple(a.y.shape), lambda o, a, out, s: functools.partial(o.lora, a, out), "matmul", inplace=True
 )
 @dataclass(slots=True)
-class RowScaleArgs(Generic[X]):
-    """Each row of x times its own factor s (n, 1) and a constant c: the per-row scale of a LoRA
-    adapter's low-rank product, 0 on the rows of requests that do not use it."""
+class LoraArgs(Generic[X]):
+    """y + Σ_j c[k] · scale[r, j] · B_k (A_k x[r]) with k = idx[r, j], per row r of x: each row
+    gathers its own adapters' pairs (a segmented low-rank product, one call for all adapters of a
+    ubatch); slots with k < 0 are skipped. `sel` (rows of idx/scale that x's rows are: the output
+    rows past the last layer's cut) or None. A row's result never depends on the other rows."""
 
+    y: X
     x: X
-    s: X
-    c: float
+    w: LoraStack
+    idx: X  # (n, m) int32: the adapters each row applies, -1 padded
+    scale: X  # (n, m) f32: their user scales
+    sel: X | None = None  # (n_x,) int64
 
 
 @declare(
@@ -468,7 +482,7 @@ NodeArgs: TypeAlias = (
     | AddArgs[X]
     | GluArgs[X]
     | RowsArgs[X]
-    | RowScaleArgs[X]
+    | LoraArgs[X]
     | SoftcapArgs[X]
     | BiasArgs[X]
     | KVStoreArgs[X]
@@ -616,8 +630,8 @@ class Ops(ABC):
     def moe_sum(self, x: Tensor, weights: Tensor, out: Tensor) -> Tensor:
         return self.fallback().moe_sum(x, weights, out)
 
-    def row_scale(self, x: Tensor, s: Tensor, c: float, out: Tensor) -> Tensor:  # in place ok
-        return self.fallback().row_scale(x, s, c, out)
+    def lora(self, a: LoraArgs[Tensor], out: Tensor) -> Tensor:  # out may be a.y
+        return self.fallback().lora(a, out)
 
     # multi-head latent attention: a head's parts apart and together (copies; small next to attention)
     def cols(self, x: Tensor, start: int, out: Tensor) -> Tensor:

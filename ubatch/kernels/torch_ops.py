@@ -21,6 +21,7 @@ from ubatch.kernels.ops import (
     TRIM_MIN_TOKENS,
     AttentionArgs,
     KVTensor,
+    LoraArgs,
     MaskCells,
     MoeTopKArgs,
     MoeWeightsArgs,
@@ -231,8 +232,21 @@ class TorchOps(Ops):
     def add_bias(self, x: Tensor, b: Tensor, out: Tensor) -> Tensor:
         return torch.add(x, b, out=out)
 
-    def row_scale(self, x: Tensor, s: Tensor, c: float, out: Tensor) -> Tensor:
-        return torch.mul(x, s, out=out).mul_(c)
+    def lora(self, a: LoraArgs[Tensor], out: Tensor) -> Tensor:
+        """The rows of each (slot, adapter) as one group: t = (x A_kᵀ) · c_k · scale, y += t B_kᵀ
+        (the groups are read on the host; the C and Triton kernels gather per row instead)."""
+        w, x = a.w, a.x
+        idx, scale = (a.idx, a.scale) if a.sel is None else (a.idx[a.sel], a.scale[a.sel])
+        delta = torch.zeros_like(out)
+        for j in range(idx.shape[1]):
+            for k in torch.unique(idx[:, j]).tolist():
+                r = int(w.rank[k]) if k >= 0 else 0
+                if r == 0:
+                    continue
+                rows = torch.nonzero(idx[:, j] == k).squeeze(1)
+                t = x[rows] @ w.a[k, :r].float().t() * (scale[rows, j] * w.c[k]).unsqueeze(1)
+                delta[rows] += t @ w.bt[k, :r].float()
+        return torch.add(a.y, delta, out=out)
 
     def rows(self, x: Tensor, idx: Tensor, out: Tensor) -> Tensor:
         return torch.index_select(x, 0, idx, out=out)

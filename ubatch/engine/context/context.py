@@ -276,17 +276,24 @@ class Context:
         """The (adapter, scale) pairs sequence seq_id applies; a zero scale applies nothing."""
         return tuple((i, s) for i, s in self.seq_lora.get(seq_id, self.lora).items() if s != 0.0)
 
-    def _lora_rows(self, ub: UBatch) -> tuple[dict[int, tuple[tuple[int, float], ...]], dict[int, np.ndarray]]:
-        """Per sequence of the ubatch its adapters, and per adapter any row applies each row's scale."""
+    def _lora_rows(
+        self, ub: UBatch
+    ) -> tuple[dict[int, tuple[tuple[int, float], ...]], tuple[np.ndarray, np.ndarray] | None]:
+        """Per sequence of the ubatch its adapters, and each row's adapters and scales (n, slots),
+        -1 padded, for the segmented kernel (None: no row applies one)."""
         if not self.model.adapters:
-            return {}, {}
-        seqs = {int(s): self.adapters_of(int(s)) for s in np.unique(ub.seq_id0)}
-        rows: dict[int, np.ndarray] = {}
+            return {}, None
+        seqs = {int(s): p for s in np.unique(ub.seq_id0) if (p := self.adapters_of(int(s)))}
+        m = max((len(p) for p in seqs.values()), default=0)
+        if not m:
+            return {}, None
+        idx = np.full((ub.n_tokens, m), -1, dtype=np.int32)
+        scale = np.zeros((ub.n_tokens, m), dtype=np.float32)
         for s, pairs in seqs.items():
-            for i, scale in pairs:
-                col = rows.setdefault(i, np.zeros(ub.n_tokens, dtype=np.float32))
-                col[ub.seq_id0 == s] = scale
-        return {s: p for s, p in seqs.items() if p}, dict(sorted(rows.items()))
+            rows = ub.seq_id0 == s
+            for j, (i, v) in enumerate(pairs):
+                idx[rows, j], scale[rows, j] = i, v
+        return seqs, (idx, scale)
 
     def _one_row_each(self, batch: Batch) -> bool:
         """A decode step's batch passes `validate`: at most a few rows, each of one sequence and
@@ -403,7 +410,8 @@ class Context:
                 tuple(len(g) for g in groups),
                 tuple(c.n_kv_of(g) for c, g in zip(self.memory.caches, groups)),
                 embd,
-                tuple(lora_rows),
+                0 if lora_rows is None else lora_rows[0].shape[1],
+                len(self.model.adapters) if lora_rows is not None else 0,
             )
             reused = self._prev_shape.get(n_out > 0) == shape
             self._prev_shape[n_out > 0] = shape

@@ -52,9 +52,9 @@ def reserve(model: Model, memory: KVMemory, cp: CParams, ops: Ops) -> Reservatio
     n_tokens = round_up(min(cp.n_ctx, cp.n_ubatch), n_seqs)
     groups = tuple(1 if c.n_stream == 1 else n_seqs for c in memory.caches)
     n_kv = tuple(c.size for c in memory.caches)
-    loras = tuple(range(len(model.adapters)))  # the worst case: every row of some adapter's
-    pp = GraphShape(n_tokens, min(n_tokens, cp.n_outputs_max), groups, n_kv, loras=loras)
-    tg = GraphShape(n_seqs, min(n_seqs, cp.n_outputs_max), groups, n_kv, loras=loras)
+    m = len(model.adapters)  # the worst case: every row applies every adapter
+    pp = GraphShape(n_tokens, min(n_tokens, cp.n_outputs_max), groups, n_kv, lora_slots=m, n_adapters=m)
+    tg = GraphShape(n_seqs, min(n_seqs, cp.n_outputs_max), groups, n_kv, lora_slots=m, n_adapters=m)
     gp = build_forward(model, memory, pp, ops)
     gt = build_forward(model, memory, tg, ops)
     big = gp if gp.size >= gt.size else gt

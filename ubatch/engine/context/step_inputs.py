@@ -67,10 +67,10 @@ class StepInputs:
         shape: GraphShape,
         views: dict[str, torch.Tensor],
         host: dict[str, np.ndarray] | None,
-        lora: dict[int, np.ndarray] | None = None,
+        lora: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """Write every input of the ubatch's graph: into `host` (numpy views of `views`) when
-        given, else into `views` by one copy each. `lora`: each applied adapter's row scales."""
+        given, else into `views` by one copy each. `lora`: each row's adapters and scales."""
 
         def put(name: str, value: np.ndarray | np.generic) -> None:  # numpy types a reduction as either
             if host is not None:
@@ -116,9 +116,10 @@ class StepInputs:
             put("inp_out_ids", np.flatnonzero(ub.output))
         if self.model.hparams.mla is not None:  # latent attention's per-head products (GraphBlocks.head_ids)
             put("inp_head_ids", np.tile(np.arange(self.model.hparams.n_head, dtype=np.int32), shape.n_tokens))
-        for i in shape.loras:
+        if shape.lora_slots:
             assert lora is not None
-            put(f"lora_scale_{i}", lora[i])
+            put("lora_idx", lora[0])
+            put("lora_scale", lora[1])
 
 
 def cell_arrays(cache: KVCache, streams: list[int], n_kv: int) -> tuple[np.ndarray, np.ndarray]:

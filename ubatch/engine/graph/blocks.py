@@ -6,13 +6,12 @@ the same with and without -tp. Node names follow llama.cpp's graph (`Qcur-0`, `f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ubatch.engine.graph.builder import GraphBuilder
 from ubatch.engine.graph.graph import Sym
 from ubatch.engine.kv.memory import KVMemory
 from ubatch.engine.model.archs.base import HParams
-from ubatch.engine.model.lora import LoraAdapter
 from ubatch.engine.model.model import Model
 from ubatch.kernels.ops import AttentionArgs, BiasArgs, MaskCells
 
@@ -33,11 +32,10 @@ class GraphBlocks:
     starts: list[Sym]
     visible: list[Sym]
     out_ids: Sym | None
-    # the LoRA adapters some row of this ubatch uses, each with its rows' scales (n, 1)
-    loras: list[tuple[LoraAdapter, Sym]] = field(default_factory=list)
+    # each row's LoRA adapters and scales (n, lora_slots), where some row applies one
+    lora_rows: tuple[Sym, Sym] | None = None
     # (n, n_head) int32: each row's head numbers, for latent attention's per-head products
     head_ids: Sym | None = None
-    _out_scales: dict[int, Sym] = field(default_factory=dict)
 
     @property
     def hp(self) -> HParams:
@@ -57,20 +55,17 @@ class GraphBlocks:
     def linear(self, x: Sym, il: int, w: str, name: str) -> Sym:
         """x times the layer's matrix `w`, plus each applied LoRA adapter's low-rank product on it."""
         y = self.b.linear(x, self.model.layers[il].mat(w), name)
-        for k, (ad, _) in enumerate(self.loras):
-            lw = ad.layers[il].get(w)
-            if lw is not None:
-                y = self.b.lora(x, y, lw.a, lw.b, self.lora_rows(k, x), lw.scale(ad.alpha, 1.0), f"{name}_lora{k}")
-        return y
+        return self.lora(x, y, (il, w), f"{name}_lora")
 
-    def lora_rows(self, k: int, x: Sym) -> Sym:
-        """Adapter k's row scales for x's rows: every row, or (past the last layer's cut) the output rows."""
-        s = self.loras[k][1]
-        if x.shape[0] == s.shape[0] or self.out_ids is None:
-            return s
-        if k not in self._out_scales:
-            self._out_scales[k] = self.b.rows(s, self.out_ids, f"lora_scale_out_{k}")
-        return self._out_scales[k]
+    def lora(self, x: Sym, y: Sym, key: tuple[int, str], name: str) -> Sym:
+        """y plus the low-rank products of the adapters x's rows apply to matrix `key`: one
+        segmented node for all of them; past the last layer's cut x's rows are the output rows."""
+        stack = self.model.lora_stacks.get(key)
+        if self.lora_rows is None or stack is None:
+            return y
+        idx, scale = self.lora_rows
+        sel = self.out_ids if x.shape[0] != idx.shape[0] else None
+        return self.b.lora(y, x, stack, idx, scale, sel, name)
 
     def _proj(self, x: Sym, il: int, w: str, bias: str, name: str) -> Sym:
         """x times the layer's matrix `w`, plus its bias where the layer has one."""

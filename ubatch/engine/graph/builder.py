@@ -26,6 +26,8 @@ from ubatch.kernels.ops import (
     KVStoreArgs,
     KVTensor,
     LinearArgs,
+    LoraArgs,
+    LoraStack,
     MoeSumArgs,
     MoeTopKArgs,
     MoeWeightsArgs,
@@ -35,7 +37,6 @@ from ubatch.kernels.ops import (
     RmsNormArgs,
     RopeArgs,
     RowsArgs,
-    RowScaleArgs,
     ScaleArgs,
     ScratchSpec,
     SigmoidScaleArgs,
@@ -108,11 +109,9 @@ class GraphBuilder:
     def moe_sum(self, x: Sym, weights: Sym, name: str) -> Sym:
         return self.op(MoeSumArgs(x, weights), name)
 
-    def lora(self, x: Sym, y: Sym, a: QWeight, b: QWeight, s: Sym, c: float, name: str) -> Sym:
-        """y + c * s * B (A x): a LoRA pair's low-rank product through the backend's own linear,
-        each row scaled by its factor in s (n, 1) before B, where only rank columns are scaled."""
-        t = self.op(RowScaleArgs(self.linear(x, a, f"{name}_a"), s, c), f"{name}_as")
-        return self.add(y, self.linear(t, b, f"{name}_b"), f"{name}_add")
+    def lora(self, y: Sym, x: Sym, w: LoraStack, idx: Sym, scale: Sym, sel: Sym | None, name: str) -> Sym:
+        """y + each row's adapters' low-rank products on x: one segmented node (`LoraArgs`)."""
+        return self.op(LoraArgs(y, x, w, idx, scale, sel), name)
 
     def rms_norm(self, x: Sym, w: torch.Tensor, eps: float, name: str) -> Sym:
         return self.op(RmsNormArgs(x, w, eps), name, [((*x.shape[:-1], 1), torch.float32)])

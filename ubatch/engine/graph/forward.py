@@ -19,6 +19,7 @@ from ubatch.engine.graph.builder import GraphBuilder
 from ubatch.engine.graph.graph import Graph, Sym
 from ubatch.engine.kv.memory import KVMemory
 from ubatch.engine.model.archs import ARCHS
+from ubatch.engine.model.lora import OUTPUT_KEY
 from ubatch.engine.model.model import Model
 from ubatch.kernels.ops import KV_CHUNK, MaskCells, Ops
 
@@ -32,7 +33,8 @@ class GraphShape:
     n_groups: tuple[int, ...]  # per cache: KV streams in the ubatch (1 when unified)
     n_kv: tuple[int, ...]  # per cache: cells attention reads, a multiple of 256
     embd: bool = False  # the graph ends at the final norm: hidden states instead of logits
-    loras: tuple[int, ...] = ()  # the model's adapters (`Model.adapters` indices) some row applies
+    lora_slots: int = 0  # the most LoRA adapters one row applies (0: the graph has no LoRA node)
+    n_adapters: int = 0  # with lora_slots: the model's adapters the stacks held when it was built
 
 
 def rope_keys(model: Model) -> list[tuple[float, float]]:
@@ -88,8 +90,9 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     starts = [b.input(f"kv_starts_{c}", (g,), torch.int64) for c, g in enumerate(shape.n_groups)]
     visible = [b.input(f"kv_visible_{c}", (n_kv // KV_CHUNK,), torch.bool) for c, n_kv in enumerate(shape.n_kv)]
     out_ids = b.input("inp_out_ids", (n_out,), torch.int64) if n_out < n else None
-    # per applied adapter: each row's scale (0 where the row's sequence does not use it)
-    loras = [(model.adapters[i], b.input(f"lora_scale_{i}", (n, 1))) for i in shape.loras]
+    # each row's LoRA adapters (-1 padded) and their scales, read by the segmented kernel
+    m = shape.lora_slots
+    lora = (b.input("lora_idx", (n, m), torch.int32), b.input("lora_scale", (n, m))) if m else None
     heads = b.input("inp_head_ids", (n, hp.n_head), torch.int32) if hp.mla else None
 
     tp = model.shard  # tensor parallelism: the blocks all-reduce each row-split product pair
@@ -99,7 +102,7 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     if hp.embd_scale != 1.0:
         x = b.scale(x, hp.embd_scale, "inp_scaled")
     blocks = GraphBlocks(
-        b, model, mem, n, shape.n_groups, shape.n_kv, ropes, masks, slots, starts, visible, out_ids, loras, heads
+        b, model, mem, n, shape.n_groups, shape.n_kv, ropes, masks, slots, starts, visible, out_ids, lora, heads
     )
     layer = ARCHS[hp.arch].layer  # the architecture's layer, written with the shared blocks
     for il in range(hp.n_layer):
@@ -110,10 +113,7 @@ def build_forward(model: Model, mem: KVMemory, shape: GraphShape, ops: Ops) -> G
     if shape.embd:  # embeddings (llama.cpp's t_embd): pooling reads these rows (engine/generation/embedding.py)
         return b.finish(x)
     logits = b.linear(x, model.output, "result_output")
-    for k, (ad, _) in enumerate(loras):
-        if ad.output is not None:  # the head's rows are the output rows only
-            lw, s = ad.output, blocks.lora_rows(k, x)
-            logits = b.lora(x, logits, lw.a, lw.b, s, lw.scale(ad.alpha, 1.0), f"result_output_lora{k}")
+    logits = blocks.lora(x, logits, OUTPUT_KEY, "result_output_lora")
     if hp.logit_scale != 1.0:
         logits = b.scale(logits, 1.0 / hp.logit_scale, "result_scaled")
     if hp.final_logit_softcap:

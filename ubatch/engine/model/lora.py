@@ -6,8 +6,10 @@ targeted matrix) or from a PEFT directory (adapter_config.json + adapter_model.s
 by engine/model/hf/peft.py into the same names). Each pair is checked against the base model's
 tensor of that name, as llama.cpp's llama_adapter_lora_init checks it, with one-line errors.
 
-The forward pass (engine/graph/blocks.py) computes `y = W x + scale * B (A x)` with the backend's
-own linear for A and B; `LoraWeight.scale` is llama.cpp's get_scale.
+The forward pass (engine/graph/blocks.py) computes `y = W x + scale * B (A x)` for every adapter
+of a ubatch in one segmented kernel call per targeted matrix (kernels/ops.py `LoraArgs`): each
+matrix's pairs of all loaded adapters are stacked once (`stack_adapters`, Punica's layout), and
+each row gathers its own. `LoraWeight.scale` is llama.cpp's get_scale.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from gguf import GGMLQuantizationType as T
 
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.gguf.file import TensorInfo, open_gguf
 from ubatch.engine.model.archs import layer_specs
 from ubatch.engine.model.hf.peft import read_peft
 from ubatch.engine.model.hparams import HParams
+from ubatch.kernels.ops import LoraStack
 from ubatch.kernels.quant.dequant import UnsupportedTypeError, check_supported
 from ubatch.kernels.quant.weight import QWeight
 
@@ -99,6 +103,40 @@ def adapter_infos(adapters: list[LoraAdapter]) -> list[AdapterInfo]:
         ranks = tuple(sorted({w.rank for w in pairs}))
         task, prefix = a.meta.get("adapter.lora.task_name", ""), a.meta.get("adapter.lora.prompt_prefix", "")
         out.append(AdapterInfo(i, str(a.path), a.name, a.n_pairs, ranks, a.alpha, a.nbytes, task, prefix))
+    return out
+
+
+OUTPUT_KEY = (-1, "output")  # the output head's stack in `stack_adapters`' table
+# stacks of pairs all stored in one of these types keep it; any other mix is stacked as f32 (exact)
+_STACK_DTYPES = {int(T.F16): torch.float16, int(T.BF16): torch.bfloat16, int(T.F32): torch.float32}
+
+
+def stack_adapters(adapters: list[LoraAdapter], dev: torch.device) -> dict[tuple[int, str], LoraStack]:
+    """Per targeted matrix ((layer, LayerWeights field), or OUTPUT_KEY), every adapter's pair side
+    by side, zero-padded to the largest rank, B transposed so that a row's B product is a sum of
+    rank rows (kernels/ops.py `LoraStack`); an adapter that does not target a matrix has rank 0."""
+    by_key: dict[tuple[int, str], list[LoraWeight | None]] = {}
+    for k, ad in enumerate(adapters):
+        pairs = [((il, f), w) for il, L in enumerate(ad.layers) for f, w in L.items()]
+        if ad.output is not None:
+            pairs.append((OUTPUT_KEY, ad.output))
+        for key, w in pairs:
+            by_key.setdefault(key, [None] * len(adapters))[k] = w
+    out: dict[tuple[int, str], LoraStack] = {}
+    for key, ws in by_key.items():
+        present = [w for w in ws if w is not None]
+        types = {t for w in present for t in (w.a.ggml_type, w.b.ggml_type)}
+        dt = _STACK_DTYPES.get(types.pop(), torch.float32) if len(types) == 1 else torch.float32
+        r, n_in, n_out = max(w.rank for w in present), present[0].a.shape[1], present[0].b.shape[0]
+        a = torch.zeros(len(ws), r, n_in, dtype=dt, device=dev)
+        bt = torch.zeros(len(ws), r, n_out, dtype=dt, device=dev)
+        rank, c = torch.zeros(len(ws), dtype=torch.int32), torch.zeros(len(ws), dtype=torch.float32)
+        for k, pw in enumerate(ws):
+            if pw is not None:
+                a[k, : pw.rank] = pw.a.dense(dt)
+                bt[k, : pw.rank] = pw.b.dense(dt).t()
+                rank[k], c[k] = pw.rank, pw.scale(adapters[k].alpha, 1.0)
+        out[key] = LoraStack(a, bt, rank.to(dev), c.to(dev))
     return out
 
 

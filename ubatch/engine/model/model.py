@@ -19,9 +19,10 @@ from ubatch.engine.model.archs.base import TensorSpec, model_tensors
 from ubatch.engine.model.code_pages import release_startup_code
 from ubatch.engine.model.hf.checkpoint import open_model_file
 from ubatch.engine.model.hparams import HParams, hparams_from_metadata
-from ubatch.engine.model.lora import LoraAdapter, load_adapter
+from ubatch.engine.model.lora import LoraAdapter, load_adapter, stack_adapters
 from ubatch.engine.model.shard import Cutter, Shard, check_split, head_split, row_slice, vocab_slice
 from ubatch.engine.vocab.vocab import Vocab
+from ubatch.kernels.ops import LoraStack
 from ubatch.kernels.quant.dequant import UnsupportedTypeError, check_supported
 from ubatch.kernels.quant.weight import QWeight
 
@@ -127,12 +128,15 @@ class Model:
     rope_short: torch.Tensor | None = None  # ... and for contexts within the original length
     # LoRA adapters loaded for this model (llama_adapter_lora_init): contexts apply them by index
     adapters: list[LoraAdapter] = dataclasses.field(default_factory=list)
+    # their pairs stacked per targeted matrix for the segmented kernels (lora.py `stack_adapters`)
+    lora_stacks: dict[tuple[int, str], LoraStack] = dataclasses.field(default_factory=dict)
 
     def load_adapter(self, path: str | os.PathLike[str]) -> int:
         """Load a LoRA adapter for this model (checked against it); its index in `adapters`."""
         if self.shard is not None:
             raise ModelLoadError(f"{path}: LoRA adapters are not supported with -tp; run without -tp")
         self.adapters.append(load_adapter(path, self.hparams, self.device))
+        self.lora_stacks = stack_adapters(self.adapters, self.device)
         return len(self.adapters) - 1
 
     @property

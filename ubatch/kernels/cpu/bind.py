@@ -38,6 +38,7 @@ KERNEL_TYPES = (
 )
 
 
+LORA_TYPES = {torch.float32: int(T.F32), torch.float16: int(T.F16), torch.bfloat16: int(T.BF16)}  # csrc/lora.c
 GATING_CODES = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}  # csrc/moe.c
 
 
@@ -116,12 +117,8 @@ class CpuKernels:
                 if not _f32(a.x, out):
                     return None
                 return CCall("scale", lib.ub_scale, (a.x.data_ptr(), a.s, a.x.numel(), o, nth))
-            case ops.RowScaleArgs():
-                x, sc = a.x, a.s
-                if not _f32(x, sc, out) or not x.is_contiguous() or not sc.is_contiguous() or x.dim() != 2:
-                    return None
-                args = (x.data_ptr(), sc.data_ptr(), x.shape[0], x.shape[1], a.c, o, nth)
-                return CCall("row_scale", lib.ub_row_scale, args)
+            case ops.LoraArgs():
+                return self.lora(a, out)
             case ops.RowsArgs():
                 x, idx = a.x, a.idx
                 if not _f32(x, out) or idx.dtype != torch.int64 or not idx.is_contiguous():
@@ -208,6 +205,25 @@ class CpuKernels:
         xa = (x.data_ptr(), x.shape[1], cols, ids.data_ptr(), n, k, w.shape[0], 0 if b is None else b.data_ptr())
         tail = (out.data_ptr(), rows, scratch[0].data_ptr(), self.n_threads)
         return CCall("mul_mat_id", self.lib.ub_mul_mat_id, (*wa, *xa, *tail))
+
+    def lora(self, a: ops.LoraArgs[Tensor], out: Tensor) -> CCall | None:
+        """The segmented LoRA product over the adapters' stack (csrc/lora.c): f32/f16/bf16 factors."""
+        w, x, y, idx, sc, sel = a.w, a.x, a.y, a.idx, a.scale, a.sel
+        if (
+            w.a.dtype not in LORA_TYPES
+            or w.bt.dtype != w.a.dtype
+            or not (w.a.is_contiguous() and w.bt.is_contiguous() and _f32(x, y, out, w.c, sc))
+            or w.rank.dtype != torch.int32
+            or idx.dtype != torch.int32
+            or not idx.is_contiguous()
+            or (sel is not None and (sel.dtype != torch.int64 or not sel.is_contiguous()))
+        ):
+            return None
+        n, (_, r_max, n_in), n_out = x.shape[0], w.a.shape, y.shape[1]
+        wa = (LORA_TYPES[w.a.dtype], w.a.data_ptr(), w.bt.data_ptr(), r_max, w.rank.data_ptr(), w.c.data_ptr())
+        rows = (idx.data_ptr(), sc.data_ptr(), idx.shape[1], 0 if sel is None else sel.data_ptr())
+        args = (y.data_ptr(), x.data_ptr(), n, n_in, n_out, *wa, *rows, out.data_ptr(), self.n_threads)
+        return CCall("lora", self.lib.ub_lora, args)
 
     def moe_topk(self, a: ops.MoeTopKArgs[Tensor], out: Tensor) -> CCall | None:
         lg, bias = a.logits, a.bias

@@ -32,7 +32,7 @@ from ubatch.kernels.cpu.program import check_arities
 from ubatch.kernels.quant.dequant_iq import grid_raw
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 17
+ABI_VERSION = 18
 FAST_FLAGS = ("avx2", "fma", "f16c")
 # About how long a cold build takes, for the line a front end shows. The SIMD builds wait for
 # their slowest file (matmul.c, 2.4 s alone on a 2-core AVX-512 Xeon; the whole build 4 s there,
@@ -224,9 +224,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_kv_store.argtypes = [c_p, c_l, c_l, c_p, c_i, c_p]
     lib.ub_add_bias.argtypes = [c_p, c_p, c_l, c_l, c_p, c_i]
     lib.ub_softcap.argtypes = [c_p, c_f, c_l, c_l, c_p, c_i]
-    lib.ub_row_scale.argtypes = [c_p, c_p, c_l, c_l, c_f, c_p, c_i]
+    lib.ub_lora.argtypes = [c_p, c_p, c_l, c_l, c_l, c_i, c_p, c_p, c_l, c_p, c_p, c_p, c_p, c_l, c_p, c_p, c_i]
     for f in (lib.ub_glu, lib.ub_add, lib.ub_scale, lib.ub_rows, lib.ub_kv_store, lib.ub_add_bias, lib.ub_softcap,
-              lib.ub_row_scale):  # fmt: skip
+              lib.ub_lora):  # fmt: skip
         f.restype = None
     lib.ub_mul_mat_id.argtypes = [c_i, c_p, c_l, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_l, c_l, c_p, c_p, c_l, c_p, c_i]  # fmt: skip
     lib.ub_mul_mat_id_scratch.argtypes = [c_i, c_l, c_l, c_l, c_l, c_i]

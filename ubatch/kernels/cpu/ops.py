@@ -37,6 +37,7 @@ from ubatch.kernels.ops import (
     KV_CHUNK,
     AttentionArgs,
     KVTensor,
+    LoraArgs,
     MoeTopKArgs,
     MoeWeightsArgs,
     MulMatIdArgs,
@@ -271,6 +272,11 @@ class CpuOps(Ops):
     def mul_mat_id(self, a: MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
         if not _run(self.kernels.mul_mat_id(a, out, scratch)):
             self.ref.mul_mat_id(a, out, scratch)
+        return out
+
+    def lora(self, a: LoraArgs[Tensor], out: Tensor) -> Tensor:
+        if not _run(self.kernels.lora(a, out)):
+            self.ref.lora(a, out)
         return out
 
     def moe_topk(self, a: MoeTopKArgs[Tensor], out: Tensor) -> Tensor:

@@ -37,7 +37,7 @@ PROGRAM_OPS: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "moe_topk": (15, 7, ()),
     "moe_weights": (16, 9, (7,)),
     "moe_sum": (17, 7, ()),
-    "row_scale": (18, 7, (4,)),
+    "lora": (18, 17, ()),
 }
 
 

@@ -27,11 +27,12 @@ void ub_mul_mat_id(int, const uint8_t *, int64_t, int64_t, int64_t, int64_t, con
 void ub_moe_topk(const float *, int64_t, int64_t, int64_t, int, const float *, int32_t *);
 void ub_moe_weights(const float *, const int32_t *, int64_t, int64_t, int64_t, int, int, float, float *);
 void ub_moe_sum(const float *, const float *, int64_t, int64_t, int64_t, float *, int);
-void ub_row_scale(const float *, const float *, int64_t, int64_t, float, float *, int);
+void ub_lora(const float *, const float *, int64_t, int64_t, int64_t, int, const void *, const void *, int64_t,
+             const int32_t *, const float *, const int32_t *, const float *, int64_t, const int64_t *, float *, int);
 
 enum { P_GEMV, P_GET_ROWS, P_RMS_NORM, P_ROPE, P_GLU, P_ADD, P_SCALE, P_ROWS, P_KV_STORE, P_ATTN, P_GEMM, P_GEMM_AMX,
-       P_ADD_BIAS, P_SOFTCAP, P_MUL_MAT_ID, P_MOE_TOPK, P_MOE_WEIGHTS, P_MOE_SUM, P_ROW_SCALE, P_N };
-static const int ARITY[P_N] = {12, 8, 9, 10, 6, 5, 5, 5, 6, 18, 12, 12, 6, 6, 18, 7, 9, 7, 7};
+       P_ADD_BIAS, P_SOFTCAP, P_MUL_MAT_ID, P_MOE_TOPK, P_MOE_WEIGHTS, P_MOE_SUM, P_LORA, P_N };
+static const int ARITY[P_N] = {12, 8, 9, 10, 6, 5, 5, 5, 6, 18, 12, 12, 6, 6, 18, 7, 9, 7, 17};
 
 int ub_program_arity(int op) { return op >= 0 && op < P_N ? ARITY[op] : -1; }
 
@@ -93,7 +94,10 @@ int64_t ub_run(const int64_t *prog, int64_t n) {
             ub_moe_weights(FPTR(0), (const int32_t *)PTR(1), a[2], a[3], a[4], (int)a[5], (int)a[6], fbits(a[7]), FPTR(8));
             break;
         case P_MOE_SUM: ub_moe_sum(FPTR(0), FPTR(1), a[2], a[3], a[4], FPTR(5), (int)a[6]); break;
-        case P_ROW_SCALE: ub_row_scale(FPTR(0), FPTR(1), a[2], a[3], fbits(a[4]), FPTR(5), (int)a[6]); break;
+        case P_LORA:
+            ub_lora(FPTR(0), FPTR(1), a[2], a[3], a[4], (int)a[5], PTR(6), PTR(7), a[8], (const int32_t *)PTR(9), FPTR(10),
+                    (const int32_t *)PTR(11), FPTR(12), a[13], I64P(14), FPTR(15), (int)a[16]);
+            break;
         default: return i;
         }
         prog += 1 + ARITY[op];

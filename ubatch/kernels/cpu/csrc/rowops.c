@@ -117,15 +117,6 @@ void ub_scale(const float *x, float s, int64_t n, float *out, int nth) {
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * s;
 }
 
-/* out (rows, n) = x * s[row] * c: a LoRA adapter's per-row scale on A x (0 on rows of other requests) */
-void ub_row_scale(const float *x, const float *s, int64_t rows, int64_t n, float c, float *out, int nth) {
-#pragma omp parallel for num_threads(nth) schedule(static) if (rows * n >= ELT_PAR)
-    for (int64_t r = 0; r < rows; r++) {
-        const float f = s[r] * c;
-        for (int64_t j = 0; j < n; j++) out[r * n + j] = x[r * n + j] * f;
-    }
-}
-
 /* out (rows, n) = x + b with b (n) on every row: a projection's bias (qwen2's Q/K/V, phi's) */
 void ub_add_bias(const float *x, const float *b, int64_t rows, int64_t n, float *out, int nth) {
 #pragma omp parallel for num_threads(nth) schedule(static) if (rows * n >= ELT_PAR)
