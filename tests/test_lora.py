@@ -3,6 +3,7 @@ llama.cpp's convert_lora_to_gguf.py converts them, against transformers + PEFT's
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import pytest
 import tiny_families
 import tiny_lora
 import torch
+import triton_interp  # (the cuda backend's kernels interpreted without a GPU: set before they load)
+from test_cuda_backend import cuda_ops
 
 from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context
@@ -123,32 +126,49 @@ def test_scale_zero_is_the_base_model_exactly(files: dict[str, Path]) -> None:
     assert torch.equal(_logits(ctx), base)
 
 
-def test_rows_of_one_ubatch_each_apply_their_own_adapter(files: dict[str, Path]) -> None:
-    """Four sequences in one ubatch (base, adapter 1, adapter 2, adapter 1 at 0.5): each row
-    gathers its own adapter's product; each sequence's logits are those it gets alone."""
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_rows_of_one_ubatch_each_apply_their_own_adapter(files: dict[str, Path], backend: str) -> None:
+    """Five sequences in one ubatch (base, adapter 1, adapter 2, adapter 1 at 0.5, both adapters):
+    each row gathers its own adapters' pairs in one segmented call per matrix (the C kernel; the
+    cuda backend's Triton kernel, interpreted without a GPU); each sequence's logits are those it
+    gets alone on the cpu backend, the decode step after the prompt too."""
     model = Model.load(files["f32"])
     model.load_adapter(files["lora1.f32"])
     model.load_adapter(files["lora2.f32"])
-    sets: list[dict[int, float]] = [{}, {0: 1.0}, {1: 1.0}, {0: 0.5}]
+    sets: list[dict[int, float]] = [{}, {0: 1.0}, {1: 1.0}, {0: 0.5}, {0: 0.5, 1: 2.0}]
+    n, k = 12 if backend == "cpu" else 4, len(sets)  # the interpreter is slow
     alone = []
     for s in sets:
         ctx = _context(model)
         ctx.set_adapters(s)
-        alone.append(_logits(ctx, SEQ[:16]))
-    ctx = _context(model, n_seq=4)
+        ctx.decode(Batch.from_tokens(SEQ[:n], 0, all_logits=True))
+        first = ctx.logits.clone()
+        ctx.decode(Batch.from_tokens([SEQ[n]], n))
+        alone.append(torch.cat([first, ctx.logits]))
+    ctx = _context(model, n_seq=k)
+    if backend == "cuda":
+        model = Model.load(files["f32"], triton_interp.DEVICE)
+        model.load_adapter(files["lora1.f32"])
+        model.load_adapter(files["lora2.f32"])
+        params = dataclasses.replace(ctx.params, backend="cuda")
+        ctx = Context(model, params, cuda_ops())  # the matmuls as torch.mm: the LoRA kernel is under test
     for seq, s in enumerate(sets):
         ctx.set_seq_adapters(seq, s)
     b = Batch(
-        token=SEQ[:16] * 4,
-        pos=list(range(16)) * 4,
-        seq_id=[[s] for s in range(4) for _ in range(16)],
-        logits=[True] * 64,
+        token=SEQ[:n] * k,
+        pos=list(range(n)) * k,
+        seq_id=[[s] for s in range(k) for _ in range(n)],
+        logits=[True] * (n * k),
     )
     ctx.decode(b)
     assert len(ctx.records) == 1
-    assert ctx.records[0].loras == {1: ((0, 1.0),), 2: ((1, 1.0),), 3: ((0, 0.5),)}
-    for seq in range(4):
-        torch.testing.assert_close(ctx.logits[seq * 16 : (seq + 1) * 16], alone[seq], atol=2e-4, rtol=1e-4)
+    assert ctx.records[0].loras == {1: ((0, 1.0),), 2: ((1, 1.0),), 3: ((0, 0.5),), 4: ((0, 0.5), (1, 2.0))}
+    got = ctx.logits.cpu().clone().view(k, n, -1)
+    ctx.decode(Batch([SEQ[n]] * k, [n] * k, [[s] for s in range(k)], [True] * k))  # one row each
+    for seq in range(k):
+        want = alone[seq]
+        torch.testing.assert_close(got[seq], want[:n], atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(ctx.logits[seq].cpu(), want[n], atol=2e-4, rtol=1e-4)
 
 
 def test_adapters_that_do_not_fit_the_model_are_one_line(files: dict[str, Path], tmp_path: Path) -> None:

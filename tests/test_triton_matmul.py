@@ -138,7 +138,7 @@ def test_compile_for_sm90_subset() -> None:
     """A representative subset of COMPILE_SPECS compiles for sm_90 with the real compiler (the
     script compiles all of them): the gathers of each block family, both kernels, both extremes
     of BLOCK_M, each also as the JIT specialises it for aligned arguments."""
-    subset = ["gemv[Q4_K,m1,", "gemv[Q5_0,m16,", "tiled[Q6_K,", "tiled[BF16,"]
+    subset = ["gemv[Q4_K,m1,", "gemv[Q5_0,m16,", "tiled[Q6_K,", "tiled[BF16,", "lora[fp16,M1,R16]"]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, str(ROOT / "scripts" / "triton_compile_check.py"), "--jobs", "2", "--aligned"]
     r = subprocess.run(

@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as T
 from test_kernels import rel_err, weight
 
 from ubatch.kernels.cuda.triton import mode
-from ubatch.kernels.ops import KV_CHUNK, AttentionArgs, KVTensor, MaskCells, attn_scratch
+from ubatch.kernels.ops import KV_CHUNK, AttentionArgs, KVTensor, LoraArgs, MaskCells, attn_scratch
 from ubatch.kernels.quant.dequant import dequantize
 from ubatch.kernels.quant.quantize import QUANTIZERS
 from ubatch.kernels.torch_ops import TorchOps
@@ -154,3 +154,42 @@ def test_attention_matches_the_reference_with_the_mask_tensor_or_the_cells(
         a = AttentionArgs(q * 4, k, v, starts, n_kv, mask, 0.125, visible, softcap=5.0)
         want = REF.attention(a, out.clone(), scratch)
         assert rel_err(ta.attention(a, torch.empty_like(out), tiles=tiles), want) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("n", "ranks", "m"), [(1, [16], 1), (5, [8, 16, 4, 0], 1), (6, [4, 40, 16], 2)])
+def test_lora_segmented_matches_the_per_row_definition(dtype: torch.dtype, n: int, ranks: list[int], m: int) -> None:
+    """triton/lora.py: mixed adapters, ranks and slots in one launch (two column programs, the
+    second partial; x in two BLOCK_K steps), in place and not, and with `sel`."""
+    from test_lora_kernel import check, make_stack, per_row, rows_of
+
+    from ubatch.kernels.cuda.triton import lora as tl_lora
+
+    w = make_stack(ranks, 200, 150, dtype, seed=n)
+    x, y = randn(n, 200), randn(n, 150)
+    idx, scale = rows_of(n, m, len(ranks), seed=n)
+    want = per_row(y, x, w, idx, scale)
+    a = LoraArgs(y.clone(), x, w, idx, scale)
+    assert tl_lora.supported(a, a.y)
+    check(tl_lora.lora(a, torch.empty_like(y)), y, want)
+    check(tl_lora.lora(a, a.y), y, want)
+    sel = torch.tensor([n - 1, 0], dtype=torch.int64)
+    xs, ys = x[: len(sel)].clone(), y[: len(sel)].clone()
+    got = tl_lora.lora(LoraArgs(ys.clone(), xs, w, idx, scale, sel), torch.empty_like(ys))
+    check(got, ys, per_row(ys, xs, w, idx[sel], scale[sel]))
+
+
+def test_lora_segmented_row_is_the_same_alone_and_among_others() -> None:
+    from test_lora_kernel import make_stack, rows_of
+
+    from ubatch.kernels.cuda.triton import lora as tl_lora
+
+    w = make_stack([16, 8, 32], 96, 130, torch.float16)
+    x0, y0 = randn(1, 96), randn(1, 130)
+    outs = []
+    for n in (1, 7):
+        x, y = torch.cat([x0, randn(n - 1, 96)]), torch.cat([y0, randn(n - 1, 130)])
+        idx, scale = rows_of(n, 1, 3, seed=n)
+        idx[0, 0], scale[0, 0] = 2, 0.7
+        outs.append(tl_lora.lora(LoraArgs(y, x, w, idx, scale), torch.empty_like(y))[0])
+    assert torch.equal(outs[0], outs[1])

@@ -27,6 +27,7 @@ from ubatch.kernels.ops import (
     AttentionArgs,
     GraphRunner,
     KVTensor,
+    LoraArgs,
     MulMatIdArgs,
     NodeArgs,
     Ops,
@@ -66,9 +67,10 @@ class CudaOps(Ops):
         self.ref = TorchOps(n_threads)  # the layouts the kernels do not cover, on the same device
         self.notices: list[str] = []
         self.interpreted = mode.use_interpreter_without_gpu()
-        from ubatch.kernels.cuda.triton import attention, elementwise, gather, matmul, moe
+        from ubatch.kernels.cuda.triton import attention, elementwise, gather, lora, matmul, moe
 
         self._ta, self._te, self._tg, self._mm, self._moe = attention, elementwise, gather, matmul, moe
+        self._lora = lora
         self.cuda_graphs = not self.interpreted  # decode steps captured and replayed
         self._runner = CudaGraphRunner()
         self._noticed: set[int] = set()
@@ -163,6 +165,12 @@ class CudaOps(Ops):
         ):
             return self._moe.mul_mat_id(x, a.w, ids, b, out)
         return self.ref.mul_mat_id(a, out, scratch)
+
+    def lora(self, a: LoraArgs[Tensor], out: Tensor) -> Tensor:
+        """Every adapter of the ubatch in one launch (triton/lora.py); ids and scales stay on the device."""
+        if self._lora.supported(a, out):
+            return self._lora.lora(a, out)
+        return self.ref.lora(a, out)
 
     def rms_norm(self, x: Tensor, w: Tensor, eps: float, out: Tensor, scratch: list[Tensor]) -> Tensor:
         if _rows_ok(x, w, out):

@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 
 # helpers first: a kernel calls the jit functions its module imported
-KERNEL_MODULES = ("quant_tiles", "matmul", "gather", "elementwise", "attention")
+KERNEL_MODULES = ("quant_tiles", "matmul", "gather", "elementwise", "attention", "lora")
 
 
 def interpreted() -> bool:
