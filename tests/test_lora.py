@@ -4,9 +4,15 @@ llama.cpp's convert_lora_to_gguf.py converts them, against transformers + PEFT's
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
+import socket
+import subprocess
+import time
 from functools import cache
 from pathlib import Path
 
+import httpx
 import pytest
 import tiny_families
 import tiny_lora
@@ -17,6 +23,7 @@ from test_cuda_backend import cuda_ops
 from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context
 from ubatch.engine.errors import ContextError, ModelLoadError
+from ubatch.engine.gguf.file import open_gguf
 from ubatch.engine.model.model import Model
 from ubatch.engine.params import ContextParams
 
@@ -194,13 +201,15 @@ def _cli(*args: object) -> str:
 
 def test_the_cli_applies_lora_and_lora_scaled(files: dict[str, Path]) -> None:
     """`ubatch cli --lora` changes the greedy text; `--lora-scaled F:0` is the base model's text;
-    a PEFT directory is the GGUF conversion's text; the startup log counts the adapter."""
+    llama.cpp's older two-argument `--lora-scaled F 1` is `--lora F`; a PEFT directory is the GGUF
+    conversion's text."""
     m, p = files["f32"], "hello there"
     base = _cli("-m", m, "-p", p)
     with_lora = _cli("-m", m, "-p", p, "--lora", files["lora1.f32"])
     assert with_lora != base
     assert _cli("-m", m, "-p", p, "--lora", files["peft1"]) == with_lora
     assert _cli("-m", m, "-p", p, "--lora-scaled", f"{files['lora1.f32']}:0") == base
+    assert _cli("-m", m, "-p", p, "--lora-scaled", files["lora1.f32"], "1") == with_lora
 
 
 def test_lora_flags_refuse_bad_values_in_one_line(files: dict[str, Path], tmp_path: Path) -> None:
@@ -208,6 +217,8 @@ def test_lora_flags_refuse_bad_values_in_one_line(files: dict[str, Path], tmp_pa
 
     r = run_cli(["cli", "-m", str(files["f32"]), "-p", "x", "--lora-scaled", str(files["lora1.f32"])])
     assert r.returncode == 1 and "the format is FNAME:SCALE" in r.stderr
+    r = run_cli(["cli", "-m", str(files["f32"]), "-p", "x", "--lora-scaled", f"{files['lora1.f32']}:abc"])
+    assert r.returncode == 1 and f"{files['lora1.f32']}:abc: the format is" in r.stderr  # as typed, no emoji
     r = run_cli(["cli", "-m", str(files["f32"]), "-p", "x", "--lora", str(tmp_path / "missing.gguf")])
     assert r.returncode == 1 and "LoRA adapter not found" in r.stderr
     r = run_cli(["cli", "-m", str(files["f32"]), "-p", "x", "-n", "1", "--lora", str(files["qwen2-lora"])])
@@ -309,3 +320,66 @@ def test_explain_shows_the_adapters_each_row_applied(files: dict[str, Path]) -> 
     assert "+lora 0@0.5" in r.stdout
     r = run_cli([*args, "--json"])
     assert all(u["loras"] == {} for c in json.loads(r.stdout)["calls"] for u in c["ubatches"])
+
+
+LLAMA_BIN = Path(os.environ.get("LLAMA_BIN", Path.home() / ".cache/ubatch-yardstick/build/bin"))
+
+
+def _llama_server_logprobs(args: list[str], ids: list[int], n_vocab: int) -> torch.Tensor:
+    """llama-server's whole next-token distribution after each prefix of ids (n_probs = the
+    vocabulary, greedy, the prompt cache reused), as scripts/family_fidelity.py reads it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(LLAMA_BIN / "llama-server"), *args, "--port", str(port), "-c", "256", "-np", "1", "-t", "2"]
+    proc = subprocess.Popen([*cmd, "-ctk", "f32", "-ctv", "f32"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    # the server holds back a sampled byte token (part of a UTF-8 character) with its probs: byte
+    # tokens are never sampled (logit_bias acts on sampling; n_probs reports the raw distribution)
+    types = open_gguf(Path(args[args.index("-m") + 1])).metadata["tokenizer.ggml.token_type"]
+    no_bytes = [[i, False] for i, t in enumerate(types) if int(t) == 6]
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, (proc.stderr.read() if proc.stderr else b"")[-2000:]
+            time.sleep(0.1)
+        rows = []
+        with httpx.Client(timeout=60) as c:
+            for i in range(1, len(ids) + 1):
+                body = {"prompt": ids[:i], "n_predict": 1, "n_probs": n_vocab, "cache_prompt": True, "temperature": 0,
+                        "logit_bias": no_bytes}  # fmt: skip
+                r = c.post(url + "/completion", json=body).json()
+                assert "completion_probabilities" in r, str(r)[:500]
+                top = r["completion_probabilities"][0]["top_logprobs"]
+                row = torch.full((n_vocab,), -math.inf, dtype=torch.float64)
+                for t in top:
+                    row[t["id"]] = t["logprob"]
+                rows.append(row)
+        return torch.stack(rows)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.skipif(not (LLAMA_BIN / "llama-server").exists(), reason="llama.cpp's llama-server is not built")
+def test_llama_server_with_the_same_adapters_gives_our_distributions(files: dict[str, Path]) -> None:
+    """Side by side with llama.cpp on the same GGUFs: llama-server --lora A --lora-scaled B:0.5
+    against ubatch applying {A: 1, B: 0.5}; next-token distributions at 16 positions, KLD <= 1e-5
+    (F32 base and adapters), the same greedy token at each, and both far from the base model."""
+    ids = SEQ[:16]
+    model = Model.load(files["f32"])
+    a, b = model.load_adapter(files["lora1.f32"]), model.load_adapter(files["lora2.f32"])
+    ctx = _context(model)
+    ctx.set_adapters({a: 1.0, b: 0.5})
+    ours = torch.log_softmax(_logits(ctx, ids).double(), -1)
+    args = ["-m", str(files["f32"]), "--lora", str(files["lora1.f32"]), "--lora-scaled", f"{files['lora2.f32']}:0.5"]
+    theirs = _llama_server_logprobs(args, ids, ours.shape[1])
+    assert _kld(theirs, ours) <= 1e-5
+    assert torch.equal(theirs.argmax(-1), ours.argmax(-1))
+    ctx.set_adapters({})
+    assert _kld(theirs, _logits(ctx, ids)) > 1e-2

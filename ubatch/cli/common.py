@@ -21,6 +21,7 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
+from rich.text import Text
 
 from ubatch.engine.errors import UbatchError
 
@@ -29,7 +30,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(msg: str) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}", markup=True, soft_wrap=True)
+    """The one error line; msg is printed as it is (a path's `[x]` or `:abc:` is no markup or emoji)."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", msg), soft_wrap=True)
     raise typer.Exit(1)
 
 

@@ -45,7 +45,10 @@ class LoraFlags:
                 except ValueError:
                     sep = ""
                 if not sep or not path:
-                    raise UbatchError(f"--lora-scaled {item}: the format is FNAME:SCALE (e.g. adapter.gguf:0.5)")
+                    raise UbatchError(
+                        f"--lora-scaled {item}: the format is FNAME:SCALE (e.g. adapter.gguf:0.5; "
+                        "llama.cpp's older two-argument form FNAME SCALE is written FNAME:SCALE)"
+                    )
         for p, _ in out:
             if not p.exists():
                 raise UbatchError(f"LoRA adapter not found: {p}; give the path of a GGUF adapter or a PEFT directory")
@@ -61,6 +64,32 @@ class LoraFlags:
         for path, scale in self.adapters():
             scales[model.load_adapter(path)] = 0.0 if self.lora_init_without_apply else scale
         return scales
+
+
+def _is_scale(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def join_two_argument_form(words: list[str]) -> list[str]:
+    """`--lora-scaled FNAME SCALE` (llama.cpp's older two-argument form, the one its docs still
+    show) as today's `--lora-scaled FNAME:SCALE`: where FNAME ends in no scale of its own and the
+    word after it is a number."""
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        if words[i] == "--lora-scaled" and i + 2 < len(words):
+            fname, scale = words[i + 1], words[i + 2]
+            if _is_scale(scale) and not _is_scale(fname.rpartition(":")[2]):
+                out += ["--lora-scaled", f"{fname}:{scale}"]
+                i += 3
+                continue
+        out.append(words[i])
+        i += 1
+    return out
 
 
 # Add the LoRA flags to a command; it receives them as `lora: LoraFlags`.

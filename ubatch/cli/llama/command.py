@@ -27,6 +27,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from ubatch.cli.llama.flags import LLAMA_TOOL, LlamaFlag, flags_for
 from ubatch.cli.llama.policy import NO_EFFECT, policy_for
+from ubatch.cli.lora_flags import join_two_argument_form
 from ubatch.cli.options import reading_order
 
 _TRUE, _FALSE = ("1", "true", "on", "enabled", "yes"), ("0", "false", "off", "disabled", "no")
@@ -233,6 +234,7 @@ class LlamaGroup(TidyHelp, TyperGroup):
             if standalone_mode:
                 sys.exit(0)
             return 0
+        args = join_two_argument_form(words)
         try:
             rv = super().main(
                 args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **extra
