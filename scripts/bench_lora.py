@@ -8,6 +8,10 @@ given (default: the bundled Gemma 3 270M). Then, on one context:
   8 streams: aggregate decode t/s with all 8 on one adapter, and spread over 4 adapters (each row
              its own adapter in the same ubatch; target: >= 0.8x the single-adapter rate).
 
+Beside them, in the same run where llama.cpp's build is there ($LLAMA_BIN, default
+~/.cache/ubatch-yardstick/build/bin): llama-completion's decode t/s on the same model without and
+with `--lora` on the same adapter file (its eval time, greedy, --ignore-eos), interleaved too.
+
     python scripts/bench_lora.py [-m model.gguf] [--rank 16] [-n 64] [--backend cpu] [-t 2]
 
 It prints the load average beside the numbers: the machine is shared.
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +80,21 @@ def decode_tps(ctx: Context, sets: list[dict[int, float]], n: int) -> float:
     return k * n / (time.perf_counter() - t0)
 
 
+LLAMA_BIN = Path(os.environ.get("LLAMA_BIN", Path.home() / ".cache/ubatch-yardstick/build/bin"))
+
+
+def llama_cpp_tps(model: Path, adapter: Path | None, n: int, threads: int) -> float:
+    """llama-completion's decode t/s (its own eval timing) for n greedy tokens, with the adapter if given."""
+    cmd = [str(LLAMA_BIN / "llama-completion"), "-m", str(model), "-p", "Once upon a time", "-n", str(n)]
+    cmd += ["--temp", "0", "--ignore-eos", "-no-cnv", "-t", str(threads or os.cpu_count() or 1), "-c", "512"]
+    cmd += ["--lora", str(adapter)] if adapter else []
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    m = re.search(r"\beval time =.*?([\d.]+) tokens per second", r.stderr.replace("prompt eval time", ""))
+    if r.returncode or m is None:
+        raise SystemExit(f"llama-completion failed: {r.stderr[-1500:]}")
+    return float(m.group(1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", type=Path, default=None)
@@ -86,9 +107,10 @@ def main() -> None:
     a = ap.parse_args()
     path = a.model or default_model_path()
     model = Model.load(path, a.device)
-    with tempfile.TemporaryDirectory() as d:
-        for i in range(4):
-            model.load_adapter(write_adapter(model, Path(d) / f"lora{i}.gguf", a.rank, i))
+    tmp = tempfile.TemporaryDirectory()
+    files = [write_adapter(model, Path(tmp.name) / f"lora{i}.gguf", a.rank, i) for i in range(4)]
+    for f in files:
+        model.load_adapter(f)
     params = ContextParams(n_ctx=2048, n_seq_max=8, kv_unified=True, backend=a.backend, n_threads=a.threads)
     ctx = Context(model, params)
     runs: dict[str, list[float]] = {}
@@ -99,9 +121,14 @@ def main() -> None:
         "one8": [{0: 1.0}] * 8,
         "four8": [{i % 4: 1.0} for i in range(8)],
     }
+    llama = (LLAMA_BIN / "llama-completion").exists()
     for _ in range(a.repeat):  # interleaved, best of each: a loaded machine slows runs, never speeds them
         for name, sets in cases.items():
             runs.setdefault(name, []).append(decode_tps(ctx, sets, a.n))
+        if llama:
+            runs.setdefault("llama_base", []).append(llama_cpp_tps(path, None, a.n, a.threads))
+            runs.setdefault("llama_one", []).append(llama_cpp_tps(path, files[0], a.n, a.threads))
+    tmp.cleanup()
     base1, one1, base8, one8, four8 = (max(runs[k]) for k in cases)
     load = os.getloadavg()
     print(
@@ -110,6 +137,12 @@ def main() -> None:
     print(f"1 stream:  base {base1:8.1f} t/s  one adapter {one1:8.1f} t/s  cost {100 * (base1 / one1 - 1):5.1f}%")
     print(f"8 streams: base {base8:8.1f} t/s  one adapter {one8:8.1f} t/s  four adapters {four8:8.1f} t/s  "
           f"four/one = {four8 / one8:.2f}x")  # fmt: skip
+    if llama:
+        lb, lo = max(runs["llama_base"]), max(runs["llama_one"])
+        print(
+            f"llama.cpp llama-completion, 1 stream: base {lb:8.1f} t/s  --lora {lo:8.1f} t/s  cost {100 * (lb / lo - 1):5.1f}%"
+        )
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ class Context:
             weakref.finalize(self, announce.dropped, self.tp_key)
         torch.set_num_threads(self.cparams.n_threads)
         self.ops = ops or make_backend(self.params.backend, self.cparams.n_threads)
-        self.ops.prepare_weights(model.matrices() + [m for a in model.adapters for m in a.matrices()])
+        self.ops.prepare_weights(model.matrices())
         # sized first, from shapes alone; refused in one line if the machine cannot hold it
         _, self.reservation, self.sizes = plan_sizes(model, self.cparams, self.ops)
         check_fits(self.sizes, self.cparams, model.device)

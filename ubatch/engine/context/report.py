@@ -191,7 +191,7 @@ def plan_for(model: Model, params: ContextParams) -> MemoryPlan:
     these parameters reports (tests/test_memory_plan.py), from shapes alone (engine/context/reserve.py)."""
     cp = derive(params, model.hparams)
     ops = make_backend(params.backend, cp.n_threads)
-    ops.prepare_weights(model.matrices() + [w for a in model.adapters for w in a.matrices()])
+    ops.prepare_weights(model.matrices())
     shadow, r, _ = plan_sizes(model, cp, ops)
     return _plan(model, cp, ops, [c.info() for c in shadow.caches], r, cp.n_seq_max)
 

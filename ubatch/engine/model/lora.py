@@ -57,28 +57,18 @@ class LoraAdapter:
     output: LoraWeight | None = None  # the output head's pair (lm_head), where the adapter has one
     name: str = ""
     meta: dict[str, str] = field(default_factory=dict)  # its GGUF string keys (llama.cpp's gguf_kv)
+    # its slabs of the stacks the kernels read (`stack_adapters`: rank-padded, 0 until stacked)
+    held_bytes: int = 0
 
     @property
     def nbytes(self) -> int:
+        """What it holds: its share of the stacks (else its pairs as stored)."""
         pairs = [w for L in self.layers for w in L.values()] + ([self.output] if self.output else [])
-        return sum(w.a.nbytes + w.b.nbytes for w in pairs)
+        return self.held_bytes or sum(w.a.nbytes + w.b.nbytes for w in pairs)
 
     @property
     def n_pairs(self) -> int:
         return sum(len(L) for L in self.layers) + (self.output is not None)
-
-    def matrices(self) -> list[QWeight]:
-        pairs = [w for L in self.layers for w in L.values()] + ([self.output] if self.output else [])
-        return [m for w in pairs for m in (w.a, w.b)]
-
-    def to(self, dev: torch.device) -> LoraAdapter:
-        def mv(w: LoraWeight) -> LoraWeight:
-            return LoraWeight(w.a.to(dev), w.b.to(dev))
-
-        layers = [{f: mv(w) for f, w in L.items()} for L in self.layers]
-        return LoraAdapter(
-            self.path, self.alpha, layers, mv(self.output) if self.output else None, self.name, self.meta
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +127,8 @@ def stack_adapters(adapters: list[LoraAdapter], dev: torch.device) -> dict[tuple
                 bt[k, : pw.rank] = pw.b.dense(dt).t()
                 rank[k], c[k] = pw.rank, pw.scale(adapters[k].alpha, 1.0)
         out[key] = LoraStack(a, bt, rank.to(dev), c.to(dev))
+    for k, ad in enumerate(adapters):
+        ad.held_bytes = sum(s.a[k].nbytes + s.bt[k].nbytes for s in out.values())
     return out
 
 
@@ -156,9 +148,7 @@ def _pairs(tensors: dict[str, TensorInfo], src: str) -> dict[str, tuple[TensorIn
     return {k: (a[k], b[k]) for k in sorted(a)}
 
 
-def build_adapter(
-    tensors: dict[str, TensorInfo], alpha: float, hp: HParams, src: Path, dev: torch.device, name: str = ""
-) -> LoraAdapter:
+def build_adapter(tensors: dict[str, TensorInfo], alpha: float, hp: HParams, src: Path, name: str = "") -> LoraAdapter:
     """The adapter's pairs placed on the base model's matrices, each checked (name, shapes, type)."""
     where: dict[str, tuple[int, str]] = {}
     for il in range(hp.n_layer):
@@ -176,7 +166,7 @@ def build_adapter(
         if len(t.shape) != 2:
             raise ModelLoadError(f"{src}: tensor {t.name!r} has shape {t.shape}; a LoRA factor is a matrix")
         raw = torch.from_numpy(t.data)
-        return QWeight(t.name, raw.to(dev) if dev.type != "cpu" else raw, t.ggml_type, t.shape)
+        return QWeight(t.name, raw, t.ggml_type, t.shape)  # host bytes: the stacks go to the device
 
     for base, (ta, tb) in _pairs(tensors, str(src)).items():
         if base == "output.weight":
@@ -210,12 +200,12 @@ def build_adapter(
     return LoraAdapter(src, alpha, layers, output, name or src.stem)
 
 
-def load_adapter(path: str | os.PathLike[str], hp: HParams, dev: torch.device) -> LoraAdapter:
+def load_adapter(path: str | os.PathLike[str], hp: HParams) -> LoraAdapter:
     """An adapter from a GGUF file or a PEFT directory, checked against the base model's hparams."""
     p = Path(path)
     if p.is_dir():
         alpha, tensors = read_peft(p, hp)
-        return build_adapter(tensors, alpha, hp, p, dev, p.name)
+        return build_adapter(tensors, alpha, hp, p, p.name)
     g = open_gguf(p)
     meta = g.metadata
 
@@ -238,6 +228,6 @@ def load_adapter(path: str | os.PathLike[str], hp: HParams, dev: torch.device) -
     a = meta.get("adapter.lora.alpha", 0.0)
     if not isinstance(a, (int, float)) or isinstance(a, bool):
         raise ModelLoadError(f"{p}: adapter.lora.alpha is not a number")
-    ad = build_adapter(g.tensors, float(a), hp, p, dev, s("general.name") or p.stem)
+    ad = build_adapter(g.tensors, float(a), hp, p, s("general.name") or p.stem)
     ad.meta = {k: v for k, v in meta.items() if isinstance(v, str)}
     return ad

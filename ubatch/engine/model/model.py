@@ -135,7 +135,7 @@ class Model:
         """Load a LoRA adapter for this model (checked against it); its index in `adapters`."""
         if self.shard is not None:
             raise ModelLoadError(f"{path}: LoRA adapters are not supported with -tp; run without -tp")
-        self.adapters.append(load_adapter(path, self.hparams, self.device))
+        self.adapters.append(load_adapter(path, self.hparams))
         self.lora_stacks = stack_adapters(self.adapters, self.device)
         return len(self.adapters) - 1
 
