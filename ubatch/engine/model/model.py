@@ -58,9 +58,9 @@ def fused_parts(w: QWeight, spec: TensorSpec) -> dict[str, QWeight]:
     return out
 
 
-def rope_factors(freqs: torch.Tensor | None, hp: HParams, dev: torch.device, src: str) -> torch.Tensor | None:
-    """What each rotated pair's frequency is divided by: the file's rope_freqs (llama3), or yarn's
-    factors from the hparams."""
+def _stored_rope_freqs(freqs: torch.Tensor | None, hp: HParams, dev: torch.device, src: str) -> torch.Tensor | None:
+    """The frequency divisors fixed at load: the file's rope_freqs (llama3) or yarn's factors from
+    the hparams. Model.rope_factors then picks, per context, these or LongRoPE's long/short pair."""
     if not hp.rope_yarn_factors:
         return freqs
     if freqs is not None:
@@ -237,7 +237,7 @@ class Model:
             output=output,
             output_norm=vec(top["output_norm"]),
             layers=layers,
-            rope_freqs=rope_factors(opt_vec(top["rope_freqs"]), hp, dev, src),
+            rope_freqs=_stored_rope_freqs(opt_vec(top["rope_freqs"]), hp, dev, src),
             device=dev,
             load_ms=(time.perf_counter() - t0) * 1e3,
             rope_long=longrope,
