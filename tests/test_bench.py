@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from ubatch.cli.bench.profile_format import format_profile_md
 from ubatch.cli.bench.result import BenchResult, TensorShare
 from ubatch.cli.bench.run import run_bench
 from ubatch.cli.bench.target import output_target
+from ubatch.engine.gguf.file import open_gguf
 from ubatch.engine.kv.cache import KV_TYPES
 
 M = Path("m.gguf")
@@ -414,6 +416,7 @@ def runs(tiny_gemma: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     }
     out: dict = {name: ubatch(*args) for name, args in cmds.items()}
     out["tmp"] = tmp
+    out["model"] = m
     return out
 
 
@@ -480,11 +483,27 @@ def test_cli_batched_bench_profile(runs: dict) -> None:
         assert float(p[3]) == pytest.approx(sum(parts), abs=0.06)  # ten cells rounded to 0.01
         assert float(p[3]) == pytest.approx(step_ms, rel=0.05, abs=0.5 / int(t[1]) + 0.02)
         assert parts[0] > 0  # the layers' matmuls (the tiny model's head rounds to 0.00 ms here)
+    # then the products and attention against the CPU's peaks, measured in the same process
+    assert "against this machine's peaks (measured beside the run; 1 threads" in text
+    peak_rows = [x for x in rows if len(x) == 12 and x[0].strip().isdigit()]
+    assert {(int(x[2]), x[3].strip()) for x in peak_rows} >= {(1, "matmul (layers)"), (3, "matmul (output)")}
+    for x in peak_rows:
+        gflops, of_fma, gbs = float(x[5]), float(x[6].strip().rstrip("%")), float(x[9])
+        assert gflops > 0 and gbs > 0 and of_fma >= 0 and x[11].strip() in ("memory", "compute")
     js = [json.loads(ln) for ln in runs["batched_profile_jsonl"].stdout.splitlines()]
     assert len(js) == 1 and js[0]["pl"] == 2
     prof_ms = js[0]["profile_ms"]
     assert prof_ms["matmul"] > 0 and prof_ms["lm_head"] > 0 and "overhead" in prof_ms
     assert sum(prof_ms.values()) == pytest.approx(1e3 * js[0]["t_tg"] / 2, rel=0.05)
+    # a step of 2 sequences: 2 x 2 n k flops over every layer matrix, each read once
+    g = open_gguf(runs["model"])
+    mats = [t for name, t in g.tensors.items() if name.startswith("blk.") and len(t.shape) == 2]
+    work = js[0]["profile_work"]
+    assert work["matmul"]["flops"] == 2 * 2 * sum(t.shape[0] * t.shape[1] for t in mats)
+    assert work["matmul"]["bytes"] == sum(t.n_bytes for t in mats)
+    assert work["lm_head"]["flops"] == 2 * 2 * math.prod(g.tensors["token_embd.weight"].shape)
+    peaks = js[0]["peaks"]
+    assert peaks["n_threads"] == 1 and min(peaks[k] for k in ("fma_flops", "dot16_ops", "dot8_ops", "read_bytes")) > 0
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TypeVar
 
+import torch
 from torch import Tensor
 
+from ubatch.kernels.cpu.ops import CpuOps
+from ubatch.kernels.cpu.peaks import MachinePeaks, measure_peaks
 from ubatch.kernels.ops import (
     OPS,
     AttentionArgs,
@@ -70,6 +73,30 @@ def _linear_category(w: QWeight) -> str:
     return "lm_head" if w.name in LM_HEAD_NAMES else "matmul"
 
 
+def _kv_bytes_per_cell(kv: KVTensor) -> int:
+    return kv.data[0].numel() * kv.data.element_size() if kv.data.shape[0] else 0
+
+
+def work_of(a: NodeArgs[Tensor]) -> tuple[float, float]:
+    """(flops, bytes of weights or KV read) of one call of an op, for the fraction-of-peak table:
+    a matrix product 2 m n k and its weight's bytes; a mixture of experts' chosen rows and the
+    distinct experts' bytes; attention 4 x rows x heads x head_dim x n_kv and the K and V cells
+    it reads. Other ops count nothing (their time is not compared with a peak)."""
+    if isinstance(a, LinearArgs):
+        m = a.x.numel() // a.x.shape[-1]
+        return 2.0 * m * a.w.shape[0] * a.w.shape[-1], float(a.w.nbytes)
+    if isinstance(a, MulMatIdArgs):
+        n_expert, rows, cols = a.w.shape[0], a.w.shape[-2], a.w.shape[-1]
+        chosen = int(torch.unique(a.ids).numel())
+        return 2.0 * a.ids.numel() * rows * cols, float(a.w.nbytes) * min(chosen, n_expert) / n_expert
+    if isinstance(a, AttentionArgs):
+        g, t, h, d = a.q.shape
+        seen = float(a.visible.float().mean()) if a.visible is not None and a.visible.numel() else 1.0
+        cells = g * a.n_kv * seen  # the 256-cell chunks some query sees; a causal tile's masked half still counts
+        return 4.0 * t * h * d * cells, cells * (_kv_bytes_per_cell(a.k) + _kv_bytes_per_cell(a.v))
+    return 0.0, 0.0
+
+
 class ProfilingOps(Ops):
     """A backend with a wall-clock timer around every op (CPU ops are synchronous, so the time is
     the op's own). Only calls made while `active` are counted. Weights, scratch plans and the
@@ -81,9 +108,23 @@ class ProfilingOps(Ops):
         self.mask_in_kernel, self.cuda_graphs = inner.mask_in_kernel, inner.cuda_graphs
         self.active = False
         self.ns: dict[str, int] = defaultdict(int)
+        self.flops: dict[str, float] = defaultdict(float)  # work_of's sums, per category
+        self.bytes: dict[str, float] = defaultdict(float)
 
     def reset(self) -> None:
         self.ns.clear()
+        self.flops.clear()
+        self.bytes.clear()
+
+    def work_per_run(self, runs: int) -> dict[str, tuple[float, float]]:
+        """(flops, bytes) per run of each category that counts work (see work_of)."""
+        return {c: (self.flops[c] / runs, self.bytes.get(c, 0.0) / runs) for c in self.flops if self.flops[c]}
+
+    def _count(self, category: str, a: NodeArgs[Tensor]) -> None:
+        flops, nbytes = work_of(a)
+        if flops:
+            self.flops[category] += flops
+            self.bytes[category] += nbytes
 
     def split_ms(self, runs: int, wall_ms: float) -> dict[str, float]:
         """ms per run by category over `runs` timed runs that took `wall_ms` each on average; what
@@ -100,6 +141,13 @@ class ProfilingOps(Ops):
             return call()
         finally:
             self.ns[category] += time.perf_counter_ns() - t0
+
+    def machine_peaks(self) -> MachinePeaks | None:
+        """The CPU's peaks on the backend's threads, for the C backends (measured once a process;
+        call it outside the timed runs); None for the torch reference and CUDA backends."""
+        if isinstance(self.inner, CpuOps):
+            return measure_peaks(self.inner.kernels.library, self.inner.kernels.n_threads)
+        return None
 
     # -- the inner backend's own ----------------------------------------------------------------
     def fallback(self) -> Ops:
@@ -143,6 +191,7 @@ class ProfilingOps(Ops):
             t0 = time.perf_counter_ns()
             f()
             self.ns[cat] += time.perf_counter_ns() - t0
+            self._count(cat, a)  # after the timer: counting experts reads the ids
 
         return timed
 
@@ -151,9 +200,14 @@ class ProfilingOps(Ops):
         return self._timed("rows", lambda: self.inner.get_rows(w, ids, out))
 
     def linear(self, x: Tensor, w: QWeight, out: Tensor, scratch: list[Tensor] | None = None) -> Tensor:
-        return self._timed(_linear_category(w), lambda: self.inner.linear(x, w, out, scratch))
+        cat = _linear_category(w)
+        if self.active:
+            self._count(cat, LinearArgs(x, w))
+        return self._timed(cat, lambda: self.inner.linear(x, w, out, scratch))
 
     def mul_mat_id(self, a: MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
+        if self.active:
+            self._count("matmul", a)
         return self._timed("matmul", lambda: self.inner.mul_mat_id(a, out, scratch))
 
     def moe_topk(self, a: MoeTopKArgs[Tensor], out: Tensor) -> Tensor:
@@ -193,6 +247,8 @@ class ProfilingOps(Ops):
         return self.inner.kv_rows(kv, cells)
 
     def attention(self, a: AttentionArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
+        if self.active:
+            self._count("attention", a)
         return self._timed("attention", lambda: self.inner.attention(a, out, scratch))
 
     def rope_cache(
@@ -201,4 +257,4 @@ class ProfilingOps(Ops):
         return self._timed("rope", lambda: self.inner.rope_cache(pos, n_rot, base, scale, freq_factors))
 
 
-__all__ = ["OP_CATEGORY", "CATEGORIES", "CATEGORY_TITLES", "ProfilingOps"]
+__all__ = ["OP_CATEGORY", "CATEGORIES", "CATEGORY_TITLES", "ProfilingOps", "work_of"]

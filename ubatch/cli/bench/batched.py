@@ -25,6 +25,7 @@ from ubatch.engine.batch import Batch
 from ubatch.engine.context.context import Context
 from ubatch.engine.model.model import Model
 from ubatch.engine.units import mib
+from ubatch.kernels.cpu.peaks import MachinePeaks
 
 
 @dataclass(slots=True)
@@ -81,8 +82,11 @@ class BatchedResult:
     speed_tg: float
     t: float
     speed: float
-    # --profile: ms per generation step (all pl sequences) by op category, the rest as "overhead"
+    # --profile: ms per generation step (all pl sequences) by op category, the rest as "overhead";
+    # (flops, bytes read) per step by category, and the CPU's peaks
     profile_ms: dict[str, float] = field(default_factory=dict)
+    profile_work: dict[str, tuple[float, float]] = field(default_factory=dict)
+    peaks: MachinePeaks | None = None
 
 
 def n_ctx_required(pp: int, tg: int, pl: int, pps: bool, kvu: bool) -> int:
@@ -199,9 +203,11 @@ def run_batched_bench(
                 ctx.decode(Batch.from_tokens([int(rng.integers(0, n_vocab))], pp, 0))
                 ctx.memory.seq_rm(0, pp, -1)
         t_pp = time.perf_counter() - t0
+        peaks = ops.machine_peaks() if ops is not None else None  # once a process, before the timed steps
         if ops is not None:
             ops.reset()
             ops.active = True
+        t1 = time.perf_counter()
         for i in range(tg):
             if p.tgs:
                 for s in range(pl):
@@ -211,11 +217,12 @@ def run_batched_bench(
                 for s in range(pl):
                     b.add(int(rng.integers(0, n_vocab)), pp + i, s, True)
                 _decode_chunks(ctx, b)
-        t_tg = time.perf_counter() - t_pp - t0
+        t_tg = time.perf_counter() - t1
         profile: dict[str, float] = {}
+        work: dict[str, tuple[float, float]] = {}
         if ops is not None and tg:
             ops.active = False
-            profile = ops.split_ms(tg, 1e3 * t_tg / tg)
+            profile, work = ops.split_ms(tg, 1e3 * t_tg / tg), ops.work_per_run(tg)
         n_pp_tok = pp if p.pps else pl * pp
         total = t_pp + t_tg
         res = BatchedResult(
@@ -230,6 +237,8 @@ def run_batched_bench(
             total,
             (n_pp_tok + pl * tg) / total if total > 0 else 0.0,
             profile,
+            work,
+            peaks,
         )
         results.append(res)
         emit(BenchEvent("done", ci, len(combos), 1, 1, text=f"PP {pp} TG {tg} B {pl}"))

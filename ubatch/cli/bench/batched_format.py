@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, astuple
 
 from ubatch.cli.bench.batched import BatchedHeader, BatchedResult
+from ubatch.cli.bench.profile_format import PeakRow, peaks_md
 from ubatch.kernels.profiling import CATEGORIES, CATEGORY_TITLES
 
 
@@ -60,8 +61,13 @@ def batched_jsonl_row(h: BatchedHeader, r: BatchedResult) -> str:
     sizes = {k: head.pop(k) for k in ("compute_buffer_mib", "kv_mib")}
     del head["is_tg_separate"]
     row = asdict(r)
-    prof = row.pop("profile_ms")
-    return json.dumps(head | row | sizes | ({"profile_ms": prof} if prof else {})) + "\n"
+    prof, work, peaks = row.pop("profile_ms"), row.pop("profile_work"), row.pop("peaks")
+    extra = {
+        "profile_ms": prof,
+        "profile_work": {c: {"flops": f, "bytes": b} for c, (f, b) in work.items()},
+        "peaks": peaks,
+    }
+    return json.dumps(head | row | sizes | (extra if prof else {})) + "\n"
 
 
 def batched_profile_md(results: Iterable[BatchedResult]) -> str:
@@ -82,4 +88,11 @@ def batched_profile_md(results: Iterable[BatchedResult]) -> str:
         cells = [str(r.pp), str(r.tg), str(r.pl), f"{total:.2f}"]
         cells += [f"{r.profile_ms.get(c, 0.0):.2f} ({100 * r.profile_ms.get(c, 0.0) / total:.0f}%)" for c in CATEGORIES]
         lines.append("| " + " | ".join(cells) + " |")
+    rows = [
+        PeakRow((str(r.pp), str(r.tg), str(r.pl)), r.profile_ms, r.profile_work, r.peaks)
+        for r in prof
+        if r.peaks and r.profile_work
+    ]
+    if rows:
+        lines += ["", *peaks_md(["PP", "TG", "B"], rows)]
     return "\n".join(lines) + "\n"

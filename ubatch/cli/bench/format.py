@@ -206,6 +206,8 @@ def _json_obj(r: BenchResult) -> dict[str, Any]:
     out["used_top"] = d["used_top"]
     if r.profile_ms:
         out["profile_ms"] = d["profile_ms"]
+        out["profile_work"] = {c: {"flops": f, "bytes": b} for c, (f, b) in r.profile_work.items()}
+        out["peaks"] = d["peaks"]  # this CPU's, measured beside the run (None off the C backends)
     return out
 
 

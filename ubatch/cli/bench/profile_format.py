@@ -8,9 +8,68 @@ request, so they live apart from the column-for-column llama-bench formats.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ubatch.cli.bench.result import BenchResult
+from ubatch.kernels.cpu.peaks import MachinePeaks
 from ubatch.kernels.profiling import CATEGORIES, CATEGORY_TITLES
+
+PEAK_CATEGORIES = ("matmul", "lm_head", "attention")
+
+
+def _pct(x: float, peak: float) -> str:
+    return f"{100 * x / peak:.0f}%" if peak > 0 else "-"
+
+
+@dataclass(frozen=True, slots=True)
+class PeakRow:
+    """One profiled run to set against the peaks: its label cells, ms and (flops, bytes) by category."""
+
+    label: tuple[str, ...]
+    ms: dict[str, float]
+    work: dict[str, tuple[float, float]]
+    peaks: MachinePeaks
+
+
+def peaks_md(label_head: Sequence[str], rows: Sequence[PeakRow]) -> list[str]:
+    """The products' and attention's achieved rates against the CPU's peaks: flop/s against the
+    f32 FMA and the integer dot-product peaks (which one bounds an op depends on its kernel path:
+    `info` names it), bytes read per second against a plain streaming read; the nearer peak says
+    whether the op ran compute- or memory-bound. Shared by `bench` and `batched-bench`."""
+    if not rows:
+        return []
+    lines: list[str] = []
+    for desc in dict.fromkeys(r.peaks.describe() for r in rows):
+        lines.append(f"against this machine's peaks (measured beside the run; {desc}):")
+    lines.append("")
+    head = [
+        *label_head,
+        "op",
+        "ms",
+        "GFLOP/s",
+        "of FMA peak",
+        "of int16 dot",
+        "of int8 dot",
+        "GB/s read",
+        "of read peak",
+        "nearer",
+    ]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "|".join(["---"] * (len(label_head) + 1) + ["---:"] * 7 + ["---"]) + "|")
+    for r in rows:
+        pk = r.peaks
+        for c in PEAK_CATEGORIES:
+            ms = r.ms.get(c, 0.0)
+            if c not in r.work or ms <= 0:
+                continue
+            flops, nbytes = r.work[c]
+            fs, bs = flops / (ms / 1e3), nbytes / (ms / 1e3)
+            nearer = "memory" if pk.read_bytes > 0 and bs / pk.read_bytes > fs / max(pk.fma_flops, 1.0) else "compute"
+            cells = [*r.label, CATEGORY_TITLES[c], f"{ms:.2f}", f"{fs / 1e9:.1f}", _pct(fs, pk.fma_flops)]
+            cells += [_pct(fs, pk.dot16_ops), _pct(fs, pk.dot8_ops), f"{bs / 1e9:.1f}", _pct(bs, pk.read_bytes), nearer]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
 
 
 def format_profile_md(results: Sequence[BenchResult]) -> str:
@@ -31,6 +90,10 @@ def format_profile_md(results: Sequence[BenchResult]) -> str:
             cells += [f"{r.profile_ms.get(c, 0.0):.1f} ({100 * r.profile_ms.get(c, 0.0) / total:.0f}%)" for c in cats]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines += peaks_md(
+            ["test"],
+            [PeakRow((r.test,), r.profile_ms, r.profile_work, r.peaks) for r in prof if r.peaks and r.profile_work],
+        )
     seen: set[tuple] = set()
     rows = []
     for r in results:

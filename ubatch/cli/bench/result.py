@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ubatch.cli.bench.params import BenchTest
+from ubatch.kernels.cpu.peaks import MachinePeaks
 
 
 @dataclass(slots=True)
@@ -66,11 +67,14 @@ class BenchResult:
     buffer_top: list[TensorShare] = field(default_factory=list)  # tensors alive at the reserved peak
     used_top: list[TensorShare] = field(default_factory=list)  # ... at the peak of the largest graph run
     profile_ms: dict[str, float] = field(default_factory=dict)  # per repetition, by op category
+    # per repetition, by op category: (flops, bytes of weights or KV read); and the CPU's peaks
+    profile_work: dict[str, tuple[float, float]] = field(default_factory=dict)
+    peaks: MachinePeaks | None = None
 
     def to_dict(self, samples: bool = True) -> dict[str, Any]:
         d = asdict(self)
         if not samples:
-            for k in ("samples_ns", "samples_ts", "buffer_top", "used_top", "profile_ms"):
+            for k in ("samples_ns", "samples_ts", "buffer_top", "used_top", "profile_ms", "profile_work", "peaks"):
                 d.pop(k)
         return d
 

@@ -146,6 +146,7 @@ def run_bench(
                 run_prompt(ctx, t.n_prompt, rng)
             if t.n_gen:
                 run_gen(ctx, 1, rng)
+        peaks = ops.machine_peaks() if ops is not None else None  # measured before the timed runs
         if ops is not None:
             ops.reset()
         samples: list[int] = []
@@ -173,8 +174,9 @@ def run_bench(
         ts = [1e9 * n_tok / s for s in samples]
         avg_ts, sd_ts = _stats(ts)
         profile: dict[str, float] = {}
+        work: dict[str, tuple[float, float]] = {}
         if ops is not None:
-            profile = ops.split_ms(p.reps, avg_ns / 1e6)
+            profile, work = ops.split_ms(p.reps, avg_ns / 1e6), ops.work_per_run(p.reps)
         cp = ctx.cparams
         kv = kv_bytes(ctx)
         used = ctx.largest
@@ -218,6 +220,8 @@ def run_bench(
             buffer_top=_shares(ctx.reservation.peak),
             used_top=_shares(used.describe_peak()) if used else [],
             profile_ms=profile,
+            profile_work=work,
+            peaks=peaks,
         )
         results.append(res)
         emit(BenchEvent("done", ti, len(tests), p.reps, p.reps, t, res))

@@ -32,7 +32,7 @@ from ubatch.kernels.cpu.program import check_arities
 from ubatch.kernels.quant.dequant_iq import grid_raw
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 18
+ABI_VERSION = 19
 FAST_FLAGS = ("avx2", "fma", "f16c")
 # About how long a cold build takes, for the line a front end shows. The SIMD builds wait for
 # their slowest file (matmul.c, 2.4 s alone on a 2-core AVX-512 Xeon; the whole build 4 s there,
@@ -240,6 +240,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_run.restype = c_l
     lib.ub_program_arity.argtypes = [c_i]
     lib.ub_program_arity.restype = c_i
+    lib.ub_peak.argtypes = [c_i, c_i, ctypes.c_double, c_l]
+    lib.ub_peak.restype = ctypes.c_double
     lib.ub_iq_init.argtypes = [c_p] * 6
     lib.ub_iq_init.restype = None
 
