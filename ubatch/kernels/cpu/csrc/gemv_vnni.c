@@ -207,6 +207,32 @@ int64_t ub_vnni_scratch(int type, int64_t m, int64_t k) {
     return m * k + m * (k / 256) * 9;
 }
 
+/* m rows of x (ldx apart) rounded into scratch (ub_vnni_scratch(type, m, k) floats): x as int16
+ * planes, then per super-block its scale, then per 32 values its sums */
+void ub_vnni_round(int64_t m, int64_t k, const float *x, int64_t ldx, float *scratch) {
+    const int64_t nsb = k / 256;
+    int16_t *xq = (int16_t *)scratch;
+    float *xd = scratch + m * k, *xs = xd + m * nsb;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t s = 0; s < nsb; s++)
+            vn_round(x + r * ldx + 256 * s, xq + 2 * (r * k + 256 * s), xd + r * nsb + s, xs + (r * nsb + s) * 8);
+}
+
+/* weight rows [n0, n1) against rows [r0, r0 + m) of the m_all rows ub_vnni_round rounded into
+ * `rounded`, on the calling thread: y rows ldy apart, row r0's first */
+void ub_vnni_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
+                  const float *rounded, int64_t m_all, int64_t r0, int64_t m, float *y, int64_t ldy) {
+    const int64_t nsb = k / 256;
+    const int16_t *xq = (const int16_t *)rounded;
+    const float *xd = rounded + m_all * k, *xs = xd + m_all * nsb;
+    vn_span_fn span = type == T_Q4_K ? vn_span_T_Q4_K : type == T_Q5_K ? vn_span_T_Q5_K : vn_span_T_Q6_K;
+    for (int64_t t = 0; t < m; t += 8) {
+        const int64_t r = r0 + t;
+        span(w, row_bytes, n0, n1, t == 0, nsb, xq + 2 * r * k, 2 * k, xd + r * nsb, xs + r * nsb * 8, nsb,
+             (int)(m - t < 8 ? m - t : 8), y + t * ldy, ldy);
+    }
+}
+
 /* ub_gemv for the types ub_vnni_scratch takes (returns 0 for the others): x rounded once,
  * then weight rows in blocks of rb, each block meeting every tile of eight rows of x in turn */
 int ub_gemv_vnni(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k, const float *x,
@@ -215,22 +241,12 @@ int ub_gemv_vnni(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, 
     if (need < 0) return 0;
     float *own = scratch ? 0 : (float *)malloc(sizeof(float) * need);
     if (own) scratch = own;
-    const int64_t nsb = k / 256;
-    int16_t *xq = (int16_t *)scratch;
-    float *xd = scratch + m * k, *xs = xd + m * nsb;
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t s = 0; s < nsb; s++)
-            vn_round(x + r * ldx + 256 * s, xq + 2 * (r * k + 256 * s), xd + r * nsb + s, xs + (r * nsb + s) * 8);
-    vn_span_fn span = type == T_Q4_K ? vn_span_T_Q4_K : type == T_Q5_K ? vn_span_T_Q5_K : vn_span_T_Q6_K;
+    ub_vnni_round(m, k, x, ldx, scratch);
     const int64_t n_blocks = (n_rows + rb - 1) / rb;
 #pragma omp parallel for num_threads(nth) schedule(static)
     for (int64_t nb = 0; nb < n_blocks; nb++) {
         int64_t n1 = (nb + 1) * rb < n_rows ? (nb + 1) * rb : n_rows;
-        for (int64_t r0 = 0; r0 < m; r0 += 8) {
-            int mt = (int)(m - r0 < 8 ? m - r0 : 8);
-            span(w, row_bytes, nb * rb, n1, r0 == 0, nsb, xq + 2 * r0 * k, 2 * k, xd + r0 * nsb, xs + r0 * nsb * 8, nsb,
-                 mt, y + r0 * ldy, ldy);
-        }
+        ub_vnni_rows(type, w, row_bytes, nb * rb, n1, k, scratch, m, 0, m, y, ldy);
     }
     free(own);
     return 1;
@@ -239,6 +255,14 @@ int ub_gemv_vnni(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, 
 #else
 int ub_vnni(void) { return 0; }
 int64_t ub_vnni_scratch(int type, int64_t m, int64_t k) { (void)type, (void)m, (void)k; return -1; }
+void ub_vnni_round(int64_t m, int64_t k, const float *x, int64_t ldx, float *scratch) {
+    (void)m, (void)k, (void)x, (void)ldx, (void)scratch;
+}
+void ub_vnni_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
+                  const float *rounded, int64_t m_all, int64_t r0, int64_t m, float *y, int64_t ldy) {
+    (void)type, (void)w, (void)row_bytes, (void)n0, (void)n1, (void)k, (void)rounded, (void)m_all, (void)r0, (void)m;
+    (void)y, (void)ldy;
+}
 int ub_gemv_vnni(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k, const float *x,
                  int64_t m, int64_t ldx, float *y, int64_t ldy, float *scratch, int64_t rb, int nth) {
     (void)type, (void)w, (void)row_bytes, (void)n_rows, (void)k, (void)x, (void)m, (void)ldx, (void)y, (void)ldy;

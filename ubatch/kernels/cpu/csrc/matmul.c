@@ -637,6 +637,10 @@ int64_t ub_gemv_scratch(int type, int64_t m, int64_t k) {
     return 0;
 }
 
+/* whether ub_gemv takes the integer path of gemv_vnni.c for this type and width (mul_mat_id
+ * then rounds its gathered rows once and calls that path's row spans itself) */
+int ub_gemv_takes_vnni(int type, int64_t k) { return !iq_type(type) && ub_gemv_path == 0 && ub_vnni_scratch(type, 1, k) >= 0; }
+
 /* scratch: ub_gemv_scratch(type, m, k) floats, planned by the caller (NULL: allocated here) */
 void ub_gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t n_rows, int64_t k,
              const float *x, int64_t m, int64_t ldx, float *y, int64_t ldy, float *scratch, int nth) {

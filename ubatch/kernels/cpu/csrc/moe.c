@@ -10,6 +10,11 @@ void ub_gemv(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int
 int64_t ub_gemv_scratch(int, int64_t, int64_t);
 int ub_gemm(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, float *, int64_t, float *, int);
 int64_t ub_gemm_scratch(int, int64_t, int64_t, int);
+int ub_gemv_takes_vnni(int, int64_t);
+int64_t ub_vnni_scratch(int, int64_t, int64_t);
+void ub_vnni_round(int64_t, int64_t, const float *, int64_t, float *);
+void ub_vnni_rows(int, const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, int64_t, int64_t,
+                  float *, int64_t);
 
 enum { MMID_GEMV_ROWS = 16 }; /* as kernels/cpu/bind.py GEMV_MAX_ROWS */
 enum { G_SOFTMAX = 0, G_SIGMOID = 1, G_SOFTMAX_WEIGHT = 2 };
@@ -33,6 +38,7 @@ int64_t ub_mul_mat_id_scratch(int type, int64_t n_rows, int64_t k, int64_t n_tok
     int64_t gv = ub_gemv_scratch(type, n_tok < MMID_GEMV_ROWS ? n_tok : MMID_GEMV_ROWS, k) * nth;
     int64_t gm = use_gemm(type, n_tok) ? ub_gemm_scratch(type, n_tok, k, nth) : 0;
     if (n_tok > MMID_GEMV_ROWS && !use_gemm(type, n_tok)) gv = imax(gv, ub_gemv_scratch(type, n_tok, k));
+    if (n_tok <= MMID_GEMV_ROWS && ub_gemv_takes_vnni(type, k)) gv = imax(gv, ub_vnni_scratch(type, rows, k));
     return rows * k + rows * n_rows + imax(gv, gm) + 16;
 }
 
@@ -65,18 +71,30 @@ void ub_mul_mat_id(int type, const uint8_t *w, int64_t expert_bytes, int64_t row
             if (count[e + 1] > count[e]) used[n_used++] = e;
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * k, x_row(x, order[i], K, x_per, ldx), (size_t)k * sizeof(float));
         int64_t rbs = (n_rows + MMID_RB - 1) / MMID_RB, items = n_used * rbs;
-        int64_t gv = ub_gemv_scratch(type, n_tok < MMID_GEMV_ROWS ? n_tok : MMID_GEMV_ROWS, k);
+        if (ub_gemv_takes_vnni(type, k)) {
+            /* the integer path: every gathered row rounded once here, not once per work item
+             * (a 768-row expert is 12 items), and the items call its row spans directly */
+            ub_vnni_round(n, k, xs, k, ks);
 #pragma omp parallel for num_threads(nth) schedule(static)
-        for (int64_t it = 0; it < items; it++) {
+            for (int64_t it = 0; it < items; it++) {
+                int64_t e = used[it / rbs], r0 = it % rbs * MMID_RB, nr = n_rows - r0 < MMID_RB ? n_rows - r0 : MMID_RB;
+                int64_t g0 = count[e], m = count[e + 1] - g0;
+                ub_vnni_rows(type, w + e * expert_bytes, row_bytes, r0, r0 + nr, k, ks, n, g0, m, ys + g0 * n_rows, n_rows);
+            }
+        } else {
+            int64_t gv = ub_gemv_scratch(type, n_tok < MMID_GEMV_ROWS ? n_tok : MMID_GEMV_ROWS, k);
+#pragma omp parallel for num_threads(nth) schedule(static)
+            for (int64_t it = 0; it < items; it++) {
 #ifdef _OPENMP
-            int tid = omp_get_thread_num();
+                int tid = omp_get_thread_num();
 #else
-            int tid = 0;
+                int tid = 0;
 #endif
-            int64_t e = used[it / rbs], r0 = it % rbs * MMID_RB, nr = n_rows - r0 < MMID_RB ? n_rows - r0 : MMID_RB;
-            int64_t g0 = count[e], m = count[e + 1] - g0;
-            ub_gemv(type, w + e * expert_bytes + r0 * row_bytes, row_bytes, nr, k, xs + g0 * k, m, k,
-                    ys + g0 * n_rows + r0, n_rows, gv ? ks + tid * gv : 0, 1);
+                int64_t e = used[it / rbs], r0 = it % rbs * MMID_RB, nr = n_rows - r0 < MMID_RB ? n_rows - r0 : MMID_RB;
+                int64_t g0 = count[e], m = count[e + 1] - g0;
+                ub_gemv(type, w + e * expert_bytes + r0 * row_bytes, row_bytes, nr, k, xs + g0 * k, m, k,
+                        ys + g0 * n_rows + r0, n_rows, gv ? ks + tid * gv : 0, 1);
+            }
         }
         for (int64_t i = 0; i < n; i++) {
             const float *be = bias ? bias + (int64_t)ids[order[i]] * n_rows : 0;
