@@ -16,7 +16,7 @@ from ubatch.engine.gguf.file import GGUFFile
 from ubatch.engine.gguf.string_array import StringArray
 from ubatch.engine.model.archs import ARCHS, expected_tensors, layer_specs
 from ubatch.engine.model.archs.base import TensorSpec, model_tensors
-from ubatch.engine.model.code_pages import release_startup_code
+from ubatch.engine.model.code_pages import populate, release_startup_code
 from ubatch.engine.model.hf.checkpoint import open_model_file
 from ubatch.engine.model.hparams import HParams, hparams_from_metadata
 from ubatch.engine.model.lora import LoraAdapter, load_adapter, stack_adapters
@@ -216,6 +216,9 @@ class Model:
             mats = {t.field: qweight(t) for t in specs if t.stored_as_matrix and not t.parts}
             for t in (t for t in specs if t.parts):  # a fused tensor: each part a view of its rows
                 mats |= fused_parts(qweight(t), t)
+            for w in mats.values():
+                if len(w.shape) == 3:  # experts: read at random, each first use a fault a page
+                    populate(w.raw)
             layers.append(LayerWeights(mats, {t.field: vec(t) for t in specs if not t.stored_as_matrix}))
         release_startup_code()  # torch's import-time code pages (engine/model/code_pages.py)
         top = model_tensors(hp)
