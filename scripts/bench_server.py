@@ -19,6 +19,9 @@ on each in turn, printing aggregate t/s, the ratio and TTFT p50 side by side (is
    python scripts/bench_server.py -n 64 --streams 1,4,8,16 --repeat 2 \
        --llama-server $(../shared/tools/llama-cpp.sh)/llama-server).
 
+--hogs N runs N CPU hogs (`yes > /dev/null`) beside the server(s) through the measured runs (not
+the warm-up): issue 47's busy-machine check, e.g. --hogs 2 on two cores.
+
 --watch keeps an `/engine/events` client connected (what the `/engine` page reads) during every
 measured run; --watch both measures each level with and without one, interleaved, and prints
 both tables and the ratio: what watching the engine costs it.
@@ -180,7 +183,7 @@ def start_server(cmd: list[str], url: str) -> subprocess.Popen[str]:
         time.sleep(0.2)
 
 
-def side_by_side(rivals: list[tuple[str, str]], levels: list[int], n_predict: int, repeat: int) -> None:
+def side_by_side(rivals: list[tuple[str, str]], levels: list[int], n_predict: int, repeat: int, hogs: int) -> None:
     """Each level on each server in turn (the servers alternate, so load elsewhere hits both
     alike), best aggregate of `repeat` runs each; the ratios ubatch / llama-server."""
     best: dict[tuple[str, int], dict[str, float]] = {}
@@ -193,7 +196,7 @@ def side_by_side(rivals: list[tuple[str, str]], levels: list[int], n_predict: in
     load = os.getloadavg()
     print(
         f"{n_predict} tokens per stream, greedy, -np {max(levels)}, {os.cpu_count()} CPUs, best of {repeat}, "
-        f"servers alternating; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+        f"servers alternating, {hogs} CPU hogs beside them; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
     head = (
         f"{'streams':>7} {'ubatch t/s':>10} {'llama t/s':>9} {'ratio':>5} "
@@ -245,6 +248,9 @@ def main() -> None:
         metavar="BIN",
         help="also start this llama-server on the same model and flags, and compare level by level",
     )
+    ap.add_argument(
+        "--hogs", type=int, default=0, help="CPU hogs (`yes > /dev/null`) running beside the server(s) while measuring"
+    )
     args = ap.parse_args()
     levels = [int(x) for x in args.streams.split(",")]
     n_slots, port = max(levels), free_port()
@@ -268,6 +274,7 @@ def main() -> None:
     if args.model:
         cmd += ["-m", args.model]
     procs = [start_server(cmd, url)]
+    hogs: list[subprocess.Popen[bytes]] = []
     try:
         rivals: list[tuple[str, str]] = [("ubatch", url)]
         if args.llama_server:
@@ -295,8 +302,9 @@ def main() -> None:
         for _, u in rivals:
             for n in levels:  # warm-up: plan every batch shape once
                 run_level(u, n, 4)
+        hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(args.hogs)]
         if args.llama_server:
-            side_by_side(rivals, levels, args.n_predict, args.repeat)
+            side_by_side(rivals, levels, args.n_predict, args.repeat, args.hogs)
             return
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.watch]
         best: dict[tuple[bool, int], dict[str, float]] = {}
@@ -308,13 +316,13 @@ def main() -> None:
                         best[w, n] = r
         tables = [(w, [best[w, n] for n in levels]) for w in modes]
     finally:
-        for proc in procs:
+        for proc in [*hogs, *procs]:
             proc.terminate()
             proc.wait(timeout=30)
     peak = measured_peak_gbs()
     print(
         f"model: {info['id']} ({info['meta']['n_params'] / 1e6:.0f} M params), -np {n_slots}, "
-        f"{args.n_predict} tokens per stream, greedy, {os.cpu_count()} CPUs, best of {args.repeat}"
+        f"{args.n_predict} tokens per stream, greedy, {os.cpu_count()} CPUs, best of {args.repeat}, {args.hogs} CPU hogs"
     )
     print(f"measured copy bandwidth: {peak:.1f} GB/s; weights read per decode: {weight_bytes / 1e9:.2f} GB (as stored)")
     for watched, rows in tables:
