@@ -265,6 +265,29 @@ def test_rms_norm_and_rope_match_the_reference(ops) -> None:
         assert rel_err(got, want) <= 1e-6
 
 
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_argmax_rows_is_numpys_first_maximum(n_threads: int) -> None:
+    """Greedy sampling's argmax (csrc/rowops.c on the C backends): numpy's index on every row,
+    ties across lanes, chains and the threads' parts (the first wins), NaN (the first wins), -inf."""
+    ops = [backends.create(b, n_threads=n_threads) for b in BACKENDS]
+    gen = np.random.default_rng(n_threads)
+    for n in (5, 64, 100, 8191, 8192, 8193, 262144, 262147):
+        x = gen.standard_normal((9, n + 3)).astype(np.float32)  # rows n + 3 apart, n of each read
+        x[1, :] = 1.0  # all equal: index 0
+        x[2, [n - 1, n // 2, n // 2 + 1, 7 % n]] = 50.0  # ties at several places
+        x[3, :] = -np.inf
+        x[4, [n // 3, n - 1]] = np.nan
+        x[5, [n - 1]] = np.nan
+        x[6, [0, n - 1]] = 60.0
+        x[7, n // 2 :] = 70.0  # the second thread's part all tied
+        x[8, n - 1] = 80.0
+        rows = torch.from_numpy(x)[:, :n]
+        want = np.argmax(x[:, :n], axis=1).tolist()
+        for o in ops:
+            assert o.argmax_rows(rows) == want, (o.name, n)
+            assert o.argmax_rows(rows[2:5]) == want[2:5], (o.name, n)
+
+
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("t", [1, 3, 9, 40])
 @pytest.mark.parametrize("heads", [(4, 1), (4, 2)], ids=["mqa", "gqa"])

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -546,6 +547,12 @@ class GraphRunner(Protocol):
     def run(self, graph: object, workspace: int, rows: int, steps: Sequence[Step]) -> None: ...
 
 
+def argmax_rows(logits: Tensor) -> list[int]:
+    """Each row's first maximum as numpy's argmax finds it (a NaN wins): a greedy row's token.
+    `logits`: float32 rows in host memory."""
+    return np.argmax(logits.numpy(), axis=1).tolist()
+
+
 # -- the backend ----------------------------------------------------------------------------------
 class Ops(ABC):
     """A backend: every op, abstract, and every capability, with its default. `out` may alias
@@ -608,6 +615,10 @@ class Ops(ABC):
     def rows(self, x: Tensor, idx: Tensor, out: Tensor) -> Tensor: ...
     @abstractmethod
     def softcap(self, x: Tensor, c: float, out: Tensor) -> Tensor: ...
+
+    # sampling: greedy rows choose on the host, from the output buffer the step wrote
+    def argmax_rows(self, logits: Tensor) -> list[int]:
+        return argmax_rows(logits)
 
     # ops declared with a default: the reference's code unless a backend has its own kernel
     def add_bias(self, x: Tensor, b: Tensor, out: Tensor) -> Tensor:  # in place ok

@@ -161,6 +161,9 @@ class ProfilingOps(Ops):
     def prepare_weights(self, weights: list[QWeight]) -> None:
         self.inner.prepare_weights(weights)
 
+    def argmax_rows(self, logits: Tensor) -> list[int]:
+        return self.inner.argmax_rows(logits)
+
     def held_bytes(self) -> int:
         return self.inner.held_bytes()
 

@@ -17,7 +17,7 @@ softmax in float64; top-p's float32 softmax runs over all k candidates, as the r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -27,6 +27,7 @@ import torch
 from ubatch.engine.sampling.bias import LogitBias
 from ubatch.engine.sampling.rng import Mt19937
 from ubatch.engine.sampling.stages import Cands, Penalties, dist, f32, min_p, scale, top_k_rows, top_p
+from ubatch.kernels.ops import argmax_rows
 
 # the stages a batched chain may hold, in the only order it may hold them (llama.cpp's default)
 BATCHED_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")
@@ -106,12 +107,16 @@ def single_threaded() -> Iterator[None]:
         torch.set_num_threads(n)
 
 
-def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
+def sample_rows(
+    logits: torch.Tensor, rows: Sequence[Row], argmax: Callable[[torch.Tensor], list[int]] = argmax_rows
+) -> list[int]:
     """Each row's token, as its own chain would sample it; `logits` (host memory, float32,
-    [n, n_vocab]) is as it was on return."""
+    [n, n_vocab]) is as it was on return. `argmax` gives every row's first maximum as
+    numpy's argmax does (the backend's own: the CPU's reads each thread's part where its GEMV
+    wrote it)."""
     if all(r.chain.greedy and r.chain.penalties is None for r in rows):
-        lx = logits.numpy()
-        return [_argmax(logits, lx, r) for r in rows]
+        best = argmax(logits)
+        return [_argmax(logits, best[r.index], r) for r in rows]
     out = [0] * len(rows)
     torch_ops = any(not r.chain.greedy or r.chain.penalties is not None for r in rows)
     with single_threaded() if torch_ops else nullcontext(), ExitStack() as undo:
@@ -136,15 +141,13 @@ def sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
     return out
 
 
-def _argmax(logits: torch.Tensor, lx: np.ndarray, r: Row) -> int:
-    """A greedy row without penalties (`lx`: the logits as numpy): numpy's argmax, the first
-    maximum, as the row's own shortcut. Biases that only lower are written into the row only
-    when the plain argmax is one of their tokens: otherwise it is the biased row's too."""
+def _argmax(logits: torch.Tensor, tok: int, r: Row) -> int:
+    """A greedy row without penalties whose plain argmax is `tok`: the first maximum, as the
+    row's own shortcut. Biases that only lower are written into the row only when `tok` is one
+    of their tokens: otherwise it is the biased row's too."""
     b = r.bias
-    if b is None or b.lowers_only:
-        tok = int(np.argmax(lx[r.index]))
-        if b is None or tok not in b.id_set:
-            return tok
+    if b is None or b.lowers_only and tok not in b.id_set:
+        return tok
     with b.on(logits[r.index]) as biased:
         return int(np.argmax(biased.numpy()))
 

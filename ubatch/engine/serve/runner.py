@@ -128,13 +128,12 @@ class Runner:
             self._sample_together(logits, together, results)
         return results
 
-    @staticmethod
     def _sample_together(
-        logits: torch.Tensor, together: list[tuple[int, Generation, Row]], results: list[list[Step] | EngineError]
+        self, logits: torch.Tensor, together: list[tuple[int, Generation, Row]], results: list[list[Step] | EngineError]
     ) -> None:
         t0 = time.perf_counter()
         try:
-            tokens = sample_rows(logits, [row for _, _, row in together])
+            tokens = sample_rows(logits, [row for _, _, row in together], self.ctx.ops.argmax_rows)
         except Exception as e:
             for j, _, _ in together:
                 results[j] = _sampling_failed(e)

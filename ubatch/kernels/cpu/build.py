@@ -32,7 +32,7 @@ from ubatch.kernels.cpu.program import check_arities
 from ubatch.kernels.quant.dequant_iq import grid_raw
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 19
+ABI_VERSION = 20
 FAST_FLAGS = ("avx2", "fma", "f16c")
 # About how long a cold build takes, for the line a front end shows. The SIMD builds wait for
 # their slowest file (matmul.c, 2.4 s alone on a 2-core AVX-512 Xeon; the whole build 4 s there,
@@ -236,6 +236,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_moe_sum.argtypes = [c_p, c_p, c_l, c_l, c_l, c_p, c_i]
     for f in (lib.ub_mul_mat_id, lib.ub_moe_topk, lib.ub_moe_weights, lib.ub_moe_sum):
         f.restype = None
+    lib.ub_argmax_rows.argtypes = [c_p, c_l, c_l, c_l, c_p, c_i]
+    lib.ub_argmax_rows.restype = None
     lib.ub_run.argtypes = [c_p, c_l]
     lib.ub_run.restype = c_l
     lib.ub_program_arity.argtypes = [c_i]
