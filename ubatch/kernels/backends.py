@@ -3,7 +3,9 @@
 `torch` is the reference (dense f32 copies, any device); `cpu` computes from the GGUF blocks
 with the C kernels (`cpu-portable` forces their portable build, `cpu-avx2` their 256-bit one on an
 AVX-512 CPU, `cpu-noamx` the f32 FMA GEMM where `cpu` would use AMX tiles); `auto` takes the fastest one
-that can run here and says why when it has to fall back. `cuda` runs the Triton kernels on the
+that can run here and says why when it has to fall back: on an AVX-512 CPU, decode's and
+prefill's kernels each from the build measured faster for them (kernels/cpu/dispatch.py), where
+`cpu` always runs the native build. `cuda` runs the Triton kernels on the
 GPU (kernels/cuda/ops.py); `--device` (cli/device.py) chooses it.
 """
 
@@ -32,7 +34,7 @@ def create(name: str = "auto", n_threads: int = 1) -> Ops:
     """A backend by name; `auto` falls back to the torch reference with a notice."""
     if name == "auto":
         try:
-            return _FACTORIES["cpu"](n_threads)
+            return _cpu(n_threads, measured=True)
         except OSError as e:
             ops = _FACTORIES["torch"](n_threads)
             ops.notices.append(
@@ -53,10 +55,12 @@ def _torch(n: int) -> Ops:
     return TorchOps(n)
 
 
-def _cpu(n: int, portable: bool | None = None, no_avx512: bool = False, no_amx: bool = False) -> Ops:
+def _cpu(
+    n: int, portable: bool | None = None, no_avx512: bool = False, no_amx: bool = False, measured: bool = False
+) -> Ops:
     from ubatch.kernels.cpu.ops import CpuOps
 
-    return CpuOps(n, portable, no_avx512, no_amx)
+    return CpuOps(n, portable, no_avx512, no_amx, measured)
 
 
 def _cuda(n: int) -> Ops:

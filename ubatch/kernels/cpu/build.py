@@ -99,7 +99,7 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "ubatch" / "kernels"
 
@@ -136,7 +136,7 @@ def _build(cc: str, portable: bool, no_avx512: bool = False) -> tuple[Path, bool
         )
     ).hexdigest()[:16]
     kind = "portable" if portable else "avx2" if no_avx512 else "native"
-    out = _cache_dir() / f"cpu_kernels-{kind}-{key}.so"
+    out = cache_dir() / f"cpu_kernels-{kind}-{key}.so"
     if out.exists():
         return out, False, 0.0
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,9 @@ else is the torch reference's code, called explicitly (`self.ref`).
 
 from __future__ import annotations
 
+import copy
 import ctypes
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -33,6 +35,7 @@ from ubatch.kernels.cpu.bind import (
     tile_rows,
 )
 from ubatch.kernels.cpu.build import load
+from ubatch.kernels.cpu.dispatch import BuildChoice, choose_build
 from ubatch.kernels.cpu.program import fuse
 from ubatch.kernels.ops import (
     KV_CHUNK,
@@ -149,19 +152,65 @@ class CpuTiles(AttentionTiles):
         self.kernels.lib.ub_softmax_tile(s.data_ptr(), *grid, *scales, *tail, self.kernels.n_threads)
 
 
+def _tokens(a: NodeArgs[Tensor]) -> int:
+    """The tokens of the graph a node belongs to, as its first tensor's rows (attention's q is
+    (groups, tokens, heads, d)): which build's kernels bind it (CpuOps._kn)."""
+    if isinstance(a, AttentionArgs):
+        return a.q.shape[0] * a.q.shape[1]
+    for f in dataclasses.fields(a):
+        v = getattr(a, f.name)
+        if isinstance(v, Tensor):
+            return v.shape[0] if v.dim() else 1
+    return 1
+
+
 class CpuOps(Ops):
     name = "cpu"
 
     def __init__(
-        self, n_threads: int = 1, portable: bool | None = None, no_avx512: bool = False, no_amx: bool = False
+        self,
+        n_threads: int = 1,
+        portable: bool | None = None,
+        no_avx512: bool = False,
+        no_amx: bool = False,
+        measured: bool = False,
     ) -> None:
-        self.kernels = CpuKernels(load(portable, no_avx512), n_threads, no_amx)
+        """`measured`: on an AVX-512 CPU, decode's and prefill's kernels each come from the build
+        measured faster for them (kernels/cpu/dispatch.py); otherwise the one build asked for."""
+        self.kernels = CpuKernels(load(portable, no_avx512), n_threads, no_amx)  # decode's (<= GEMV_MAX_ROWS tokens)
+        self.prefill_kernels = self.kernels  # graphs of more tokens
+        self.choice: BuildChoice | None = None
+        if measured and not portable and not no_avx512 and self.kernels.library.simd == "avx512":
+            self.choice = choose_build()
+            avx2 = (
+                CpuKernels(load(no_avx512=True), n_threads, no_amx)
+                if "avx2" in (self.choice.decode, self.choice.prefill)
+                else None
+            )
+            if avx2 is not None and self.choice.decode == "avx2":
+                self.kernels = avx2
+            if avx2 is not None and self.choice.prefill == "avx2":
+                self.prefill_kernels = avx2
+            if self.prefill_kernels is not self.kernels:
+                # one layout of each weight, decode's (the AVX2 GEMV's Q5_0 repack is Q8_0, which
+                # every GEMM reads): prefill never faults back the file pages a repack released
+                self.prefill_kernels = copy.copy(self.prefill_kernels)
+                self.prefill_kernels.repacks = self.kernels.repacks
         self.n_threads = self.kernels.n_threads
-        self.tiles = CpuTiles(self.kernels)
+        self.tiles = CpuTiles(self.prefill_kernels)
         self.ref = TorchOps(self.n_threads, tiles=self.tiles)  # the ops and layouts C does not cover
         self.name = "cpu-portable" if portable else "cpu-avx2" if no_avx512 else "cpu-noamx" if no_amx else "cpu"
         self.notices = [self.kernels.library.notice] if self.kernels.library.notice else []
+        self.dispatch = self.choice.describe() if self.choice is not None else ""
         self._noticed: set[int] = set()
+
+    def _libraries(self) -> list[CpuKernels]:
+        """One CpuKernels per distinct library (the two phases may share one build)."""
+        return [self.kernels] if self.prefill_kernels.lib is self.kernels.lib else [self.kernels, self.prefill_kernels]
+
+    def _kn(self, rows: int) -> CpuKernels:
+        """The kernels of a graph of `rows` tokens: decode's or prefill's build."""
+        return self.kernels if rows <= GEMV_MAX_ROWS else self.prefill_kernels
 
     def fallback(self) -> Ops:
         return self.ref
@@ -179,7 +228,7 @@ class CpuOps(Ops):
     # -- weights --------------------------------------------------------------------------------
     def prepare_weights(self, weights: list[QWeight]) -> None:
         """The kernels read the memory-mapped blocks as stored, but Q5_0 on AVX2 (quant/repack.py)."""
-        self.kernels.repacks.plan(weights)
+        self.kernels.repacks.plan(weights)  # the phases share decode's layouts
         for w in weights:
             if w.ggml_type not in KERNEL_TYPES and w.ggml_type not in self._noticed:
                 self._noticed.add(w.ggml_type)
@@ -196,22 +245,24 @@ class CpuOps(Ops):
     def kernel_path(self, ggml_type: int) -> str:
         if ggml_type not in KERNEL_TYPES:
             return "dequantise per use + BLAS"
-        simd = self.kernels.library.simd
-        gemv = f"{self.kernels.repacks.describe(ggml_type)}C {simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows)"
-        if self.kernels.vnni and ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K):  # csrc/gemv_vnni.c
-            dot = "vpdpwssd" if self.kernels.vnni == 2 else "vpmaddwd"
+        kd, kp = self.kernels, self.prefill_kernels
+        simd = kd.library.simd
+        gemv = f"{kd.repacks.describe(ggml_type)}C {simd}: fused dequant GEMV (<= {GEMV_MAX_ROWS} rows)"
+        if kd.vnni and ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K):  # csrc/gemv_vnni.c
+            dot = "vpdpwssd" if kd.vnni == 2 else "vpmaddwd"
             gemv = f"C {simd}: integer GEMV, x as 16-bit integers per 256 values, {dot} (<= {GEMV_MAX_ROWS} rows)"
         if ggml_type == T.F32:
             return f"{gemv}, BLAS GEMM (more rows)"
-        if self.kernels.has_gemm:
-            tiles = f"; AMX tiles from {AMX_MIN_ROWS} rows, f32 values as three bf16 parts" if self.kernels.amx else ""
-            if self.kernels.x16 and ggml_type not in (T.F16, T.BF16, *IQ_TYPES):  # block types: csrc/quant_i16.h
-                return f"{gemv}, register-blocked GEMM on 16-bit code panels (more rows); x as 16-bit integers"
-            return f"{gemv}, register-blocked GEMM dequantising weight panels (more rows{tiles})"
+        build = f"C {kp.library.simd}: " if kp is not kd else ""  # prefill on the other build
+        if kp.has_gemm:
+            tiles = f"; AMX tiles from {AMX_MIN_ROWS} rows, f32 values as three bf16 parts" if kp.amx else ""
+            if kp.x16 and ggml_type not in (T.F16, T.BF16, *IQ_TYPES):  # block types: csrc/quant_i16.h
+                return f"{gemv}, {build}register-blocked GEMM on 16-bit code panels (more rows); x as 16-bit integers"
+            return f"{gemv}, {build}register-blocked GEMM dequantising weight panels (more rows{tiles})"
         return f"{gemv}, dequantised tiles + BLAS GEMM (more rows)"
 
     def linear_scratch(self, m: int, w: QWeight) -> ScratchSpec:
-        kn = self.kernels
+        kn = self._kn(m)
         if m <= GEMV_MAX_ROWS:  # x reordered for the AVX2 decoders, its 32-value sums
             n = kn.gemv_scratch(m, w) if w.ggml_type in KERNEL_TYPES else 0
             return [((n,), torch.float32)] if n else []
@@ -227,24 +278,24 @@ class CpuOps(Ops):
         """An expert's gathered rows, their products and its GEMV's or GEMM's scratch (csrc/moe.c)."""
         if w.ggml_type not in KERNEL_TYPES:
             return []
-        return [((self.kernels.mul_mat_id_scratch(n, k, w),), torch.float32)]
+        return [((self._kn(n).mul_mat_id_scratch(n, k, w),), torch.float32)]
 
     def attention_scratch(self, q: tuple[int, ...], k: KVTensor, v: KVTensor, n_kv: int) -> ScratchSpec:
         """The reference's tiles, plus for prefill (more rows than the C decode path reads) the
         fused chunk's packed K and V and its per-thread score blocks (csrc/flash.c)."""
         out = super().attention_scratch(q, k, v, n_kv)
-        if self.kernels.has_gemm and q[1] > ATTN_MAX_ROWS:
+        if self.prefill_kernels.has_gemm and q[1] > ATTN_MAX_ROWS:
             out.append(((self.tiles.chunk_scratch(min(KV_CHUNK, n_kv), q[3], v.head_dim),), torch.float32))
         return out
 
     # -- binding: the graph executor asks once per node ------------------------------------------
     def bind(self, a: NodeArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Step:
-        f = self.kernels.bind(a, out, scratch)
+        f = (self.kernels if self.prefill_kernels is self.kernels else self._kn(_tokens(a))).bind(a, out, scratch)
         return f if f is not None else super().bind(a, out, scratch)
 
     def fuse(self, steps: Sequence[Step]) -> list[Step]:
         """A bound graph's consecutive C calls as single calls (kernels/cpu/program.py)."""
-        return fuse(self.kernels.lib, steps)
+        return fuse([kn.lib for kn in self._libraries()], steps)
 
     # -- ops (a direct call binds and runs; what C does not cover is the reference's) ----------
     def get_rows(self, w: QWeight, ids: Tensor, out: Tensor) -> Tensor:
@@ -256,14 +307,15 @@ class CpuOps(Ops):
         return out
 
     def linear(self, x: Tensor, w: QWeight, out: Tensor, scratch: list[Tensor] | None = None) -> Tensor:
-        m, (n, k), w = x.shape[0], w.shape, self.kernels.repacks.layout(w)
+        kn = self._kn(x.shape[0])
+        m, (n, k), w = x.shape[0], w.shape, kn.repacks.layout(w)
         if m == 0:
             return out
         if w.ggml_type not in KERNEL_TYPES:
             return torch.mm(x, dequantize(w.raw, w.ggml_type, w.shape).t(), out=out)
         if x.stride(1) != 1 or x.stride(0) < k:
             x = x.contiguous()
-        if (m <= GEMV_MAX_ROWS or self.kernels.has_gemm) and _run(self.kernels.linear(x, w, out, scratch or [])):
+        if (m <= GEMV_MAX_ROWS or kn.has_gemm) and _run(kn.linear(x, w, out, scratch or [])):
             return out
         if w.ggml_type == T.F32:
             return torch.mm(x, w.raw.view(torch.float32).view(n, k).t(), out=out)
@@ -271,47 +323,47 @@ class CpuOps(Ops):
         tile = planned if planned is not None else torch.empty(tile_rows(m, n), k)
         rows = tile.shape[0]
         if rows >= n:
-            self.kernels.dequant_rows(w, 0, n, tile)
+            kn.dequant_rows(w, 0, n, tile)
             return torch.mm(x, tile[:n].t(), out=out)
         out_t = out.t()  # column-major view: each tile's product lands in its columns, no copy
         for n0 in range(0, n, rows):
             r = min(rows, n - n0)
-            self.kernels.dequant_rows(w, n0, r, tile)
+            kn.dequant_rows(w, n0, r, tile)
             torch.mm(tile[:r], x.t(), out=out_t[n0 : n0 + r])
         return out
 
     def mul_mat_id(self, a: MulMatIdArgs[Tensor], out: Tensor, scratch: list[Tensor]) -> Tensor:
-        if not _run(self.kernels.mul_mat_id(a, out, scratch)):
+        if not _run(self._kn(a.ids.shape[0]).mul_mat_id(a, out, scratch)):
             self.ref.mul_mat_id(a, out, scratch)
         return out
 
     def lora(self, a: LoraArgs[Tensor], out: Tensor) -> Tensor:
-        if not _run(self.kernels.lora(a, out)):
+        if not _run(self._kn(a.x.shape[0]).lora(a, out)):
             self.ref.lora(a, out)
         return out
 
     def moe_topk(self, a: MoeTopKArgs[Tensor], out: Tensor) -> Tensor:
-        if not _run(self.kernels.moe_topk(a, out)):
+        if not _run(self._kn(a.logits.shape[0]).moe_topk(a, out)):
             self.ref.moe_topk(a, out)
         return out
 
     def moe_weights(self, a: MoeWeightsArgs[Tensor], out: Tensor) -> Tensor:
-        if not _run(self.kernels.moe_weights(a, out)):
+        if not _run(self._kn(a.logits.shape[0]).moe_weights(a, out)):
             self.ref.moe_weights(a, out)
         return out
 
     def rms_norm(self, x: Tensor, w: Tensor, eps: float, out: Tensor, scratch: list[Tensor]) -> Tensor:
-        if not _run(self.kernels.rms_norm(x, w, eps, out)):
+        if not _run(self._kn(x.shape[0]).rms_norm(x, w, eps, out)):
             self.ref.rms_norm(x, w, eps, out, scratch)
         return out
 
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor, neox: bool, out: Tensor) -> Tensor:
-        if not _run(self.kernels.rope(x, cos.contiguous(), sin.contiguous(), neox, out)):
+        if not _run(self._kn(x.shape[0]).rope(x, cos.contiguous(), sin.contiguous(), neox, out)):
             self.ref.rope(x, cos, sin, neox, out)
         return out
 
     def glu(self, gate: Tensor, up: Tensor, act: str, out: Tensor) -> Tensor:
-        if not _run(self.kernels.glu(gate, up, act, out)):
+        if not _run(self._kn(gate.shape[0]).glu(gate, up, act, out)):
             self.ref.glu(gate, up, act, out)
         return out
 
@@ -325,17 +377,17 @@ class CpuOps(Ops):
         return self.ref.rows(x, idx, out)
 
     def softcap(self, x: Tensor, c: float, out: Tensor) -> Tensor:
-        if not _run(self.kernels.softcap(x, c, out)):
+        if not _run(self._kn(x.shape[0]).softcap(x, c, out)):
             self.ref.softcap(x, c, out)
         return out
 
     def add_bias(self, x: Tensor, b: Tensor, out: Tensor) -> Tensor:
-        if not _run(self.kernels.add_bias(x, b, out)):
+        if not _run(self._kn(x.shape[0]).add_bias(x, b, out)):
             self.ref.add_bias(x, b, out)
         return out
 
     def kv_store(self, kv: KVTensor, cells: Tensor, x: Tensor, scratch: list[Tensor] | None = None) -> None:
-        if not _run(self.kernels.kv_store(kv, cells.long().contiguous(), x.contiguous())):
+        if not _run(self._kn(x.shape[0]).kv_store(kv, cells.long().contiguous(), x.contiguous())):
             self.ref.kv_store(kv, cells, x, scratch)
 
     def kv_rows(self, kv: KVTensor, cells: Tensor) -> Tensor:
@@ -345,7 +397,7 @@ class CpuOps(Ops):
         """Decode-shaped attention (few rows per group) reads the f16/f32 cells in one C pass;
         prefill keeps the reference's chunk loop, which reuses each K/V chunk for all rows, with
         its tiles in C (`CpuTiles`)."""
-        if not _run(self.kernels.attention(a, out)):
+        if not _run(self._kn(_tokens(a)).attention(a, out)):
             self.ref.attention(a, out, scratch)
         return out
 

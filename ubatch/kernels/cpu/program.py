@@ -79,17 +79,36 @@ class Program:
             raise RuntimeError(f"ub_run stopped at node {done} ({self.calls[done].op})")
 
 
-def fuse(lib: ctypes.CDLL, steps: Sequence[Step]) -> list[Step]:
-    """The steps with every run of two or more CCalls replaced by one Program."""
+def _library_of(call: CCall, libs: Sequence[ctypes.CDLL]) -> ctypes.CDLL:
+    """The library whose function a call runs (ctypes keeps one function object per symbol and
+    library, so identity tells them apart); a program must run in that library's `ub_run`."""
+    name = getattr(call.fn, "__name__", "")
+    for lib in libs:
+        if getattr(lib, name, None) is call.fn:
+            return lib
+    return libs[0]
+
+
+def fuse(libs: ctypes.CDLL | Sequence[ctypes.CDLL], steps: Sequence[Step]) -> list[Step]:
+    """The steps with every run of two or more CCalls of one library replaced by one Program
+    (the default CPU backend may take decode's and prefill's kernels from two builds, and a
+    program's op codes name the functions of the library that runs it)."""
+    libs = [libs] if isinstance(libs, ctypes.CDLL) else list(libs)
     out: list[Step] = []
     run: list[CCall] = []
+    run_lib: ctypes.CDLL | None = None
 
     def flush() -> None:
-        out.extend([Program(lib, run)] if len(run) > 1 else run)
+        if run_lib is not None:
+            out.extend([Program(run_lib, run)] if len(run) > 1 else run)
         run.clear()
 
     for s in steps:
         if isinstance(s, CCall):
+            lib = libs[0] if len(libs) == 1 else _library_of(s, libs)
+            if lib is not run_lib:
+                flush()
+                run_lib = lib
             run.append(s)
         else:
             flush()
