@@ -8,7 +8,21 @@ static inline float load_kv(const void *p, int f16, int64_t i) {
 }
 
 static float dot_kv(const float *q, const void *k, int f16, int64_t d) {
-#if UB_AVX2 && !UB_AVX512
+#if UB_AVX512
+    /* the same four chains in zmm: a head of 128 values is two turns of four FMAs */
+    if (d % 64 == 0) {
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t i = 0; i < d; i += 64)
+            for (int j = 0; j < 4; j++) {
+                const int64_t o = i + 16 * j;
+                __m512 kv = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)k + o)))
+                                : _mm512_loadu_ps((const float *)k + o);
+                a[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + o), kv, a[j]);
+            }
+        return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+    }
+#endif
+#if UB_AVX2
     /* four independent chains: one chain of d / 8 FMAs waits on each FMA's latency (a head of 256
      * values: 32 x 4 cycles a cell, where the loads and FMAs need about 16) */
     if (d % 32 == 0) {
@@ -40,6 +54,17 @@ static float dot_kv(const float *q, const void *k, int f16, int64_t d) {
 }
 
 static void axpy_kv(float *acc, float a, const void *v, int f16, int64_t d) {
+#if UB_AVX512
+    if (d % 16 == 0) {
+        __m512 av = _mm512_set1_ps(a);
+        for (int64_t i = 0; i < d; i += 16) {
+            __m512 vv = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)v + i)))
+                            : _mm512_loadu_ps((const float *)v + i);
+            _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(av, vv, _mm512_loadu_ps(acc + i)));
+        }
+        return;
+    }
+#endif
 #if UB_AVX2
     if (d % 8 == 0) {
         __m256 av = _mm256_set1_ps(a);
