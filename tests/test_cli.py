@@ -459,6 +459,10 @@ def test_backend_flag_same_text_and_the_memory_each_holds(tiny_runs: dict[str, R
     assert all(
         ("integer GEMV" in path) == (vnni and t in ("Q4_K", "Q5_K", "Q6_K")) for t, path in cpu["kernels"].items()
     )
+    assert all(  # and their prefill GEMM on code panels (ub_gemm_vnni)
+        ("x as 16 + 8-bit integers" in path) == (vnni and t in ("Q4_K", "Q5_K", "Q6_K"))
+        for t, path in cpu["kernels"].items()
+    )
     bad = runs["bad"]
     assert bad.returncode == 1 and "unknown backend 'gpu9'" in bad.stderr
     assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

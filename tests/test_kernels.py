@@ -154,6 +154,24 @@ def test_the_avx512_k_quant_gemv_reads_x_as_exactly_as_f32(t: T) -> None:
     assert rel_err(gemm, run_linear(ops, w, x)) <= 2e-6
 
 
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+def test_the_avx512_k_quant_gemm_reads_x_nearly_as_f32_and_rows_alone(t: T) -> None:
+    """The AVX-512 build's K-quant GEMM (csrc/gemv_vnni.c, more rows than the GEMV takes) reads x
+    as 16 + 8 bits a value: with outliers of 1000 its result is dequantise-then-matmul of x
+    itself to 2e-6, the GEMV's bound against the GEMM (16 bits alone: 2-4e-5 without outliers), and a row's bits are the same in calls of 17, 40 and
+    100 rows (partial row strips, a partial last panel of weight rows, three super-blocks)."""
+    ops = CpuOps(2)
+    if not ops.kernels.vnni:
+        pytest.skip("no AVX-512 BW build here")
+    x = torch.randn(100, 768, generator=torch.Generator().manual_seed(7))
+    x[:, 7], x[2, 300] = 1000.0, -333.0
+    w = weight(t, 77, 768, seed=3)
+    got = run_linear(ops, w, x)
+    assert rel_err(got, x.double() @ dequantize(w.raw, t, w.shape).double().t()) <= 2e-6
+    for m in (17, 40):
+        assert torch.equal(run_linear(ops, w, x[100 - m :]), got[100 - m :])
+
+
 @pytest.mark.parametrize("k", [33, 67, 1])
 @pytest.mark.parametrize("m", [1, 5, 40])
 @pytest.mark.parametrize("t", FLOATS, ids=lambda t: t.name)

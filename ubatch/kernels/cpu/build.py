@@ -32,7 +32,7 @@ from ubatch.kernels.cpu.program import check_arities
 from ubatch.kernels.quant.dequant_iq import grid_raw
 
 CSRC = Path(__file__).with_name("csrc")
-ABI_VERSION = 20
+ABI_VERSION = 21
 FAST_FLAGS = ("avx2", "fma", "f16c")
 # About how long a cold build takes, for the line a front end shows. The SIMD builds wait for
 # their slowest file (matmul.c, 2.4 s alone on a 2-core AVX-512 Xeon; the whole build 4 s there,

@@ -256,6 +256,12 @@ class CpuOps(Ops):
         build = f"C {kp.library.simd}: " if kp is not kd else ""  # prefill on the other build
         if kp.has_gemm:
             tiles = f"; AMX tiles from {AMX_MIN_ROWS} rows, f32 values as three bf16 parts" if kp.amx else ""
+            if kp.vnni and ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K):  # csrc/gemv_vnni.c
+                dots = "vpdpwssd + vpdpbusd" if kp.vnni == 2 else "vpmaddwd + vpmaddubsw"
+                return (
+                    f"{gemv}, {build}register-blocked GEMM on code panels, x as 16 + 8-bit integers, {dots} "
+                    f"(more rows{tiles})"
+                )
             if kp.x16 and ggml_type not in (T.F16, T.BF16, *IQ_TYPES):  # block types: csrc/quant_i16.h
                 return f"{gemv}, {build}register-blocked GEMM on 16-bit code panels (more rows); x as 16-bit integers"
             return f"{gemv}, {build}register-blocked GEMM dequantising weight panels (more rows{tiles})"

@@ -10,12 +10,18 @@
  *
  * The AVX2 build's block types take the same blocking with integers (x16_gemm below): x rounded
  * to 16-bit integers once per call, the panels 16-bit codes in k-pairs, `vpmaddwd` into 32-bit
- * sums scaled into the f32 outputs every 32 values (quant_i16.h; 1.4x the f32 kernel). */
+ * sums scaled into the f32 outputs every 32 values (quant_i16.h; 1.4x the f32 kernel). The
+ * AVX-512 build's K-quants take an integer GEMM with x as 16 + 8 bits (gemv_vnni.c). */
 #include "tile.h"
 
 void ub_dequant_span(int type, const uint8_t *row, int64_t k0, int64_t n, int64_t k, float *out);
 
 #include "quant_i16.h"
+
+/* the AVX-512 build's K-quant GEMM on 16-bit integers (gemv_vnni.c; -1 / 0 where it does not apply) */
+int64_t ub_gemm_vnni_scratch(int type, int64_t m, int64_t k, int nth);
+int ub_gemm_vnni(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k, const float *x, int64_t m,
+                 int64_t ldx, float *y, int64_t ldy, float *scratch, int nth);
 
 #if UB_X16
 /* the integer GEMM's per-thread panels: NC rows x KC 16-bit codes laid out as k-pairs of NR
@@ -27,6 +33,8 @@ enum { X16_THREAD = X16_PANELS + X16_SCALES + X16_ROWS };
 /* floats of scratch ub_gemm needs for an m x k product of type on nth threads: per thread a
  * block of weight panels; on AVX2, for block types, x as 16-bit integers with its scales first */
 int64_t ub_gemm_scratch(int type, int64_t m, int64_t k, int nth) {
+    const int64_t vnni = ub_gemm_vnni_scratch(type, m, k, nth);
+    if (vnni >= 0) return vnni;
 #if UB_X16
     if (x16_type(type)) return round_up(m * k / 2 + 2 * m * (k / 32), 16) + (int64_t)nth * X16_THREAD;
 #else
@@ -228,6 +236,7 @@ static void x16_gemm(const int type, const uint8_t *w, int64_t row_bytes, int64_
  * Returns 0 where this build has no such kernel (the caller then takes the BLAS path). */
 int ub_gemm(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k, const float *x, int64_t m,
             int64_t ldx, float *y, int64_t ldy, float *scratch, int nth) {
+    if (ub_gemm_vnni(type, w, row_bytes, n, k, x, m, ldx, y, ldy, scratch, nth)) return 1;
 #if UB_X16
     if (x16_type(type)) {
         x16_gemm(type, w, row_bytes, n, k, x, m, ldx, y, ldy, scratch, nth);

@@ -8,7 +8,7 @@
 #include "quant_i16.h"
 #include "quant_iq.h"
 
-int ub_abi_version(void) { return 20; }
+int ub_abi_version(void) { return 21; }
 
 /* the AVX-512 build's integer GEMV for the K-quants (gemv_vnni.c) */
 int64_t ub_vnni_scratch(int type, int64_t m, int64_t k);
