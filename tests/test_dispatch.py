@@ -74,7 +74,8 @@ def test_the_real_probe_names_every_op() -> None:
 def _mixed(monkeypatch: pytest.MonkeyPatch) -> CpuOps:
     """The default backend as it is on a CPU where decode measured faster on the AVX2 build."""
     monkeypatch.setattr(
-        "ubatch.kernels.cpu.ops.choose_build", lambda: BuildChoice("avx2", "avx512", "decode on AVX2 (test)")
+        "ubatch.kernels.cpu.ops.choose_build",
+        lambda: BuildChoice("avx2", "avx512", "decode on AVX2 (test)", {"gemv1": 1.5}),
     )
     ops = backends.create("auto", 1)
     assert isinstance(ops, CpuOps)
@@ -88,7 +89,7 @@ def test_decode_and_prefill_on_two_builds(tiny_gemma_model, monkeypatch: pytest.
     ops = _mixed(monkeypatch)
     assert ops.kernels.library.simd == "avx2" and ops.prefill_kernels.library.simd == "avx512"
     assert ops.prefill_kernels.repacks is ops.kernels.repacks  # one layout of each weight
-    assert ops.dispatch == "decode on AVX2 (test)"
+    assert ops.dispatch == ("decode on AVX2 (test)", "measured on this CPU, AVX-512 time / AVX2 time: gemv1 1.50x")
     m = tiny_gemma_model
     params = ContextParams(n_ctx=256, n_ubatch=64, n_batch=64, n_threads=1, backend="auto")
     ids = [2, 17, 33, 5, 9, 101, 42, 7]
@@ -116,4 +117,4 @@ def test_decode_and_prefill_on_two_builds(tiny_gemma_model, monkeypatch: pytest.
     for p in progs:
         (lib,) = {native if c.fn is getattr(native, c.fn.__name__) else avx2 for c in p.calls}
         assert p._run is lib.ub_run
-    assert memory_plan(ctx).dispatch == "decode on AVX2 (test)"
+    assert memory_plan(ctx).dispatch == ops.dispatch

@@ -36,7 +36,7 @@ def llama_lines(p: MemoryPlan) -> list[str]:
     L += tp_lines(p)
     L.append(f"ubatch: backend = {p.backend}, weights held beyond the file = {mib(p.backend_bytes):.2f} MiB")
     L += lora_lines(p)
-    L += [f"ubatch:   kernels: {p.dispatch}"] if p.dispatch else []
+    L += [f"ubatch:   kernels: {line}" for line in p.dispatch]
     L += [f"ubatch:   {t:<6} {path}" for t, path in p.kernels.items()]
     if p.n_ctx_seq < p.n_ctx_train:
         L.append(
@@ -201,8 +201,8 @@ def plan_table(p: MemoryPlan) -> Table:
             f"{a.name}: {a.n_pairs} A/B pairs as stored, rank {'/'.join(map(str, a.ranks))}, alpha {a.alpha:g}",
         )
     t.add_row(f"{p.backend} backend weights", size(p.backend_bytes), _held_why(p))
-    if p.dispatch:
-        t.add_row("  kernel builds", "", p.dispatch)
+    for label, line in zip(("  kernel builds", "  build probe"), p.dispatch, strict=False):
+        t.add_row(label, "", line)
     for tname, path in p.kernels.items():
         t.add_row(f"  {tname} matrices", "", path)
     for c in p.kv:

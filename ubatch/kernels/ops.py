@@ -564,7 +564,7 @@ class Ops(ABC):
     # (`AttentionArgs.cells`), so the graph declares no [n_tokens, n_kv] mask tensor
     mask_in_kernel: bool = False
     cuda_graphs: bool = False  # decode steps are captured and replayed (`graph_runner`)
-    dispatch: str = ""  # why the backend runs the kernels it does, where it chose by measurement
+    dispatch: tuple[str, ...] = ()  # why the backend runs the kernels it does, where it chose by measurement
 
     @property
     def graph_runner(self) -> GraphRunner | None:

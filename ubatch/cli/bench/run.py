@@ -136,9 +136,10 @@ def run_bench(
             ctx = BenchContext(model, cparams, ops=ops)
             ctx_key = t.context_key
             emit(BenchEvent("context", ti, len(tests), test=t))
-            if ctx.ops.dispatch and ctx.ops.dispatch not in said:  # which builds run, and why
-                said.add(ctx.ops.dispatch)
-                emit(BenchEvent("note", ti, len(tests), text=f"kernels: {ctx.ops.dispatch}"))
+            why = "; ".join(ctx.ops.dispatch)
+            if why and why not in said:  # which builds run, and why
+                said.add(why)
+                emit(BenchEvent("note", ti, len(tests), text=f"kernels: {why}"))
         torch.set_num_threads(ctx.cparams.n_threads)
         ctx.largest = None  # per test, even when the context carries over from the last one
         started = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

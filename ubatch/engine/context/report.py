@@ -149,7 +149,7 @@ class MemoryPlan:
     moe: MoePlan | None = None  # a mixture of experts: total against active weights, its tensors
     mla: MlaPlan | None = None  # latent attention: the compressed KV row against per-head K and V
     loras: list[AdapterInfo] = field(default_factory=list)  # LoRA adapters loaded for the model
-    dispatch: str = ""  # which kernel builds the backend chose by measurement, and why
+    dispatch: tuple[str, ...] = ()  # which kernel builds the backend chose by measurement, and why
 
     @property
     def lora_bytes(self) -> int:

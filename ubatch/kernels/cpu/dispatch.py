@@ -68,11 +68,12 @@ class BuildChoice:
     ratios: dict[str, float] = field(default_factory=dict)
     cached: bool = False
 
-    def describe(self) -> str:
+    def lines(self) -> tuple[str, ...]:
+        """What `info`, the startup log and `bench` say: the choice, then the measured ratios."""
         if not self.ratios:
-            return self.reason
+            return (self.reason,)
         per_op = ", ".join(f"{op} {r:.2f}x" for op, r in self.ratios.items())
-        return f"{self.reason}; measured on this CPU, AVX-512 time / AVX2 time: {per_op}"
+        return self.reason, f"measured on this CPU, AVX-512 time / AVX2 time: {per_op}"
 
 
 def _weight(ggml_type: int, n: int, k: int, rng: np.random.Generator) -> QWeight:

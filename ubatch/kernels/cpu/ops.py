@@ -201,7 +201,7 @@ class CpuOps(Ops):
         self.ref = TorchOps(self.n_threads, tiles=self.tiles)  # the ops and layouts C does not cover
         self.name = "cpu-portable" if portable else "cpu-avx2" if no_avx512 else "cpu-noamx" if no_amx else "cpu"
         self.notices = [self.kernels.library.notice] if self.kernels.library.notice else []
-        self.dispatch = self.choice.describe() if self.choice is not None else ""
+        self.dispatch = self.choice.lines() if self.choice is not None else ()
         self._noticed: set[int] = set()
 
     def _libraries(self) -> list[CpuKernels]:
