@@ -121,6 +121,38 @@ def test_routing_matches_the_reference(ops, gating: str, norm: bool, scale: floa
         assert torch.allclose(got.sum(-1), torch.full((9,), scale))
 
 
+@pytest.mark.parametrize(("n_group", "n_group_used", "k"), [(4, 2, 3), (8, 3, 6), (4, 1, 4)])
+def test_group_limited_routing_matches_transformers_deepseek_v3_router(ops, n_group, n_group_used, k) -> None:
+    """DeepSeek-V3's router (transformers' DeepseekV3TopkRouter, its logits the rows themselves):
+    sigmoid scores plus the selection bias, the best groups by their two best biased scores, the
+    top k inside them, the unbiased scores of those renormalised and scaled. 64 rows of 16 or 32
+    experts; the group limit must change some row's choice, else the test would not see it."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    n_expert = 4 * n_group
+    cfg = DeepseekV3Config(
+        hidden_size=n_expert, n_routed_experts=n_expert, num_experts_per_tok=k, n_group=n_group,
+        topk_group=n_group_used, norm_topk_prob=True, routed_scaling_factor=2.5,
+    )  # fmt: skip
+    router = DeepseekV3TopkRouter(cfg)
+    g = torch.Generator().manual_seed(n_group * 10 + k)
+    logits = 2 * torch.randn(64, n_expert, generator=g)
+    bias = 0.3 * torch.randn(n_expert, generator=g)
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(n_expert))
+        router.e_score_correction_bias.copy_(bias)
+        _, want_w, want_ids = router(logits)
+    args = MoeTopKArgs(logits, k, "sigmoid", bias, n_group, n_group_used)
+    ids = ops.moe_topk(args, torch.empty(64, k, dtype=torch.int32))
+    assert torch.equal(ids.sort(-1).values, want_ids.int().sort(-1).values)
+    w = ops.moe_weights(MoeWeightsArgs(logits, ids, "sigmoid", True, 2.5), torch.empty(64, k))
+    order = want_ids.argsort(-1)
+    torch.testing.assert_close(w.gather(1, ids.long().argsort(-1)), want_w.gather(1, order), rtol=1e-5, atol=1e-6)
+    plain = ops.moe_topk(MoeTopKArgs(logits, k, "sigmoid", bias), torch.empty(64, k, dtype=torch.int32))
+    assert not torch.equal(plain.sort(-1).values, ids.sort(-1).values)
+
+
 def test_mul_mat_id_on_the_cuda_backend() -> None:
     """The Triton kernel (its interpreter without a GPU): decode and prefill shapes, quantised
     and float experts, shared and per-expert rows, biases."""
@@ -224,6 +256,32 @@ def test_moe_family_greedy_tokens_and_shared_ubatches_match_transformers(moe_dir
         kld, top1 = _kld_top1(_reference(family, toks), ctx.logits[row : row + len(toks)])
         assert top1 == 1.0 and kld <= 1e-4, (kld, top1)
         row += len(toks)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("expert_group_count", 3, "a divisor of expert_count = 16 with 2+ experts a group"),
+        ("expert_group_count", 16, "a divisor of expert_count = 16 with 2+ experts a group"),
+        ("expert_group_used_count", 0, "an integer in [1, 4]"),
+        ("expert_group_used_count", None, "expert_group_used_count"),
+    ],
+)
+def test_expert_groups_that_cannot_route_are_refused_in_one_line(
+    moe_dirs: Path, tmp_path: Path, key: str, value: object, expected: str
+) -> None:
+    """Groups of one expert (a group is scored by its two best), a count that does not divide
+    the experts, no used count: each a one-line load error naming the key."""
+    from ubatch.engine.errors import ModelLoadError
+    from ubatch.engine.model.model import Model
+
+    bad = tiny_families.rewrite_gguf(
+        _gguf(moe_dirs, "deepseek2-v3", "f32"), tmp_path / "bad.gguf", {f"deepseek2.{key}": value}
+    )
+    with pytest.raises(ModelLoadError) as e:
+        Model.load(bad)
+    msg = str(e.value)
+    assert "\n" not in msg and f"deepseek2.{key}" in msg and expected in msg, msg
 
 
 def test_expert_slices_are_views_of_the_mapped_file(moe_dirs: Path) -> None:

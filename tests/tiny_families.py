@@ -14,8 +14,10 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from tiny_hf import train_spm
@@ -214,6 +216,46 @@ MOE_FAMILIES = {
             "attn_implementation": "eager",
         },
     ),
+    # DeepSeek-V3's routing (R1, Kimi K2 and other V3-shaped files): sigmoid scores, the selection
+    # bias e_score_correction_bias (random here: transformers' init is zeros) on the choice only,
+    # group-limited choice (the best 2 of 4 groups of 4 experts by each group's top-2 sum), the
+    # chosen weights renormalised and scaled; q through its low-rank pair, YaRN as V3 has it
+    "deepseek2-v3": Family(
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        "deepseek2",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": 128,
+            "kv_lora_rank": 128,
+            "qk_nope_head_dim": 64,
+            "qk_rope_head_dim": 32,
+            "v_head_dim": 64,
+            "head_dim": 32,
+            "n_routed_experts": 16,
+            "num_experts_per_tok": 3,
+            "n_group": 4,
+            "topk_group": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 256,
+            "first_k_dense_replace": 1,
+            "routed_scaling_factor": 2.5,
+            "norm_topk_prob": True,
+            "scoring_func": "sigmoid",  # as DeepSeek-V3's config.json says it; transformers' class assumes it
+            "topk_method": "noaux_tc",
+            "attn_implementation": "eager",
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "rope_theta": 10000.0,
+            },
+        },
+    ),
     # Qwen1.5-MoE / Qwen2-57B-A14B's shape: routed experts beside a shared expert whose output is
     # scaled by a sigmoid gate of its own (ffn_gate_inp_shexp); the top-k weights not renormalised
     "qwen2moe": Family(
@@ -292,6 +334,9 @@ def hf_model(family: str, seed: int = 0, tied: bool = False) -> torch.nn.Module:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a selection bias of the scale of the scores' spread
+                buf.copy_(0.1 * torch.randn(buf.shape, generator=g))
     return model
 
 
@@ -349,3 +394,43 @@ def convert_llama_cpp(d: Path, out: Path, outtype: str = "f32", own_vocab: bool 
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
     return out
+
+
+def rewrite_gguf(
+    src: Path,
+    out: Path,
+    meta: dict[str, object] | None = None,
+    tensors: Callable[[list[Tensor]], list[Tensor]] | None = None,
+) -> Path:
+    """src written again as out with `meta`'s values in place of its own (each keeps the type
+    the file gave it; None drops the key) and its tensors passed through `tensors`, as the
+    `gguf` package reads and writes them (data as stored: quantised blocks stay bytes)."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(out, r.fields["general.architecture"].contents())
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or (meta and name in meta and meta[name] is None):
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, meta[name] if meta and name in meta else f.contents(), vtype, sub)
+    ts = [Tensor(t.name, t.data, list(reversed(t.shape.tolist())), t.tensor_type) for t in r.tensors]
+    for t in tensors(ts) if tensors else ts:
+        w.add_tensor(t.name, t.data, raw_shape=t.shape, raw_dtype=t.ggml_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+@dataclass
+class Tensor:
+    """One tensor of a GGUF file as rewrite_gguf passes it: shape in torch order (outermost
+    first), data as the gguf package holds it (quantised types: bytes per row)."""
+
+    name: str
+    data: Any
+    shape: list[int]
+    ggml_type: Any

@@ -392,12 +392,16 @@ class MulMatIdArgs(Generic[X]):
 class MoeTopKArgs(Generic[X]):
     """The k experts each row of router logits (n, n_expert) chooses: the largest gating
     probabilities (softmax, or sigmoid plus the selection bias where the family has one), as
-    int32 ids (n, k)."""
+    int32 ids (n, k). With groups (DeepSeek-V3, llama.cpp's build_moe_ffn), only among the
+    n_group_used groups (of n_group equal runs of experts) whose two best probabilities sum
+    highest."""
 
     logits: X
     k: int
     gating: str  # "softmax", "sigmoid", "softmax_weight" (chosen on the raw logits)
     bias: Tensor | None = None  # (n_expert,) added to the probabilities for the choice only
+    n_group: int = 1  # 1: no groups
+    n_group_used: int = 1
 
 
 @declare(

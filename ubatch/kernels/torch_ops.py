@@ -295,6 +295,11 @@ class TorchOps(Ops):
         p = self.gating_probs(a.logits, a.gating)
         if a.bias is not None:
             p = p + a.bias
+        if a.n_group > 1:  # the other groups' experts out of the choice
+            groups = p.view(p.shape[0], a.n_group, -1)
+            best = torch.topk(groups.topk(2, -1).values.sum(-1), a.n_group_used, -1).indices
+            keep = torch.zeros(groups.shape[:2], dtype=torch.bool, device=p.device).scatter_(1, best, True)
+            p = groups.masked_fill(~keep.unsqueeze(-1), float("-inf")).view_as(p)
         return out.copy_(torch.topk(p, a.k, -1).indices)
 
     def moe_weights(self, a: MoeWeightsArgs[Tensor], out: Tensor) -> Tensor:

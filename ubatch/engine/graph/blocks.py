@@ -170,7 +170,8 @@ class GraphBlocks:
         moe = hp.moe
         assert moe is not None
         logits = self._proj(x, il, "ffn_gate_inp", "ffn_gate_inp_b", f"ffn_moe_logits-{il}")
-        ids = b.moe_topk(logits, moe.n_expert_used, moe.gating, L.vec("exp_probs_b"), f"ffn_moe_topk-{il}")
+        groups = (moe.n_group, moe.n_group_used)
+        ids = b.moe_topk(logits, moe.n_expert_used, moe.gating, L.vec("exp_probs_b"), groups, f"ffn_moe_topk-{il}")
         w = b.moe_weights(logits, ids, moe.gating, moe.norm_w, moe.w_scale, f"ffn_moe_weights-{il}")
         x3 = b.view(x, (n, 1, hp.n_embd))
         gate = b.mul_mat_id(x3, L.mat("ffn_gate_exps"), ids, L.vec("ffn_gate_exps_b"), f"ffn_moe_gate-{il}")

@@ -98,9 +98,11 @@ class GraphBuilder:
         n, k = ids.shape
         return self.op(MulMatIdArgs(x, w, ids, b), name, self.ops.mul_mat_id_scratch(n, k, w))
 
-    def moe_topk(self, logits: Sym, k: int, gating: str, bias: torch.Tensor | None, name: str) -> Sym:
-        """The k experts each row chooses, as int32 ids."""
-        a = MoeTopKArgs(logits, k, gating, bias)
+    def moe_topk(
+        self, logits: Sym, k: int, gating: str, bias: torch.Tensor | None, groups: tuple[int, int], name: str
+    ) -> Sym:
+        """The k experts each row chooses, as int32 ids; `groups`: (n_group, n_group_used)."""
+        a = MoeTopKArgs(logits, k, gating, bias, *groups)
         return self._node(op_decl(a).name, a, (logits,), (logits.shape[0], k), torch.int32, name)
 
     def moe_weights(self, logits: Sym, ids: Sym, gating: str, norm: bool, scale: float, name: str) -> Sym:

@@ -229,8 +229,9 @@ class CpuKernels:
         lg, bias = a.logits, a.bias
         if not _f32(lg) or out.dtype != torch.int32 or not out.is_contiguous() or (bias is not None and not _f32(bias)):
             return None
-        args = (lg.data_ptr(), lg.shape[0], lg.shape[1], a.k, GATING_CODES[a.gating])
-        return CCall("moe_topk", self.lib.ub_moe_topk, (*args, 0 if bias is None else bias.data_ptr(), out.data_ptr()))
+        b = 0 if bias is None else bias.data_ptr()
+        args = (lg.data_ptr(), lg.shape[0], lg.shape[1], a.k, GATING_CODES[a.gating], b, a.n_group, a.n_group_used)
+        return CCall("moe_topk", self.lib.ub_moe_topk, (*args, out.data_ptr()))
 
     def moe_weights(self, a: ops.MoeWeightsArgs[Tensor], out: Tensor) -> CCall | None:
         lg, ids = a.logits, a.ids

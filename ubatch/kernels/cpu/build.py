@@ -231,7 +231,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ub_mul_mat_id.argtypes = [c_i, c_p, c_l, c_l, c_l, c_l, c_p, c_l, c_l, c_p, c_l, c_l, c_l, c_p, c_p, c_l, c_p, c_i]  # fmt: skip
     lib.ub_mul_mat_id_scratch.argtypes = [c_i, c_l, c_l, c_l, c_l, c_i]
     lib.ub_mul_mat_id_scratch.restype = c_l
-    lib.ub_moe_topk.argtypes = [c_p, c_l, c_l, c_l, c_i, c_p, c_p]
+    lib.ub_moe_topk.argtypes = [c_p, c_l, c_l, c_l, c_i, c_p, c_l, c_l, c_p]
     lib.ub_moe_weights.argtypes = [c_p, c_p, c_l, c_l, c_l, c_i, c_i, c_f, c_p]
     lib.ub_moe_sum.argtypes = [c_p, c_p, c_l, c_l, c_l, c_p, c_i]
     for f in (lib.ub_mul_mat_id, lib.ub_moe_topk, lib.ub_moe_weights, lib.ub_moe_sum):

@@ -34,7 +34,7 @@ PROGRAM_OPS: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "add_bias": (12, 6, ()),
     "softcap": (13, 6, (1,)),
     "mul_mat_id": (14, 18, ()),
-    "moe_topk": (15, 7, ()),
+    "moe_topk": (15, 9, ()),
     "moe_weights": (16, 9, (7,)),
     "moe_sum": (17, 7, ()),
     "lora": (18, 17, ()),

@@ -121,6 +121,10 @@ class MoeParams:
     w_scale: float = 1.0  # then scaled
     n_ff_shexp: int = 0  # the shared experts' FFN width, all of them as one FFN (0: none)
     n_dense_lead: int = 0  # the first layers have the dense FFN instead (deepseek2)
+    # group-limited choice (DeepSeek-V3): the experts in n_group equal groups, each group scored by
+    # the sum of its two best (biased) probabilities, the choice only among the best n_group_used
+    n_group: int = 1
+    n_group_used: int = 1
 
 
 @dataclass(slots=True, frozen=True)
@@ -148,6 +152,7 @@ def read_moe(
     n_expert = meta_int(meta, a + "expert_count", source, hi=1 << 16)
     n_used = meta_int(meta, a + "expert_used_count", source, hi=n_expert)
     gate = gating or GATING_FUNCS.get(meta_int(meta, a + "expert_gating_func", source, 1, hi=3), "softmax")
+    n_group, n_group_used = _expert_groups(meta, a, source, n_expert, n_used)
     return MoeParams(
         n_expert=n_expert,
         n_expert_used=n_used,
@@ -156,7 +161,29 @@ def read_moe(
         norm_w=meta_bool(meta, a + "expert_weights_norm", source, False) if norm_w is None else norm_w,
         w_scale=meta_float(meta, a + "expert_weights_scale", source, 1.0) or 1.0,
         n_ff_shexp=meta_int(meta, a + "expert_shared_feed_forward_length", source, 0, lo=0, hi=MAX_DIM),
+        n_group=n_group,
+        n_group_used=n_group_used,
     )
+
+
+def _expert_groups(meta: Meta, a: str, source: str, n_expert: int, n_used: int) -> tuple[int, int]:
+    """`expert_group_count` / `expert_group_used_count` (the converter's n_group / topk_group),
+    which llama.cpp's build_moe_ffn applies to any family when the count is above 1. A group is
+    scored by its two best experts, so it needs two; the kept groups must hold the k chosen."""
+    n_group = meta_int(meta, a + "expert_group_count", source, 0, lo=0, hi=n_expert)
+    if n_group <= 1:
+        return 1, 1
+    if n_expert % n_group or n_expert // n_group < 2:
+        raise bad_value(
+            source, a + "expert_group_count", n_group, f"a divisor of expert_count = {n_expert} with 2+ experts a group"
+        )
+    per = n_expert // n_group
+    used = meta_int(meta, a + "expert_group_used_count", source, hi=n_group)
+    if used * per < n_used:
+        raise bad_value(
+            source, a + "expert_group_used_count", used, f"enough groups of {per} for expert_used_count = {n_used}"
+        )
+    return n_group, used
 
 
 def swa_pattern(meta: Meta, arch: str, n_layer: int, n_swa: int, source: str, default: int) -> tuple[bool, ...]:

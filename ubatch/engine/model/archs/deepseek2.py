@@ -1,8 +1,10 @@
-"""DeepSeek-V2 / V2-Lite (and files of the same layout): multi-head latent attention with the
-compressed KV cache (archs/base.py `MlaParams`: one row of kv_lora_rank + n_rot values per token
-and layer, K only), q straight from x (V2-Lite) or through its low-rank pair, YaRN whose
+"""DeepSeek-V2 / V2-Lite / V3 (and files of the same layout): multi-head latent attention with
+the compressed KV cache (archs/base.py `MlaParams`: one row of kv_lora_rank + n_rot values per
+token and layer, K only), q straight from x (V2-Lite) or through its low-rank pair, YaRN whose
 magnitude goes into the attention scale, the first `leading_dense_block_count` layers dense, then
-a mixture of experts with shared experts beside the routed ones.
+a mixture of experts with shared experts beside the routed ones. V2 routes by softmax; V3's
+files (the converter writes them as deepseek2) say sigmoid (`expert_gating_func`), carry the
+selection bias `exp_probs_b` and the expert groups (`read_moe`), and renormalise and scale.
 
 llama.cpp's converter splits the checkpoint's kv_b into per-head attn_k_b (kv_lora_rank x
 no-RoPE dims) and attn_v_b (value dims x kv_lora_rank), stored 3-D like experts, and writes

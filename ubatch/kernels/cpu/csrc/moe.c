@@ -144,19 +144,49 @@ static void gating_row(const float *l, int64_t n_expert, int gating, float *p) {
     }
 }
 
-/* ids[t, 0..K): the K largest probabilities (plus the selection bias) of row t, largest first */
+/* the index of the largest of p[0..n) (NaN never wins; -1 if every value is NaN) */
+static int64_t argmax_of(const float *p, int64_t n) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < n; e++)
+        if (p[e] == p[e] && (best < 0 || p[e] > p[best])) best = e;
+    return best;
+}
+
+/* group-limited choice (DeepSeek-V3, llama.cpp's build_moe_ffn): each of n_group runs of experts
+ * scored by the sum of its two largest values, every expert outside the n_used best groups set to
+ * -inf; gs holds n_group scores */
+static void keep_best_groups(float *p, int64_t n_expert, int64_t n_group, int64_t n_used, float *gs) {
+    int64_t per = n_expert / n_group;
+    for (int64_t g = 0; g < n_group; g++) {
+        const float *q = p + g * per;
+        int64_t a = argmax_of(q, per), b = -1;
+        for (int64_t e = 0; e < per; e++)
+            if (e != a && q[e] == q[e] && (b < 0 || q[e] > q[b])) b = e;
+        gs[g] = (a < 0 ? -INFINITY : q[a]) + (b < 0 ? -INFINITY : q[b]);
+    }
+    for (int64_t j = 0; j < n_used; j++) { /* mark the kept groups NaN in gs: taken */
+        int64_t g = argmax_of(gs, n_group);
+        if (g < 0) break;
+        gs[g] = NAN;
+    }
+    for (int64_t g = 0; g < n_group; g++)
+        if (gs[g] == gs[g]) /* not taken */
+            for (int64_t e = 0; e < per; e++) p[g * per + e] = -INFINITY;
+}
+
+/* ids[t, 0..K): the K largest probabilities (plus the selection bias) of row t, largest first,
+ * within the n_group_used best groups where n_group > 1 */
 void ub_moe_topk(const float *logits, int64_t n, int64_t n_expert, int64_t K, int gating, const float *bias,
-                 int32_t *ids) {
-    float *p = malloc((size_t)n_expert * sizeof(float));
+                 int64_t n_group, int64_t n_group_used, int32_t *ids) {
+    float *p = malloc((size_t)(n_expert + n_group) * sizeof(float));
     for (int64_t t = 0; t < n; t++) {
         gating_row(logits + t * n_expert, n_expert, gating, p);
         if (bias)
             for (int64_t e = 0; e < n_expert; e++) p[e] += bias[e];
+        if (n_group > 1) keep_best_groups(p, n_expert, n_group, n_group_used, p + n_expert);
         int32_t *o = ids + t * K;
         for (int64_t j = 0; j < K; j++) { /* K is small (<= 8 of 128 typically): selection, not a sort */
-            int64_t best = -1;
-            for (int64_t e = 0; e < n_expert; e++)
-                if (p[e] == p[e] && (best < 0 || p[e] > p[best])) best = e;
+            int64_t best = argmax_of(p, n_expert);
             if (best < 0) best = 0;
             o[j] = (int32_t)best;
             p[best] = -INFINITY; /* taken */

@@ -24,7 +24,7 @@ int ub_gemm_amx(int, const uint8_t *, int64_t, int64_t, int64_t, const float *, 
                 float *, int);
 void ub_mul_mat_id(int, const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, int64_t,
                    const int32_t *, int64_t, int64_t, int64_t, const float *, float *, int64_t, float *, int);
-void ub_moe_topk(const float *, int64_t, int64_t, int64_t, int, const float *, int32_t *);
+void ub_moe_topk(const float *, int64_t, int64_t, int64_t, int, const float *, int64_t, int64_t, int32_t *);
 void ub_moe_weights(const float *, const int32_t *, int64_t, int64_t, int64_t, int, int, float, float *);
 void ub_moe_sum(const float *, const float *, int64_t, int64_t, int64_t, float *, int);
 void ub_lora(const float *, const float *, int64_t, int64_t, int64_t, int, const void *, const void *, int64_t,
@@ -32,7 +32,7 @@ void ub_lora(const float *, const float *, int64_t, int64_t, int64_t, int, const
 
 enum { P_GEMV, P_GET_ROWS, P_RMS_NORM, P_ROPE, P_GLU, P_ADD, P_SCALE, P_ROWS, P_KV_STORE, P_ATTN, P_GEMM, P_GEMM_AMX,
        P_ADD_BIAS, P_SOFTCAP, P_MUL_MAT_ID, P_MOE_TOPK, P_MOE_WEIGHTS, P_MOE_SUM, P_LORA, P_N };
-static const int ARITY[P_N] = {12, 8, 9, 10, 6, 5, 5, 5, 6, 18, 12, 12, 6, 6, 18, 7, 9, 7, 17};
+static const int ARITY[P_N] = {12, 8, 9, 10, 6, 5, 5, 5, 6, 18, 12, 12, 6, 6, 18, 9, 9, 7, 17};
 
 int ub_program_arity(int op) { return op >= 0 && op < P_N ? ARITY[op] : -1; }
 
@@ -88,7 +88,7 @@ int64_t ub_run(const int64_t *prog, int64_t n) {
                           a[11], a[12], FPTR(13), FPTR(14), a[15], FPTR(16), (int)a[17]);
             break;
         case P_MOE_TOPK:
-            ub_moe_topk(FPTR(0), a[1], a[2], a[3], (int)a[4], FPTR(5), (int32_t *)PTR(6));
+            ub_moe_topk(FPTR(0), a[1], a[2], a[3], (int)a[4], FPTR(5), a[6], a[7], (int32_t *)PTR(8));
             break;
         case P_MOE_WEIGHTS:
             ub_moe_weights(FPTR(0), (const int32_t *)PTR(1), a[2], a[3], a[4], (int)a[5], (int)a[6], fbits(a[7]), FPTR(8));
