@@ -284,6 +284,61 @@ def test_expert_groups_that_cannot_route_are_refused_in_one_line(
     assert "\n" not in msg and f"deepseek2.{key}" in msg and expected in msg, msg
 
 
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_fused_gate_up_experts_give_the_unfused_files_logits(moe_dirs: Path, outtype: str) -> None:
+    """A deepseek2 file may hold each expert's gate and up as one ffn_gate_up_exps (llama.cpp's
+    loader takes either): the converted file with those tensors fused by the gguf package runs
+    one product for both and gives bit-equal logits, prefill and decode; one with both forms
+    and a fused file of an architecture whose llama.cpp loader reads only the parts are refused."""
+    from ubatch.engine.errors import ModelLoadError
+    from ubatch.engine.model.model import Model
+
+    src = _gguf(moe_dirs, "deepseek2-v3", outtype)
+    fused = moe_dirs / f"deepseek2-v3.{outtype}.gate_up.gguf"
+    if not fused.exists():
+        tiny_families.rewrite_gguf(src, fused, tensors=tiny_families.fuse_gate_up_exps)
+    out = []
+    for path in (src, fused):
+        ctx = _context(path, "cpu", 512)
+        ctx.decode(Batch.from_tokens(SEQ[:40], 0, all_logits=True))
+        rows = [ctx.logits.clone()]
+        for i in range(40, 44):
+            ctx.decode(Batch.from_tokens(SEQ[i : i + 1], i))
+            rows.append(ctx.logits.clone())
+        out.append(torch.cat(rows))
+    m = ctx.model
+    assert "ffn_gate_up_exps" in m.layers[1].mats and "ffn_gate_exps" not in m.layers[1].mats
+    assert m.layers[1].mat("ffn_gate_up_exps").shape == (16, 512, 256)
+    assert torch.equal(out[0], out[1])
+
+    def both(ts: list) -> list:
+        return ts + [t for t in tiny_families.fuse_gate_up_exps(ts) if "gate_up" in t.name]
+
+    with pytest.raises(ModelLoadError, match="blk.1.ffn_gate_up_exps.weight' and 'blk.1.ffn_gate_exps.weight'"):
+        Model.load(tiny_families.rewrite_gguf(src, moe_dirs / f"both.{outtype}.gguf", tensors=both))
+    other = moe_dirs / f"qwen3moe.{outtype}.gate_up.gguf"
+    tiny_families.rewrite_gguf(_gguf(moe_dirs, "qwen3moe", "f32"), other, tensors=tiny_families.fuse_gate_up_exps)
+    with pytest.raises(ModelLoadError, match="fused ffn_gate_up_exps tensors are not supported for qwen3moe"):
+        Model.load(other)
+
+
+@pytest.mark.parametrize("t", [T.F32, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_tensor_parallel_cut_of_fused_gate_up_experts_is_each_halfs_cut(t: T) -> None:
+    """-tp cuts a fused ffn_gate_up_exps as the two tensors it stands for: each rank holds, per
+    expert, its rows of the gate then its rows of the up, the bytes of cutting each alone."""
+    from ubatch.engine.model.shard import Cutter, head_split
+
+    gate, up = experts(t, 4, 512, 256), experts(t, 4, 512, 256)
+    g3, u3 = gate.raw.view(4, 512, -1), up.raw.view(4, 512, -1)
+    fused = QWeight("gate_up", torch.cat([g3, u3], 1).reshape(-1), int(t), (4, 1024, 256))
+    for rank in range(2):
+        c = Cutter(head_split(4, 4, rank, 2), 64, 64, 1024, rank, 2, n_ff_exp=512)
+        got = c.matrix("exp_gate_up", fused)
+        want = [c.matrix("exp_rows", w).raw.view(4, 256, -1) for w in (gate, up)]
+        assert got.shape == (4, 512, 256)
+        assert torch.equal(got.raw, torch.cat(want, 1).reshape(-1))
+
+
 def test_expert_slices_are_views_of_the_mapped_file(moe_dirs: Path) -> None:
     """The experts stay as stored: each expert's matrix is a view of the file's bytes."""
     from ubatch.engine.model.model import Model

@@ -415,9 +415,9 @@ def rewrite_gguf(
         vtype = f.types[0]
         sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(name, meta[name] if meta and name in meta else f.contents(), vtype, sub)
-    ts = [Tensor(t.name, t.data, list(reversed(t.shape.tolist())), t.tensor_type) for t in r.tensors]
+    ts = [Tensor(t.name, t.data, t.tensor_type) for t in r.tensors]
     for t in tensors(ts) if tensors else ts:
-        w.add_tensor(t.name, t.data, raw_shape=t.shape, raw_dtype=t.ggml_type)
+        w.add_tensor(t.name, t.data, raw_dtype=t.ggml_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -427,10 +427,27 @@ def rewrite_gguf(
 
 @dataclass
 class Tensor:
-    """One tensor of a GGUF file as rewrite_gguf passes it: shape in torch order (outermost
-    first), data as the gguf package holds it (quantised types: bytes per row)."""
+    """One tensor of a GGUF file as rewrite_gguf passes it: data as the gguf package holds it,
+    outermost dimension first (quantised types: each row's bytes)."""
 
     name: str
     data: Any
-    shape: list[int]
     ggml_type: Any
+
+
+def fuse_gate_up_exps(ts: list[Tensor]) -> list[Tensor]:
+    """Each layer's ffn_gate_exps and ffn_up_exps as one ffn_gate_up_exps, each expert's gate rows
+    then its up rows (what llama.cpp's converter writes with --fuse-gate-up-exps)."""
+    import numpy as np
+
+    up = {t.name: t for t in ts if t.name.endswith(".ffn_up_exps.weight")}
+    out = []
+    for t in ts:
+        if t.name.endswith(".ffn_gate_exps.weight"):
+            u = up[t.name.replace("gate_exps", "up_exps")]
+            out.append(
+                Tensor(t.name.replace("gate_exps", "gate_up_exps"), np.concatenate([t.data, u.data], 1), t.ggml_type)
+            )
+        elif t.name not in up:
+            out.append(t)
+    return out

@@ -174,8 +174,14 @@ class GraphBlocks:
         ids = b.moe_topk(logits, moe.n_expert_used, moe.gating, L.vec("exp_probs_b"), groups, f"ffn_moe_topk-{il}")
         w = b.moe_weights(logits, ids, moe.gating, moe.norm_w, moe.w_scale, f"ffn_moe_weights-{il}")
         x3 = b.view(x, (n, 1, hp.n_embd))
-        gate = b.mul_mat_id(x3, L.mat("ffn_gate_exps"), ids, L.vec("ffn_gate_exps_b"), f"ffn_moe_gate-{il}")
-        up = b.mul_mat_id(x3, L.mat("ffn_up_exps"), ids, L.vec("ffn_up_exps_b"), f"ffn_moe_up-{il}")
+        if "ffn_gate_up_exps" in L.mats:  # gate and up in one matrix per expert: one product, then its halves
+            gate_up = b.mul_mat_id(x3, L.mat("ffn_gate_up_exps"), ids, None, f"ffn_moe_gate_up-{il}")
+            f_exp = gate_up.shape[2] // 2
+            gate = b.cols(gate_up, 0, f_exp, f"ffn_moe_gate-{il}")
+            up = b.cols(gate_up, f_exp, f_exp, f"ffn_moe_up-{il}")
+        else:
+            gate = b.mul_mat_id(x3, L.mat("ffn_gate_exps"), ids, L.vec("ffn_gate_exps_b"), f"ffn_moe_gate-{il}")
+            up = b.mul_mat_id(x3, L.mat("ffn_up_exps"), ids, L.vec("ffn_up_exps_b"), f"ffn_moe_up-{il}")
         f = b.glu(gate, up, hp.ffn_act, f"ffn_moe_swiglu-{il}")
         down = b.mul_mat_id(f, L.mat("ffn_down_exps"), ids, L.vec("ffn_down_exps_b"), f"ffn_moe_down-{il}")
         out = b.moe_sum(down, w, f"ffn_moe_out-{il}")

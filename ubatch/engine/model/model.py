@@ -87,18 +87,30 @@ def check_tensors(g: GGUFFile, hp: HParams, src: str) -> None:
             f"{src}: metadata {a}.block_count = {hp.n_layer} but the file has tensors for {n_present} layers; the file is corrupt"
         )
     expected = expected_tensors(hp)
-    if "blk.0.attn_qkv.weight" in g.tensors and "blk.0.attn_qkv.weight" not in expected:
-        raise ModelLoadError(f"{src}: fused attn_qkv tensors are not supported for {a}")
+    for name in g.tensors:  # fused tensors where the architecture (as in llama.cpp) reads only the parts
+        if name.endswith((".attn_qkv.weight", ".ffn_gate_up_exps.weight")) and name not in expected:
+            raise ModelLoadError(
+                f"{src}: fused {name.split('.')[-2]} tensors are not supported for {a}, as in llama.cpp"
+            )
     for name, why in ARCHS[a].refused:
         if name in g.tensors:
             raise ModelLoadError(f"{src}: tensor {name!r}: {why}")
     tokens = g.metadata.get("tokenizer.ggml.tokens")
     if isinstance(tokens, (list, StringArray)) and len(tokens) != hp.n_vocab:
         raise ModelLoadError(f"{src}: metadata {a}.vocab_size = {hp.n_vocab} differs from {len(tokens)} tokens")
+    # a tensor some files hold in place of others (experts' gate and up as one): then not those
+    stood_in: set[str] = set()
+    for il in range(hp.n_layer):
+        specs = layer_specs(hp, il)
+        for spec in (s for s in specs.values() if s.instead_of and s.name in g.tensors):
+            for other in (specs[f].name for f in spec.instead_of):
+                if other in g.tensors:
+                    raise ModelLoadError(f"{src}: tensors {spec.name!r} and {other!r}: a file holds one or the other")
+                stood_in.add(other)
     for name, spec in expected.items():
         shape, t = spec.shape, g.tensors.get(name)
         if t is None:
-            if spec.required:
+            if spec.required and name not in stood_in:
                 raise ModelLoadError(f"{src}: tensor {name!r} is missing; the file is incomplete or not {a}")
             continue
         if t.shape != shape and _outer_ones_stripped(t.shape) != _outer_ones_stripped(shape):

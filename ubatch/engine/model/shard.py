@@ -208,7 +208,14 @@ class Cutter:
             return col_slice(w, *self.rows(cut))
         if cut == "replicated":
             return w
-        if cut in ("exp_rows", "exp_cols"):  # each expert's matrix as a dense FFN's, copied into one tensor
+        if cut in ("exp_rows", "exp_cols", "exp_gate_up"):  # each expert's as a dense FFN's, copied into one tensor
+            if cut == "exp_gate_up":  # this rank's gate rows then its up rows, of each expert
+                (lo, hi), f = self.rows("exp_rows"), w.shape[1] // 2
+                halves = [
+                    (row_slice(w.expert(e), lo, hi), row_slice(w.expert(e), f + lo, f + hi)) for e in range(w.shape[0])
+                ]
+                raw = torch.cat([h.raw for pair in halves for h in pair])
+                return QWeight(w.name, raw, w.ggml_type, (w.shape[0], 2 * (hi - lo), w.shape[2]))
             cut_one = row_slice if cut == "exp_rows" else col_slice
             parts = [cut_one(w.expert(e), *self.rows(cut)) for e in range(w.shape[0])]
             raw = torch.cat([p.raw for p in parts])

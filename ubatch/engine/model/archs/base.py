@@ -317,10 +317,11 @@ Kind = Literal["matrix", "vector", "bias", "fused", "experts"]
 # expert's rows or input columns of its FFN (exp_rows, exp_cols: vLLM's default cut of experts);
 # the shared experts' rows or input columns (sh_rows, sh_cols: a dense FFN of their own width)
 # heads: one value per query head (gpt-oss's sinks); summed: a bias added after the ranks' partial
-# sums are reduced, so rank 0 alone adds it
+# sums are reduced, so rank 0 alone adds it; exp_gate_up: each expert's gate rows then up rows in
+# one matrix, each half cut as exp_rows
 Cut = Literal[
     "q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "exp_rows", "exp_cols", "sh_rows", "sh_cols",
-    "heads", "summed",
+    "exp_gate_up", "heads", "summed",
     "vocab", "replicated", "none",
 ]  # fmt: skip
 
@@ -335,6 +336,9 @@ class TensorSpec:
     required: bool = True
     # a fused tensor's parts, in row order: (field, rows, cut); each part is a view of its rows
     parts: tuple[tuple[str, int, Cut], ...] = ()
+    # the fields of the tensors this one stands in for where a file holds it (then it holds none
+    # of them); where it does not, they are required as declared (llama.cpp's "fused, or else")
+    instead_of: tuple[str, ...] = ()
 
     @property
     def stored_as_matrix(self) -> bool:
@@ -365,9 +369,13 @@ def ffn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     ]
 
 
-def moe_tensors(hp: HParams, il: int, norm: bool = True, biases: bool = False) -> list[TensorSpec]:
+def moe_tensors(
+    hp: HParams, il: int, norm: bool = True, biases: bool = False, gate_up: bool = False
+) -> list[TensorSpec]:
     """The router and the experts' gate, up and down (3-D: one matrix per expert), the pre-norm
-    (`ffn_norm`) where the family names it so, and the router's and experts' biases (gpt-oss)."""
+    (`ffn_norm`) where the family names it so, and the router's and experts' biases (gpt-oss).
+    `gate_up`: a file may hold each expert's gate and up as one matrix, gate rows first
+    (`ffn_gate_up_exps`, where llama.cpp's loader takes it: create_tensor_gate_up_exps)."""
     assert hp.moe is not None
     d, p, e, f = hp.n_embd, f"blk.{il}.", hp.moe.n_expert, hp.moe.n_ff_exp
     out = [TensorSpec("ffn_norm", p + "ffn_norm.weight", (d,), "vector", "replicated")] if norm else []
@@ -377,6 +385,11 @@ def moe_tensors(hp: HParams, il: int, norm: bool = True, biases: bool = False) -
         TensorSpec("ffn_up_exps", p + "ffn_up_exps.weight", (e, f, d), "experts", "exp_rows"),
         TensorSpec("ffn_down_exps", p + "ffn_down_exps.weight", (e, d, f), "experts", "exp_cols"),
     ]
+    if gate_up:
+        out.append(
+            TensorSpec("ffn_gate_up_exps", p + "ffn_gate_up_exps.weight", (e, 2 * f, d), "experts", "exp_gate_up",
+                       False, instead_of=("ffn_gate_exps", "ffn_up_exps"))
+        )  # fmt: skip
     if biases:
         out += [
             TensorSpec("ffn_gate_inp_b", p + "ffn_gate_inp.bias", (e,), "bias", "replicated"),

@@ -116,7 +116,7 @@ def layer_tensors(hp: HParams, il: int) -> list[TensorSpec]:
         return out + ffn_tensors(hp, il)
     probs_b = TensorSpec("exp_probs_b", p + "exp_probs_b.bias", (hp.moe.n_expert,), "bias", "replicated", False)
     shared = shexp_tensors(hp, il) if hp.moe.n_ff_shexp else []
-    return out + moe_tensors(hp, il) + shared + [probs_b]
+    return out + moe_tensors(hp, il, gate_up=True) + shared + [probs_b]
 
 
 def layer(b: Blocks[T], il: int, x: T) -> T:
