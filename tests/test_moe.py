@@ -339,6 +339,53 @@ def test_tensor_parallel_cut_of_fused_gate_up_experts_is_each_halfs_cut(t: T) ->
         assert torch.equal(got.raw, torch.cat(want, 1).reshape(-1))
 
 
+@pytest.mark.parametrize("family", ["qwen3moe", "qwen2moe", "olmoe", "deepseek2", "deepseek2-qlora", "deepseek2-v3"])
+def test_moe_checkpoint_directory_gives_the_converted_files_logits(moe_dirs: Path, family: str) -> None:
+    """-m DIR reads the checkpoint as llama.cpp's converter writes it: the same hyperparameters,
+    each layer's per-expert FFNs stacked, deepseek2's kv_b split per head and its selection bias
+    named exp_probs_b; prefill and decode logits bit-equal to the converted F32 file's."""
+    from ubatch.engine.model.model import Model
+
+    out, hps = [], []
+    for path in (_gguf(moe_dirs, family, "f32"), moe_dirs / family):
+        ctx = _context(path, "cpu", 512)
+        hps.append(ctx.model.hparams)
+        ctx.decode(Batch.from_tokens(SEQ[:40], 0, all_logits=True))
+        rows = [ctx.logits.clone()]
+        for i in range(40, 43):
+            ctx.decode(Batch.from_tokens(SEQ[i : i + 1], i))
+            rows.append(ctx.logits.clone())
+        out.append(torch.cat(rows))
+    assert hps[0] == hps[1]
+    assert torch.equal(out[0], out[1])
+    m = Model.load(moe_dirs / family)
+    assert m.layers[-1].mat("ffn_down_exps").shape == (m.hparams.moe.n_expert, 256, m.hparams.moe.n_ff_exp)
+
+
+def test_moe_checkpoint_directories_refused_in_one_line(moe_dirs: Path, tmp_path: Path) -> None:
+    """Families whose checkpoints -m DIR does not read (gpt-oss's and Granite MoE's fused experts)
+    and a checkpoint missing one expert: one line each, naming what to do or what is missing."""
+    from safetensors.torch import load_file, save_file
+
+    from ubatch.engine.errors import ModelLoadError
+    from ubatch.engine.model.model import Model
+
+    for family, what in (("gpt-oss", "GPT-OSS"), ("granitemoe", "Granite MoE")):
+        with pytest.raises(ModelLoadError) as e:
+            Model.load(tiny_families.write_hf(moe_dirs / family, family))
+        assert f"does not read {what} checkpoints" in str(e.value) and "convert_hf_to_gguf.py" in str(e.value)
+    d = tiny_families.write_hf(moe_dirs / "qwen3moe", "qwen3moe")
+    bad = tmp_path / "qwen3moe"
+    bad.mkdir()
+    for f in ("config.json", "tokenizer.model"):
+        (bad / f).write_bytes((d / f).read_bytes())
+    weights = load_file(d / "model.safetensors")
+    del weights["model.layers.1.mlp.experts.5.up_proj.weight"]
+    save_file(weights, bad / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="blk.1.ffn_up_exps.weight takes experts 0-7; expert 5 is missing"):
+        Model.load(bad)
+
+
 def test_expert_slices_are_views_of_the_mapped_file(moe_dirs: Path) -> None:
     """The experts stay as stored: each expert's matrix is a view of the file's bytes."""
     from ubatch.engine.model.model import Model

@@ -496,6 +496,22 @@ class HFTable:
     text_config: Mapping[str, str] = field(default_factory=dict)
     # tensors the converter computes from config.json rather than reads (llama3's rope_freqs), by name
     extra_tensors: Callable[[Config, str], dict[str, np.ndarray]] | None = None
+    # the HF module of each layer's experts, one FFN per expert (`mlp.experts` + `.E.gate_proj`...),
+    # which the converter stacks into ffn_{gate,up,down}_exps; "": the checkpoint has none
+    experts: str = ""
+    # HF tensors the converter rewrites into others (deepseek2's kv_b, split per head), by the
+    # GGUF stem layer_names maps them to
+    rewrites: Mapping[str, HFRewrite] = field(default_factory=dict)
+    # why -m DIR does not read this family's checkpoints ("": it does), said in one line
+    refused: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HFRewrite:
+    """One HF tensor made into the GGUF tensors `stems` (of its layer) by `fn`."""
+
+    stems: tuple[str, ...]
+    fn: Callable[[np.ndarray, HParams], dict[str, np.ndarray]]
 
 
 @dataclass(frozen=True, slots=True)

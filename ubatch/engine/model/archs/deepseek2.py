@@ -16,12 +16,17 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import gguf
+import numpy as np
+
 from ubatch.engine.errors import ModelLoadError
 from ubatch.engine.gguf.metadata import bad_value, meta_float, meta_int
 from ubatch.engine.model.archs.base import (
     MAX_DIM,
     Arch,
     Blocks,
+    Config,
+    HFRewrite,
     HFTable,
     HParams,
     Meta,
@@ -34,7 +39,7 @@ from ubatch.engine.model.archs.base import (
     read_moe,
     shexp_tensors,
 )
-from ubatch.engine.model.archs.hf_keys import text_model_keys
+from ubatch.engine.model.archs.hf_keys import cfg_count, cfg_int, cfg_num, moe_keys, rope_config, text_model_keys
 
 NAME = "deepseek2"
 
@@ -91,6 +96,70 @@ def read_hparams(meta: Meta, source: str) -> HParams:
     return replace(hp, mla=mla, moe=moe, rope_mscale=mag, attn_scale=mscale * mscale / math.sqrt(mla.n_embd_head_k))
 
 
+HF_LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.kv_b_proj": "attn_kv_b",  # split per head (split_kv_b)
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.gate.e_score_correction": "exp_probs_b",  # the converter's name for e_score_correction_bias
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+KV_B = ("attn_k_b", "attn_v_b")
+
+
+def split_kv_b(kv_b: np.ndarray, hp: HParams) -> dict[str, np.ndarray]:
+    """The converter's split of kv_b (heads x (no-RoPE + value dims), kv_lora_rank): each head's
+    k_b transposed to (kv_lora_rank, no-RoPE dims), its v_b as it is."""
+    assert hp.mla is not None
+    nope = hp.mla.n_embd_head_k - hp.n_rot
+    kv = kv_b.reshape(hp.n_head, nope + hp.mla.n_embd_head_v, kv_b.shape[-1])
+    return {"attn_k_b": kv[:, :nope].transpose(0, 2, 1).copy(), "attn_v_b": kv[:, nope:].copy()}
+
+
+def hf_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
+    """The converter's DeepseekV2Model (V2, V2-Lite, V3): MLA written as one KV head of the
+    compressed row's width, the heads' own widths as the _mla keys, the experts' keys."""
+    text_model_keys(
+        w, {**cfg, "num_key_value_heads": 1, "head_dim": None, "rms_norm_eps": cfg.get("rms_norm_eps", 1e-6)}, src
+    )
+    moe_keys(w, cfg, src)
+    n_layer = cfg_int(cfg, "num_hidden_layers", src)
+    moe = cfg.get("n_routed_experts") is not None  # else every layer dense (Youtu)
+    w.add_leading_dense_block_count(cfg_count(cfg, "first_k_dense_replace", src, 0 if moe else n_layer))
+    w.add_vocab_size(cfg_int(cfg, "vocab_size", src))
+    if cfg.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(cfg_int(cfg, "q_lora_rank", src))
+    kv_lora, rope = cfg_int(cfg, "kv_lora_rank", src, 512), cfg_int(cfg, "qk_rope_head_dim", src)
+    w.add_kv_lora_rank(kv_lora)
+    w.add_key_length(kv_lora + rope)
+    w.add_value_length(kv_lora)
+    w.add_key_length_mla(cfg_int(cfg, "qk_nope_head_dim", src) + rope)
+    w.add_value_length_mla(cfg_int(cfg, "v_head_dim", src))
+    ff = "moe_intermediate_size" if "moe_intermediate_size" in cfg else "intermediate_size"
+    w.add_expert_feed_forward_length(cfg_int(cfg, ff, src))
+    w.add_expert_shared_count(cfg_count(cfg, "n_shared_experts", src, 0))
+    if cfg.get("routed_scaling_factor") is not None:
+        w.add_expert_weights_scale(cfg_num(cfg, "routed_scaling_factor", src))
+    if cfg.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(rope)
+    rs = rope_config(cfg)
+    if rs is not None and rs.get("mscale_all_dim") is not None:  # the converter's 0.1 factor, undone in _yarn_scales
+        w.add_rope_scaling_yarn_log_mul(0.1 * cfg_num(rs, "mscale_all_dim", src))
+
+
 def layer_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     assert hp.mla is not None and hp.moe is not None
     m, d, p, h = hp.mla, hp.n_embd, f"blk.{il}.", hp.n_head
@@ -132,10 +201,10 @@ def layer(b: Blocks[T], il: int, x: T) -> T:
 
 ARCH = Arch(
     name=NAME,
-    hf_model_types=(),  # -m DIR: the HF reader does not stack experts or split kv_b
+    hf_model_types=("deepseek_v2", "deepseek_v3"),
     read_hparams=read_hparams,
     layer_tensors=layer_tensors,
     layer=layer,
-    hf=HFTable({}, text_model_keys),
+    hf=HFTable(HF_LAYER_NAMES, hf_keys, experts="mlp.experts", rewrites={"attn_kv_b": HFRewrite(KV_B, split_kv_b)}),
     chat_template="chatml",
 )

@@ -65,12 +65,16 @@ def layer(b: Blocks[T], il: int, x: T) -> T:
     return b.add(x, f, f"l_out-{il}")
 
 
+HF_REFUSED = (
+    "-m DIR does not read GPT-OSS checkpoints (MXFP4 experts, gate and up interleaved in one tensor); "
+    "convert it with llama.cpp's convert_hf_to_gguf.py and pass the .gguf"
+)
 ARCH = Arch(
     name=NAME,
     hf_model_types=("gpt_oss",),
     read_hparams=read_hparams,
     layer_tensors=layer_tensors,
     layer=layer,
-    hf=HFTable({}, text_model_keys),
+    hf=HFTable({}, text_model_keys, refused=HF_REFUSED),
     chat_template="chatml",
 )

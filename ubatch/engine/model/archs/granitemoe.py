@@ -37,6 +37,12 @@ def layer_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     return attn_tensors(hp, il) + moe_tensors(hp, il) + shared
 
 
+HF_REFUSED = (
+    "-m DIR does not read Granite MoE checkpoints (each layer's experts in one fused input_linear); "
+    "convert it with llama.cpp's convert_hf_to_gguf.py and pass the .gguf"
+)
+
+
 def layer(b: Blocks[T], il: int, x: T) -> T:
     """Granite's layer with the mixture of experts (and its shared experts) as the FFN branch."""
     r = b.hp.residual_scale
@@ -48,10 +54,10 @@ def layer(b: Blocks[T], il: int, x: T) -> T:
 
 ARCH = Arch(
     name=NAME,
-    hf_model_types=(),  # -m DIR: the HF reader does not split the fused expert input_linear
+    hf_model_types=("granitemoe", "granitemoeshared"),
     read_hparams=read_hparams,
     layer_tensors=layer_tensors,
     layer=layer,
-    hf=HFTable({}, text_model_keys),
+    hf=HFTable({}, text_model_keys, refused=HF_REFUSED),
     chat_template="chatml",
 )

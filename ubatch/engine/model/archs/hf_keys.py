@@ -19,6 +19,16 @@ def cfg_int(cfg: Config, key: str, src: str, default: object = None) -> int:
     return v
 
 
+def cfg_count(cfg: Config, key: str, src: str, default: int) -> int:
+    """A count that may be 0; `default` where config.json leaves it out or sets it to null."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ModelLoadError(f"{src}: {key} = {v!r}: expected an integer >= 0")
+    return v
+
+
 def cfg_num(cfg: Config, key: str, src: str, default: object = None) -> float:
     v = cfg.get(key, default)
     if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
@@ -155,3 +165,41 @@ def text_model_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
     if cfg.get("head_dim") is not None:
         w.add_key_length(cfg_int(cfg, "head_dim", src))
         w.add_value_length(cfg_int(cfg, "head_dim", src))
+
+
+def _first(cfg: Config, keys: tuple[str, ...]) -> tuple[str, object]:
+    """The first of keys config.json has and its value, as the converter's find_hparam; ("", None) if none."""
+    key = next((k for k in keys if k in cfg), "")
+    return key, cfg.get(key)
+
+
+def moe_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
+    """The expert keys the converter's TextModel writes from any config: the expert count and
+    used count, the expert groups, the router's scoring function."""
+    for keys, add in (
+        (("num_local_experts", "num_experts", "n_routed_experts"), w.add_expert_count),
+        (("num_experts_per_tok", "num_experts_per_token", "top_k_experts"), w.add_expert_used_count),
+        (("n_group",), w.add_expert_group_count),
+        (("topk_group",), w.add_expert_group_used_count),
+    ):
+        key, v = _first(cfg, keys)
+        if v is not None:
+            add(cfg_int(cfg, key, src))
+    funcs = ("score_function", "scoring_func", "score_func", "moe_router_activation", "moe_router_activation_func")
+    key, v = _first(cfg, (*funcs, "expert_selection_fn"))
+    if v is not None:
+        kinds = {"sigmoid": gguf.ExpertGatingFuncType.SIGMOID, "softmax": gguf.ExpertGatingFuncType.SOFTMAX}
+        if v not in kinds:
+            raise ModelLoadError(f"{src}: {key} = {v!r}: only sigmoid and softmax expert scoring are supported")
+        w.add_expert_gating_func(kinds[str(v)])
+
+
+def qwen2moe_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
+    """The converter's Qwen2MoeModel (and Qwen3MoeModel): a plain decoder's keys, the experts',
+    and the routed and shared experts' widths."""
+    text_model_keys(w, cfg, src)
+    moe_keys(w, cfg, src)
+    if cfg.get("moe_intermediate_size") is not None:
+        w.add_expert_feed_forward_length(cfg_int(cfg, "moe_intermediate_size", src))
+    if cfg.get("shared_expert_intermediate_size") is not None:
+        w.add_expert_shared_feed_forward_length(cfg_int(cfg, "shared_expert_intermediate_size", src))

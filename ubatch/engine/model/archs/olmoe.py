@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ubatch.engine.model.archs import qwen3moe
+import gguf
+
+from ubatch.engine.model.archs import qwen3, qwen3moe
 from ubatch.engine.model.archs.base import (
     Arch,
+    Config,
     HFTable,
     HParams,
     Meta,
@@ -18,7 +21,14 @@ from ubatch.engine.model.archs.base import (
     read_core,
     read_moe,
 )
-from ubatch.engine.model.archs.hf_keys import text_model_keys
+from ubatch.engine.model.archs.hf_keys import moe_keys, text_model_keys
+
+
+def hf_keys(w: gguf.GGUFWriter, cfg: Config, src: str) -> None:
+    """The converter's OlmoeModel: a plain decoder's keys and the experts', the norms' epsilon
+    written as 1e-5 whatever the config says."""
+    text_model_keys(w, {**cfg, "rms_norm_eps": 1e-5}, src)
+    moe_keys(w, cfg, src)
 
 
 def read_hparams(meta: Meta, source: str) -> HParams:
@@ -42,6 +52,6 @@ ARCH = Arch(
     read_hparams=read_hparams,
     layer_tensors=layer_tensors,
     layer=qwen3moe.layer,  # pre-norm attention and experts; the norms of Q and K are inside attention
-    hf=HFTable({}, text_model_keys),
+    hf=HFTable(qwen3.HF_LAYER_NAMES | {"mlp.gate": "ffn_gate_inp"}, hf_keys, experts="mlp.experts"),
     chat_template="chatml",
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ubatch.engine.model.archs import qwen2, qwen3moe
+from ubatch.engine.model.archs import llama, qwen2, qwen3moe
 from ubatch.engine.model.archs.base import (
     Arch,
     HFTable,
@@ -19,9 +19,16 @@ from ubatch.engine.model.archs.base import (
     read_moe,
     shexp_tensors,
 )
-from ubatch.engine.model.archs.hf_keys import text_model_keys
+from ubatch.engine.model.archs.hf_keys import qwen2moe_keys
 
 NAME = "qwen2moe"
+HF_LAYER_NAMES = llama.HF_LAYER_NAMES | {
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
 
 
 def read_hparams(meta: Meta, source: str) -> HParams:
@@ -41,10 +48,10 @@ def layer_tensors(hp: HParams, il: int) -> list[TensorSpec]:
 
 ARCH = Arch(
     name=NAME,
-    hf_model_types=(),  # -m DIR: the HF reader does not stack experts
+    hf_model_types=("qwen2_moe",),
     read_hparams=read_hparams,
     layer_tensors=layer_tensors,
     layer=qwen3moe.layer,  # pre-norm attention and experts; the shared expert is inside the MoE block
-    hf=HFTable({}, text_model_keys),
+    hf=HFTable(HF_LAYER_NAMES, qwen2moe_keys, experts="mlp.experts"),
     chat_template="chatml",
 )

@@ -21,7 +21,7 @@ from ubatch.engine.model.archs.base import (
     read_core,
     read_moe,
 )
-from ubatch.engine.model.archs.hf_keys import text_model_keys
+from ubatch.engine.model.archs.hf_keys import qwen2moe_keys
 
 
 def read_hparams(meta: Meta, source: str) -> HParams:
@@ -47,6 +47,6 @@ ARCH = Arch(
     read_hparams=read_hparams,
     layer_tensors=layer_tensors,
     layer=layer,
-    hf=HFTable(qwen3.HF_LAYER_NAMES | {"mlp.gate": "ffn_gate_inp"}, text_model_keys),
+    hf=HFTable(qwen3.HF_LAYER_NAMES | {"mlp.gate": "ffn_gate_inp"}, qwen2moe_keys, experts="mlp.experts"),
     chat_template="chatml",
 )

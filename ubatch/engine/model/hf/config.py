@@ -41,6 +41,8 @@ def read_config(d: Path) -> tuple[str, Config]:
         raise ModelLoadError(
             f"{f}: model_type {mt!r} is not supported; ubatch runs Hugging Face checkpoints of {', '.join(HF_MODEL_TYPES)}"
         )
+    if HF_MODEL_TYPES[mt].hf.refused:
+        raise ModelLoadError(f"{f}: model_type {mt!r}: {HF_MODEL_TYPES[mt].hf.refused}")
     return HF_MODEL_TYPES[mt].name, cfg
 
 

@@ -50,9 +50,10 @@ def read_peft(d: Path, hp: HParams) -> tuple[float, dict[str, TensorInfo]]:
                 continue
             raise ModelLoadError(f"{f.name}: tensor {hf!r} is neither a lora_A nor a lora_B weight")
         stem = hf.removeprefix(_PREFIX).removesuffix(kind) + ".weight"
-        name = gguf_name(stem, hp.arch)
-        if name is None:
+        named = gguf_name(stem, hp.arch)
+        if named is None or named[1] >= 0:  # one expert's matrix: llama.cpp's LoRA has none either
             raise ModelLoadError(f"{f.name}: module {stem.removesuffix('.weight')!r} is not a {hp.arch} matrix")
+        name = named[0]
         if entry.get("dtype") not in DTYPES:
             raise ModelLoadError(f"{f.name}: tensor {hf!r} has dtype {entry.get('dtype')}; only F32, F16 and BF16")
         ggml_type, np_dtype = DTYPES[entry["dtype"]]

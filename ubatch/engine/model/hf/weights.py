@@ -4,7 +4,9 @@ Names are mapped to the GGUF names, every tensor is checked against the shapes t
 implies before any is used, and the converter's changes are applied: llama's Q/K rows permuted
 from HF's rotate-half order to GGUF's interleaved RoPE pairs, gemma's RMSNorm weights stored as
 1 + w, 1-D tensors kept as f32, and embedding rows past the vocabulary dropped, each where the
-architecture's table (engine/model/archs) says so. Every
+architecture's table (engine/model/archs) says so. A mixture of experts' per-expert FFNs are
+stacked into the 3-D expert tensors (a copy: the converted GGUF is what maps them), and tensors
+the converter rewrites (deepseek2's kv_b, split per head) are rewritten the same way. Every
 other tensor stays a zero-copy view of its file.
 """
 
@@ -30,18 +32,25 @@ _SKIP = re.compile(r"(^|\.)rotary_emb\.inv_freq$|^(model\.)?(vision_tower|multi_
 _TEXT_PREFIX = re.compile(r"^(language_model\.|model\.language_model\.)")
 
 
-def gguf_name(hf: str, arch: str) -> str | None:
-    """The GGUF name of HF tensor `hf`, or None when the engine has no such tensor."""
+def gguf_name(hf: str, arch: str) -> tuple[str, int] | None:
+    """The GGUF name of HF tensor `hf` and, for one expert's FFN matrix, the expert's index in
+    the stacked tensor (else -1); None when the engine has no such tensor."""
+    hf = hf.removesuffix("_bias") + ".bias" if hf.endswith(".e_score_correction_bias") else hf  # as the converter
     stem, _, kind = _TEXT_PREFIX.sub(lambda m: "" if m[0].startswith("language") else "model.", hf).rpartition(".")
     if kind not in ("weight", "bias"):
         return None
     if stem in _TOP:
-        return f"{_TOP[stem]}.weight" if kind == "weight" else None
+        return (f"{_TOP[stem]}.weight", -1) if kind == "weight" else None
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", stem)
     if m is None:
         return None
-    part = ARCHS[arch].hf.layer_names.get(m[2])
-    return f"blk.{int(m[1])}.{part}.{kind}" if part else None
+    table = ARCHS[arch].hf
+    if table.experts and kind == "weight":
+        e = re.fullmatch(re.escape(table.experts) + r"\.(\d+)\.(gate|up|down)_proj", m[2])
+        if e is not None:
+            return f"blk.{int(m[1])}.ffn_{e[2]}_exps.weight", int(e[1])
+    part = table.layer_names.get(m[2])
+    return (f"blk.{int(m[1])}.{part}.{kind}", -1) if part else None
 
 
 def _header(f: Path) -> tuple[dict, int]:
@@ -105,47 +114,88 @@ def load_tensors(d: Path, hp: HParams, expected: dict[str, TensorSpec]) -> dict[
     table = ARCHS[hp.arch].hf
     heads = {f: _header(f) for f in sorted(set(where.values()))}
     plan: dict[str, tuple[str, Path]] = {}
+    stacks: dict[str, dict[int, tuple[str, Path]]] = {}  # a stacked expert tensor's experts
     for hf, f in where.items():
-        name = gguf_name(hf, hp.arch)
-        if name is None:
+        named = gguf_name(hf, hp.arch)
+        if named is None:
             if _SKIP.search(hf):
                 continue
             raise ModelLoadError(f"{f.name}: tensor {hf!r} is not part of a {hp.arch} text model; not supported")
         if hf not in heads[f][0]:
             raise ModelLoadError(f"{f.name}: tensor {hf!r}, named by the index, is not in the file; re-download it")
-        plan[name] = (hf, f)
+        name, e = named
+        if e >= 0:
+            stacks.setdefault(name, {})[e] = (hf, f)
+        else:
+            plan[name] = (hf, f)
+    made = set(plan) | set(stacks)  # and what the rewrites will make of their tensors
+    for name in plan:
+        layer, stem = _layer_stem(name)
+        made |= {f"{layer}{s}.weight" for s in table.rewrites[stem].stems} if stem in table.rewrites else set()
     for name, spec in expected.items():
-        if spec.required and name not in plan:
+        if spec.required and name not in made:
             raise ModelLoadError(
                 f"{d}: tensor {name!r} is missing from the safetensors files; the checkpoint is incomplete"
             )
     out: dict[str, TensorInfo] = {}
-    for name, (hf, f) in plan.items():
-        head, base = heads[f]
-        e = head[hf]
-        shape = tuple(int(x) for x in e.get("shape", ()))
+
+    def add(name: str, a: np.ndarray, ggml_type: int, hf: str, where: str) -> None:
         want = expected[name].shape if name in expected else None
-        if name == "token_embd.weight" and table.trim_vocab and len(shape) == 2 and shape[0] > hp.n_vocab:
-            shape = (hp.n_vocab, shape[1])  # rows past the vocabulary (padding) are dropped
         if want is None:
-            raise ModelLoadError(f"{f.name}: tensor {hf!r} is not used by a {hp.arch} model of this config")
-        if shape != want:
-            raise ModelLoadError(f"{f.name}: tensor {hf!r} has shape {shape}, but config.json implies {want}")
-        if e.get("dtype") not in DTYPES:
-            raise ModelLoadError(
-                f"{f.name}: tensor {hf!r} has dtype {e.get('dtype')}; only F32, F16 and BF16 are supported"
-            )
-        ggml_type, np_dtype = DTYPES[e["dtype"]]
-        start, end = (int(x) for x in e["data_offsets"])
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(np_dtype).itemsize
-        if end - start < n or base + end > f.stat().st_size:
-            raise ModelLoadError(f"{f.name}: tensor {hf!r} runs past the end of the file; re-download it")
-        mm = np.memmap(f, dtype=np.uint8, mode="c", offset=base + start, shape=(n,))
-        a = mm.view(np_dtype).reshape(shape)
-        if len(shape) == 1:
+            raise ModelLoadError(f"{where}: tensor {hf!r} is not used by a {hp.arch} model of this config")
+        if a.shape != want:
+            raise ModelLoadError(f"{where}: tensor {hf!r} has shape {a.shape}, but config.json implies {want}")
+        raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        out[name] = TensorInfo(name, int(ggml_type), a.shape, raw, raw.nbytes)
+
+    for name, (hf, f) in plan.items():
+        a, ggml_type = _mapped(f, heads[f], hf, hp, table.trim_vocab and name == "token_embd.weight")
+        layer, stem = _layer_stem(name)
+        if len(a.shape) == 1:
             a, ggml_type = _norm(a, ggml_type, table.norm_shift and name.endswith("norm.weight")), T.F32
         elif table.permute_qk and name.endswith(("attn_q.weight", "attn_k.weight")):
             a = _permute(a, hp.n_head if "attn_q" in name else hp.n_head_kv)
-        raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        out[name] = TensorInfo(name, int(ggml_type), shape, raw, raw.nbytes)
+        elif stem in table.rewrites:  # the converter's rewrite, checked against what it makes
+            for s, b in table.rewrites[stem].fn(a, hp).items():
+                add(f"{layer}{s}.weight", b, ggml_type, hf, f.name)
+            continue
+        add(name, a, ggml_type, hf, f.name)
+    n_expert = hp.moe.n_expert if hp.moe else 0
+    for name, experts in stacks.items():
+        if sorted(experts) != list(range(n_expert)):
+            odd = sorted(set(range(n_expert)) ^ set(experts))
+            raise ModelLoadError(f"{d}: {name} takes experts 0-{n_expert - 1}; expert {odd[0]} is missing or extra")
+        parts = [_mapped(f, heads[f], hf, hp, False) for hf, f in (experts[e] for e in range(n_expert))]
+        if len({(p.shape, p.dtype, t) for p, t in parts}) != 1:
+            raise ModelLoadError(f"{d}: the experts of {name} differ in shape or dtype; the checkpoint is corrupt")
+        stacked = np.empty((n_expert, *parts[0][0].shape), parts[0][0].dtype)  # the converter's torch.stack
+        for e, (p, _) in enumerate(parts):
+            stacked[e] = p
+        add(name, stacked, parts[0][1], experts[0][0], experts[0][1].name)
     return out
+
+
+def _layer_stem(name: str) -> tuple[str, str]:
+    """(`blk.N.`, stem) of a layer weight's GGUF name; ("", "") for any other name."""
+    m = re.fullmatch(r"(blk\.\d+\.)(.+)\.weight", name)
+    return (m[1], m[2]) if m else ("", "")
+
+
+def _mapped(f: Path, head: tuple[dict, int], hf: str, hp: HParams, trim_vocab: bool) -> tuple[np.ndarray, int]:
+    """HF tensor `hf` of shard f as a memory-mapped array in its stored dtype, and its ggml type;
+    with `trim_vocab`, embedding rows past the vocabulary (padding) dropped."""
+    e, base = head[0][hf], head[1]
+    shape = tuple(int(x) for x in e.get("shape", ()))
+    if trim_vocab and len(shape) == 2 and shape[0] > hp.n_vocab:
+        shape = (hp.n_vocab, shape[1])
+    if e.get("dtype") not in DTYPES:
+        raise ModelLoadError(
+            f"{f.name}: tensor {hf!r} has dtype {e.get('dtype')}; only F32, F16 and BF16 are supported"
+        )
+    ggml_type, np_dtype = DTYPES[e["dtype"]]
+    start, end = (int(x) for x in e["data_offsets"])
+    n = int(np.prod(shape, dtype=np.int64)) * np.dtype(np_dtype).itemsize
+    if end - start < n or base + end > f.stat().st_size:
+        raise ModelLoadError(f"{f.name}: tensor {hf!r} runs past the end of the file; re-download it")
+    mm = np.memmap(f, dtype=np.uint8, mode="c", offset=base + start, shape=(n,))
+    return mm.view(np_dtype).reshape(shape), int(ggml_type)
