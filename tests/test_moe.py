@@ -398,13 +398,24 @@ def test_expert_slices_are_views_of_the_mapped_file(moe_dirs: Path) -> None:
     assert np.shares_memory(e3.raw.numpy(), m.gguf.tensors["blk.0.ffn_up_exps.weight"].data)
 
 
-# olmoe's Q/K norms span every head; deepseek2's latent attention is not cut
-@pytest.mark.parametrize("family", [f for f in MOE_NAMES if f != "olmoe" and not f.startswith("deepseek2")])
+# olmoe's Q/K norms span every head
+@pytest.mark.parametrize("family", [f for f in MOE_NAMES if f != "olmoe"])
 def test_moe_family_on_two_ranks_gives_the_single_process_logits(moe_dirs: Path, family: str) -> None:
     """-tp 2 cuts each expert's gate and up by rows and its down by columns (vLLM's default), the
     router whole on every rank, gpt-oss's sinks by head and the biases after a reduction added
-    by rank 0 only: prefill and decode logits equal one process's (an f32 cache)."""
+    by rank 0 only; deepseek2's latent attention as vLLM cuts it: the compressed row (and its
+    cache) whole on every rank, q, k_b and v_b by heads, the output by their columns: prefill
+    and decode logits equal one process's (an f32 cache)."""
     assert_two_ranks_match(_gguf(moe_dirs, family, "f32"))
+
+
+def test_fused_gate_up_experts_on_two_ranks_give_the_single_process_logits(moe_dirs: Path) -> None:
+    """-tp 2 on a deepseek2 file with ffn_gate_up_exps: each rank's halves of each expert."""
+    src = _gguf(moe_dirs, "deepseek2-v3", "f32")
+    fused = moe_dirs / "deepseek2-v3.f32.gate_up.gguf"
+    if not fused.exists():
+        tiny_families.rewrite_gguf(src, fused, tensors=tiny_families.fuse_gate_up_exps)
+    assert_two_ranks_match(fused)
 
 
 def test_info_shows_total_and_active_weights_and_the_expert_tensors(moe_dirs: Path) -> None:

@@ -154,7 +154,7 @@ class GraphBlocks:
         a = b.view(b.attention(att, (ks, ks), f"kqv_out-{il}"), (n, h, r + rot))
         lat = b.cols(a, 0, r, f"kqv_latent-{il}")
         v = b.view(b.mul_mat_id(lat, L.mat("wv_b"), heads, None, f"kqv_v-{il}"), (n, h * m.n_embd_head_v))
-        return self.linear(v, il, "wo", f"attn_out-{il}")
+        return self._reduced(self.linear(v, il, "wo", f"attn_out-{il}"), f"attn_out_sum-{il}")
 
     def ffn(self, x: Sym, il: int) -> Sym:
         hp, b = self.model.hparams, self.b

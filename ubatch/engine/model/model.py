@@ -283,7 +283,9 @@ class Model:
             if n % w:
                 raise ModelLoadError(f"{src}: {what} {n} does not split over {w} ranks; use a -tp that divides {n}")
         n_ff_exp, n_ff_shexp = (moe.n_ff_exp, moe.n_ff_shexp) if moe else (0, 0)
-        cutter = Cutter(split, hp.n_embd_head_k, hp.n_embd_head_v, hp.n_ff, r, w, n_ff_exp, n_ff_shexp)
+        # a query head's widths: latent attention's own (its cache row is every head's, kept whole)
+        dk, dv = (hp.mla.n_embd_head_k, hp.mla.n_embd_head_v) if hp.mla else (hp.n_embd_head_k, hp.n_embd_head_v)
+        cutter = Cutter(split, dk, dv, hp.n_ff, r, w, n_ff_exp, n_ff_shexp)
         layers = []
         for il, L in enumerate(self.layers):  # each tensor as its spec says tensor parallelism cuts it
             cuts = ARCHS[hp.arch].cuts(hp, il)

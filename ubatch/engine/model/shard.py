@@ -208,6 +208,9 @@ class Cutter:
             return col_slice(w, *self.rows(cut))
         if cut == "replicated":
             return w
+        if cut == "head_exps":  # this rank's heads of a per-head stack: a view
+            s, per = self.split, w.nbytes // w.shape[0]
+            return QWeight(w.name, w.raw[s.q0 * per : (s.q0 + s.n_q) * per], w.ggml_type, (s.n_q, *w.shape[1:]))
         if cut in ("exp_rows", "exp_cols", "exp_gate_up"):  # each expert's as a dense FFN's, copied into one tensor
             if cut == "exp_gate_up":  # this rank's gate rows then its up rows, of each expert
                 (lo, hi), f = self.rows("exp_rows"), w.shape[1] // 2

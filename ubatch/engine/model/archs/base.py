@@ -318,10 +318,11 @@ Kind = Literal["matrix", "vector", "bias", "fused", "experts"]
 # the shared experts' rows or input columns (sh_rows, sh_cols: a dense FFN of their own width)
 # heads: one value per query head (gpt-oss's sinks); summed: a bias added after the ranks' partial
 # sums are reduced, so rank 0 alone adds it; exp_gate_up: each expert's gate rows then up rows in
-# one matrix, each half cut as exp_rows
+# one matrix, each half cut as exp_rows; head_exps: a per-head 3-D tensor (deepseek2's k_b, v_b),
+# this rank's heads
 Cut = Literal[
     "q_rows", "k_rows", "v_rows", "ff_rows", "q_cols", "ff_cols", "exp_rows", "exp_cols", "sh_rows", "sh_cols",
-    "exp_gate_up", "heads", "summed",
+    "exp_gate_up", "head_exps", "heads", "summed",
     "vocab", "replicated", "none",
 ]  # fmt: skip
 

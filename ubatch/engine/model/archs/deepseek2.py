@@ -164,22 +164,23 @@ def layer_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     assert hp.mla is not None and hp.moe is not None
     m, d, p, h = hp.mla, hp.n_embd, f"blk.{il}.", hp.n_head
     nope, r = m.n_embd_head_k - hp.n_rot, m.kv_lora_rank
-    # -tp would cut the heads of q, k_b, v_b and the output and keep the compressed row whole; not done
+    # -tp as vLLM runs MLA: every rank computes the compressed row (and caches it whole) and q's
+    # low-rank part; q, k_b, v_b are cut by heads, the output by those heads' columns (then summed)
     out = [TensorSpec("attn_norm", p + "attn_norm.weight", (d,), "vector", "replicated")]
     if m.q_lora_rank:
         out += [
-            TensorSpec("wq_a", p + "attn_q_a.weight", (m.q_lora_rank, d), "matrix", "none"),
-            TensorSpec("q_a_norm", p + "attn_q_a_norm.weight", (m.q_lora_rank,), "vector", "none"),
-            TensorSpec("wq_b", p + "attn_q_b.weight", (h * m.n_embd_head_k, m.q_lora_rank), "matrix", "none"),
+            TensorSpec("wq_a", p + "attn_q_a.weight", (m.q_lora_rank, d), "matrix", "replicated"),
+            TensorSpec("q_a_norm", p + "attn_q_a_norm.weight", (m.q_lora_rank,), "vector", "replicated"),
+            TensorSpec("wq_b", p + "attn_q_b.weight", (h * m.n_embd_head_k, m.q_lora_rank), "matrix", "q_rows"),
         ]
     else:
-        out.append(TensorSpec("wq", p + "attn_q.weight", (h * m.n_embd_head_k, d), "matrix", "none"))
+        out.append(TensorSpec("wq", p + "attn_q.weight", (h * m.n_embd_head_k, d), "matrix", "q_rows"))
     out += [
-        TensorSpec("wkv_a", p + "attn_kv_a_mqa.weight", (r + hp.n_rot, d), "matrix", "none"),
-        TensorSpec("kv_a_norm", p + "attn_kv_a_norm.weight", (r,), "vector", "none"),
-        TensorSpec("wk_b", p + "attn_k_b.weight", (h, r, nope), "experts", "none"),
-        TensorSpec("wv_b", p + "attn_v_b.weight", (h, m.n_embd_head_v, r), "experts", "none"),
-        TensorSpec("wo", p + "attn_output.weight", (d, h * m.n_embd_head_v), "matrix", "none"),
+        TensorSpec("wkv_a", p + "attn_kv_a_mqa.weight", (r + hp.n_rot, d), "matrix", "replicated"),
+        TensorSpec("kv_a_norm", p + "attn_kv_a_norm.weight", (r,), "vector", "replicated"),
+        TensorSpec("wk_b", p + "attn_k_b.weight", (h, r, nope), "experts", "head_exps"),
+        TensorSpec("wv_b", p + "attn_v_b.weight", (h, m.n_embd_head_v, r), "experts", "head_exps"),
+        TensorSpec("wo", p + "attn_output.weight", (d, h * m.n_embd_head_v), "matrix", "q_cols"),
     ]
     if il < hp.moe.n_dense_lead:
         return out + ffn_tensors(hp, il)
