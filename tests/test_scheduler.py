@@ -7,6 +7,9 @@ context limit and shift, cancellation, KV pressure.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 
 from ubatch.engine.context.context import Context
@@ -206,6 +209,76 @@ def test_cancel_frees_the_slot_and_its_cells_within_one_iteration(gemma: Model) 
     assert rel.reason == "cancelled" and rel.iteration - rel.cancel_iteration == 1
     drain(sch)
     assert isinstance(col.final(other), Final) and not any(isinstance(e, Final) and e.task is t for e in col.events)
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.002)
+
+
+def test_a_burst_at_an_idle_engine_starts_in_one_batch(gemma: Model) -> None:
+    """Four requests arrive together; the first is submitted while the other three are still
+    being prepared: the engine waits for them and the first decode carries all four prompts."""
+    sch, col = make(gemma), Collector()
+    loop = EngineLoop(sch, admit_wait_s=600.0)  # it never gives up on them here
+    loop.start()
+    try:
+        arrivals = [loop.arrival() for _ in PROMPTS]
+        for a in arrivals:
+            a.__enter__()
+        tasks = [Task(i, p, greedy(3), col, index=i) for i, p in enumerate(PROMPTS)]
+        loop.submit(tasks[0])
+        arrivals[0].__exit__(None, None, None)
+        wait_until(lambda: loop.n_admit_waits == 1, "the engine waits for the others")
+        assert not sch.records  # nothing decoded while they arrive
+        for t, a in zip(tasks[1:], arrivals[1:], strict=True):
+            loop.submit(t)
+            a.__exit__(None, None, None)
+        wait_until(lambda: all(any(isinstance(e, Final) and e.task is t for e in col.events) for t in tasks), "finals")
+    finally:
+        loop.stop()
+    first = sch.records[0]
+    assert first.rows == {i: len(p) for i, p in enumerate(PROMPTS)} and first.n_gen == 0
+    assert loop.n_arriving == 0
+
+
+def test_arrivals_never_delay_a_running_stream(gemma: Model) -> None:
+    """With a slot generating, a new prompt runs at once beside it, whatever is still arriving
+    (decode rows first, prompt chunks fill the rest: llama-server's policy)."""
+    sch, col = make(gemma), Collector()
+    loop = EngineLoop(sch, admit_wait_s=600.0)
+    loop.start()
+    try:
+        running = Task(0, PROMPTS[0], greedy(200), col)
+        loop.submit(running)
+        wait_until(lambda: sch.slots[0].state is SlotState.GENERATING, "the first stream generates")
+        late = Task(1, PROMPTS[1], greedy(2), col, index=1)
+        with loop.arrival():  # another request is still being prepared
+            loop.submit(late)
+            wait_until(lambda: any(isinstance(e, Final) and e.task is late for e in col.events), "the late one ends")
+        assert loop.n_admit_waits == 0
+        rec = next(r for r in sch.records if 1 in r.rows)
+        assert rec.rows == {0: 1, 1: len(PROMPTS[1])}  # its prompt joined a decode step
+    finally:
+        loop.stop()
+
+
+def test_an_idle_engine_waits_for_arrivals_only_so_long(gemma: Model) -> None:
+    """A request whose preparation takes long (a hostile grammar) holds the others back at most
+    `admit_wait_s`."""
+    sch, col = make(gemma), Collector()
+    loop = EngineLoop(sch, admit_wait_s=0.01)
+    loop.start()
+    try:
+        with loop.arrival():  # never submits while the other runs
+            t = Task(0, PROMPTS[0], greedy(2), col)
+            loop.submit(t)
+            wait_until(lambda: any(isinstance(e, Final) and e.task is t for e in col.events), "it runs anyway")
+        assert loop.n_admit_waits == 1
+    finally:
+        loop.stop()
 
 
 def test_stop_string_cuts_the_text_and_withholds_partial_matches(gemma: Model) -> None:

@@ -474,6 +474,56 @@ def test_four_concurrent_streams_share_each_decode(tiny: tuple[str, ServerEngine
     assert out == alone and all(out)
 
 
+def test_a_request_still_preparing_joins_the_first_batch(tiny_gemma: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two requests at an idle server: one is submitted while the other is still being prepared
+    (held here in its tokenizing): the engine waits, and one decode starts both prompts. A
+    request refused in its preparation leaves nothing arriving."""
+    from ubatch.cli.server.routes import completion
+
+    eng = start_server_engine(tiny_gemma, 2, 512)
+    eng.loop.admit_wait_s = 600.0  # it never gives up on the held one here
+    live = Live(create_app(eng))
+    held, release = threading.Event(), threading.Event()
+    prepare = completion.prepare
+
+    def slow_prepare(st: Any, body: Any, kind: str) -> Any:
+        if body.get("prompt") == "held":
+            held.set()
+            release.wait(60)
+        return prepare(st, body, kind)
+
+    monkeypatch.setattr(completion, "prepare", slow_prepare)
+    try:
+        url = live.url
+        assert post(url, "/completion", {"prompt": "x", "n_predict": -3}).status_code == 400
+        assert eng.loop.n_arriving == 0
+        out: dict[str, Any] = {}
+
+        def send(prompt: str) -> None:
+            out[prompt] = post(url, "/completion", {"prompt": prompt, "n_predict": 3, **GREEDY}).json()
+
+        first_iter = httpx.get(url + "/iterations").json()["iteration"]
+        threads = [threading.Thread(target=send, args=(p,)) for p in ("held", "hello world")]
+        threads[0].start()
+        assert held.wait(30)
+        threads[1].start()
+        deadline = time.time() + 30
+        while eng.loop.n_admit_waits == 0:
+            assert time.time() < deadline, "the engine did not wait for the held request"
+            time.sleep(0.005)
+        release.set()
+        for t in threads:
+            t.join(60)
+        assert all(o["tokens_predicted"] == 3 for o in out.values())
+        records = [r for r in httpx.get(url + "/iterations").json()["records"] if r["index"] > first_iter]
+        assert set(records[0]["rows"]) == {"0", "1"} and records[0]["n_gen"] == 0
+        assert eng.loop.n_arriving == 0
+    finally:
+        release.set()
+        live.close()
+        eng.stop()
+
+
 def test_sixteen_clients_against_four_slots(tiny: tuple[str, ServerEngine]) -> None:
     url, _ = tiny
     prompts = [f"hello {'world ' * (i % 5)}{chr(97 + i)}" for i in range(16)]

@@ -14,6 +14,15 @@ iterations, drains every worker (a generating task ends with its text so far, th
 then exits. So a server stops within one iteration whatever `n_predict` is, and every client
 gets an answer.
 
+A burst of requests is planned together. The HTTP side marks each completion request it has
+received but not yet submitted (`arrival`, from reading the body to the submit: the template,
+the tokenizing and the parameters on the request workers). When the engine is idle and a task
+comes in while others are still arriving, it waits for them, at most `ADMIT_WAIT_S`, before it
+steps: so 16 requests sent at once start in one batch instead of the first alone and the rest
+one (prefill) step later. Nothing running is delayed by it: with a slot busy, the step runs at
+once and late prompts join the next one, llama-server's policy (decode rows first, prompt
+chunks fill the rest of n_batch, engine/serve/slot_batch.py).
+
 What the HTTP side shows of the engine (`/slots`, `/metrics`, `/engine`) it asks for through
 the same door: `snapshot` has the engine thread build one (engine/serve/snapshot.py) at its next
 iteration boundary, or at once when it is idle, and hands back that value.
@@ -24,7 +33,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
@@ -53,6 +63,11 @@ class Worker(Protocol):
     def drain(self, err: EngineError) -> None: ...  # shutdown: end or fail every task it holds
 
 
+# How long an idle engine waits for requests still being prepared before it plans without them:
+# a normal request's preparation takes a few ms, a hostile one's may take seconds.
+ADMIT_WAIT_S = 0.05
+
+
 def shutdown_error() -> EngineError:
     """What a task that cannot run any more is told (llama-server's 503 unavailable_error)."""
     return EngineError(ErrorKind.UNAVAILABLE, "Server is shutting down")
@@ -63,7 +78,9 @@ def _internal(e: Exception) -> EngineError:
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, runners: Sequence[Worker] = ()) -> None:
+    def __init__(
+        self, scheduler: Scheduler, runners: Sequence[Worker] = (), admit_wait_s: float = ADMIT_WAIT_S
+    ) -> None:
         self.scheduler = scheduler  # its stats count the requests; its iteration dates a cancel
         self.workers: tuple[Worker, ...] = (*runners, scheduler)  # stepped in this order
         self._incoming: deque[Job] = deque()
@@ -78,6 +95,9 @@ class EngineLoop:
         self._n_snapshots = 0
         self.watch = DecodeWatch()  # on the context while someone watches the decodes
         self._n_watchers = 0
+        self._n_arriving = 0  # requests between their body and their submit (`arrival`)
+        self.admit_wait_s = admit_wait_s
+        self.n_admit_waits = 0  # idle starts that waited for arriving requests
 
     @property
     def shutting_down(self) -> bool:
@@ -108,6 +128,24 @@ class EngineLoop:
                 return
             self._incoming.append(task)
             self._cv.notify_all()
+
+    @contextmanager
+    def arrival(self) -> Iterator[None]:
+        """A request that will submit tasks is being prepared (from any thread): an idle engine
+        waits for it, briefly, so that a burst starts in one batch. Ends at the block's end,
+        submitted or failed."""
+        with self._cv:
+            self._n_arriving += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._n_arriving -= 1
+                self._cv.notify_all()
+
+    @property
+    def n_arriving(self) -> int:
+        return self._n_arriving
 
     def cancel(self, task: Job) -> None:
         """The client went away: its slot and cells are freed at the start of the next iteration."""
@@ -204,6 +242,14 @@ class EngineLoop:
             if not any(w.accept(t) for w in self.workers):
                 t.fail(EngineError(ErrorKind.INTERNAL, f"internal error: no worker runs {type(t).__name__}"))
 
+    def _admit(self) -> None:
+        """Under the lock, the engine idle and a task in: wait while other requests are still
+        being prepared (at most `admit_wait_s`), so that they join the first step."""
+        self.n_admit_waits += 1
+        deadline = time.monotonic() + self.admit_wait_s
+        while self._n_arriving and not self._shutdown and (left := deadline - time.monotonic()) > 0:
+            self._cv.wait(left)
+
     def _run(self) -> None:
         # no autograd anywhere on this thread: the context then skips entering inference mode per ubatch
         with torch.inference_mode():
@@ -221,7 +267,10 @@ class EngineLoop:
                     self._cv.wait()
                 if self._shutdown:
                     break
-                work = bool(self._incoming) or any(w.busy for w in self.workers)
+                busy = any(w.busy for w in self.workers)
+                if self._incoming and self._n_arriving and not busy:
+                    self._admit()
+                work = bool(self._incoming) or busy
             if work:
                 self.iterate()
             if self._want_snapshot:

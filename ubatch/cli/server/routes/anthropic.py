@@ -243,14 +243,16 @@ def error_event(e: Exception) -> bytes:
 async def messages(st: ServerState, request: Request) -> Response:
     """One /v1/messages request: a task, then its events as one body or as a stream."""
     eng = st.eng()
-    body = await read_json(request)
-    prep = await prepare_off_loop(request.receive, prepare_messages, st, body)
-    model = body["model"] if isinstance(body.get("model"), str) else st.model_id
-    reader = Reader(eng.loop, request.receive)
+    reader: Reader | None = None
     try:
-        task = Task(st.ids.next(), prep.token_lists[0], prep.params, reader.sink, 0, prep.texts[0])
-        reader.tasks = [task]
-        eng.loop.submit(task)
+        with eng.loop.arrival():  # until its task is in (cli/server/routes/completion.py)
+            body = await read_json(request)
+            prep = await prepare_off_loop(request.receive, prepare_messages, st, body)
+            model = body["model"] if isinstance(body.get("model"), str) else st.model_id
+            reader = Reader(eng.loop, request.receive)
+            task = Task(st.ids.next(), prep.token_lists[0], prep.params, reader.sink, 0, prep.texts[0])
+            reader.tasks = [task]
+            eng.loop.submit(task)
         ev = await reader.get()
         while isinstance(ev, Progress):
             ev = await reader.get()
@@ -266,8 +268,9 @@ async def messages(st: ServerState, request: Request) -> Response:
         msg = await off_loop(prep.plan.parse_reply, text) if prep.plan is not None else ChatMessageOut(text)
         return JSONResponse(message_json(ev, msg, mid, model))
     except BaseException:  # a bug (or a cancelled handler): free the slot, then the 500
-        reader.disconnect()
-        reader.close()
+        if reader is not None:
+            reader.disconnect()
+            reader.close()
         raise
 
 

@@ -107,22 +107,25 @@ def preserved_tokens(texts: Any, vocab: Vocab) -> frozenset[int]:
 async def complete(st: ServerState, request: Request, kind: str, body: Any = None) -> Response:
     """One completion request; `body` when the caller read (and rewrote) it (/infill)."""
     eng = st.eng()
-    body = await read_json(request) if body is None else body
-    prep = await prepare_off_loop(request.receive, prepare, st, body, kind)
-    params, body = prep.params, prep.body
-    model = body["model"] if isinstance(body.get("model"), str) else st.model_id
-    reader = Reader(eng.loop, request.receive)
+    reader: Reader | None = None
     try:
-        n = params.n_cmpl
-        for i, (toks, text) in enumerate(zip(prep.token_lists, prep.texts)):
-            reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text) for j in range(n)]
-        for t in reader.tasks:
-            eng.loop.submit(t)
+        with eng.loop.arrival():  # until its tasks are in: an idle engine waits, so a burst starts in one batch
+            body = await read_json(request) if body is None else body
+            prep = await prepare_off_loop(request.receive, prepare, st, body, kind)
+            params, body = prep.params, prep.body
+            model = body["model"] if isinstance(body.get("model"), str) else st.model_id
+            reader = Reader(eng.loop, request.receive)
+            n = params.n_cmpl
+            for i, (toks, text) in enumerate(zip(prep.token_lists, prep.texts)):
+                reader.tasks += [Task(st.ids.next(), toks, params, reader.sink, i * n + j, text) for j in range(n)]
+            for t in reader.tasks:
+                eng.loop.submit(t)
         conv_id = request.headers.get("x-conversation-id", "") if params.stream else ""
         return await _respond(reader, params.stream, kind, model, prep, request.app.state.streams, conv_id)
     except BaseException:  # a bug (or a cancelled handler): free the slots, then the 500 of `api`
-        reader.disconnect()
-        reader.close()
+        if reader is not None:
+            reader.disconnect()
+            reader.close()
         raise
 
 

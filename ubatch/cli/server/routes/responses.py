@@ -294,15 +294,17 @@ def _prepare(st: ServerState, body: Any) -> tuple[dict[str, Any], Prepared]:
 
 async def create_response(st: ServerState, request: Request) -> Response:
     eng = st.eng()
-    body, prep = await prepare_off_loop(request.receive, _prepare, st, await read_json(request))
-    params = prep.params
-    model = body["model"] if isinstance(body.get("model"), str) else st.model_id
-    head = Head(_rid("resp_"), model, body, params.sampling.temp, params.sampling.top_p)
-    plan = prep.chat.plan
-    reader = Reader(eng.loop, request.receive)
+    reader: Reader | None = None
     try:
-        reader.tasks = [Task(st.ids.next(), prep.token_lists[0], params, reader.sink, 0, prep.texts[0])]
-        eng.loop.submit(reader.tasks[0])
+        with eng.loop.arrival():  # until its task is in (cli/server/routes/completion.py)
+            body, prep = await prepare_off_loop(request.receive, _prepare, st, await read_json(request))
+            params = prep.params
+            model = body["model"] if isinstance(body.get("model"), str) else st.model_id
+            head = Head(_rid("resp_"), model, body, params.sampling.temp, params.sampling.top_p)
+            plan = prep.chat.plan
+            reader = Reader(eng.loop, request.receive)
+            reader.tasks = [Task(st.ids.next(), prep.token_lists[0], params, reader.sink, 0, prep.texts[0])]
+            eng.loop.submit(reader.tasks[0])
         ev = await reader.get()
         if (end := reader.ending(ev)) is not None:
             return end
@@ -319,8 +321,9 @@ async def create_response(st: ServerState, request: Request) -> Response:
         msg = await off_loop(plan.parse_reply, final.content)
         return JSONResponse(head.response(_status(final), output_items(msg), final))
     except BaseException:
-        reader.disconnect()
-        reader.close()
+        if reader is not None:
+            reader.disconnect()
+            reader.close()
         raise
 
 
