@@ -19,6 +19,12 @@ on each in turn, printing aggregate t/s, the ratio and TTFT p50 side by side (is
    python scripts/bench_server.py -n 64 --streams 1,4,8,16 --repeat 2 \
        --llama-server $(../shared/tools/llama-cpp.sh)/llama-server).
 
+Each stream's client is made and connected before the start, so the requests go out as a
+burst and TTFT times the server (a fresh httpx client costs 10-40 ms of this process's GIL;
+sixteen of them made after the start spread the burst over hundreds of ms). TTFT is from the
+request's send to its first token. --llama-server-args passes more flags to llama-server (e.g.
+'--no-repack' where its AMX repacking crashes).
+
 --hogs N runs N CPU hogs (`yes > /dev/null`) beside the server(s) through the measured runs (not
 the warm-up): issue 47's busy-machine check, e.g. --hogs 2 on two cores.
 
@@ -32,10 +38,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -166,17 +174,21 @@ def _run_level(url: str, n_streams: int, n_predict: int) -> dict[str, float]:
         "stream_tps": sum(o[3] / (o[2] - o[0]) for o in out) / n_streams,
         "ttft_ms": 1e3 * sum(o[1] - o[0] for o in out) / n_streams,
         "ttft_p50_ms": 1e3 * statistics.median(o[1] - o[0] for o in out),
+        "ttft_max_ms": 1e3 * max(o[1] - o[0] for o in out),
         "rows_per_decode": rows / max(n_dec, 1),
         "decodes_per_s": n_dec / (t1 - t0),
     }
 
 
-def start_server(cmd: list[str], url: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def start_server(cmd: list[str], url: str) -> subprocess.Popen[bytes]:
+    # its log goes to a file, never an unread pipe (a full pipe would stall the server)
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.time() + 300
     while True:
         if proc.poll() is not None:
-            sys.exit(f"{cmd[0]} exited: {proc.stderr.read()}")  # type: ignore[union-attr]
+            log.seek(0)
+            sys.exit(f"{cmd[0]} exited ({proc.returncode}): {log.read()[-2000:].decode(errors='replace')}")
         try:
             if httpx.get(url + "/health", timeout=5).status_code == 200:
                 return proc
@@ -254,6 +266,12 @@ def main() -> None:
         help="also start this llama-server on the same model and flags, and compare level by level",
     )
     ap.add_argument(
+        "--llama-server-args",
+        default="",
+        metavar="ARGS",
+        help="more flags for llama-server, one string (e.g. '--no-repack' where its AMX repacking crashes)",
+    )
+    ap.add_argument(
         "--hogs", type=int, default=0, help="CPU hogs (`yes > /dev/null`) running beside the server(s) while measuring"
     )
     args = ap.parse_args()
@@ -295,12 +313,11 @@ def main() -> None:
                 str(n_slots),
                 "-c",
                 str(n_slots * args.ctx_per_slot),
-                "--metrics",
-                "--log-disable",
+                "--metrics",  # no --log-disable: some llama-server builds crash with it (its log goes to a file)
                 "-t",
                 str(args.threads if args.threads > 0 else os.cpu_count()),
             ]
-            procs.append(start_server(lcmd, lurl))
+            procs.append(start_server(lcmd + shlex.split(args.llama_server_args), lurl))
             rivals.append(("llama-server", lurl))
         info = httpx.get(url + "/v1/models").json()["data"][0]
         weight_bytes = info["meta"]["size"]  # the CPU backend reads the GGUF tensors as stored
