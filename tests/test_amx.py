@@ -44,7 +44,10 @@ def test_amx_gemm_is_as_accurate_as_the_f32_kernel(amx, f32, t: T, m: int, n: in
     want = x.double() @ dequantize(w.raw, t, w.shape).double().t()
     got, ref = run_linear(amx, w, x), run_linear(f32, w, x)
     assert not got.isnan().any()  # every output written, padded rows and columns never stored
-    assert rel_err(got, want) <= max(2 * rel_err(ref, want), 2e-7), (rel_err(got, want), rel_err(ref, want))
+    # the K-quants' reference is their integer GEMM (x to 2^-24), tighter than f32's FMA chain:
+    # there the tiles are held to f32's own level (RMS 4.5-8.1e-7 on the layer shapes, docs/backends.md)
+    floor = 8e-7 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 2e-7
+    assert rel_err(got, want) <= max(2 * rel_err(ref, want), floor), (rel_err(got, want), rel_err(ref, want))
 
 
 def test_values_far_from_one_keep_their_low_bits(amx, f32) -> None:

@@ -70,15 +70,21 @@ def test_each_tensor_is_declared_once_with_a_cut_that_fits_its_shape(arch: str) 
     rows = {"q_rows": hp.n_head * hp.n_embd_head_k, "k_rows": hp.n_head_kv * hp.n_embd_head_k}
     rows |= {"v_rows": hp.n_head_kv * hp.n_embd_head_v, "ff_rows": hp.n_ff}
     cols = {"q_cols": hp.n_head * hp.n_embd_head_v, "ff_cols": hp.n_ff}
+    if hp.mla is not None:  # latent attention: q and the output span the heads' q·k and value widths
+        rows["q_rows"] = hp.n_head * hp.mla.n_embd_head_k
+        cols["q_cols"] = hp.n_head * hp.mla.n_embd_head_v
     if hp.moe is not None:  # each expert's matrix cut as a dense FFN's is
         rows["exp_rows"] = cols["exp_cols"] = hp.moe.n_ff_exp
         rows["sh_rows"] = cols["sh_cols"] = hp.moe.n_ff_shexp
+        rows["exp_gate_up"] = 2 * hp.moe.n_ff_exp  # fused: each expert's gate rows, then its up rows
     for t in specs:
         if t.cut == "none" and hp.mla is not None:  # latent attention: -tp refused, nothing cut
             assert t.field in ("wq", "wq_a", "q_a_norm", "wq_b", "wkv_a", "kv_a_norm", "wk_b", "wv_b", "wo"), t
         elif t.parts:  # fused: its parts tile its rows, each cut as a tensor of its own would be
             assert t.kind == "fused" and sum(n for _, n, _ in t.parts) == t.shape[0], t
             assert all(rows[cut] == n for _, n, cut in t.parts), t
+        elif t.cut == "head_exps":  # latent attention's per-head stacks (k_b, v_b): cut by heads
+            assert t.kind == "experts" and len(t.shape) == 3 and t.shape[0] == hp.n_head, t
         elif t.kind == "experts":
             assert len(t.shape) == 3 and t.shape[0] == hp.n_expert, t
             assert t.shape[1:][0 if t.cut in rows else 1] == (rows | cols)[t.cut], t

@@ -159,8 +159,9 @@ def test_the_avx512_k_quant_gemm_reads_x_nearly_as_f32_and_rows_alone(t: T) -> N
     """The AVX-512 build's K-quant GEMM (csrc/gemv_vnni.c, more rows than the GEMV takes) reads x
     as 16 + 8 bits a value: with outliers of 1000 its result is dequantise-then-matmul of x
     itself to 2e-6, the GEMV's bound against the GEMM (16 bits alone: 2-4e-5 without outliers), and a row's bits are the same in calls of 17, 40 and
-    100 rows (partial row strips, a partial last panel of weight rows, three super-blocks)."""
-    ops = CpuOps(2)
+    100 rows (partial row strips, a partial last panel of weight rows, three super-blocks). AMX
+    tiles are left out: on a CPU with them, 64 rows and more would take the tile GEMM instead."""
+    ops = CpuOps(2, no_amx=True)
     if not ops.kernels.vnni:
         pytest.skip("no AVX-512 BW build here")
     x = torch.randn(100, 768, generator=torch.Generator().manual_seed(7))
