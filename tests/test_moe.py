@@ -284,6 +284,16 @@ def test_expert_groups_that_cannot_route_are_refused_in_one_line(
     assert "\n" not in msg and f"deepseek2.{key}" in msg and expected in msg, msg
 
 
+def _prefill_then_decode(ctx, n_decode: int) -> torch.Tensor:
+    """The logits of SEQ's first 40 tokens as one prefill, then of n_decode one-token steps."""
+    ctx.decode(Batch.from_tokens(SEQ[:40], 0, all_logits=True))
+    rows = [ctx.logits.clone()]
+    for i in range(40, 40 + n_decode):
+        ctx.decode(Batch.from_tokens(SEQ[i : i + 1], i))
+        rows.append(ctx.logits.clone())
+    return torch.cat(rows)
+
+
 @pytest.mark.parametrize("outtype", ["f32", "q8_0"])
 def test_fused_gate_up_experts_give_the_unfused_files_logits(moe_dirs: Path, outtype: str) -> None:
     """A deepseek2 file may hold each expert's gate and up as one ffn_gate_up_exps (llama.cpp's
@@ -300,12 +310,7 @@ def test_fused_gate_up_experts_give_the_unfused_files_logits(moe_dirs: Path, out
     out = []
     for path in (src, fused):
         ctx = _context(path, "cpu", 512)
-        ctx.decode(Batch.from_tokens(SEQ[:40], 0, all_logits=True))
-        rows = [ctx.logits.clone()]
-        for i in range(40, 44):
-            ctx.decode(Batch.from_tokens(SEQ[i : i + 1], i))
-            rows.append(ctx.logits.clone())
-        out.append(torch.cat(rows))
+        out.append(_prefill_then_decode(ctx, 4))
     m = ctx.model
     assert "ffn_gate_up_exps" in m.layers[1].mats and "ffn_gate_exps" not in m.layers[1].mats
     assert m.layers[1].mat("ffn_gate_up_exps").shape == (16, 512, 256)
@@ -350,12 +355,7 @@ def test_moe_checkpoint_directory_gives_the_converted_files_logits(moe_dirs: Pat
     for path in (_gguf(moe_dirs, family, "f32"), moe_dirs / family):
         ctx = _context(path, "cpu", 512)
         hps.append(ctx.model.hparams)
-        ctx.decode(Batch.from_tokens(SEQ[:40], 0, all_logits=True))
-        rows = [ctx.logits.clone()]
-        for i in range(40, 43):
-            ctx.decode(Batch.from_tokens(SEQ[i : i + 1], i))
-            rows.append(ctx.logits.clone())
-        out.append(torch.cat(rows))
+        out.append(_prefill_then_decode(ctx, 3))
     assert hps[0] == hps[1]
     assert torch.equal(out[0], out[1])
     m = Model.load(moe_dirs / family)

@@ -9,9 +9,11 @@ AVX-512 build's time over the AVX2 one's is 0.88x for a 1-row GEMV, 1.04x at 4 r
 count is used on a CPU, both builds time the ops a model spends its time in, on the matrix
 shapes of a 1-2B model (2048 x 2048, 6144 x 2048, 2048 x 6144 in Q4_K, Q6_K and Q8_0): the
 decode GEMV at 1, 4 and 16 rows, the prefill GEMM (128 rows) and decode attention over 1024 f16
-cells. Decode (graphs of up to 16 tokens) and prefill are chosen apart: the AVX2 build takes a
+cells. Decode (graphs of up to 16 tokens) and prefill are judged apart: the AVX2 build takes a
 phase where it is faster at each of its ops and at least MARGIN faster over all (the geometric
-mean of the time ratios), so noise cannot flip the choice and no shape gets slower by it. The
+mean of the time ratios), so noise cannot flip the choice and no shape gets slower by it; where
+the phases would split, both stay on AVX-512 (the builds round x differently, and a sequence's
+prefill and decode must agree). The
 probe runs on one thread, once per CPU and pair of builds (about 4 s), so that a neighbour busy
 on another core does not decide it; the result holds for every thread count. The decision and every op's ratio are cached beside the kernel builds
 (keyed by both builds, so a new build or a new CPU measures again) and shown by `info`, the
@@ -189,6 +191,12 @@ def decide(native: dict[str, float], avx2: dict[str, float]) -> BuildChoice:
     reason = (
         f"{_why('decode', DECODE_OPS, ratios, decode, r_dec)}; {_why('prefill', PREFILL_OPS, ratios, prefill, r_pre)}"
     )
+    if decode != prefill:
+        # The builds read x differently (AVX2: 16 bits per 32 values; AVX-512: as exactly as f32),
+        # so a sequence prefilled on one and decoded on the other would see its logits move by up
+        # to ~0.015 between the two (tests/test_isolation.py): both phases take the AVX-512 build.
+        reason += "; both on the AVX-512 build, so that prefill and decode read x alike"
+        decode = prefill = "avx512"
     return BuildChoice(decode, prefill, reason, ratios)
 
 

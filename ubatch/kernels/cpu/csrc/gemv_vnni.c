@@ -51,15 +51,22 @@ static inline int vn_type(int type) { return type == T_Q4_K || type == T_Q5_K ||
  * lo = round((x * 32767 / max|x| - q) * 2^15), |lo| <= 2^14, so x = d (q + lo 2^-15) to about
  * 2^-30 of the super-block's largest |x| (f32's own rounding of x * 32767 / max|x| dominates);
  * its scale d = max|x| / 32767 and the eight per-32 sums of x, d (sum q + 2^-15 sum lo) */
-static void vn_round(const float *x, int16_t *q, float *d, float *s) {
-    __m512 v[16], a = _mm512_setzero_ps();
+/* 256 values of x loaded into v, and the first plane's scale: x * vid rounds to q with |q| <=
+ * 32767, d = max|x| / 32767 (the GEMV's and the GEMM's rounding share it, so both read x alike) */
+static inline __attribute__((always_inline)) __m512 vn_scale(const float *x, __m512 v[16], float *d) {
+    __m512 a = _mm512_setzero_ps();
     for (int i = 0; i < 16; i++) {
         v[i] = _mm512_loadu_ps(x + 16 * i);
         a = _mm512_max_ps(a, _mm512_abs_ps(v[i]));
     }
     const float amax = _mm512_reduce_max_ps(a);
-    const __m512 vid = _mm512_set1_ps(amax > 0 ? 32767.0f / amax : 0.0f), two15 = _mm512_set1_ps(32768.0f);
     *d = amax / 32767.0f;
+    return _mm512_set1_ps(amax > 0 ? 32767.0f / amax : 0.0f);
+}
+
+static void vn_round(const float *x, int16_t *q, float *d, float *s) {
+    __m512 v[16];
+    const __m512 vid = vn_scale(x, v, d), two15 = _mm512_set1_ps(32768.0f);
     for (int j = 0; j < 8; j++) {
         __m512i hi[2], lo[2];
         for (int h = 0; h < 2; h++) {
@@ -295,14 +302,8 @@ static inline __m512i vg_dpb(__m512i acc, __m512i u8, __m512i s8) {
 /* 256 values of x: q (in order), lo (in order), d, the 8 per-32 sums of x as rounded, d (sum q +
  * sum lo / 256), and the 16 per-16 sums of lo */
 static void vg_round(const float *x, int16_t *q, int8_t *lo, float *d, float *s, int32_t *ls) {
-    __m512 v[16], a = _mm512_setzero_ps();
-    for (int i = 0; i < 16; i++) {
-        v[i] = _mm512_loadu_ps(x + 16 * i);
-        a = _mm512_max_ps(a, _mm512_abs_ps(v[i]));
-    }
-    const float amax = _mm512_reduce_max_ps(a);
-    const __m512 vid = _mm512_set1_ps(amax > 0 ? 32767.0f / amax : 0.0f), two8 = _mm512_set1_ps(256.0f);
-    *d = amax / 32767.0f;
+    __m512 v[16];
+    const __m512 vid = vn_scale(x, v, d), two8 = _mm512_set1_ps(256.0f);
     for (int j = 0; j < 8; j++) {
         __m512i hi[2], lw[2];
         for (int h = 0; h < 2; h++) {
